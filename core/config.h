@@ -1,0 +1,48 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* config.h (internal) - the one table of tunables, parsed into tp_config.
+ *
+ * Every tunable is declared once in core/config.c: name, default, doc,
+ * environment variable TP_<NAME>, bounds. Values are read when an object
+ * that takes a config is created (tp__config_load); fields a caller sets
+ * afterwards win over the environment. */
+#ifndef TP_CORE_CONFIG_H
+#define TP_CORE_CONFIG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <tpipe/config.h>
+
+typedef enum tp_io_backend {
+    TP_IO_BACKEND_AUTO = 0,
+    TP_IO_BACKEND_EPOLL = 1,
+    TP_IO_BACKEND_URING = 2,
+} tp_io_backend;
+
+typedef struct tp_config {
+    int64_t log_level;            // TP_LOG_LEVEL (0..5)
+    int64_t io_backend;           // TP_IO_BACKEND (tp_io_backend)
+    char socket_ifname[64];       // TP_SOCKET_IFNAME ("" = choose)
+    char socket_addr[128];        // TP_SOCKET_ADDR ("" = from interface)
+    int64_t tcp_sndbuf;           // TP_TCP_SNDBUF bytes, 0 = kernel default
+    int64_t tcp_rcvbuf;           // TP_TCP_RCVBUF
+    int64_t connect_timeout_ms;   // TP_CONNECT_TIMEOUT_MS
+    int64_t handshake_timeout_ms; // TP_HANDSHAKE_TIMEOUT_MS
+    int64_t shm_ring_size;        // TP_SHM_RING_SIZE bytes, power of two
+    int64_t shm_spin_us;          // TP_SHM_SPIN_US before sleeping
+    int64_t loop_spin_us;         // TP_LOOP_SPIN_US (all fds) before sleeping
+    int64_t pool_threads;         // TP_POOL_THREADS
+} tp_config;
+
+// Fills @cfg with defaults, then applies TP_* environment variables.
+// A malformed value is TP_EINVAL with a message naming the variable, the
+// value and what is accepted; @cfg then holds the defaults for that field.
+tp_status tp__config_load(tp_config *cfg, tp_error **err_p);
+// Defaults only, no environment.
+void tp__config_defaults(tp_config *cfg);
+// Sets one tunable by name ("shm_ring_size") or env name ("TP_SHM_RING_SIZE")
+// from text, with the same checks as the environment.
+tp_status tp__config_set(tp_config *cfg, const char *name, const char *value,
+                         tp_error **err_p);
+const char *tp__io_backend_name(int64_t b);
+
+#endif

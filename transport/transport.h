@@ -1,0 +1,160 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* transport.h - the transport contract and its generic layer.
+ *
+ * A transport moves a reliable, ordered byte stream between two endpoints.
+ * A backend (tcp.c, shm.c, ...) fills a static const tp_transport_ops and
+ * is listed in transport/registry.c. The generic layer (transport.c):
+ *  - owns the public-facing objects tp_transport, tp_listener, tp_conn;
+ *  - runs every backend op that touches loop state on the loop thread, so
+ *    backends need no locks of their own (posting from other threads);
+ *  - frees conns and listeners on the loop thread once their last
+ *    reference is dropped, after closing them.
+ *
+ * Stream semantics: a read completes when every byte of its iovs has been
+ * received (exact-length reads, lengths 64-bit); a write completes when
+ * every byte has been handed to the kernel / ring. Reads complete in the
+ * order submitted, writes too. A read or write that fails or is canceled
+ * after moving some bytes leaves the stream unusable: the backend then
+ * closes the connection, and every other pending op fails with that error.
+ *
+ * Errors name the transport and the peer address:
+ *   "tcp: read from peer 127.0.0.1:5555: connection closed by peer (EOF)".
+ * Connection-scope statuses: TP_ECONNRESET (peer died / EOF),
+ * TP_ECLOSED (closed locally), TP_EPROTO (bad bytes in the handshake).
+ */
+#ifndef TP_TRANSPORT_TRANSPORT_H
+#define TP_TRANSPORT_TRANSPORT_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "core/aio.h"
+#include "core/config.h"
+#include "core/loop.h"
+
+#define TP_TRANSPORT_ABI_V1 1u
+
+// The first bytes each side sends on a new connection (the transport
+// hello): magic, version, flags. A listener that reads anything else
+// rejects that connection (TP_EPROTO) and keeps serving others.
+#define TP_HELLO_MAGIC "TPIPE\0\x01\x00" // 8 bytes
+#define TP_HELLO_LEN 16u
+
+typedef struct tp_transport tp_transport;
+typedef struct tp_listener tp_listener;
+typedef struct tp_conn tp_conn;
+
+typedef struct tp_transport_ops {
+    uint32_t abi_version; // TP_TRANSPORT_ABI_V1
+    const char *name;     // "tcp", "shm"
+    size_t ctx_size;      // private bytes allocated after tp_transport
+    size_t listener_size; // bytes of the backend listener (embeds tp_listener)
+    size_t conn_size;     // bytes of the backend conn (embeds tp_conn)
+
+    // Any thread, may block briefly. false = unusable on this host; @why
+    // says why ("memfd_create: operation not permitted").
+    bool (*is_viable)(const tp_config *cfg, char *why, size_t why_len);
+    // Any thread. Fill the private context (tp_transport_ctx(t)). Compute
+    // the domain descriptor into t->t_domain.
+    tp_status (*ctx_init)(tp_transport *t, tp_error **err_p);
+    // Loop thread, after every listener and conn is gone.
+    void (*ctx_fini)(tp_transport *t);
+
+    // Any thread, synchronous: create the listening endpoint for @addr
+    // (NULL or "" = the transport's default) in the tp_listener @l
+    // (allocated by the generic layer, listener_size bytes, zeroed), and
+    // write the bound address into l->l_addr. Must not touch loop state.
+    tp_status (*listen)(tp_transport *t, tp_listener *l, const char *addr,
+                        tp_error **err_p);
+    // Loop thread. Output 0 of @aio: a new tp_conn * (refcount 1) after
+    // the hello was exchanged. Bad hellos are dropped (logged), not
+    // reported to the aio.
+    void (*accept)(tp_listener *l, tp_aio *aio);
+    // Loop thread: stop listening; pending accepts fail with TP_ECLOSED.
+    void (*listener_close)(tp_listener *l);
+
+    // Loop thread. Output 0: a new tp_conn * (refcount 1), in conn_size
+    // bytes the backend allocates with tp__conn_alloc. Refused: error
+    // TP_ECONNREFUSED naming @addr. Honors aio timeout, else
+    // cfg->connect_timeout_ms.
+    void (*connect)(tp_transport *t, const char *addr, tp_aio *aio);
+    // Loop thread. Exact-length read / write (see above).
+    void (*conn_read)(tp_conn *c, tp_aio *aio);
+    void (*conn_write)(tp_conn *c, tp_aio *aio);
+    // Loop thread: fail pending ops with TP_ECLOSED and release the fd.
+    // Idempotent.
+    void (*conn_close)(tp_conn *c);
+    // Loop thread, after conn_close: free backend resources (not @c).
+    void (*conn_fini)(tp_conn *c);
+} tp_transport_ops;
+
+struct tp_transport {
+    const tp_transport_ops *t_ops;
+    tp_loop *t_loop;
+    tp_config t_cfg;
+    char t_domain[256];
+    _Atomic int t_nobjs; // live listeners + conns
+};
+
+static inline void *
+tp_transport_ctx(tp_transport *t)
+{
+    return (void *)(t + 1);
+}
+
+struct tp_listener {
+    tp_transport *l_transport;
+    char l_addr[256]; // bound address, e.g. "tcp://127.0.0.1:40123"
+    _Atomic int l_refs;
+    bool l_closed;
+    tp_task l_close_task;
+};
+
+struct tp_conn {
+    tp_transport *c_transport;
+    char c_peer[256];  // "127.0.0.1:5555", "[::1]:80", "shm pid 1234"
+    char c_local[256]; // local address
+    _Atomic int c_refs;
+    _Atomic bool c_closed_req;
+    tp_task c_close_task;
+};
+
+// ---- registry (transport/registry.c) ----
+// The backends compiled in, best first (shm, tcp).
+const tp_transport_ops *const *tp__transport_registry(size_t *n_p);
+const tp_transport_ops *tp__transport_find(const char *name);
+
+// ---- generic layer (transport/transport.c), any thread unless noted ----
+// Create an instance of backend @name on @loop. @cfg is copied.
+tp_status tp__transport_create(const char *name, tp_loop *loop,
+                               const tp_config *cfg, tp_transport **t_p,
+                               tp_error **err_p);
+// Every listener and conn must have been released. Not from the loop.
+void tp__transport_destroy(tp_transport *t);
+const char *tp__transport_name(const tp_transport *t);
+const char *tp__transport_domain(const tp_transport *t);
+
+tp_status tp__transport_listen(tp_transport *t, const char *addr,
+                               tp_listener **l_p, tp_error **err_p);
+const char *tp__listener_addr(const tp_listener *l);
+void tp__listener_accept(tp_listener *l, tp_aio *aio);
+// Close (pending accepts fail with TP_ECLOSED) and drop the reference.
+void tp__listener_destroy(tp_listener *l);
+
+void tp__transport_connect(tp_transport *t, const char *addr, tp_aio *aio);
+void tp__conn_read(tp_conn *c, tp_aio *aio);
+void tp__conn_write(tp_conn *c, tp_aio *aio);
+// Non-blocking: pending ops fail with TP_ECLOSED.
+void tp__conn_close(tp_conn *c);
+tp_conn *tp__conn_ref(tp_conn *c);
+// Last reference: close, then free on the loop thread.
+void tp__conn_unref(tp_conn *c);
+const char *tp__conn_peer(const tp_conn *c);
+const char *tp__conn_local(const tp_conn *c);
+
+// Backend helpers (loop thread).
+tp_conn *tp__conn_alloc(tp_transport *t); // zeroed conn_size, refcount 1
+void tp__listener_init_base(tp_listener *l, tp_transport *t);
+
+#endif
