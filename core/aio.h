@@ -64,10 +64,13 @@ struct tp_aio {
     // state
     _Atomic int a_state;     // TP_AIO_* below
     _Atomic bool a_cancel_req;
-    tp_status a_cancel_reason;
     tp_mtx a_mtx;
     tp_cv a_cv;
     _Atomic int a_waiters;
+    _Atomic int a_busy;        // submitted, callback not yet returned
+    _Atomic uint64_t a_gen;    // submission number
+    _Atomic uint64_t a_cancel_gen;
+    _Atomic bool a_cancel_posted;
 };
 
 enum {

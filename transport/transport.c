@@ -1,3 +1,322 @@
 // SPDX-License-Identifier: Apache-2.0
-// placeholder: being written
-typedef int tp_placeholder_transport;
+// transport.c - the generic layer over transport backends: runs backend
+// ops on the loop thread, and frees conns and listeners there once the
+// last reference is gone. No locks: all backend state is loop-owned.
+
+#include "transport.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/alloc.h"
+#include "core/log.h"
+
+tp_status
+tp__transport_create(const char *name, tp_loop *loop, const tp_config *cfg,
+                     tp_transport **t_p, tp_error **err_p)
+{
+    const tp_transport_ops *ops = tp__transport_find(name);
+    if (ops == NULL) {
+        char known[256] = "";
+        size_t n;
+        const tp_transport_ops *const *all = tp__transport_registry(&n);
+        for (size_t i = 0; i < n; i++) {
+            size_t len = strlen(known);
+            snprintf(known + len, sizeof(known) - len, "%s%s", i ? ", " : "",
+                     all[i]->name);
+        }
+        return tp__error_set(err_p, TP_EINVAL,
+                             "unknown transport \"%s\" (known: %s)", name,
+                             known);
+    }
+    TP_ASSERT(ops->abi_version == TP_TRANSPORT_ABI_V1);
+    char why[256] = "";
+    if (!ops->is_viable(cfg, why, sizeof(why))) {
+        return tp__error_set(err_p, TP_ENOTSUP,
+                             "transport %s: not viable on this host: %s",
+                             name, why);
+    }
+    tp_transport *t = tp__zalloc(sizeof(*t) + ops->ctx_size);
+    if (t == NULL) {
+        return tp__error_set(err_p, TP_ENOMEM, "transport %s: out of memory",
+                             name);
+    }
+    t->t_ops = ops;
+    t->t_loop = loop;
+    t->t_cfg = *cfg;
+    atomic_init(&t->t_nobjs, 0);
+    tp_status st = ops->ctx_init(t, err_p);
+    if (st != TP_OK) {
+        tp__free(t);
+        return st;
+    }
+    *t_p = t;
+    return TP_OK;
+}
+
+static void
+transport_fini_task(void *arg)
+{
+    tp_transport *t = arg;
+    t->t_ops->ctx_fini(t);
+}
+
+void
+tp__transport_destroy(tp_transport *t)
+{
+    if (t == NULL) {
+        return;
+    }
+    TP_ASSERT(!tp__loop_on_thread(t->t_loop));
+    // Conns and listeners are freed by tasks on the loop; give tasks posted
+    // by other threads a moment to run.
+    uint64_t deadline = tp__now_ns() + 5000000000u;
+    while (atomic_load_explicit(&t->t_nobjs, memory_order_acquire) > 0) {
+        if (tp__now_ns() > deadline) {
+            TP_LOG_ERROR("TP-TRANSPORT-LEAK",
+                         "transport %s: destroyed with %d conns/listeners "
+                         "still referenced",
+                         t->t_ops->name,
+                         atomic_load_explicit(&t->t_nobjs,
+                                              memory_order_relaxed));
+            TP_ASSERT(!"transport destroyed with live conns or listeners");
+        }
+        usleep(1000);
+    }
+    tp__loop_call(t->t_loop, transport_fini_task, t);
+    tp__free(t);
+}
+
+const char *
+tp__transport_name(const tp_transport *t)
+{
+    return t->t_ops->name;
+}
+
+const char *
+tp__transport_domain(const tp_transport *t)
+{
+    return t->t_domain;
+}
+
+// ---- listeners -------------------------------------------------------------
+
+void
+tp__listener_init_base(tp_listener *l, tp_transport *t)
+{
+    l->l_transport = t;
+    atomic_init(&l->l_refs, 1);
+}
+
+tp_status
+tp__transport_listen(tp_transport *t, const char *addr, tp_listener **l_p,
+                     tp_error **err_p)
+{
+    TP_ASSERT(t->t_ops->listener_size >= sizeof(tp_listener));
+    tp_listener *l = tp__zalloc(t->t_ops->listener_size);
+    if (l == NULL) {
+        return tp__error_set(err_p, TP_ENOMEM,
+                             "%s: listen on %s: out of memory",
+                             t->t_ops->name, addr ? addr : "(default)");
+    }
+    tp__listener_init_base(l, t);
+    tp_status st = t->t_ops->listen(t, l, addr, err_p);
+    if (st != TP_OK) {
+        tp__free(l);
+        return st;
+    }
+    atomic_fetch_add_explicit(&t->t_nobjs, 1, memory_order_relaxed);
+    *l_p = l;
+    return TP_OK;
+}
+
+const char *
+tp__listener_addr(const tp_listener *l)
+{
+    return l->l_addr;
+}
+
+static void
+listener_accept_start(void *obj, tp_aio *aio)
+{
+    tp_listener *l = obj;
+    if (l->l_closed) {
+        if (tp__aio_begin(aio, l->l_transport->t_loop, NULL, NULL)) {
+            tp__aio_finish_status(aio, TP_ECLOSED,
+                                  "%s: accept on %s: listener closed",
+                                  l->l_transport->t_ops->name, l->l_addr);
+        }
+        return;
+    }
+    l->l_transport->t_ops->accept(l, aio);
+}
+
+void
+tp__listener_accept(tp_listener *l, tp_aio *aio)
+{
+    tp__aio_submit(aio, l->l_transport->t_loop, listener_accept_start, l);
+}
+
+static void
+listener_free_task(void *arg)
+{
+    tp_listener *l = arg;
+    tp_transport *t = l->l_transport;
+    if (!l->l_closed) {
+        l->l_closed = true;
+        t->t_ops->listener_close(l);
+    }
+    tp__free(l);
+    atomic_fetch_sub_explicit(&t->t_nobjs, 1, memory_order_release);
+}
+
+void
+tp__listener_destroy(tp_listener *l)
+{
+    if (l == NULL) {
+        return;
+    }
+    tp__task_init(&l->l_free_task, listener_free_task, l);
+    tp__loop_post(l->l_transport->t_loop, &l->l_free_task);
+}
+
+// ---- conns -----------------------------------------------------------------
+
+tp_conn *
+tp__conn_alloc(tp_transport *t)
+{
+    TP_ASSERT(t->t_ops->conn_size >= sizeof(tp_conn));
+    tp_conn *c = tp__zalloc(t->t_ops->conn_size);
+    if (c == NULL) {
+        return NULL;
+    }
+    c->c_transport = t;
+    atomic_init(&c->c_refs, 1);
+    atomic_init(&c->c_closed_req, false);
+    atomic_fetch_add_explicit(&t->t_nobjs, 1, memory_order_relaxed);
+    return c;
+}
+
+static void
+transport_connect_start(void *obj, tp_aio *aio)
+{
+    tp_transport *t = obj;
+    char *addr = aio->a_input[0];
+    aio->a_input[0] = NULL;
+    if (addr == NULL) {
+        if (tp__aio_begin(aio, t->t_loop, NULL, NULL)) {
+            tp__aio_finish_status(aio, TP_ENOMEM,
+                                  "%s: connect: out of memory",
+                                  t->t_ops->name);
+        }
+        return;
+    }
+    t->t_ops->connect(t, addr, aio);
+    tp__free(addr);
+}
+
+void
+tp__transport_connect(tp_transport *t, const char *addr, tp_aio *aio)
+{
+    // The backend parses the address on the loop thread, maybe after the
+    // caller's string is gone: keep a copy until then.
+    aio->a_input[0] = tp__strdup(addr ? addr : "");
+    tp__aio_submit(aio, t->t_loop, transport_connect_start, t);
+}
+
+static void
+conn_read_start(void *obj, tp_aio *aio)
+{
+    tp_conn *c = obj;
+    c->c_transport->t_ops->conn_read(c, aio);
+}
+
+static void
+conn_write_start(void *obj, tp_aio *aio)
+{
+    tp_conn *c = obj;
+    c->c_transport->t_ops->conn_write(c, aio);
+}
+
+void
+tp__conn_read(tp_conn *c, tp_aio *aio)
+{
+    tp__aio_submit(aio, c->c_transport->t_loop, conn_read_start, c);
+}
+
+void
+tp__conn_write(tp_conn *c, tp_aio *aio)
+{
+    tp__aio_submit(aio, c->c_transport->t_loop, conn_write_start, c);
+}
+
+static void
+conn_close_task(void *arg)
+{
+    tp_conn *c = arg;
+    c->c_transport->t_ops->conn_close(c);
+    tp__conn_unref(c); // the reference tp__conn_close took
+}
+
+void
+tp__conn_close(tp_conn *c)
+{
+    bool expected = false;
+    if (!atomic_compare_exchange_strong_explicit(&c->c_closed_req, &expected,
+                                                 true, memory_order_acq_rel,
+                                                 memory_order_acquire)) {
+        return;
+    }
+    if (tp__loop_on_thread(c->c_transport->t_loop)) {
+        c->c_transport->t_ops->conn_close(c);
+        return;
+    }
+    // Hold a reference until the close has run.
+    tp__conn_ref(c);
+    tp__task_init(&c->c_close_task, conn_close_task, c);
+    tp__loop_post(c->c_transport->t_loop, &c->c_close_task);
+}
+
+tp_conn *
+tp__conn_ref(tp_conn *c)
+{
+    atomic_fetch_add_explicit(&c->c_refs, 1, memory_order_relaxed);
+    return c;
+}
+
+static void
+conn_free_task(void *arg)
+{
+    tp_conn *c = arg;
+    tp_transport *t = c->c_transport;
+    t->t_ops->conn_close(c);
+    t->t_ops->conn_fini(c);
+    tp__free(c);
+    atomic_fetch_sub_explicit(&t->t_nobjs, 1, memory_order_release);
+}
+
+void
+tp__conn_unref(tp_conn *c)
+{
+    if (c == NULL) {
+        return;
+    }
+    if (atomic_fetch_sub_explicit(&c->c_refs, 1, memory_order_acq_rel) != 1) {
+        return;
+    }
+    tp__task_init(&c->c_free_task, conn_free_task, c);
+    tp__loop_post(c->c_transport->t_loop, &c->c_free_task);
+}
+
+const char *
+tp__conn_peer(const tp_conn *c)
+{
+    return c->c_peer;
+}
+
+const char *
+tp__conn_local(const tp_conn *c)
+{
+    return c->c_local;
+}

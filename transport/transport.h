@@ -107,8 +107,8 @@ struct tp_listener {
     tp_transport *l_transport;
     char l_addr[256]; // bound address, e.g. "tcp://127.0.0.1:40123"
     _Atomic int l_refs;
-    bool l_closed;
-    tp_task l_close_task;
+    bool l_closed;       // loop thread
+    tp_task l_free_task;
 };
 
 struct tp_conn {
@@ -118,7 +118,12 @@ struct tp_conn {
     _Atomic int c_refs;
     _Atomic bool c_closed_req;
     tp_task c_close_task;
+    tp_task c_free_task;
 };
+
+// Backends, listed by transport/registry.c.
+extern const tp_transport_ops tp__transport_tcp_ops;
+extern const tp_transport_ops tp__transport_shm_ops;
 
 // ---- registry (transport/registry.c) ----
 // The backends compiled in, best first (shm, tcp).
