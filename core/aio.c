@@ -158,6 +158,9 @@ tp__aio_submit(tp_aio *aio, tp_loop *loop, void (*start)(void *obj, tp_aio *aio)
 {
     int st = atomic_load_explicit(&aio->a_state, memory_order_acquire);
     TP_ASSERT(st == TP_AIO_IDLE);
+    // a_loop is published by the a_busy increment (release): threads that
+    // see a_busy > 0 (cancel, wait) may read it.
+    aio->a_loop = loop;
     atomic_fetch_add_explicit(&aio->a_busy, 1, memory_order_acq_rel);
     tp_error_unref(aio->a_err);
     aio->a_err = NULL;
@@ -165,7 +168,6 @@ tp__aio_submit(tp_aio *aio, tp_loop *loop, void (*start)(void *obj, tp_aio *aio)
     aio->a_output[0] = aio->a_output[1] = NULL;
     aio->a_prov_data[0] = aio->a_prov_data[1] = NULL;
     aio->a_prov_u64[0] = aio->a_prov_u64[1] = 0;
-    aio->a_loop = loop;
     aio->a_start_fn = start;
     aio->a_start_obj = obj;
     aio->a_cancel_fn = NULL;
@@ -185,7 +187,7 @@ tp__aio_begin(tp_aio *aio, tp_loop *loop, tp_aio_cancel_fn fn, void *arg)
     TP_ASSERT_ON_LOOP(loop);
     TP_ASSERT(atomic_load_explicit(&aio->a_state, memory_order_relaxed) ==
               TP_AIO_QUEUED);
-    aio->a_loop = loop;
+    TP_ASSERT(aio->a_loop == loop);
     if (atomic_load_explicit(&aio->a_cancel_req, memory_order_acquire)) {
         tp__aio_finish(aio,
                        tp__error_new(TP_ECANCELED, 0, NULL,

@@ -63,6 +63,7 @@ typedef struct post_ctx {
     tp_task tasks[1000];
     int order[1000];
     _Atomic int n;
+    _Atomic int done;
     _Atomic int off_loop;
 } post_ctx;
 
@@ -77,6 +78,7 @@ post_task(void *arg)
     }
     int k = atomic_fetch_add(&pc.n, 1);
     pc.order[k] = i;
+    atomic_fetch_add_explicit(&pc.done, 1, memory_order_release);
 }
 
 static void
@@ -89,7 +91,7 @@ posts_run_on_loop_in_order_one(tp_loop *l)
         tp__task_init(&pc.tasks[i], post_task, (void *)(intptr_t)i);
         tp__loop_post(l, &pc.tasks[i]);
     }
-    wait_until(&pc.n, 1000, 5000);
+    wait_until(&pc.done, 1000, 5000);
     TP_CHECK_EQ(atomic_load(&pc.off_loop), 0);
     for (int i = 0; i < 1000; i++) {
         TP_CHECK_EQ(pc.order[i], i);
@@ -157,6 +159,7 @@ typedef struct timer_ctx {
     int fired[5];
     uint64_t at[5];
     _Atomic int n;
+    _Atomic int done;
     uint64_t start;
 } timer_ctx;
 
@@ -169,6 +172,7 @@ timer_cb(tp_timer *t, void *arg)
     tc.at[i] = tp__now_ns();
     int k = atomic_fetch_add(&tc.n, 1);
     tc.fired[k] = i;
+    atomic_fetch_add_explicit(&tc.done, 1, memory_order_release);
 }
 
 static void
@@ -192,9 +196,9 @@ timers_fire_in_order_one(tp_loop *l)
     memset(&tc, 0, sizeof(tc));
     tc.l = l;
     tp__loop_call(l, timer_arm, NULL);
-    wait_until(&tc.n, 4, 5000);
+    wait_until(&tc.done, 4, 5000);
     usleep(20000);
-    TP_CHECK_EQ(atomic_load(&tc.n), 4); // the stopped one never fires
+    TP_CHECK_EQ(atomic_load(&tc.done), 4); // the stopped one never fires
     static const int want[4] = {1, 4, 2, 0};
     static const int ms[5] = {40, 10, 30, 5, 20};
     for (int i = 0; i < 4; i++) {
