@@ -1,3 +1,50 @@
 // SPDX-License-Identifier: Apache-2.0
-// placeholder: being written
-typedef int tp_placeholder_version;
+// version.c - the library version and the optional features compiled in.
+
+#include <tpipe/tpipe.h>
+
+#include "tp_config.h"
+
+const char *
+tp_version_string(void)
+{
+    return TP_VERSION_STRING;
+}
+
+// Built from string literals at compile time, so it is static and needs no
+// formatting at run time.
+#if TP_HAVE_URING
+#define VERSION_F_URING " uring"
+#else
+#define VERSION_F_URING ""
+#endif
+#if TP_HAVE_IBV
+#define VERSION_F_IBV " ibv"
+#else
+#define VERSION_F_IBV ""
+#endif
+#if TP_HAVE_UCX
+#define VERSION_F_UCX " ucx"
+#else
+#define VERSION_F_UCX ""
+#endif
+#if TP_HAVE_CUDA
+#define VERSION_F_CUDA " cuda"
+#else
+#define VERSION_F_CUDA ""
+#endif
+#if TP_HAVE_NCCL
+#define VERSION_F_NCCL " nccl"
+#else
+#define VERSION_F_NCCL ""
+#endif
+
+static const char version_features[] =
+    VERSION_F_URING VERSION_F_IBV VERSION_F_UCX VERSION_F_CUDA VERSION_F_NCCL;
+
+const char *
+tp_build_features(void)
+{
+    // Skip the leading space of the first feature (or return "").
+    return version_features[0] == ' ' ? version_features + 1 : version_features;
+}

@@ -42,7 +42,8 @@ TP_API tp_status tp_future_set_value(tp_future *f, void *value,
                                      tp_future_free_fn free_fn);
 /**
  * tp_future_set_error - resolve @f with @err (borrowed: the future takes
- * its own reference). As tp_future_set_value otherwise.
+ * its own reference; NULL is TP_EINVAL and leaves @f unresolved). As
+ * tp_future_set_value otherwise.
  */
 TP_API tp_status tp_future_set_error(tp_future *f, const tp_error *err);
 /** tp_future_is_done - true once resolved. Any thread. */
@@ -62,8 +63,10 @@ TP_API void *tp_future_value(const tp_future *f);
 TP_API const tp_error *tp_future_error(const tp_future *f);
 /**
  * tp_future_then - run @cb(@f, @arg) exactly once when @f resolves: on the
- * thread that resolves it, or, if @f is already resolved, on the calling
- * thread before this returns. Callbacks run in the order they were added.
+ * thread that resolves it, or, if @f is already resolved and its callbacks
+ * have all run, on the calling thread before this returns. Callbacks run in
+ * the order they were added: one added while the resolving thread is still
+ * running earlier callbacks is queued behind them and runs on that thread.
  * Errors: TP_ENOMEM (the callback will not run).
  */
 TP_API tp_status tp_future_then(tp_future *f, tp_future_cb cb, void *arg);
