@@ -174,7 +174,7 @@ tp__aio_submit(tp_aio *aio, tp_loop *loop, void (*start)(void *obj, tp_aio *aio)
     atomic_fetch_add_explicit(&aio->a_gen, 1, memory_order_acq_rel);
     atomic_store_explicit(&aio->a_cancel_req, false, memory_order_relaxed);
     atomic_store_explicit(&aio->a_state, TP_AIO_QUEUED, memory_order_release);
-    if (tp__loop_on_thread(loop)) {
+    if (tp__loop_on_thread(loop) && !tp__loop_has_pending_posts(loop)) {
         start(obj, aio);
     } else {
         tp__loop_post(loop, &aio->a_start_task);

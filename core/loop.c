@@ -34,6 +34,7 @@ struct tp_loop {
     tp_loop_fd l_wake_lfd;
 
     // Loop-thread-only state.
+    tp_task *l_batch;    // posted tasks taken off the queue, not yet run
     tp_task *l_defer_head;
     tp_task *l_defer_tail;
     tp_timer **l_heap;
@@ -335,13 +336,21 @@ loop_run_posted(tp_loop *l)
     tp__mtx_unlock(&l->l_post_mtx);
     bool ran = t != NULL;
     while (t != NULL) {
-        tp_task *next = t->t_next;
+        l->l_batch = t->t_next;
         t->t_next = NULL;
         t->t_fn(t->t_arg);
         loop_run_deferred(l);
-        t = next;
+        t = l->l_batch;
     }
     return ran;
+}
+
+bool
+tp__loop_has_pending_posts(tp_loop *l)
+{
+    TP_ASSERT_ON_LOOP(l);
+    return l->l_batch != NULL ||
+           atomic_load_explicit(&l->l_post_pending, memory_order_acquire);
 }
 
 static void

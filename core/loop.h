@@ -118,6 +118,11 @@ bool tp__loop_uring_viable(char *why, size_t why_len);
 // Any thread: run @task on the loop thread, later (never inside this call).
 // Tasks posted by one thread run in the order posted.
 void tp__loop_post(tp_loop *loop, tp_task *task);
+// Loop thread: true if tasks posted by other threads are waiting to run.
+// A submission made on the loop thread then queues behind them (posting
+// instead of running inline), so operations start in the order they were
+// submitted, whichever threads submitted them.
+bool tp__loop_has_pending_posts(tp_loop *loop);
 // Any thread: as tp__loop_post with a task allocated here.
 tp_status tp__loop_post_fn(tp_loop *loop, tp_task_fn fn, void *arg);
 // Loop thread: run @task after the current handler returns, before the
