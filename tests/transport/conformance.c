@@ -342,6 +342,24 @@ typedef struct order_state {
 } order_state;
 
 static order_state order_st;
+static pthread_mutex_t order_mtx = PTHREAD_MUTEX_INITIALIZER;
+
+// Takes the next sequence number and submits it, as one step: the value a
+// write carries is its submission order, whichever thread submits it.
+static void
+order_submit(int slot)
+{
+    order_state *os = &order_st;
+    pthread_mutex_lock(&order_mtx);
+    uint64_t n = atomic_fetch_add(&os->next, 1);
+    if (n < ORDER_N) {
+        os->vals[slot] = n;
+        tp_iov iov = {&os->vals[slot], 8};
+        tp_aio_set_iov(os->aios[slot], 1, &iov);
+        tp__conn_write(os->c, os->aios[slot]);
+    }
+    pthread_mutex_unlock(&order_mtx);
+}
 
 static void
 order_write_cb(void *arg)
@@ -354,14 +372,7 @@ order_write_cb(void *arg)
         return;
     }
     atomic_fetch_add(&os->done_writes, 1);
-    uint64_t n = atomic_fetch_add(&os->next, 1);
-    if (n < ORDER_N) {
-        // Resubmitted from the completion callback: on the loop thread.
-        os->vals[slot] = n;
-        tp_iov iov = {&os->vals[slot], 8};
-        tp_aio_set_iov(os->aios[slot], 1, &iov);
-        tp__conn_write(os->c, os->aios[slot]);
-    }
+    order_submit(slot); // resubmitted from the callback: on the loop thread
 }
 
 static void
@@ -373,17 +384,14 @@ ordering_many_small_writes(void)
     fx_pair(&fx, &c, &s);
     order_state *os = &order_st;
     os->c = c;
-    atomic_init(&os->next, ORDER_WINDOW);
+    atomic_init(&os->next, 0);
     for (int i = 0; i < ORDER_WINDOW; i++) {
         TP_CHECK_OK(tp_aio_create(order_write_cb, (void *)(intptr_t)i,
                                   &os->aios[i]),
                     NULL);
     }
     for (int i = 0; i < ORDER_WINDOW; i++) {
-        os->vals[i] = (uint64_t)i;
-        tp_iov iov = {&os->vals[i], 8};
-        tp_aio_set_iov(os->aios[i], 1, &iov);
-        tp__conn_write(c, os->aios[i]);
+        order_submit(i);
     }
     // Read in chunks of varying size and check the sequence.
     uint64_t expect = 0;
