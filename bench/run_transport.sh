@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# run_transport.sh - issue 2's "measure and report": runs
+#   tpipe bench transport --json --reps 3        (every transport x backend)
+#   tpipe bench transport --idle-cpu --json      (CPU while idle)
+#   bash ../shared/peers/run_all.sh sock memcpy iperf3
+# in the same session, then prints a markdown side-by-side comparison
+# (compare_transport.py): tcp 64 B round trip vs the raw socket, shm 64 B
+# round trip vs 2 us, shm 64 MiB stream vs 0.8 x memcpy, tcp 64 MiB stream
+# vs 0.9 x iperf3 -P1, idle CPU.
+#
+#   bash bench/run_transport.sh              # everything (~3-5 min + apt)
+#   REPS=5 bash bench/run_transport.sh
+#   PEERS="sock memcpy iperf3 tp" bash bench/run_transport.sh
+#   SKIP_PEERS=1 bash bench/run_transport.sh # ours only (tables w/o peers)
+#   TP_ARGS="--transport shm" bash bench/run_transport.sh
+#
+# Env: TPIPE (the tpipe binary; default: built into $BUILD_DIR),
+#      BUILD_DIR (default <repo>/build-bench), REPS (3), PEERS (sections),
+#      OUT (default $BUILD_DIR/bench-results/transport-<UTC stamp>),
+#      TP_ARGS (extra arguments for tpipe bench transport).
+# Writes $OUT/{ours.jsonl,idle.jsonl,peers/raw.txt,report.md,*.log}.
+set -u
+HERE=$(cd "$(dirname "$0")" && pwd)
+REPO=$(cd "$HERE/.." && pwd)
+PEERS_DIR=${PEERS_DIR:-$REPO/../shared/peers}
+BUILD_DIR=${BUILD_DIR:-$REPO/build-bench}
+REPS=${REPS:-3}
+PEERS=${PEERS:-sock memcpy iperf3}
+STAMP=$(date -u +%Y%m%d-%H%M%S)
+OUT=${OUT:-$BUILD_DIR/bench-results/transport-$STAMP}
+PY=${PY:-/usr/bin/python3}
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+log() { echo "[$(date -u +%H:%M:%S)] $*" >&2; }
+
+if [ -z "${TPIPE:-}" ]; then
+  # Configure once, then an incremental build: never a stale binary.
+  TPIPE=$BUILD_DIR/tools/tpipe
+  log "building tpipe in $BUILD_DIR"
+  mkdir -p "$BUILD_DIR"
+  if ! { { [ -f "$BUILD_DIR/CMakeCache.txt" ] ||
+           cmake -S "$REPO" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+             -DBUILD_TESTING=OFF; } &&
+         cmake --build "$BUILD_DIR" --target tpipe_tool -j"$(nproc)"; } \
+       >"$BUILD_DIR/bench-build.log" 2>&1; then
+    log "build failed: see $BUILD_DIR/bench-build.log"
+    exit 1
+  fi
+fi
+mkdir -p "$OUT"
+log "results in $OUT"
+rc=0
+
+log "tpipe bench transport --json --reps $REPS ${TP_ARGS:-}"
+# shellcheck disable=SC2086
+"$TPIPE" bench transport --json --reps "$REPS" ${TP_ARGS:-} \
+  >"$OUT/ours.jsonl" 2>"$OUT/ours.log" ||
+  { log "tpipe bench transport failed (exit $?), see $OUT/ours.log"; rc=1; }
+log "tpipe bench transport --idle-cpu --json"
+# shellcheck disable=SC2086
+"$TPIPE" bench transport --idle-cpu --json ${TP_ARGS:-} \
+  >"$OUT/idle.jsonl" 2>"$OUT/idle.log" ||
+  { log "idle measurement failed (exit $?), see $OUT/idle.log"; rc=1; }
+
+mkdir -p "$OUT/peers"
+if [ -z "${SKIP_PEERS:-}" ]; then
+  log "peers: bash $PEERS_DIR/run_all.sh $PEERS"
+  # shellcheck disable=SC2086
+  OUT=$OUT/peers REPS=$REPS bash "$PEERS_DIR/run_all.sh" $PEERS \
+    >"$OUT/peers.log" 2>&1 ||
+    { log "run_all.sh failed, see $OUT/peers.log"; rc=1; }
+  [ -s "$OUT/peers/failures.txt" ] &&
+    { log "peer failures:"; cat "$OUT/peers/failures.txt" >&2; }
+fi
+touch "$OUT/peers/raw.txt"
+
+{
+  echo "## tpipe bench transport vs peers ($(date -u +%Y-%m-%dT%H:%M:%SZ), $(nproc) CPUs, $(uname -r))"
+  echo
+  echo "tpipe: \`$TPIPE bench transport --json --reps $REPS ${TP_ARGS:-}\` (median of $REPS medians);"
+  echo "peers: \`run_all.sh $PEERS\` (REPS=$REPS), same session."
+  echo
+  "$PY" "$HERE/compare_transport.py" "$OUT/ours.jsonl" "$OUT/peers/raw.txt" \
+    "$OUT/idle.jsonl"
+} >"$OUT/report.md"
+cat "$OUT/report.md"
+log "report: $OUT/report.md"
+exit $rc

@@ -1,0 +1,1055 @@
+// SPDX-License-Identifier: Apache-2.0
+// bench_transport.c - `tpipe bench transport`: round-trip latency and
+// one-way streaming bandwidth between two processes, per transport and
+// loop backend.
+//
+// For each (transport, backend) and each repetition, a server child is
+// forked before this process creates any loop or thread (fork with threads
+// is unsafe); the child creates its loop, transport and listener and sends
+// the listener address back through a pipe(2); this process connects and
+// measures (bench_peer.c). Every wait has a stall deadline, and the child
+// is always reaped (killed on error).
+
+#include <errno.h>
+#include <math.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bench_peer.h"
+#include "core/config.h"
+#include "tool.h"
+
+#define BT_MAX_SIZES      32
+#define BT_MAX_TRANSPORTS 8
+
+typedef struct bt_opts {
+    const char *bo_transports[BT_MAX_TRANSPORTS];
+    size_t bo_ntransports;
+    int64_t bo_backends[2];
+    size_t bo_nbackends;
+    uint64_t bo_sizes[BT_MAX_SIZES];
+    size_t bo_nsizes;
+    uint64_t bo_max_size;
+    bool bo_pingpong;
+    bool bo_stream;
+    uint64_t bo_iters;
+    double bo_budget;
+    unsigned bo_window;
+    bool bo_json;
+    unsigned bo_reps;
+    bool bo_idle;
+    double bo_idle_s;
+    double bo_stall_s;
+    const char *bo_addr;
+    bool bo_verbose;
+    tp_config bo_cfg; // from the environment
+} bt_opts;
+
+// One measurement's results over the repetitions.
+typedef struct bt_cell {
+    double *bc_p50, *bc_p90, *bc_p99, *bc_gbps;
+    uint64_t bc_iters; // summed over repetitions
+    unsigned bc_n;
+} bt_cell;
+
+static const char *const bt_default_sizes = "64,4K,64K,1M,16M,64M";
+
+static void
+bt_usage(FILE *f)
+{
+    fprintf(
+        f,
+        "usage: tpipe bench transport [options]\n"
+        "\n"
+        "Two processes (a forked server and this client) on this host. "
+        "pingpong:\n"
+        "the client writes SIZE bytes, the server reads them and writes "
+        "them back;\n"
+        "round trip per iteration, p50/p90/p99 in microseconds. stream: "
+        "the client\n"
+        "keeps W writes of SIZE in flight; GB/s = bytes / time until the "
+        "server's\n"
+        "ack (1 GB = 1e9 B).\n"
+        "\n"
+        "  --transport tcp|shm|all   transports (comma list; default all "
+        "viable)\n"
+        "  --backend epoll|uring|all loop backends (comma list; default all "
+        "viable)\n"
+        "  --sizes LIST              message sizes, K/M/G = KiB/MiB/GiB "
+        "(default\n"
+        "                            %s; at least %u)\n"
+        "  --test pingpong|stream|all  (default all)\n"
+        "  --iters N                 at most N measured iterations (stream: "
+        "messages)\n"
+        "                            per measurement (default 1000000; at "
+        "least 10)\n"
+        "  --budget SECONDS          time per measurement (default 0.5)\n"
+        "  --window W                stream writes in flight (default 4, max "
+        "%u)\n"
+        "  --reps R                  repeat each measurement R times on "
+        "separate\n"
+        "                            connections; report the median of the "
+        "medians\n"
+        "  --json                    one JSON object per line instead of a "
+        "table\n"
+        "  --idle-cpu                instead: post a read on each side, "
+        "send nothing,\n"
+        "                            sleep, report each process's CPU %%\n"
+        "  --idle-seconds S          length of the idle measurement "
+        "(default 2)\n"
+        "  --addr ADDR               server listen address (default: the "
+        "transport's)\n"
+        "  --stall-timeout SECONDS   abort a measurement that makes no "
+        "progress for\n"
+        "                            this long (default 30)\n"
+        "  -v, --verbose             progress on stderr\n"
+        "\n"
+        "JSON line: {\"bench\":\"transport\",\"transport\":\"tcp\",\"backend\":"
+        "\"epoll\",\n"
+        "  \"test\":\"pingpong\",\"size\":64,\"p50_us\":..,\"p90_us\":..,"
+        "\"p99_us\":..,\"gbps\":null}\n"
+        "(latency fields null for stream, gbps null for pingpong).\n",
+        bt_default_sizes, BT_MIN_SIZE, BT_MAX_WINDOW);
+}
+
+// ---- options ---------------------------------------------------------------
+
+static bool
+bt_parse_sizes(const char *list, bt_opts *o)
+{
+    char buf[512];
+    snprintf(buf, sizeof(buf), "%s", list);
+    o->bo_nsizes = 0;
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok != NULL;
+         tok = strtok_r(NULL, ",", &save)) {
+        uint64_t v;
+        if (!tool_parse_size(tok, &v)) {
+            tool_err("bench transport: bad size \"%s\"", tok);
+            return false;
+        }
+        if (v < BT_MIN_SIZE) {
+            tool_err("bench transport: size %s is below the minimum of %u "
+                     "bytes",
+                     tok, BT_MIN_SIZE);
+            return false;
+        }
+        if (o->bo_nsizes == BT_MAX_SIZES) {
+            tool_err("bench transport: at most %d sizes", BT_MAX_SIZES);
+            return false;
+        }
+        o->bo_sizes[o->bo_nsizes++] = v;
+    }
+    if (o->bo_nsizes == 0) {
+        tool_err("bench transport: --sizes is empty");
+        return false;
+    }
+    return true;
+}
+
+static bool
+bt_parse_transports(const char *list, bt_opts *o)
+{
+    size_t n = 0;
+    const tp_transport_ops *const *all = tp__transport_registry(&n);
+    o->bo_ntransports = 0;
+    if (strcmp(list, "all") == 0) {
+        // Every viable transport, best first.
+        for (size_t i = 0; i < n && i < BT_MAX_TRANSPORTS; i++) {
+            char why[256] = "";
+            if (all[i]->is_viable(&o->bo_cfg, why, sizeof(why))) {
+                o->bo_transports[o->bo_ntransports++] = all[i]->name;
+            } else if (o->bo_verbose || !o->bo_json) {
+                fprintf(stderr, "tpipe: skipping transport %s: %s\n",
+                        all[i]->name, why);
+            }
+        }
+        return true;
+    }
+    char buf[256];
+    snprintf(buf, sizeof(buf), "%s", list);
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok != NULL;
+         tok = strtok_r(NULL, ",", &save)) {
+        const tp_transport_ops *ops = tp__transport_find(tok);
+        if (ops == NULL) {
+            tool_err("bench transport: unknown transport \"%s\"", tok);
+            return false;
+        }
+        char why[256] = "";
+        if (!ops->is_viable(&o->bo_cfg, why, sizeof(why))) {
+            tool_err("bench transport: transport %s is not viable here: %s",
+                     tok, why);
+            return false;
+        }
+        if (o->bo_ntransports < BT_MAX_TRANSPORTS) {
+            o->bo_transports[o->bo_ntransports++] = ops->name;
+        }
+    }
+    return o->bo_ntransports > 0;
+}
+
+static bool
+bt_parse_backends(const char *list, bt_opts *o)
+{
+    char why[256] = "";
+    bool uring = tp__loop_uring_viable(why, sizeof(why));
+    o->bo_nbackends = 0;
+    if (strcmp(list, "all") == 0) {
+        o->bo_backends[o->bo_nbackends++] = TP_IO_BACKEND_EPOLL;
+        if (uring) {
+            o->bo_backends[o->bo_nbackends++] = TP_IO_BACKEND_URING;
+        } else if (o->bo_verbose || !o->bo_json) {
+            fprintf(stderr, "tpipe: skipping loop backend uring: %s\n", why);
+        }
+        return true;
+    }
+    char buf[64];
+    snprintf(buf, sizeof(buf), "%s", list);
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok != NULL;
+         tok = strtok_r(NULL, ",", &save)) {
+        if (o->bo_nbackends == 2) {
+            tool_err("bench transport: too many backends");
+            return false;
+        }
+        if (strcmp(tok, "epoll") == 0) {
+            o->bo_backends[o->bo_nbackends++] = TP_IO_BACKEND_EPOLL;
+        } else if (strcmp(tok, "uring") == 0) {
+            if (!uring) {
+                tool_err("bench transport: loop backend uring is not viable "
+                         "here: %s",
+                         why);
+                return false;
+            }
+            o->bo_backends[o->bo_nbackends++] = TP_IO_BACKEND_URING;
+        } else {
+            tool_err("bench transport: unknown backend \"%s\" (epoll, uring, "
+                     "all)",
+                     tok);
+            return false;
+        }
+    }
+    return o->bo_nbackends > 0;
+}
+
+// Returns -1 to continue, else the exit status.
+static int
+bt_parse_args(int argc, char **argv, bt_opts *o)
+{
+    const char *transports = "all", *backends = "all";
+    const char *sizes = bt_default_sizes, *test = "all";
+    memset(o, 0, sizeof(*o));
+    o->bo_iters = 1000000;
+    o->bo_budget = 0.5;
+    o->bo_window = 4;
+    o->bo_reps = 1;
+    o->bo_idle_s = 2.0;
+    o->bo_stall_s = 30.0;
+    for (int i = 1; i < argc; i++) {
+        const char *v = NULL;
+        bool bad = false;
+        const char *a = argv[i];
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            bt_usage(stdout);
+            return TOOL_EXIT_OK;
+        } else if (strcmp(a, "--json") == 0) {
+            o->bo_json = true;
+        } else if (strcmp(a, "--idle-cpu") == 0) {
+            o->bo_idle = true;
+        } else if (strcmp(a, "-v") == 0 || strcmp(a, "--verbose") == 0) {
+            o->bo_verbose = true;
+        } else if (tool_opt_value(argc, argv, &i, "--transport", &v, &bad)) {
+            transports = v;
+        } else if (tool_opt_value(argc, argv, &i, "--backend", &v, &bad)) {
+            backends = v;
+        } else if (tool_opt_value(argc, argv, &i, "--sizes", &v, &bad)) {
+            sizes = v;
+        } else if (tool_opt_value(argc, argv, &i, "--test", &v, &bad)) {
+            test = v;
+        } else if (tool_opt_value(argc, argv, &i, "--addr", &v, &bad)) {
+            o->bo_addr = v;
+        } else if (tool_opt_value(argc, argv, &i, "--iters", &v, &bad)) {
+            if (!bad &&
+                (!tool_parse_u64(v, &o->bo_iters) || o->bo_iters < 10)) {
+                tool_err("bench transport: --iters needs a number >= 10");
+                bad = true;
+            }
+        } else if (tool_opt_value(argc, argv, &i, "--budget", &v, &bad)) {
+            if (!bad && !tool_parse_double(v, &o->bo_budget)) {
+                tool_err("bench transport: bad --budget \"%s\"", v);
+                bad = true;
+            }
+        } else if (tool_opt_value(argc, argv, &i, "--idle-seconds", &v, &bad)) {
+            if (!bad && !tool_parse_double(v, &o->bo_idle_s)) {
+                tool_err("bench transport: bad --idle-seconds \"%s\"", v);
+                bad = true;
+            }
+        } else if (tool_opt_value(argc, argv, &i, "--stall-timeout", &v,
+                                  &bad)) {
+            if (!bad &&
+                (!tool_parse_double(v, &o->bo_stall_s) || o->bo_stall_s <= 0)) {
+                tool_err("bench transport: bad --stall-timeout \"%s\"", v);
+                bad = true;
+            }
+        } else if (tool_opt_value(argc, argv, &i, "--window", &v, &bad)) {
+            uint64_t w = 0;
+            if (!bad &&
+                (!tool_parse_u64(v, &w) || w < 1 || w > BT_MAX_WINDOW)) {
+                tool_err("bench transport: --window must be 1..%u",
+                         BT_MAX_WINDOW);
+                bad = true;
+            }
+            o->bo_window = (unsigned)w;
+        } else if (tool_opt_value(argc, argv, &i, "--reps", &v, &bad)) {
+            uint64_t r = 0;
+            if (!bad && (!tool_parse_u64(v, &r) || r < 1 || r > 1000)) {
+                tool_err("bench transport: --reps must be 1..1000");
+                bad = true;
+            }
+            o->bo_reps = (unsigned)r;
+        } else {
+            tool_err("bench transport: unknown option \"%s\"", a);
+            bad = true;
+        }
+        if (bad) {
+            bt_usage(stderr);
+            return TOOL_EXIT_USAGE;
+        }
+    }
+    if (strcmp(test, "all") == 0 || strcmp(test, "both") == 0) {
+        o->bo_pingpong = o->bo_stream = true;
+    } else if (strcmp(test, "pingpong") == 0) {
+        o->bo_pingpong = true;
+    } else if (strcmp(test, "stream") == 0) {
+        o->bo_stream = true;
+    } else {
+        tool_err("bench transport: unknown test \"%s\" (pingpong, stream, "
+                 "all)",
+                 test);
+        return TOOL_EXIT_USAGE;
+    }
+    tp_error *err = NULL;
+    if (tp__config_load(&o->bo_cfg, &err) != TP_OK) {
+        tool_err("%s", tp_error_message(err));
+        tp_error_unref(err);
+        return TOOL_EXIT_USAGE;
+    }
+    if (!bt_parse_sizes(sizes, o) || !bt_parse_transports(transports, o) ||
+        !bt_parse_backends(backends, o)) {
+        return TOOL_EXIT_USAGE;
+    }
+    if (o->bo_ntransports == 0) {
+        tool_err("bench transport: no viable transport");
+        return TOOL_EXIT_FAIL;
+    }
+    for (size_t i = 0; i < o->bo_nsizes; i++) {
+        if (o->bo_sizes[i] > o->bo_max_size) {
+            o->bo_max_size = o->bo_sizes[i];
+        }
+    }
+    if (o->bo_idle) {
+        o->bo_max_size = BT_MIN_SIZE;
+    }
+    return -1;
+}
+
+// ---- statistics ------------------------------------------------------------
+
+static int
+bt_cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+// Sorts @v.
+static double
+bt_median(double *v, size_t n)
+{
+    if (n == 0) {
+        return NAN;
+    }
+    qsort(v, n, sizeof(double), bt_cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// @v sorted; nearest rank.
+static double
+bt_quantile(const double *v, size_t n, double q)
+{
+    if (n == 0) {
+        return NAN;
+    }
+    size_t i = (size_t)(q * (double)(n - 1) + 0.5);
+    return v[i < n ? i : n - 1];
+}
+
+// ---- one (transport, backend, repetition) ----------------------------------
+
+typedef struct bt_run {
+    const bt_opts *br_opts;
+    const char *br_transport;
+    int64_t br_backend;
+    const char *br_backend_name;
+    char br_err[1200];
+} bt_run;
+
+static uint64_t
+bt_stall_ns(const bt_opts *o)
+{
+    return (uint64_t)(o->bo_stall_s * 1e9);
+}
+
+// The forked server: never returns.
+static void
+bt_server_child(const bt_run *r, int wfd, pid_t parent)
+{
+    // Die with the parent, whatever happens to it.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) {
+        _exit(1);
+    }
+    const bt_opts *o = r->br_opts;
+    char msg[1200];
+    tp_config cfg = o->bo_cfg;
+    cfg.io_backend = r->br_backend;
+    tp_loop *loop = NULL;
+    tp_transport *t = NULL;
+    tp_listener *l = NULL;
+    tp_error *err = NULL;
+    const char *addr = o->bo_addr;
+    if (tp__loop_create(&cfg, "bench-srv", &loop, &err) != TP_OK ||
+        tp__transport_create(r->br_transport, loop, &cfg, &t, &err) != TP_OK ||
+        tp__transport_listen(t, addr, &l, &err) != TP_OK) {
+        int n = snprintf(msg, sizeof(msg), "ERR %s\n", tp_error_message(err));
+        if (write(wfd, msg, (size_t)n) < 0) {
+            // The parent reports a missing address anyway.
+        }
+        _exit(1);
+    }
+    // Buffers first (touching them takes a while for large sizes), so
+    // that the client's first measurement does not wait for them.
+    static bt_server srv; // large: keep it off the stack
+    unsigned nbufs = o->bo_window + 1;
+    if (bt_server_init(&srv, loop, l, o->bo_max_size, nbufs) != 0) {
+        int n = snprintf(msg, sizeof(msg),
+                         "ERR out of memory for %u buffers of %llu bytes\n",
+                         nbufs, (unsigned long long)o->bo_max_size);
+        if (write(wfd, msg, (size_t)n) < 0) {
+            // The parent reports a missing address anyway.
+        }
+        _exit(1);
+    }
+    bt_server_start(&srv);
+    int n = snprintf(msg, sizeof(msg), "OK %s\n", tp__listener_addr(l));
+    if (write(wfd, msg, (size_t)n) != n) {
+        _exit(1);
+    }
+    close(wfd);
+    // The client drives; the server only needs to notice a dead client
+    // (the transport reports it) or a client that stopped talking.
+    uint64_t stall = bt_stall_ns(o) * 2 + (uint64_t)(o->bo_idle_s * 1e9);
+    int rc = bt_sync_wait(&srv.sv_sync, stall);
+    if (rc != 0) {
+        fprintf(stderr, "tpipe: bench server (%s/%s): %s\n", r->br_transport,
+                r->br_backend_name,
+                rc == -2 ? "no progress, giving up" : srv.sv_sync.bs_msg);
+        _exit(1);
+    }
+    // Orderly teardown: it exercises close paths too.
+    tp__conn_close(srv.sv_conn);
+    bt_server_fini(&srv);
+    tp__listener_destroy(l);
+    tp__transport_destroy(t);
+    tp__loop_destroy(loop);
+    _exit(0);
+}
+
+// Reads the server's "OK <addr>" line. Returns false with r->br_err set.
+static bool
+bt_read_addr(bt_run *r, int rfd, char *addr, size_t len)
+{
+    char buf[1200];
+    size_t got = 0;
+    uint64_t deadline = tp__now_ns() + bt_stall_ns(r->br_opts);
+    while (got < sizeof(buf) - 1 && memchr(buf, '\n', got) == NULL) {
+        uint64_t now = tp__now_ns();
+        if (now >= deadline) {
+            snprintf(r->br_err, sizeof(r->br_err),
+                     "server did not report its address within %.0f s",
+                     r->br_opts->bo_stall_s);
+            return false;
+        }
+        struct pollfd pfd = {.fd = rfd, .events = POLLIN};
+        int pr = poll(&pfd, 1, (int)((deadline - now) / 1000000u) + 1);
+        if (pr < 0 && errno != EINTR) {
+            snprintf(r->br_err, sizeof(r->br_err), "poll: %s", strerror(errno));
+            return false;
+        }
+        if (pr <= 0) {
+            continue;
+        }
+        ssize_t n = read(rfd, buf + got, sizeof(buf) - 1 - got);
+        if (n < 0 && errno == EINTR) {
+            continue;
+        }
+        if (n <= 0) {
+            snprintf(r->br_err, sizeof(r->br_err),
+                     "server exited before reporting its address");
+            return false;
+        }
+        got += (size_t)n;
+    }
+    buf[got] = '\0';
+    char *nl = strchr(buf, '\n');
+    if (nl != NULL) {
+        *nl = '\0';
+    }
+    if (strncmp(buf, "OK ", 3) != 0) {
+        snprintf(r->br_err, sizeof(r->br_err), "server: %.1100s",
+                 strncmp(buf, "ERR ", 4) == 0 ? buf + 4 : buf);
+        return false;
+    }
+    if (strlen(buf + 3) >= len) {
+        snprintf(r->br_err, sizeof(r->br_err), "server address too long");
+        return false;
+    }
+    memcpy(addr, buf + 3, strlen(buf + 3) + 1);
+    return true;
+}
+
+// Waits for the child; kills it if it does not exit within @grace_ms.
+// Returns its wait status (or -1).
+static int
+bt_reap(pid_t pid, int grace_ms, bool kill_now)
+{
+    int status = -1;
+    if (kill_now) {
+        kill(pid, SIGKILL);
+    }
+    for (int waited = 0;; waited += 10) {
+        pid_t w = waitpid(pid, &status, WNOHANG);
+        if (w == pid) {
+            return status;
+        }
+        if (w < 0 && errno != EINTR) {
+            return -1;
+        }
+        if (waited >= grace_ms) {
+            kill(pid, SIGKILL);
+            while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+            }
+            return status;
+        }
+        usleep(10000);
+    }
+}
+
+// Last resort during teardown after a failure: a transport that does not
+// complete its operations on close must not hang the tool forever.
+static void
+bt_alarm_handler(int sig)
+{
+    (void)sig;
+    static const char m[] = "tpipe: bench transport: teardown after an "
+                            "error hung; exiting\n";
+    if (write(2, m, sizeof(m) - 1) < 0) {
+        // Nothing more to do.
+    }
+    _exit(TOOL_EXIT_FAIL);
+}
+
+static void bt_verbose(const bt_opts *o, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static void
+bt_verbose(const bt_opts *o, const char *fmt, ...)
+{
+    if (!o->bo_verbose) {
+        return;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("tpipe: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+// Waits for the measurement; on failure writes "<what>: <why>" to br_err.
+static bool
+bt_wait(bt_run *r, bt_client *c, const char *what, uint64_t size)
+{
+    int rc = bt_sync_wait(&c->cl_sync, bt_stall_ns(r->br_opts));
+    if (rc == 0) {
+        return true;
+    }
+    char where[96];
+    if (size > 0) {
+        char sz[32];
+        tool_format_size(size, sz, sizeof(sz));
+        snprintf(where, sizeof(where), "%s, size %s (%llu bytes)", what, sz,
+                 (unsigned long long)size);
+    } else {
+        snprintf(where, sizeof(where), "%s", what);
+    }
+    if (rc == -2) {
+        snprintf(r->br_err, sizeof(r->br_err),
+                 "%s: stalled, no progress for %g s", where,
+                 r->br_opts->bo_stall_s);
+    } else {
+        snprintf(r->br_err, sizeof(r->br_err), "%s: %s", where,
+                 c->cl_sync.bs_msg);
+    }
+    return false;
+}
+
+static bool
+bt_pingpong(bt_run *r, bt_client *c, uint64_t size, bt_cell *cell)
+{
+    const bt_opts *o = r->br_opts;
+    c->cl_size = size;
+    c->cl_warm = size >= (16u << 20) ? 2 : 20;
+    c->cl_min_iters = 10;
+    c->cl_max_iters = o->bo_iters;
+    c->cl_budget_ns = (uint64_t)(o->bo_budget * 1e9);
+    bt_client_start_pingpong(c);
+    if (!bt_wait(r, c, "pingpong", size)) {
+        return false;
+    }
+    size_t n = (size_t)c->cl_nlat;
+    qsort(c->cl_lat, n, sizeof(double), bt_cmp_double);
+    unsigned k = cell->bc_n++;
+    cell->bc_p50[k] = bt_median(c->cl_lat, n);
+    cell->bc_p90[k] = bt_quantile(c->cl_lat, n, 0.90);
+    cell->bc_p99[k] = bt_quantile(c->cl_lat, n, 0.99);
+    cell->bc_gbps[k] = NAN;
+    cell->bc_iters += n;
+    bt_verbose(o, "%s/%s pingpong %llu: %zu rounds, p50 %.2f us",
+               r->br_transport, r->br_backend_name, (unsigned long long)size, n,
+               cell->bc_p50[k]);
+    return true;
+}
+
+static bool
+bt_stream_once(bt_run *r, bt_client *c, uint64_t size, uint64_t count,
+               double *secs_p)
+{
+    c->cl_size = size;
+    c->cl_count = count;
+    c->cl_window = r->br_opts->bo_window;
+    bt_client_start_stream(c);
+    if (!bt_wait(r, c, "stream", size)) {
+        return false;
+    }
+    *secs_p = (double)(c->cl_s_t1 - c->cl_s_t0) / 1e9;
+    return true;
+}
+
+static bool
+bt_stream(bt_run *r, bt_client *c, uint64_t size, bt_cell *cell)
+{
+    const bt_opts *o = r->br_opts;
+    uint64_t w = o->bo_window;
+    uint64_t lo = 2 * w > 16 ? 2 * w : 16;
+    uint64_t hi = o->bo_iters > lo ? o->bo_iters : lo;
+    // Warm-up (untimed), which also estimates the message rate so that the
+    // measured run fills about the budget.
+    double secs = 0;
+    uint64_t count = 2 * w;
+    if (!bt_stream_once(r, c, size, count, &secs)) {
+        return false;
+    }
+    for (int attempt = 0;; attempt++) {
+        double per_msg = secs / (double)count;
+        double want = per_msg > 0 ? o->bo_budget / per_msg : (double)hi;
+        count = want < (double)lo   ? lo
+                : want > (double)hi ? hi
+                                    : (uint64_t)want;
+        if (!bt_stream_once(r, c, size, count, &secs)) {
+            return false;
+        }
+        // A run far shorter than the budget (the warm-up estimate was
+        // pessimistic) is repeated with a better estimate, twice at most.
+        if (attempt >= 2 || count >= hi || secs >= o->bo_budget / 2) {
+            break;
+        }
+    }
+    unsigned k = cell->bc_n++;
+    cell->bc_p50[k] = cell->bc_p90[k] = cell->bc_p99[k] = NAN;
+    cell->bc_gbps[k] = (double)count * (double)size / secs / 1e9;
+    cell->bc_iters += count;
+    bt_verbose(o, "%s/%s stream %llu: %llu messages in %.3f s, %.3f GB/s",
+               r->br_transport, r->br_backend_name, (unsigned long long)size,
+               (unsigned long long)count, secs, cell->bc_gbps[k]);
+    return true;
+}
+
+typedef struct bt_idle_result {
+    double bi_client_pct;
+    double bi_server_pct;
+    double bi_secs;
+} bt_idle_result;
+
+static uint64_t
+bt_self_cpu_ns(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ((uint64_t)ru.ru_utime.tv_sec + (uint64_t)ru.ru_stime.tv_sec) *
+               1000000000u +
+           ((uint64_t)ru.ru_utime.tv_usec + (uint64_t)ru.ru_stime.tv_usec) *
+               1000u;
+}
+
+static bool
+bt_idle(bt_run *r, bt_client *c, bt_idle_result *res)
+{
+    const bt_opts *o = r->br_opts;
+    // IDLE: the server posts a read and sends nothing; our ack read stays
+    // pending too.
+    bt_client_start_ctrl(c, BT_OP_IDLE, false);
+    if (!bt_wait(r, c, "idle", 0)) {
+        return false;
+    }
+    uint64_t cpu0 = bt_self_cpu_ns(), t0 = tp__now_ns();
+    struct timespec ts = {
+        .tv_sec = (time_t)o->bo_idle_s,
+        .tv_nsec = (long)((o->bo_idle_s - floor(o->bo_idle_s)) * 1e9)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+    uint64_t cpu1 = bt_self_cpu_ns(), t1 = tp__now_ns();
+    bt_client_start_ctrl(c, BT_OP_IDLE_END, true);
+    if (!bt_wait(r, c, "idle", 0)) {
+        return false;
+    }
+    res->bi_secs = (double)(t1 - t0) / 1e9;
+    res->bi_client_pct = 100.0 * (double)(cpu1 - cpu0) / (double)(t1 - t0);
+    res->bi_server_pct =
+        c->cl_ack_b ? 100.0 * (double)c->cl_ack_a / (double)c->cl_ack_b : NAN;
+    return true;
+}
+
+// Runs every measurement of one repetition on one connection. Cells are
+// [test][size]: test 0 pingpong, 1 stream.
+static bool
+bt_run_rep(bt_run *r, bt_cell *cells, bt_idle_result *idle)
+{
+    const bt_opts *o = r->br_opts;
+    int pfd[2];
+    if (pipe(pfd) != 0) {
+        snprintf(r->br_err, sizeof(r->br_err), "pipe: %s", strerror(errno));
+        return false;
+    }
+    fflush(stdout);
+    fflush(stderr);
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0) {
+        snprintf(r->br_err, sizeof(r->br_err), "fork: %s", strerror(errno));
+        close(pfd[0]);
+        close(pfd[1]);
+        return false;
+    }
+    if (pid == 0) {
+        close(pfd[0]);
+        bt_server_child(r, pfd[1], parent);
+    }
+    close(pfd[1]);
+
+    char addr[512];
+    bool ok = bt_read_addr(r, pfd[0], addr, sizeof(addr));
+    close(pfd[0]);
+    if (!ok) {
+        bt_reap(pid, 1000, true);
+        return false;
+    }
+    bt_verbose(o, "%s/%s: server %d listens on %s", r->br_transport,
+               r->br_backend_name, (int)pid, addr);
+
+    tp_config cfg = o->bo_cfg;
+    cfg.io_backend = r->br_backend;
+    tp_loop *loop = NULL;
+    tp_transport *t = NULL;
+    tp_error *err = NULL;
+    tp_conn *conn = NULL;
+    static bt_client cl; // large: keep it off the stack
+    bool cl_inited = false;
+    ok = false;
+    if (tp__loop_create(&cfg, "bench-cli", &loop, &err) != TP_OK ||
+        tp__transport_create(r->br_transport, loop, &cfg, &t, &err) != TP_OK) {
+        snprintf(r->br_err, sizeof(r->br_err), "%s", tp_error_message(err));
+        tp_error_unref(err);
+        goto out;
+    }
+    {
+        tp_aio con;
+        tp__aio_init(&con, NULL, NULL);
+        tp_aio_set_timeout(&con, (int64_t)(o->bo_stall_s * 1000));
+        tp__transport_connect(t, addr, &con);
+        tp_aio_wait(&con);
+        if (tp_aio_error(&con) != NULL) {
+            snprintf(r->br_err, sizeof(r->br_err), "connect to %s: %s", addr,
+                     tp_error_message(tp_aio_error(&con)));
+        } else {
+            conn = tp_aio_get_output(&con, 0);
+        }
+        tp__aio_fini(&con);
+        if (conn == NULL) {
+            goto out;
+        }
+    }
+    if (bt_client_init(&cl, loop, conn, o->bo_max_size, o->bo_iters) != 0) {
+        cl_inited = true;
+        snprintf(r->br_err, sizeof(r->br_err), "out of memory");
+        goto out;
+    }
+    cl_inited = true;
+
+    if (o->bo_idle) {
+        if (!bt_idle(r, &cl, idle)) {
+            goto out;
+        }
+    } else {
+        for (size_t i = 0; i < o->bo_nsizes; i++) {
+            uint64_t size = o->bo_sizes[i];
+            if (o->bo_pingpong && !bt_pingpong(r, &cl, size, &cells[i])) {
+                goto out;
+            }
+            if (o->bo_stream &&
+                !bt_stream(r, &cl, size, &cells[o->bo_nsizes + i])) {
+                goto out;
+            }
+        }
+    }
+    bt_client_start_ctrl(&cl, BT_OP_QUIT, true);
+    if (!bt_wait(r, &cl, "quit", 0)) {
+        goto out;
+    }
+    ok = true;
+
+out:
+    if (!ok) {
+        // Kill the server first: pending operations then fail fast on
+        // both sides, and a hung teardown is cut short by the alarm.
+        kill(pid, SIGKILL);
+        signal(SIGALRM, bt_alarm_handler);
+        alarm((unsigned)o->bo_stall_s + 10);
+    }
+    if (conn != NULL) {
+        if (!ok && cl_inited) {
+            bt_sync_fail(&cl.cl_sync, "aborted");
+        }
+        tp__conn_close(conn);
+    }
+    if (cl_inited) {
+        bt_client_fini(&cl);
+    }
+    tp__conn_unref(conn);
+    tp__transport_destroy(t);
+    if (loop != NULL) {
+        tp__loop_destroy(loop);
+    }
+    int status = bt_reap(pid, ok ? 5000 : 0, !ok);
+    if (ok && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+        if (status != -1 && WIFSIGNALED(status)) {
+            snprintf(r->br_err, sizeof(r->br_err),
+                     "server %d killed by signal %d", (int)pid,
+                     WTERMSIG(status));
+        } else {
+            snprintf(r->br_err, sizeof(r->br_err),
+                     "server %d exited with status %d", (int)pid,
+                     status == -1 ? -1 : WEXITSTATUS(status));
+        }
+        ok = false;
+    }
+    if (!ok) {
+        alarm(0);
+    }
+    return ok;
+}
+
+// ---- output ----------------------------------------------------------------
+
+static void
+bt_print_header(const bt_opts *o)
+{
+    if (o->bo_json) {
+        return;
+    }
+    if (o->bo_idle) {
+        printf("%-9s  %-7s  %-5s  %8s  %11s  %11s\n", "transport", "backend",
+               "test", "seconds", "client_cpu%", "server_cpu%");
+    } else {
+        printf("%-9s  %-7s  %-8s  %5s  %10s  %10s  %10s  %8s  %8s\n",
+               "transport", "backend", "test", "size", "p50_us", "p90_us",
+               "p99_us", "GB/s", "iters");
+    }
+    fflush(stdout);
+}
+
+static void
+bt_fmt_num(char *buf, size_t len, double v, int prec)
+{
+    if (isfinite(v)) {
+        snprintf(buf, len, "%.*f", prec, v);
+    } else {
+        snprintf(buf, len, "-");
+    }
+}
+
+static void
+bt_print_cell(const bt_opts *o, const char *tr, const char *be,
+              const char *test, uint64_t size, bt_cell *cell)
+{
+    if (cell->bc_n == 0) {
+        return;
+    }
+    double p50 = bt_median(cell->bc_p50, cell->bc_n);
+    double p90 = bt_median(cell->bc_p90, cell->bc_n);
+    double p99 = bt_median(cell->bc_p99, cell->bc_n);
+    double gbps = bt_median(cell->bc_gbps, cell->bc_n);
+    if (o->bo_json) {
+        printf("{\"bench\":\"transport\",\"transport\":");
+        tool_json_str(stdout, tr);
+        printf(",\"backend\":");
+        tool_json_str(stdout, be);
+        printf(",\"test\":\"%s\",\"size\":%llu,\"p50_us\":", test,
+               (unsigned long long)size);
+        tool_json_num(stdout, p50);
+        printf(",\"p90_us\":");
+        tool_json_num(stdout, p90);
+        printf(",\"p99_us\":");
+        tool_json_num(stdout, p99);
+        printf(",\"gbps\":");
+        tool_json_num(stdout, gbps);
+        printf("}\n");
+    } else {
+        char sz[32], a[32], b[32], c[32], d[32];
+        tool_format_size(size, sz, sizeof(sz));
+        bt_fmt_num(a, sizeof(a), p50, 2);
+        bt_fmt_num(b, sizeof(b), p90, 2);
+        bt_fmt_num(c, sizeof(c), p99, 2);
+        bt_fmt_num(d, sizeof(d), gbps, 3);
+        printf("%-9s  %-7s  %-8s  %5s  %10s  %10s  %10s  %8s  %8llu\n", tr, be,
+               test, sz, a, b, c, d, (unsigned long long)cell->bc_iters);
+    }
+    fflush(stdout);
+}
+
+static void
+bt_print_idle(const bt_opts *o, const char *tr, const char *be, double *client,
+              double *server, double secs)
+{
+    double cp = bt_median(client, o->bo_reps);
+    double sp = bt_median(server, o->bo_reps);
+    if (o->bo_json) {
+        printf("{\"bench\":\"transport\",\"transport\":");
+        tool_json_str(stdout, tr);
+        printf(",\"backend\":");
+        tool_json_str(stdout, be);
+        printf(",\"test\":\"idle\",\"seconds\":");
+        tool_json_num(stdout, secs);
+        printf(",\"client_cpu_pct\":");
+        tool_json_num(stdout, cp);
+        printf(",\"server_cpu_pct\":");
+        tool_json_num(stdout, sp);
+        printf("}\n");
+    } else {
+        char a[32], b[32];
+        bt_fmt_num(a, sizeof(a), cp, 2);
+        bt_fmt_num(b, sizeof(b), sp, 2);
+        printf("%-9s  %-7s  %-5s  %8.2f  %11s  %11s\n", tr, be, "idle", secs, a,
+               b);
+    }
+    fflush(stdout);
+}
+
+// ---- main ------------------------------------------------------------------
+
+int
+tool_bench_transport_main(int argc, char **argv)
+{
+    bt_opts o;
+    int rc = bt_parse_args(argc, argv, &o);
+    if (rc >= 0) {
+        return rc;
+    }
+    // A write to a dead peer must be an error, not a signal.
+    signal(SIGPIPE, SIG_IGN);
+
+    size_t ncells = 2 * o.bo_nsizes;
+    bt_cell *cells = calloc(ncells, sizeof(*cells));
+    double *vals =
+        calloc(ncells * 4 * o.bo_reps + 2 * o.bo_reps, sizeof(double));
+    if (cells == NULL || vals == NULL) {
+        tool_err("out of memory");
+        free(cells);
+        free(vals);
+        return TOOL_EXIT_FAIL;
+    }
+    double *idle_client = vals + ncells * 4 * o.bo_reps;
+    double *idle_server = idle_client + o.bo_reps;
+
+    bt_print_header(&o);
+    int status = TOOL_EXIT_OK;
+    for (size_t ti = 0; ti < o.bo_ntransports; ti++) {
+        for (size_t bi = 0; bi < o.bo_nbackends; bi++) {
+            bt_run r = {
+                .br_opts = &o,
+                .br_transport = o.bo_transports[ti],
+                .br_backend = o.bo_backends[bi],
+                .br_backend_name = tp__io_backend_name(o.bo_backends[bi]),
+            };
+            for (size_t k = 0; k < ncells; k++) {
+                double *base = vals + k * 4 * o.bo_reps;
+                cells[k] = (bt_cell){
+                    .bc_p50 = base,
+                    .bc_p90 = base + o.bo_reps,
+                    .bc_p99 = base + 2 * o.bo_reps,
+                    .bc_gbps = base + 3 * o.bo_reps,
+                };
+            }
+            bool ok = true;
+            double idle_secs = 0;
+            for (unsigned rep = 0; rep < o.bo_reps && ok; rep++) {
+                bt_idle_result idle = {0};
+                bt_verbose(&o, "%s/%s: repetition %u of %u", r.br_transport,
+                           r.br_backend_name, rep + 1, o.bo_reps);
+                ok = bt_run_rep(&r, cells, &idle);
+                idle_client[rep] = idle.bi_client_pct;
+                idle_server[rep] = idle.bi_server_pct;
+                idle_secs = idle.bi_secs;
+            }
+            if (!ok) {
+                fflush(stdout);
+                tool_err("bench transport: %s/%s: %s", r.br_transport,
+                         r.br_backend_name, r.br_err);
+                status = TOOL_EXIT_FAIL;
+                continue;
+            }
+            if (o.bo_idle) {
+                bt_print_idle(&o, r.br_transport, r.br_backend_name,
+                              idle_client, idle_server, idle_secs);
+                continue;
+            }
+            for (int test = 0; test < 2; test++) {
+                for (size_t i = 0; i < o.bo_nsizes; i++) {
+                    bt_print_cell(&o, r.br_transport, r.br_backend_name,
+                                  test == 0 ? "pingpong" : "stream",
+                                  o.bo_sizes[i],
+                                  &cells[test * o.bo_nsizes + i]);
+                }
+            }
+        }
+    }
+    free(cells);
+    free(vals);
+    return status;
+}
