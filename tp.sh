@@ -23,7 +23,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")"
 # Packages: needed to build at all, and wanted for the optional backends and
 # tooling (the build leaves a backend out when its package is missing).
 NEED_PKGS=(build-essential cmake pkg-config libxxhash-dev liburing-dev)
-WANT_PKGS=(libibverbs-dev librdmacm-dev libucx-dev clang clang-format)
+WANT_PKGS=(libibverbs-dev librdmacm-dev libucx-dev libopenblas-dev clang clang-format)
 
 JOBS=$(nproc 2>/dev/null || echo 2)
 PLAIN_OPTS=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DTP_WERROR=ON)

@@ -9,6 +9,8 @@
 #include <tpipe/log.h>
 #include <tpipe/config.h>
 #include <tpipe/future.h>
+#include <tpipe/tensor.h>
+#include <tpipe/autograd.h>
 
 #ifdef __cplusplus
 extern "C" {

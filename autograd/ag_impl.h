@@ -1,0 +1,133 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* ag_impl.h (internal) - node layout, recording helpers and raw kernels. */
+#ifndef TP_AUTOGRAD_AG_IMPL_H
+#define TP_AUTOGRAD_AG_IMPL_H
+
+#include <tpipe/autograd.h>
+
+#include "tensor_impl.h"
+
+#define TP__NODE_SAVED 3
+
+typedef struct tp__shape_meta {
+    bool m_set;
+    tp_dtype m_dtype;
+    int m_ndim;
+    int64_t m_shape[TP_TENSOR_MAX_DIMS];
+} tp__shape_meta;
+
+typedef struct tp__edge {
+    tp_node *e_node;       // NULL: the input needs no gradient
+    int e_nr;              // which output of e_node
+    tp__shape_meta e_meta; // the input's shape, to check gradients
+} tp__edge;
+
+struct tp_node {
+    atomic_long n_refs;
+    const tp_node_ops *n_ops;
+    void *n_arg;
+    int n_nin;
+    tp__edge *n_next;
+    int n_nout;
+    tp__shape_meta *n_out;
+
+    // Saved state of built-in ops: detached aliases (never the output
+    // itself, so no reference cycle) and scalar parameters.
+    tp_tensor *n_saved[TP__NODE_SAVED];
+    int64_t n_i[4];
+    double n_d[2];
+    bool n_released; // saved state dropped after a pass
+
+    tp_tensor *n_leaf; // accumulate nodes: the leaf (strong reference)
+
+    // Engine scratch for the pass that is running.
+    uint64_t n_pass;
+    int n_deps;
+    tp_tensor **n_buf; // n_nout accumulated gradients
+};
+
+// True if grad mode is on and any of @inputs requires grad.
+bool tp__ag_should_record(int n, tp_tensor *const *inputs);
+// Creates a node of @ops with edges to @inputs, makes @out its output 0,
+// and returns it borrowed in *@node_p (owned by @out) so the op can save
+// what its backward needs.
+tp_status tp__ag_record(const tp_node_ops *ops, int n, tp_tensor *const *in,
+                        tp_tensor *out, tp_node **node_p, tp_error **err_p);
+// Saves a detached alias of @t in slot @i.
+tp_status tp__node_save(tp_node *node, int i, const tp_tensor *t,
+                        tp_error **err_p);
+
+// ---- raw kernels (kernels.c): no recording, f32/f64 ------------------------
+
+typedef enum tp__binop {
+    TP__ADD,
+    TP__SUB,
+    TP__MUL,
+    TP__DIV,
+    TP__RELU_BW,    // a * (b > 0)
+    TP__TANH_BW,    // a * (1 - b^2)
+    TP__SIGMOID_BW, // a * b * (1 - b)
+    TP__SQRT_BW,    // a * 0.5 / b
+    TP__POW_BW,     // a * s * b^(s - 1)
+    TP__BINOP_COUNT
+} tp__binop;
+
+typedef enum tp__unop {
+    TP__NEG,
+    TP__EXP,
+    TP__LOG,
+    TP__SQRT,
+    TP__TANH,
+    TP__SIGMOID,
+    TP__RELU,
+    TP__POW,  // x^s
+    TP__MULS, // x * s
+    TP__ADDS, // x + s
+    TP__UNOP_COUNT
+} tp__unop;
+
+// Checks @t is f32 or f64; names @op in the error.
+tp_status tp__k_check_float(const char *op, const tp_tensor *t,
+                            tp_error **err_p);
+// The broadcast shape of two shapes (PyTorch rules).
+tp_status tp__broadcast_shape(const char *op, const tp_tensor *a,
+                              const tp_tensor *b, int *nd_p, int64_t *shape,
+                              tp_error **err_p);
+tp_status tp__k_binary(const char *op, tp__binop k, const tp_tensor *a,
+                       const tp_tensor *b, double s, tp_tensor **out_p,
+                       tp_error **err_p);
+tp_status tp__k_unary(const char *op, tp__unop k, const tp_tensor *a, double s,
+                      tp_tensor **out_p, tp_error **err_p);
+// Sums over the dims with reduce[d] set; keeps them as size 1 if @keepdim.
+tp_status tp__k_sum(const tp_tensor *a, const bool *reduce, bool keepdim,
+                    double scale, tp_tensor **out_p, tp_error **err_p);
+// Sums @g down to @shape (the reverse of broadcasting @shape to g's).
+tp_status tp__k_sum_to(const tp_tensor *g, int ndim, const int64_t *shape,
+                       tp_tensor **out_p, tp_error **err_p);
+tp_status tp__k_matmul(const tp_tensor *a, const tp_tensor *b,
+                       tp_tensor **out_p, tp_error **err_p);
+tp_status tp__k_softmax(const tp_tensor *a, int dim, bool log,
+                        tp_tensor **out_p, tp_error **err_p);
+// y += alpha * x (x broadcast to y); y any layout.
+tp_status tp__k_axpy(tp_tensor *y, double alpha, const tp_tensor *x,
+                     tp_error **err_p);
+// The gemm used by matmul; exposed for the benchmark. C[m,n] (row-major,
+// dense) = A[m,k] B[k,n] with element strides (rs, cs) for A and B.
+void tp__gemm_f32(int64_t m, int64_t n, int64_t k, const float *a, int64_t rsa,
+                  int64_t csa, const float *b, int64_t rsb, int64_t csb,
+                  float *c);
+void tp__gemm_f64(int64_t m, int64_t n, int64_t k, const double *a, int64_t rsa,
+                  int64_t csa, const double *b, int64_t rsb, int64_t csb,
+                  double *c);
+// Intra-op parallelism (parallel.c): calls fn on [0, n) split into at
+// most tp_compute_threads_get() ranges of at least @grain indices, on the
+// calling thread and the workers; returns when all are done. Serial when
+// one thread is configured or the workers are in use.
+typedef void (*tp__par_fn)(void *ctx, int64_t begin, int64_t end);
+void tp__parallel_for(int64_t n, int64_t grain, tp__par_fn fn, void *ctx);
+
+// Forces the blocked fallback even when BLAS is built in (benchmarks).
+void tp__gemm_force_fallback(bool on);
+bool tp__gemm_have_blas(void);
+
+#endif

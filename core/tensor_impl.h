@@ -1,0 +1,104 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* tensor_impl.h (internal) - the tensor and storage structs, raw
+ * (non-recording) views and copies, and element conversion helpers. */
+#ifndef TP_CORE_TENSOR_IMPL_H
+#define TP_CORE_TENSOR_IMPL_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <tpipe/tensor.h>
+
+struct tp_node;
+
+typedef struct tp_storage {
+    atomic_long s_refs;
+    void *s_data;
+    size_t s_nbytes;
+    tp_device s_device;
+    tp_free_fn s_free; // NULL: s_data came from tp__alloc (or is not ours)
+    void *s_free_arg;
+    bool s_owned; // s_data is ours to free (through the block cache)
+    size_t s_cap; // owned data: the size of the block
+} tp_storage;
+
+struct tp_tensor {
+    atomic_long t_refs;
+    tp_storage *t_storage;
+    int64_t t_offset; // in elements
+    tp_dtype t_dtype;
+    int t_ndim;
+    int64_t t_shape[TP_TENSOR_MAX_DIMS];
+    int64_t t_strides[TP_TENSOR_MAX_DIMS]; // in elements
+
+    // Autograd state, owned by autograd/. t_ag_release (set by autograd
+    // whenever it stores something here) drops it when the tensor goes, so
+    // core/ does not call into autograd/.
+    bool t_requires_grad;
+    tp_tensor *t_grad;         // leaves: accumulated gradient
+    struct tp_node *t_grad_fn; // non-leaves: the node that made this
+    int t_output_nr;           // which output of t_grad_fn
+    void (*t_ag_release)(tp_tensor *t);
+};
+
+// A tensor over @st (a new reference is taken) with the given geometry and
+// no autograd state.
+tp_status tp__tensor_make(tp_storage *st, tp_dtype dt, int ndim,
+                          const int64_t *shape, const int64_t *strides,
+                          int64_t offset, tp_tensor **t_p, tp_error **err_p);
+// A view of @t's storage with @t's geometry and no autograd state: what a
+// node saves, so saving an op's output never makes a reference cycle.
+tp_status tp__tensor_alias(const tp_tensor *t, tp_tensor **t_p,
+                           tp_error **err_p);
+
+// Shape helpers.
+int64_t tp__shape_numel(int ndim, const int64_t *shape);
+void tp__contiguous_strides(int ndim, const int64_t *shape, int64_t *strides);
+bool tp__shape_equal(int na, const int64_t *a, int nb, const int64_t *b);
+// Formats "[2, 3]" into @buf (always NUL-terminated).
+const char *tp__shape_str(int ndim, const int64_t *shape, char *buf,
+                          size_t len);
+// Normalises a possibly negative dim; false if out of range.
+bool tp__dim_norm(int ndim, int d, int *out);
+
+// Raw views: no autograd recording.
+tp_status tp__view_reshape(const tp_tensor *t, int ndim, const int64_t *shape,
+                           tp_tensor **out_p, tp_error **err_p);
+tp_status tp__view_permute(const tp_tensor *t, const int *perm,
+                           tp_tensor **out_p, tp_error **err_p);
+tp_status tp__view_transpose(const tp_tensor *t, int d0, int d1,
+                             tp_tensor **out_p, tp_error **err_p);
+tp_status tp__view_narrow(const tp_tensor *t, int d, int64_t start, int64_t len,
+                          tp_tensor **out_p, tp_error **err_p);
+tp_status tp__view_expand(const tp_tensor *t, int ndim, const int64_t *shape,
+                          tp_tensor **out_p, tp_error **err_p);
+// Raw copies: no autograd recording, no grad-mode checks.
+tp_status tp__copy_raw(tp_tensor *dst, const tp_tensor *src, tp_error **err_p);
+tp_status tp__contiguous_raw(const tp_tensor *t, tp_tensor **out_p,
+                             tp_error **err_p);
+tp_status tp__clone_raw(const tp_tensor *t, tp_tensor **out_p,
+                        tp_error **err_p);
+tp_status tp__to_dtype_raw(const tp_tensor *t, tp_dtype dt, tp_tensor **out_p,
+                           tp_error **err_p);
+// Frees the large blocks kept for reuse by tensor storage (tests, and
+// applications that want the memory back).
+void tp__tensor_cache_trim(void);
+// Fills @t (any layout) with @v converted to its dtype.
+void tp__fill(tp_tensor *t, double v);
+
+// Element conversion.
+uint16_t tp__f32_to_f16(float f);
+float tp__f16_to_f32(uint16_t h);
+uint16_t tp__f32_to_bf16(float f);
+float tp__bf16_to_f32(uint16_t h);
+double tp__load_f64(const void *p, tp_dtype dt);
+void tp__store_f64(void *p, tp_dtype dt, double v);
+
+static inline char *
+tp__tensor_ptr(const tp_tensor *t)
+{
+    return (char *)t->t_storage->s_data +
+           t->t_offset * (int64_t)tp_dtype_size(t->t_dtype);
+}
+
+#endif

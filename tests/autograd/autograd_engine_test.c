@@ -1,0 +1,798 @@
+// SPDX-License-Identifier: Apache-2.0
+// autograd_engine_test.c - the backward engine: diamonds, reuse,
+// retain_graph, no_grad, detach, several roots, gradient maps, custom and
+// boundary nodes, errors inside backward; and an MLP trained end to end.
+
+#include "ag_leak.h"
+#include "ag_test_util.h"
+
+#include <pthread.h>
+
+#include "alloc.h" // tp__alloc_fail_after
+#include "tp_config.h"
+
+static tp_tensor *
+vec(int64_t n, double lo, double hi)
+{
+    int64_t s[1] = {n};
+    return rnd(TP_F64, 1, s, lo, hi);
+}
+
+static tp_tensor *
+sum_of(tp_tensor *t)
+{
+    tp_tensor *s;
+    tp_error *err = NULL;
+    TP_CHECK_OK(tp_sum(t, &s, &err), err);
+    return s;
+}
+
+static void
+t_diamond(void)
+{
+    // x -> a = 2x, b = exp(x) -> c = a * b -> sum: dx = 2e^x + 2x e^x.
+    tp_tensor *x = leaf(vec(6, -1, 1)), *a, *b, *c, *l;
+    TP_CHECK_OK(tp_mul_scalar(x, 2, &a, NULL), NULL);
+    TP_CHECK_OK(tp_exp(x, &b, NULL), NULL);
+    TP_CHECK_OK(tp_mul(a, b, &c, NULL), NULL);
+    l = sum_of(c);
+    TP_CHECK(!tp_tensor_is_leaf(l));
+    TP_CHECK(strcmp(tp_node_name(tp_tensor_grad_fn(l)), "SumBackward") == 0);
+    TP_CHECK_OK(tp_backward(1, &l, NULL, false, NULL), NULL);
+    for (int i = 0; i < 6; i++) {
+        double v = at(x, i);
+        check_close(at(tp_tensor_grad(x), i), 2 * exp(v) + 2 * v * exp(v),
+                    1e-12, 1e-12, "diamond", i);
+    }
+    // Non-leaves get no .grad.
+    TP_CHECK(tp_tensor_grad(a) == NULL);
+    tp_tensor_unref(a);
+    tp_tensor_unref(b);
+    tp_tensor_unref(c);
+    tp_tensor_unref(l);
+    tp_tensor_unref(x);
+}
+
+static void
+t_reuse_and_accumulation(void)
+{
+    // l = sum(x) + sum(x * x): dx = 1 + 2x; running twice accumulates.
+    tp_tensor *x = leaf(vec(4, -1, 1)), *sq, *s1, *s2, *l;
+    for (int pass = 1; pass <= 2; pass++) {
+        TP_CHECK_OK(tp_mul(x, x, &sq, NULL), NULL);
+        s1 = sum_of(x);
+        s2 = sum_of(sq);
+        TP_CHECK_OK(tp_add(s1, s2, &l, NULL), NULL);
+        TP_CHECK_OK(tp_backward(1, &l, NULL, false, NULL), NULL);
+        for (int i = 0; i < 4; i++) {
+            check_close(at(tp_tensor_grad(x), i), pass * (1 + 2 * at(x, i)),
+                        1e-12, 1e-12, "reuse", i);
+        }
+        tp_tensor_unref(sq);
+        tp_tensor_unref(s1);
+        tp_tensor_unref(s2);
+        tp_tensor_unref(l);
+    }
+    tp_tensor_zero_grad(x);
+    TP_CHECK(tp_tensor_grad(x) == NULL);
+    tp_tensor_unref(x);
+}
+
+static void
+t_retain_graph(void)
+{
+    tp_tensor *x = leaf(vec(3, 0.5, 1)), *y, *l;
+    tp_error *err = NULL;
+    TP_CHECK_OK(tp_log(x, &y, NULL), NULL);
+    l = sum_of(y);
+    TP_CHECK_OK(tp_backward(1, &l, NULL, true, &err), err);
+    TP_CHECK_OK(tp_backward(1, &l, NULL, false, &err), err);
+    for (int i = 0; i < 3; i++) {
+        check_close(at(tp_tensor_grad(x), i), 2 / at(x, i), 1e-12, 0, "retain",
+                    i);
+    }
+    // The graph is freed now: a third pass fails and names the op.
+    TP_CHECK_EQ(tp_backward(1, &l, NULL, false, &err), TP_EINVAL);
+    TP_CHECK_STR_CONTAINS(tp_error_message(err), "backward of");
+    TP_CHECK_STR_CONTAINS(tp_error_message(err), "second time");
+    tp_error_unref(err);
+    tp_tensor_unref(y);
+    tp_tensor_unref(l);
+    tp_tensor_unref(x);
+}
+
+static void
+t_no_grad_and_detach(void)
+{
+    tp_tensor *x = leaf(vec(3, -1, 1)), *y, *d, *z, *l;
+    bool prev = tp_grad_mode_set(false);
+    TP_CHECK(prev);
+    TP_CHECK(!tp_grad_mode_get());
+    TP_CHECK_OK(tp_mul(x, x, &y, NULL), NULL);
+    TP_CHECK(!tp_tensor_requires_grad(y));
+    TP_CHECK(tp_tensor_grad_fn(y) == NULL);
+    tp_grad_mode_set(prev);
+    TP_CHECK(tp_grad_mode_get());
+    tp_tensor_unref(y);
+
+    // detach cuts the graph: d = detach(3x) acts as a constant.
+    TP_CHECK_OK(tp_mul_scalar(x, 3, &y, NULL), NULL);
+    TP_CHECK_OK(tp_detach(y, &d, NULL), NULL);
+    TP_CHECK(!tp_tensor_requires_grad(d) && tp_tensor_is_leaf(d));
+    TP_CHECK(tp_tensor_shares_storage(d, y));
+    TP_CHECK_OK(tp_mul(d, x, &z, NULL), NULL);
+    l = sum_of(z);
+    TP_CHECK_OK(tp_backward(1, &l, NULL, false, NULL), NULL);
+    for (int i = 0; i < 3; i++) {
+        check_close(at(tp_tensor_grad(x), i), 3 * at(x, i), 1e-12, 0, "detach",
+                    i);
+    }
+    tp_tensor_unref(y);
+    tp_tensor_unref(d);
+    tp_tensor_unref(z);
+    tp_tensor_unref(l);
+    tp_tensor_unref(x);
+
+    // Grad mode is per thread: the default is on.
+    TP_CHECK(tp_grad_mode_get());
+}
+
+static void
+t_multiple_roots_and_map(void)
+{
+    tp_tensor *x = leaf(vec(4, -1, 1)), *w = leaf(vec(4, -1, 1));
+    tp_tensor *p, *l1, *l2, *e;
+    TP_CHECK_OK(tp_mul(x, w, &p, NULL), NULL);
+    l1 = sum_of(p); // d/dx = w
+    TP_CHECK_OK(tp_exp(x, &e, NULL), NULL);
+    l2 = sum_of(e); // d/dx = e^x
+    tp_tensor *roots[2] = {l1, l2};
+    tp_error *err = NULL;
+    TP_CHECK_OK(tp_backward(2, roots, NULL, true, &err), err);
+    for (int i = 0; i < 4; i++) {
+        check_close(at(tp_tensor_grad(x), i), at(w, i) + exp(at(x, i)), 1e-12,
+                    0, "roots x", i);
+        check_close(at(tp_tensor_grad(w), i), at(x, i), 1e-12, 0, "roots w", i);
+    }
+    tp_tensor_zero_grad(x);
+    tp_tensor_zero_grad(w);
+
+    // The same graph into a map: .grad stays untouched.
+    tp_grad_map *map;
+    TP_CHECK_OK(tp_grad_map_create(&map), NULL);
+    tp_backward_options o;
+    tp_backward_options_init(&o);
+    o.grads = map;
+    tp_tensor *g2 = NULL;
+    TP_CHECK_OK(tp_tensor_full(TP_F64, 0, NULL, 2.0, &g2, NULL), NULL);
+    tp_backward_root r[2] = {{.tensor = l1}, {.tensor = l2, .grad = g2}};
+    TP_CHECK_OK(tp_backward_run(&o, 2, r, &err), err);
+    TP_CHECK(tp_tensor_grad(x) == NULL && tp_tensor_grad(w) == NULL);
+    TP_CHECK_EQ(tp_grad_map_size(map), 2);
+    tp_tensor *gx = tp_grad_map_get(map, x), *gw = tp_grad_map_get(map, w);
+    TP_CHECK(gx && gw);
+    for (int i = 0; i < 4; i++) {
+        check_close(at(gx, i), at(w, i) + 2 * exp(at(x, i)), 1e-12, 0, "map x",
+                    i);
+        check_close(at(gw, i), at(x, i), 1e-12, 0, "map w", i);
+    }
+    tp_tensor *k, *g;
+    TP_CHECK_OK(tp_grad_map_entry(map, 0, &k, &g), NULL);
+    TP_CHECK(k == x || k == w);
+    TP_CHECK_EQ(tp_grad_map_entry(map, 2, &k, &g), TP_EINVAL);
+    tp_grad_map_destroy(map);
+
+    // A leaf as root: its gradient is the one given.
+    tp_tensor *g4 = vec(4, -1, 1);
+    TP_CHECK_OK(tp_backward(1, &x, &g4, false, &err), err);
+    for (int i = 0; i < 4; i++) {
+        TP_CHECK(at(tp_tensor_grad(x), i) == at(g4, i));
+    }
+    TP_CHECK(!tp_tensor_shares_storage(tp_tensor_grad(x), g4));
+    tp_tensor_unref(g4);
+
+    // A root that does not require grad, and a non-scalar root with no
+    // gradient, are errors.
+    tp_tensor *c = vec(2, 0, 1);
+    TP_CHECK_EQ(tp_backward(1, &c, NULL, false, &err), TP_EINVAL);
+    TP_CHECK_STR_CONTAINS(tp_error_message(err), "does not require grad");
+    tp_error_unref(err);
+    err = NULL;
+    TP_CHECK_EQ(tp_backward(1, &p, NULL, false, &err), TP_EINVAL);
+    TP_CHECK_STR_CONTAINS(tp_error_message(err), "one-element");
+    tp_error_unref(err);
+    err = NULL;
+    // A root gradient of the wrong shape.
+    TP_CHECK_EQ(tp_backward(1, &p, &c, false, &err), TP_EINVAL);
+    TP_CHECK_STR_CONTAINS(tp_error_message(err), "expected [4]");
+    tp_error_unref(err);
+    tp_tensor_unref(c);
+    tp_tensor_unref(g2);
+    tp_tensor_unref(p);
+    tp_tensor_unref(e);
+    tp_tensor_unref(l1);
+    tp_tensor_unref(l2);
+    tp_tensor_unref(x);
+    tp_tensor_unref(w);
+}
+
+// ---- custom and boundary nodes ---------------------------------------------
+
+struct probe {
+    int calls;
+    double seen; // first element of the gradient it received
+    int destroyed;
+    bool wrong_shape;
+};
+
+static tp_status
+probe_backward(tp_node *node, tp_tensor *const *gout, tp_tensor **gin,
+               tp_error **err_p)
+{
+    struct probe *p = tp_node_arg(node);
+    p->calls++;
+    if (gout[0]) {
+        TP_CHECK_OK(tp_tensor_item(gout[0], 0, &p->seen), NULL);
+    }
+    // Identity to each input ("send" shape), or a wrong shape on request.
+    for (int i = 0; i < tp_node_num_inputs(node); i++) {
+        if (p->wrong_shape) {
+            int64_t s[1] = {1};
+            TP_CHECK_OK(tp_tensor_zeros(TP_F64, 1, s, &gin[i], NULL), NULL);
+        } else {
+            TP_CHECK_OK(tp_tensor_clone(gout[0], &gin[i], NULL), NULL);
+        }
+    }
+    return TP_OK;
+}
+
+static void
+probe_destroy(tp_node *node)
+{
+    struct probe *p = tp_node_arg(node);
+    p->destroyed++;
+}
+
+static const tp_node_ops probe_ops = {
+    .name = "ProbeBackward",
+    .backward = probe_backward,
+    .destroy = probe_destroy,
+};
+
+static void
+t_boundary_recv(void)
+{
+    // A "recv" node: no inputs; the tensor that came over the wire is its
+    // output. Its backward receives the gradient and would ship it away.
+    struct probe p = {0};
+    tp_node *recv;
+    tp_tensor *r = vec(3, -1, 1), *w = leaf(vec(3, -1, 1)), *m, *l;
+    TP_CHECK_OK(tp_node_create(&probe_ops, &p, 0, NULL, 1, &recv, NULL), NULL);
+    TP_CHECK_OK(tp_tensor_set_grad_fn(r, recv, 0, NULL), NULL);
+    tp_node_unref(recv); // r holds it
+    TP_CHECK(tp_tensor_requires_grad(r) && !tp_tensor_is_leaf(r));
+    TP_CHECK_OK(tp_mul(r, w, &m, NULL), NULL);
+    l = sum_of(m);
+    TP_CHECK_OK(tp_backward(1, &l, NULL, false, NULL), NULL);
+    TP_CHECK_EQ(p.calls, 1);
+    TP_CHECK(p.seen == at(w, 0)); // d l / d r = w
+    tp_tensor_unref(m);
+    tp_tensor_unref(l);
+    tp_tensor_unref(w);
+    TP_CHECK_EQ(p.destroyed, 0);
+    tp_tensor_unref(r);
+    TP_CHECK_EQ(p.destroyed, 1);
+}
+
+static void
+t_boundary_send(void)
+{
+    // A "send" node: its input is the tensor that was sent; the engine is
+    // started at the node with the gradient that came back, into a map.
+    struct probe p = {0};
+    tp_node *send;
+    tp_tensor *x = leaf(vec(3, -1, 1)), *y, *g;
+    TP_CHECK_OK(tp_exp(x, &y, NULL), NULL);
+    TP_CHECK_OK(tp_node_create(&probe_ops, &p, 1, &y, 1, &send, NULL), NULL);
+    int nr = -1;
+    TP_CHECK(tp_node_next(send, 0, &nr) == tp_tensor_grad_fn(y));
+    TP_CHECK_EQ(nr, 0);
+    tp_tensor_unref(y); // the node keeps the graph below it alive
+    int64_t s[1] = {3};
+    TP_CHECK_OK(tp_tensor_full(TP_F64, 1, s, 0.5, &g, NULL), NULL);
+    tp_grad_map *map;
+    TP_CHECK_OK(tp_grad_map_create(&map), NULL);
+    tp_backward_options o;
+    tp_backward_options_init(&o);
+    o.grads = map;
+    o.retain_graph = true;
+    tp_backward_root root = {.node = send, .output_nr = 0, .grad = g};
+    TP_CHECK_OK(tp_backward_run(&o, 1, &root, NULL), NULL);
+    TP_CHECK_OK(tp_backward_run(&o, 1, &root, NULL), NULL);
+    TP_CHECK_EQ(p.calls, 2);
+    tp_tensor *gx = tp_grad_map_get(map, x);
+    TP_CHECK(gx != NULL);
+    for (int i = 0; i < 3; i++) {
+        check_close(at(gx, i), 2 * 0.5 * exp(at(x, i)), 1e-12, 0, "send", i);
+    }
+    TP_CHECK(tp_tensor_grad(x) == NULL);
+    // A node whose backward returns a gradient of the wrong shape.
+    p.wrong_shape = true;
+    tp_error *err = NULL;
+    TP_CHECK_EQ(tp_backward_run(&o, 1, &root, &err), TP_EINVAL);
+    TP_CHECK_STR_CONTAINS(tp_error_message(err),
+                          "backward of ProbeBackward: gradient of input 0");
+    tp_error_unref(err);
+    tp_grad_map_destroy(map);
+    tp_node_unref(send);
+    TP_CHECK_EQ(p.destroyed, 1);
+    tp_tensor_unref(g);
+    tp_tensor_unref(x);
+}
+
+static tp_status
+failing_backward(tp_node *node, tp_tensor *const *gout, tp_tensor **gin,
+                 tp_error **err_p)
+{
+    // Fails without a message: the engine still names the op.
+    return TP_EIO;
+}
+
+static tp_status
+failing_backward_msg(tp_node *node, tp_tensor *const *gout, tp_tensor **gin,
+                     tp_error **err_p)
+{
+    // A backward function reports its error like any tpipe call.
+    tp_tensor *t = NULL;
+    tp_status st = tp_tensor_empty(TP_F32, 1, (const int64_t[]){-1}, &t, err_p);
+    return st;
+}
+
+static const tp_node_ops fail_ops = {.name = "FailingOp",
+                                     .backward = failing_backward};
+static const tp_node_ops fail_msg_ops = {.name = "FailingWithMessage",
+                                         .backward = failing_backward_msg};
+
+static void
+t_error_in_backward(void)
+{
+    for (int k = 0; k < 2; k++) {
+        tp_tensor *x = leaf(vec(3, -1, 1)), *y, *z, *l;
+        tp_node *bad;
+        TP_CHECK_OK(tp_exp(x, &y, NULL), NULL);
+        TP_CHECK_OK(tp_node_create(k ? &fail_msg_ops : &fail_ops, NULL, 1, &y,
+                                   1, &bad, NULL),
+                    NULL);
+        TP_CHECK_OK(tp_tensor_empty(TP_F64, 1, (const int64_t[]){3}, &z, NULL),
+                    NULL);
+        TP_CHECK_OK(tp_tensor_set_grad_fn(z, bad, 0, NULL), NULL);
+        tp_node_unref(bad);
+        TP_CHECK_OK(tp_mul_scalar(z, 2, &l, NULL), NULL);
+        tp_tensor *s = sum_of(l);
+        tp_error *err = NULL;
+        tp_status st = tp_backward(1, &s, NULL, false, &err);
+        TP_CHECK_EQ(st, k ? TP_EINVAL : TP_EIO);
+        TP_CHECK_STR_CONTAINS(tp_error_message(err),
+                              k ? "backward of FailingWithMessage: tensor "
+                                  "empty: negative size"
+                                : "backward of FailingOp");
+        tp_error_unref(err);
+        // The pass stopped: nothing reached x.
+        TP_CHECK(tp_tensor_grad(x) == NULL);
+        tp_tensor_unref(s);
+        tp_tensor_unref(l);
+        tp_tensor_unref(z);
+        tp_tensor_unref(y);
+        tp_tensor_unref(x);
+    }
+}
+
+static void
+t_long_chain(void)
+{
+    // 20000 nodes: backward and freeing must not recurse per node.
+    tp_tensor *x = leaf(vec(1, 0.5, 1)), *y = tp_tensor_ref(x), *n, *s;
+    for (int i = 0; i < 20000; i++) {
+        TP_CHECK_OK(tp_add_scalar(y, 1e-4, &n, NULL), NULL);
+        tp_tensor_unref(y);
+        y = n;
+    }
+    s = sum_of(y);
+    TP_CHECK_OK(tp_backward(1, &s, NULL, false, NULL), NULL);
+    TP_CHECK(at(tp_tensor_grad(x), 0) == 1.0);
+    tp_tensor_unref(s);
+    tp_tensor_unref(y);
+    tp_tensor_unref(x);
+}
+
+static void
+t_leaf_rules(void)
+{
+    tp_tensor *x = leaf(vec(2, 0, 1)), *y, *i;
+    tp_error *err = NULL;
+    TP_CHECK_OK(tp_exp(x, &y, NULL), NULL);
+    TP_CHECK_EQ(tp_tensor_set_requires_grad(y, false, &err), TP_EINVAL);
+    TP_CHECK_STR_CONTAINS(tp_error_message(err), "leaf");
+    tp_error_unref(err);
+    err = NULL;
+    TP_CHECK_OK(tp_tensor_zeros(TP_I64, 1, (const int64_t[]){2}, &i, NULL),
+                NULL);
+    TP_CHECK_EQ(tp_tensor_set_requires_grad(i, true, &err), TP_ENOTSUP);
+    tp_error_unref(err);
+    tp_tensor_unref(i);
+    tp_tensor_unref(y);
+    tp_tensor_unref(x);
+}
+
+// ---- threads sharing leaves ------------------------------------------------
+
+struct worker {
+    tp_tensor *w;     // shared leaf
+    tp_grad_map *map; // shared map, or NULL for .grad
+    double xsum[4];   // what this worker contributed to dL/dw
+    int iters;
+    unsigned seed;
+};
+
+static void *
+worker_main(void *arg)
+{
+    struct worker *wk = arg;
+    int64_t s[1] = {4};
+    tp_backward_options o;
+    tp_backward_options_init(&o);
+    o.grads = wk->map;
+    for (int it = 0; it < wk->iters; it++) {
+        tp_tensor *x, *y, *l;
+        TP_CHECK_OK(tp_tensor_empty(TP_F64, 1, s, &x, NULL), NULL);
+        for (int i = 0; i < 4; i++) {
+            double v =
+                (double)((wk->seed + (unsigned)it * 7u + (unsigned)i) % 13u);
+            tp_tensor_set_item(x, i, v);
+            wk->xsum[i] += v;
+        }
+        TP_CHECK_OK(tp_mul(x, wk->w, &y, NULL), NULL);
+        TP_CHECK_OK(tp_sum(y, &l, NULL), NULL);
+        tp_backward_root r = {.tensor = l};
+        TP_CHECK_OK(tp_backward_run(&o, 1, &r, NULL), NULL);
+        tp_tensor_unref(x);
+        tp_tensor_unref(y);
+        tp_tensor_unref(l);
+    }
+    return NULL;
+}
+
+static void
+t_threads_share_leaves(void)
+{
+    // The second round has compute threads: the op threads then contend
+    // for the workers and fall back to serial kernels.
+    for (int use_map = 0; use_map < 3; use_map++) {
+        if (use_map == 2) {
+            TP_CHECK_OK(tp_compute_threads_set(2, NULL), NULL);
+        }
+        tp_tensor *w = leaf(vec(4, -1, 1));
+        tp_grad_map *map = NULL;
+        if (use_map == 1) {
+            TP_CHECK_OK(tp_grad_map_create(&map), NULL);
+        }
+        struct worker wk[3];
+        pthread_t th[3];
+        for (int i = 0; i < 3; i++) {
+            memset(&wk[i], 0, sizeof(wk[i]));
+            wk[i].w = w;
+            wk[i].map = map;
+            wk[i].iters = 2000;
+            wk[i].seed = (unsigned)i * 5u;
+            TP_CHECK(pthread_create(&th[i], NULL, worker_main, &wk[i]) == 0);
+        }
+        for (int i = 0; i < 3; i++) {
+            pthread_join(th[i], NULL);
+        }
+        tp_tensor *g = map ? tp_grad_map_get(map, w) : tp_tensor_grad(w);
+        TP_CHECK(g != NULL);
+        for (int i = 0; i < 4; i++) {
+            double want = wk[0].xsum[i] + wk[1].xsum[i] + wk[2].xsum[i];
+            check_close(at(g, i), want, 0, 0, "shared leaf", i);
+        }
+        tp_grad_map_destroy(map);
+        tp_tensor_unref(w);
+    }
+    TP_CHECK_OK(tp_compute_threads_set(1, NULL), NULL);
+}
+
+// ---- out of memory ---------------------------------------------------------
+
+// A forward and backward pass whose every step can fail; cleans up on
+// every path.
+static tp_status
+oom_step(tp_tensor *x, tp_tensor *w, tp_tensor *y, tp_grad_map *map,
+         tp_error **err_p)
+{
+    tp_tensor *h = NULL, *r = NULL, *s = NULL, *d = NULL, *l = NULL;
+    tp_status st = tp_matmul(x, w, &h, err_p);
+    if (st == TP_OK) {
+        st = tp_tanh(h, &r, err_p);
+    }
+    if (st == TP_OK) {
+        st = tp_mean_dim(r, 0, true, &s, err_p);
+    }
+    if (st == TP_OK) {
+        st = tp_sub(r, s, &d, err_p);
+    }
+    if (st == TP_OK) {
+        st = tp_cross_entropy(d, y, &l, err_p);
+    }
+    if (st == TP_OK) {
+        tp_backward_options o;
+        tp_backward_options_init(&o);
+        o.grads = map;
+        tp_backward_root root = {.tensor = l};
+        st = tp_backward_run(&o, 1, &root, err_p);
+    }
+    tp_tensor_unref(h);
+    tp_tensor_unref(r);
+    tp_tensor_unref(s);
+    tp_tensor_unref(d);
+    tp_tensor_unref(l);
+    return st;
+}
+
+// Fails each allocation of a training step in turn: every failure must be
+// TP_ENOMEM and leak nothing (checked under ASan); a step that absorbs the
+// failure (the gemm can do without its packing buffers) must still give
+// the right gradients.
+static void
+t_out_of_memory(void)
+{
+    if (!TP_HAVE_TEST_FAULTS) {
+        tp_test_skip("built without TP_TEST_FAULTS");
+    }
+    int64_t xs[2] = {6, 5}, ws[2] = {5, 3};
+    tp_tensor *x = rnd(TP_F64, 2, xs, -1, 1),
+              *w = leaf(rnd(TP_F64, 2, ws, -1, 1));
+    tp_tensor *y, *ref;
+    TP_CHECK_OK(tp_tensor_empty(TP_I64, 1, (const int64_t[]){6}, &y, NULL),
+                NULL);
+    for (int i = 0; i < 6; i++) {
+        tp_tensor_set_item(y, i, i % 3);
+    }
+    // A clean step first: the reference gradient, and how many
+    // allocations a step makes.
+    tp__alloc_fail_after(0);
+    TP_CHECK_OK(oom_step(x, w, y, NULL, NULL), NULL);
+    long total = tp__alloc_fail_after(0);
+    TP_CHECK_OK(tp_tensor_clone(tp_tensor_grad(w), &ref, NULL), NULL);
+    TP_CHECK(total > 50);
+    for (int use_map = 0; use_map < 2; use_map++) {
+        int failures = 0;
+        for (long nth = 1; nth <= total + 1; nth++) {
+            tp_grad_map *map = NULL;
+            if (use_map) {
+                TP_CHECK_OK(tp_grad_map_create(&map), NULL);
+            }
+            tp_tensor_zero_grad(w);
+            tp_error *err = NULL;
+            tp__alloc_fail_after(nth);
+            tp_status st = oom_step(x, w, y, map, &err);
+            tp__alloc_fail_after(0);
+            if (st == TP_OK) {
+                // Not bit-exact: a gemm that cannot allocate its packing
+                // buffers sums in another order instead of failing.
+                tp_tensor *g =
+                    map ? tp_grad_map_get(map, w) : tp_tensor_grad(w);
+                TP_CHECK(g != NULL);
+                for (int i = 0; i < 15; i++) {
+                    check_close(at(g, i), at(ref, i), 1e-12, 1e-15, "oom", i);
+                }
+            } else {
+                TP_CHECKF(st == TP_ENOMEM, "allocation %ld: %s: %s", nth,
+                          tp_status_name(st), tp_error_message(err));
+                failures++;
+            }
+            tp_error_unref(err);
+            tp_grad_map_destroy(map);
+        }
+        TP_CHECK(failures > total / 2);
+    }
+    tp_tensor_unref(ref);
+    tp_tensor_unref(x);
+    tp_tensor_unref(w);
+    tp_tensor_unref(y);
+}
+
+// ---- end to end: a 2-layer MLP ---------------------------------------------
+
+// Two classes in 2-d split by the line x0 + 0.5 x1 = 0.2, with a margin.
+static void
+make_dataset(int64_t n, tp_tensor **x_p, tp_tensor **y_p)
+{
+    int64_t xs[2] = {n, 2};
+    tp_tensor *x, *y;
+    TP_CHECK_OK(tp_tensor_empty(TP_F32, 2, xs, &x, NULL), NULL);
+    TP_CHECK_OK(tp_tensor_empty(TP_I64, 1, &n, &y, NULL), NULL);
+    tp_tensor *u = rnd(TP_F64, 2, (const int64_t[]){4 * n, 2}, -1, 1);
+    int64_t k = 0;
+    for (int64_t i = 0; i < 4 * n && k < n; i++) {
+        double a = at(u, 2 * i), b = at(u, 2 * i + 1);
+        double side = a + 0.5 * b - 0.2;
+        if (fabs(side) < 0.1) {
+            continue;
+        }
+        tp_tensor_set_item(x, 2 * k, a);
+        tp_tensor_set_item(x, 2 * k + 1, b);
+        tp_tensor_set_item(y, k, side > 0 ? 1 : 0);
+        k++;
+    }
+    TP_CHECK_EQ(k, n);
+    tp_tensor_unref(u);
+    *x_p = x;
+    *y_p = y;
+}
+
+static void
+t_mlp_training(void)
+{
+    const int64_t n = 256, hidden = 16;
+    tp_tensor *x, *y;
+    make_dataset(n, &x, &y);
+    int64_t s1[2] = {2, hidden}, b1s[1] = {hidden}, s2[2] = {hidden, 2},
+            b2s[1] = {2};
+    tp_tensor *w1 = leaf(rnd(TP_F32, 2, s1, -0.7, 0.7));
+    tp_tensor *b1 = leaf(rnd(TP_F32, 1, b1s, -0.1, 0.1));
+    tp_tensor *w2 = leaf(rnd(TP_F32, 2, s2, -0.25, 0.25));
+    tp_tensor *b2 = leaf(rnd(TP_F32, 1, b2s, -0.1, 0.1));
+    tp_tensor *params[4] = {w1, b1, w2, b2};
+    double first = 0, last = 0;
+    tp_error *err = NULL;
+    for (int step = 0; step < 300; step++) {
+        tp_tensor *h0, *h1, *h, *o0, *o, *loss;
+        TP_CHECK_OK(tp_matmul(x, w1, &h0, &err), err);
+        TP_CHECK_OK(tp_add(h0, b1, &h1, &err), err);
+        TP_CHECK_OK(tp_relu(h1, &h, &err), err);
+        TP_CHECK_OK(tp_matmul(h, w2, &o0, &err), err);
+        TP_CHECK_OK(tp_add(o0, b2, &o, &err), err);
+        TP_CHECK_OK(tp_cross_entropy(o, y, &loss, &err), err);
+        last = at(loss, 0);
+        if (step == 0) {
+            first = last;
+        }
+        TP_CHECK_OK(tp_backward(1, &loss, NULL, false, &err), err);
+        bool prev = tp_grad_mode_set(false);
+        for (int p = 0; p < 4; p++) {
+            TP_CHECK_OK(tp_tensor_axpy(params[p], -0.5,
+                                       tp_tensor_grad(params[p]), &err),
+                        err);
+            tp_tensor_zero_grad(params[p]);
+        }
+        tp_grad_mode_set(prev);
+        tp_tensor *ts[6] = {h0, h1, h, o0, o, loss};
+        for (int i = 0; i < 6; i++) {
+            tp_tensor_unref(ts[i]);
+        }
+    }
+    // Accuracy with the trained weights, under no_grad.
+    bool prev = tp_grad_mode_set(false);
+    tp_tensor *h0, *h1, *h, *o0, *o;
+    TP_CHECK_OK(tp_matmul(x, w1, &h0, NULL), NULL);
+    TP_CHECK_OK(tp_add(h0, b1, &h1, NULL), NULL);
+    TP_CHECK_OK(tp_relu(h1, &h, NULL), NULL);
+    TP_CHECK_OK(tp_matmul(h, w2, &o0, NULL), NULL);
+    TP_CHECK_OK(tp_add(o0, b2, &o, NULL), NULL);
+    TP_CHECK(!tp_tensor_requires_grad(o));
+    tp_grad_mode_set(prev);
+    int correct = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int pred = at(o, 2 * i + 1) > at(o, 2 * i) ? 1 : 0;
+        correct += pred == (int)at(y, i);
+    }
+    printf("mlp: loss %.4f -> %.4f, accuracy %d/%lld\n", first, last, correct,
+           (long long)n);
+    TP_CHECKF(first > 0.5, "initial loss %g is already low", first);
+    TP_CHECKF(last < 0.1, "loss %g did not drop below 0.1", last);
+    TP_CHECKF(correct >= n * 97 / 100, "accuracy %d/%lld", correct,
+              (long long)n);
+    tp_tensor *ts[5] = {h0, h1, h, o0, o};
+    for (int i = 0; i < 5; i++) {
+        tp_tensor_unref(ts[i]);
+    }
+    for (int p = 0; p < 4; p++) {
+        tp_tensor_unref(params[p]);
+    }
+    tp_tensor_unref(x);
+    tp_tensor_unref(y);
+}
+
+// An embedding model: a bag of token embeddings, mean-pooled, classified
+// by a linear layer; the gradients scatter into the table.
+static void
+t_embedding_training(void)
+{
+    const int64_t n = 64, len = 4, vocab = 10, dim = 8;
+    tp_tensor *idx, *y;
+    TP_CHECK_OK(
+        tp_tensor_empty(TP_I64, 2, (const int64_t[]){n, len}, &idx, NULL),
+        NULL);
+    TP_CHECK_OK(tp_tensor_empty(TP_I64, 1, &n, &y, NULL), NULL);
+    // Label: whether the sequence holds more tokens < 5 than >= 5.
+    tp_tensor *u = rnd(TP_F64, 1, (const int64_t[]){n * len}, 0, 10);
+    for (int64_t i = 0; i < n; i++) {
+        int lowc = 0;
+        for (int64_t j = 0; j < len; j++) {
+            int tok = (int)at(u, i * len + j);
+            lowc += tok < 5;
+            tp_tensor_set_item(idx, i * len + j, tok);
+        }
+        if (lowc == 2) { // ties are ambiguous: make them low
+            tp_tensor_set_item(idx, i * len, 0);
+            lowc = 3;
+        }
+        tp_tensor_set_item(y, i, lowc > 2 ? 1 : 0);
+    }
+    tp_tensor_unref(u);
+    tp_tensor *emb = leaf(rnd(TP_F32, 2, (const int64_t[]){vocab, dim}, -1, 1));
+    tp_tensor *w = leaf(rnd(TP_F32, 2, (const int64_t[]){dim, 2}, -0.3, 0.3));
+    double first = 0, last = 0;
+    for (int step = 0; step < 200; step++) {
+        tp_tensor *e, *pooled, *logits, *loss;
+        TP_CHECK_OK(tp_embedding(emb, idx, &e, NULL), NULL); // [n, len, dim]
+        TP_CHECK_OK(tp_mean_dim(e, 1, false, &pooled, NULL), NULL);
+        TP_CHECK_OK(tp_matmul(pooled, w, &logits, NULL), NULL);
+        TP_CHECK_OK(tp_cross_entropy(logits, y, &loss, NULL), NULL);
+        last = at(loss, 0);
+        if (step == 0) {
+            first = last;
+        }
+        TP_CHECK_OK(tp_backward(1, &loss, NULL, false, NULL), NULL);
+        bool prev = tp_grad_mode_set(false);
+        TP_CHECK_OK(tp_tensor_axpy(emb, -1.0, tp_tensor_grad(emb), NULL), NULL);
+        TP_CHECK_OK(tp_tensor_axpy(w, -1.0, tp_tensor_grad(w), NULL), NULL);
+        tp_grad_mode_set(prev);
+        tp_tensor_zero_grad(emb);
+        tp_tensor_zero_grad(w);
+        tp_tensor_unref(e);
+        tp_tensor_unref(pooled);
+        tp_tensor_unref(logits);
+        tp_tensor_unref(loss);
+    }
+    printf("embedding model: loss %.4f -> %.4f\n", first, last);
+    TP_CHECKF(last < first * 0.5 && last < 0.3, "loss %g -> %g", first, last);
+    tp_tensor_unref(emb);
+    tp_tensor_unref(w);
+    tp_tensor_unref(idx);
+    tp_tensor_unref(y);
+}
+
+AG_LEAK_CHECKED(t_diamond)
+AG_LEAK_CHECKED(t_reuse_and_accumulation)
+AG_LEAK_CHECKED(t_retain_graph)
+AG_LEAK_CHECKED(t_no_grad_and_detach)
+AG_LEAK_CHECKED(t_multiple_roots_and_map)
+AG_LEAK_CHECKED(t_boundary_recv)
+AG_LEAK_CHECKED(t_boundary_send)
+AG_LEAK_CHECKED(t_error_in_backward)
+AG_LEAK_CHECKED(t_long_chain)
+AG_LEAK_CHECKED(t_leaf_rules)
+AG_LEAK_CHECKED(t_threads_share_leaves)
+AG_LEAK_CHECKED(t_out_of_memory)
+AG_LEAK_CHECKED(t_mlp_training)
+AG_LEAK_CHECKED(t_embedding_training)
+
+static const tp_test_case cases[] = {
+    AG_TEST(t_diamond),
+    AG_TEST(t_reuse_and_accumulation),
+    AG_TEST(t_retain_graph),
+    AG_TEST(t_no_grad_and_detach),
+    AG_TEST(t_multiple_roots_and_map),
+    AG_TEST(t_boundary_recv),
+    AG_TEST(t_boundary_send),
+    AG_TEST(t_error_in_backward),
+    AG_TEST(t_long_chain),
+    AG_TEST(t_leaf_rules),
+    AG_TEST(t_threads_share_leaves),
+    AG_TEST(t_out_of_memory),
+    AG_TEST(t_mlp_training),
+    AG_TEST(t_embedding_training),
+};
+
+TP_TEST_MAIN(cases)
