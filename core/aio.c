@@ -34,7 +34,6 @@ tp__aio_init(tp_aio *aio, tp_aio_cb cb, void *arg)
     tp__list_node_init(&aio->a_node);
     atomic_init(&aio->a_state, TP_AIO_IDLE);
     atomic_init(&aio->a_cancel_req, false);
-    atomic_init(&aio->a_waiters, 0);
     atomic_init(&aio->a_busy, 0);
     atomic_init(&aio->a_gen, 0);
     atomic_init(&aio->a_cancel_gen, 0);
@@ -47,23 +46,16 @@ tp__aio_fini(tp_aio *aio)
     if (aio == NULL) {
         return;
     }
-    if (atomic_load_explicit(&aio->a_busy, memory_order_acquire) != 0) {
-        tp_aio_cancel(aio);
-        tp_aio_wait(aio);
-    }
+    tp_aio_cancel(aio);
+    tp_aio_wait(aio);
     // A cross-thread cancel may still be queued on the loop even though
-    // the operation completed; wait for it to drain.
+    // the operation completed: wait until its task has run. Checked under
+    // a_mtx, which the task releases last, so freeing after this is safe.
+    tp__mtx_lock(&aio->a_mtx);
     while (atomic_load_explicit(&aio->a_cancel_posted, memory_order_acquire)) {
-        tp__mtx_lock(&aio->a_mtx);
-        atomic_fetch_add_explicit(&aio->a_waiters, 1, memory_order_seq_cst);
-        if (atomic_load_explicit(&aio->a_cancel_posted,
-                                 memory_order_seq_cst)) {
-            tp__cv_wait_until(&aio->a_cv, &aio->a_mtx,
-                              tp__now_ns() + 1000000u);
-        }
-        atomic_fetch_sub_explicit(&aio->a_waiters, 1, memory_order_relaxed);
-        tp__mtx_unlock(&aio->a_mtx);
+        tp__cv_wait(&aio->a_cv, &aio->a_mtx);
     }
+    tp__mtx_unlock(&aio->a_mtx);
     tp_error_unref(aio->a_err);
     aio->a_err = NULL;
     tp__cv_fini(&aio->a_cv);
@@ -238,16 +230,16 @@ aio_done_task(void *arg)
     if (aio->a_cb != NULL) {
         aio->a_cb(aio->a_cb_arg);
     }
-    // After this decrement a waiter may free the aio: touch it no more
-    // unless a waiter is registered (then it holds off on a_mtx).
-    if (atomic_load_explicit(&aio->a_waiters, memory_order_seq_cst) > 0) {
-        tp__mtx_lock(&aio->a_mtx);
-        atomic_fetch_sub_explicit(&aio->a_busy, 1, memory_order_seq_cst);
+    // The decrement happens under a_mtx, and waiters check a_busy only
+    // under a_mtx: a waiter that sees zero (and may free the aio) has
+    // acquired the mutex after this unlock, so nothing here touches freed
+    // memory, and no wakeup is lost.
+    tp__mtx_lock(&aio->a_mtx);
+    atomic_fetch_sub_explicit(&aio->a_busy, 1, memory_order_release);
+    if (aio->a_nwaiters > 0) {
         tp__cv_broadcast(&aio->a_cv);
-        tp__mtx_unlock(&aio->a_mtx);
-    } else {
-        atomic_fetch_sub_explicit(&aio->a_busy, 1, memory_order_seq_cst);
     }
+    tp__mtx_unlock(&aio->a_mtx);
 }
 
 static void
@@ -304,16 +296,15 @@ tp_aio_cancel(tp_aio *aio)
 void
 tp_aio_wait(tp_aio *aio)
 {
-    if (atomic_load_explicit(&aio->a_busy, memory_order_acquire) == 0) {
-        return;
-    }
-    TP_ASSERT(aio->a_loop == NULL || !tp__loop_on_thread(aio->a_loop));
     tp__mtx_lock(&aio->a_mtx);
-    atomic_fetch_add_explicit(&aio->a_waiters, 1, memory_order_seq_cst);
-    while (atomic_load_explicit(&aio->a_busy, memory_order_seq_cst) != 0) {
+    if (atomic_load_explicit(&aio->a_busy, memory_order_acquire) != 0) {
+        TP_ASSERT(!tp__loop_on_thread(aio->a_loop));
+    }
+    aio->a_nwaiters++;
+    while (atomic_load_explicit(&aio->a_busy, memory_order_acquire) != 0) {
         tp__cv_wait(&aio->a_cv, &aio->a_mtx);
     }
-    atomic_fetch_sub_explicit(&aio->a_waiters, 1, memory_order_relaxed);
+    aio->a_nwaiters--;
     tp__mtx_unlock(&aio->a_mtx);
 }
 

@@ -66,7 +66,7 @@ struct tp_aio {
     _Atomic bool a_cancel_req;
     tp_mtx a_mtx;
     tp_cv a_cv;
-    _Atomic int a_waiters;
+    int a_nwaiters;            // threads in tp_aio_wait (under a_mtx)
     _Atomic int a_busy;        // submitted, callback not yet returned
     _Atomic uint64_t a_gen;    // submission number
     _Atomic uint64_t a_cancel_gen;

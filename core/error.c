@@ -145,9 +145,14 @@ tp__error_errno(tp_error **err_p, int errnum, const char *fmt, ...)
 {
     tp_status st = tp__status_from_errno(errnum);
     if (err_p != NULL) {
+        // Messages are lowercase: "address already in use (EADDRINUSE)".
         char suffix[160];
         snprintf(suffix, sizeof(suffix), ": %s (%s)", strerror(errnum),
                  tp__errno_name(errnum));
+        if (suffix[2] >= 'A' && suffix[2] <= 'Z' &&
+            !(suffix[3] >= 'A' && suffix[3] <= 'Z')) {
+            suffix[2] = (char)(suffix[2] - 'A' + 'a');
+        }
         va_list ap;
         va_start(ap, fmt);
         *err_p = error_vnew(st, errnum, NULL, suffix, fmt, ap);

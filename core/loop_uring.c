@@ -234,9 +234,14 @@ uring_wait_dispatch(tp_loop *loop, uint64_t timeout_ns)
         }
         if (res < 0) {
             // The poll itself failed: let the owner find out why by doing
-            // I/O; do not re-arm (it would fail again).
+            // I/O. Re-arm after a transient failure (ENOMEM, EAGAIN...),
+            // not after one that would fail again at once.
             n++;
             lfd->lf_cb(lfd, TP_EV_ERROR | TP_EV_READ | TP_EV_WRITE);
+            if (res != -EBADF && res != -EINVAL && res != -ECANCELED &&
+                uring_lookup(s, token) == lfd) {
+                uring_arm(s, lfd);
+            }
             continue;
         }
         {
