@@ -41,6 +41,7 @@ struct tp_loop {
     size_t l_heap_len;
     size_t l_heap_cap;
     tp_loop_poller *l_pollers;
+    uint64_t l_spin_ns; // TP_LOOP_SPIN_US
 };
 
 static _Thread_local tp_loop *loop_current;
@@ -423,18 +424,29 @@ loop_poll_all(tp_loop *l, uint64_t *spin_ns_p)
     return progress;
 }
 
-// Spins on pollers (and, every few rounds, on fds and posts) until
-// nothing happened for the pollers' spin budget.
+// Spins before the loop sleeps, while anything happened within the spin
+// budget: the pollers' budget (shm rings, checked every round with no
+// syscall) and TP_LOOP_SPIN_US for fds (checked every round with a
+// zero-timeout wait when there are no pollers, every 64 rounds otherwise).
+// Spinning keeps a busy connection from paying a sleep and a wake-up per
+// message; the budget bounds what an idle loop burns.
 static void
 loop_spin(tp_loop *l)
 {
-    uint64_t spin_ns = 0;
     uint64_t last_progress = tp__now_ns();
     unsigned round = 0;
-    while (l->l_pollers != NULL &&
-           !atomic_load_explicit(&l->l_stop, memory_order_relaxed)) {
-        bool progress = loop_poll_all(l, &spin_ns);
-        if ((++round & 63) == 0) {
+    while (!atomic_load_explicit(&l->l_stop, memory_order_relaxed)) {
+        uint64_t budget = l->l_spin_ns;
+        bool progress = false;
+        if (l->l_pollers != NULL) {
+            uint64_t poll_spin = 0;
+            progress = loop_poll_all(l, &poll_spin);
+            budget = TP_MAX(budget, poll_spin);
+        }
+        if (budget == 0) {
+            return;
+        }
+        if (l->l_pollers == NULL || (++round & 63) == 0) {
             if (l->l_be->wait(l, 0) > 0) {
                 progress = true;
             }
@@ -449,7 +461,7 @@ loop_spin(tp_loop *l)
         uint64_t now = tp__now_ns();
         if (progress) {
             last_progress = now;
-        } else if (now - last_progress >= spin_ns) {
+        } else if (now - last_progress >= budget) {
             return;
         }
         tp__cpu_relax();
@@ -499,7 +511,7 @@ loop_thread_main(void *arg)
             !atomic_load_explicit(&l->l_post_pending, memory_order_acquire)) {
             break;
         }
-        if (l->l_pollers != NULL) {
+        if (l->l_pollers != NULL || l->l_spin_ns > 0) {
             loop_spin(l);
             next_timer = loop_run_timers(l);
             loop_run_deferred(l);
@@ -573,6 +585,8 @@ tp__loop_create(const tp_config *cfg, const char *name, tp_loop **loop_p,
     tp_status st;
     l->l_be = be;
     l->l_cfg = *cfg;
+    l->l_spin_ns = (uint64_t)(cfg->loop_spin_us > 0 ? cfg->loop_spin_us : 0) *
+                   1000u;
     snprintf(l->l_name, sizeof(l->l_name), "%s", name);
     tp__mtx_init(&l->l_post_mtx);
     l->l_wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);

@@ -49,6 +49,12 @@ tp__task_init(tp_task *t, tp_task_fn fn, void *arg)
 #define TP_EV_READ 0x1u
 #define TP_EV_WRITE 0x2u
 #define TP_EV_ERROR 0x4u // error or hang-up; handlers then read to learn why
+// The peer shut down its side (or the fd hung up) at or before the time of
+// this event (EPOLLRDHUP/EPOLLHUP, POLLRDHUP/POLLHUP). Together with the
+// edge semantics this lets a reader treat a short read as "drained": any
+// later arrival, data or FIN, brings a new event; one that came earlier is
+// flagged here.
+#define TP_EV_HUP 0x8u
 
 typedef struct tp_loop_fd tp_loop_fd;
 typedef void (*tp_loop_fd_cb)(tp_loop_fd *lfd, uint32_t events);

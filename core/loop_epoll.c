@@ -106,6 +106,9 @@ epoll_wait_dispatch(tp_loop *loop, uint64_t timeout_ns)
         if (ev->events & (EPOLLERR | EPOLLHUP)) {
             e |= TP_EV_ERROR | TP_EV_READ | TP_EV_WRITE;
         }
+        if (ev->events & (EPOLLRDHUP | EPOLLHUP)) {
+            e |= TP_EV_HUP;
+        }
         lfd->lf_cb(lfd, e);
     }
     s->ep_n = 0;

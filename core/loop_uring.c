@@ -237,7 +237,7 @@ uring_wait_dispatch(tp_loop *loop, uint64_t timeout_ns)
             // I/O. Re-arm after a transient failure (ENOMEM, EAGAIN...),
             // not after one that would fail again at once.
             n++;
-            lfd->lf_cb(lfd, TP_EV_ERROR | TP_EV_READ | TP_EV_WRITE);
+            lfd->lf_cb(lfd, TP_EV_ERROR | TP_EV_HUP | TP_EV_READ | TP_EV_WRITE);
             if (res != -EBADF && res != -EINVAL && res != -ECANCELED &&
                 uring_lookup(s, token) == lfd) {
                 uring_arm(s, lfd);
@@ -254,6 +254,9 @@ uring_wait_dispatch(tp_loop *loop, uint64_t timeout_ns)
             }
             if (res & (POLLERR | POLLHUP)) {
                 e |= TP_EV_ERROR | TP_EV_READ | TP_EV_WRITE;
+            }
+            if (res & (POLLRDHUP | POLLHUP)) {
+                e |= TP_EV_HUP;
             }
             n++;
             lfd->lf_cb(lfd, e);

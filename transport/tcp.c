@@ -80,7 +80,8 @@ typedef struct tcp_conn {
     tp_loop *tc_loop;
     int tc_fd;
     int tc_state;
-    bool tc_readable; // false after EAGAIN, until the next READ event
+    bool tc_readable; // false once drained, until the next READ event
+    bool tc_hup_seen; // an event said the peer shut down or errored
     bool tc_writable;
     tp_loop_fd tc_lfd;
     tp_list tc_readq;  // tp_aio, in order
@@ -353,18 +354,25 @@ tcp_read_pump(tcp_conn *c)
         // small messages) take one syscall. Large reads go straight to the
         // caller's buffers only.
         //
-        // A short read does NOT prove that the next read would block: it
-        // also happens when the data ended at an EOF or error that is
-        // already pending, whose readiness edge has been consumed. So only
-        // EAGAIN clears tc_readable.
+        // A short read means the socket was drained when it ran, so the
+        // next read would only say EAGAIN: skip that syscall and wait for
+        // the next edge. This is safe because any data or FIN arriving
+        // after the event we handled brings a new edge, and a FIN or error
+        // that arrived before it is flagged in that event (TP_EV_HUP /
+        // TP_EV_ERROR): once one was seen, only EAGAIN or EOF stop reads.
+        uint64_t asked = want;
         if (want <= TCP_STASH_MAX_READ) {
             iov[n].iov_base = c->tc_stash;
             iov[n].iov_len = TCP_STASH;
             n++;
+            asked += TCP_STASH;
         }
         ssize_t r = readv(c->tc_fd, iov, n);
         if (r > 0) {
             uint64_t got = (uint64_t)r;
+            if (got < asked && !c->tc_hup_seen) {
+                c->tc_readable = false;
+            }
             if (got > want) {
                 c->tc_stash_off = 0;
                 c->tc_stash_len = (uint32_t)(got - want);
@@ -733,6 +741,9 @@ tcp_conn_fd_cb(tp_loop_fd *lfd, uint32_t events)
     tcp_conn *c = lfd->lf_arg;
     if (events & (TP_EV_READ | TP_EV_ERROR)) {
         c->tc_readable = true;
+    }
+    if (events & (TP_EV_HUP | TP_EV_ERROR)) {
+        c->tc_hup_seen = true;
     }
     if (events & (TP_EV_WRITE | TP_EV_ERROR)) {
         c->tc_writable = true;

@@ -13,12 +13,15 @@
 #include "core/loop.h"
 #include "tp_test.h"
 
+static int64_t test_spin_us; // TP_LOOP_SPIN_US for loops made here
+
 static tp_loop *
 make_loop(tp_io_backend be)
 {
     tp_config cfg;
     tp__config_defaults(&cfg);
     cfg.io_backend = be;
+    cfg.loop_spin_us = test_spin_us;
     tp_loop *l = NULL;
     tp_error *err = NULL;
     tp_status st = tp__loop_create(&cfg, "test", &l, &err);
@@ -402,6 +405,29 @@ idle_loop_no_cpu(void)
     tp__loop_destroy(b);
 }
 
+static double cpu_seconds(void);
+
+// With TP_LOOP_SPIN_US set the loop spins on its fds after activity, still
+// sees every event, and sleeps once idle.
+static void
+spinning_loop_sleeps_when_idle_one(tp_loop *l)
+{
+    fd_readiness_one(l);
+    usleep(20000);
+    double c0 = cpu_seconds();
+    usleep(300000);
+    double used = cpu_seconds() - c0;
+    TP_CHECKF(used < 0.03, "idle spinning loop used %.3f s CPU in 0.3 s",
+              used);
+}
+
+static void
+spinning_loop_sleeps_when_idle(void)
+{
+    test_spin_us = 500;
+    each_backend(spinning_loop_sleeps_when_idle_one);
+}
+
 static void
 backend_selection(void)
 {
@@ -540,6 +566,7 @@ static const tp_test_case cases[] = {
     TP_TEST_CASE(fd_readiness),
     TP_TEST_CASE(poller_spins_then_sleeps),
     TP_TEST_CASE(idle_loop_no_cpu),
+    TP_TEST_CASE(spinning_loop_sleeps_when_idle),
     TP_TEST_CASE(backend_selection),
     TP_TEST_CASE(aio_completion_rules),
 };
