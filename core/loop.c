@@ -516,8 +516,9 @@ loop_thread_main(void *arg)
             next_timer = loop_run_timers(l);
             loop_run_deferred(l);
         }
-        if (l->l_defer_head != NULL) {
-            continue;
+        if (l->l_defer_head != NULL ||
+            atomic_load_explicit(&l->l_stop, memory_order_acquire)) {
+            continue; // the spin may have run the stop task
         }
         uint64_t timeout = next_timer;
         if (!loop_prepare_sleep(l)) {

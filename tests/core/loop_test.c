@@ -428,6 +428,21 @@ spinning_loop_sleeps_when_idle(void)
     each_backend(spinning_loop_sleeps_when_idle_one);
 }
 
+// Destroying a loop that is still spinning after activity stops it (the
+// stop task runs inside the spin).
+static void
+spinning_loop_destroy_while_busy_one(tp_loop *l)
+{
+    posts_run_on_loop_in_order_one(l);
+}
+
+static void
+spinning_loop_destroy_while_busy(void)
+{
+    test_spin_us = 100000;
+    each_backend(spinning_loop_destroy_while_busy_one);
+}
+
 static void
 backend_selection(void)
 {
@@ -567,6 +582,7 @@ static const tp_test_case cases[] = {
     TP_TEST_CASE(poller_spins_then_sleeps),
     TP_TEST_CASE(idle_loop_no_cpu),
     TP_TEST_CASE(spinning_loop_sleeps_when_idle),
+    TP_TEST_CASE(spinning_loop_destroy_while_busy),
     TP_TEST_CASE(backend_selection),
     TP_TEST_CASE(aio_completion_rules),
 };
