@@ -177,8 +177,9 @@ static const config_entry config_table[] = {
     {
         .ce_name = "loop_spin_us",
         .ce_env = "TP_LOOP_SPIN_US",
-        .ce_def = "0",
-        .ce_doc = "microseconds a loop spins on all its fds before sleeping",
+        .ce_def = "50",
+        .ce_doc = "microseconds a loop keeps polling its fds after the last "
+                  "event before sleeping (0: sleep at once)",
         .ce_type = CONFIG_INT,
         CONFIG_FIELD(loop_spin_us),
         .ce_min = 0,

@@ -502,6 +502,9 @@ loop_thread_main(void *arg)
     snprintf(tname, sizeof(tname), "tp-%s", l->l_name);
     tp__thread_set_name(tname); // truncated to 15 bytes by the kernel
     loop_current = l;
+    if (l->l_be->thread_start != NULL) {
+        l->l_be->thread_start(l);
+    }
     for (;;) {
         loop_run_posted(l);
         loop_run_deferred(l);

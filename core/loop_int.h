@@ -9,6 +9,8 @@
 typedef struct tp_loop_backend {
     const char *name;
     tp_status (*init)(tp_loop *loop, tp_error **err_p);
+    // Optional: called first thing on the loop thread.
+    void (*thread_start)(tp_loop *loop);
     void (*fini)(tp_loop *loop);
     tp_status (*fd_add)(tp_loop *loop, tp_loop_fd *lfd, tp_error **err_p);
     void (*fd_remove)(tp_loop *loop, tp_loop_fd *lfd);

@@ -40,7 +40,7 @@ check_defaults(const tp_config *cfg)
     TP_CHECK_EQ(cfg->handshake_timeout_ms, 5000);
     TP_CHECK_EQ(cfg->shm_ring_size, 4 << 20);
     TP_CHECK_EQ(cfg->shm_spin_us, 50);
-    TP_CHECK_EQ(cfg->loop_spin_us, 0);
+    TP_CHECK_EQ(cfg->loop_spin_us, 50);
     TP_CHECK_EQ(cfg->pool_threads, 4);
 }
 
