@@ -18,7 +18,6 @@ static void aio_cancel_task(void *arg);
 static void aio_start_task(void *arg);
 static void aio_timer_cb(tp_timer *t, void *arg);
 
-
 void
 tp__aio_init(tp_aio *aio, tp_aio_cb cb, void *arg)
 {
@@ -145,8 +144,8 @@ aio_start_task(void *arg)
 }
 
 void
-tp__aio_submit(tp_aio *aio, tp_loop *loop, void (*start)(void *obj, tp_aio *aio),
-               void *obj)
+tp__aio_submit(tp_aio *aio, tp_loop *loop,
+               void (*start)(void *obj, tp_aio *aio), void *obj)
 {
     int st = atomic_load_explicit(&aio->a_state, memory_order_acquire);
     TP_ASSERT(st == TP_AIO_IDLE);
@@ -280,15 +279,14 @@ tp_aio_cancel(tp_aio *aio)
         aio_cancel_now(aio, TP_ECANCELED);
         return;
     }
-    atomic_store_explicit(&aio->a_cancel_gen,
-                          atomic_load_explicit(&aio->a_gen,
-                                               memory_order_acquire),
-                          memory_order_release);
+    atomic_store_explicit(
+        &aio->a_cancel_gen,
+        atomic_load_explicit(&aio->a_gen, memory_order_acquire),
+        memory_order_release);
     bool expected = false;
-    if (atomic_compare_exchange_strong_explicit(&aio->a_cancel_posted,
-                                                &expected, true,
-                                                memory_order_acq_rel,
-                                                memory_order_acquire)) {
+    if (atomic_compare_exchange_strong_explicit(
+            &aio->a_cancel_posted, &expected, true, memory_order_acq_rel,
+            memory_order_acquire)) {
         tp__loop_post(loop, &aio->a_cancel_task);
     }
 }

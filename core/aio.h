@@ -28,7 +28,7 @@
 #include "loop.h"
 
 #define TP_AIO_MAX_IOV 8
-#define TP_AIO_NOUT 2
+#define TP_AIO_NOUT    2
 
 // Called on the loop thread when an active aio is canceled (@reason is
 // TP_ECANCELED, TP_ETIMEDOUT or TP_ECLOSED). The provider must remove the
@@ -53,22 +53,22 @@ struct tp_aio {
     tp_aio_cancel_fn a_cancel_fn;
     void *a_cancel_arg;
     tp_timer a_timer;
-    tp_list_node a_node;     // for the provider's queue
-    void *a_prov_data[2];    // provider scratch (e.g. bytes done, iov idx)
+    tp_list_node a_node;  // for the provider's queue
+    void *a_prov_data[2]; // provider scratch (e.g. bytes done, iov idx)
     uint64_t a_prov_u64[2];
-    tp_task a_start_task;    // used by submit paths that post to a loop
-    tp_task a_done_task;     // deferred completion
-    tp_task a_cancel_task;   // cross-thread cancel
+    tp_task a_start_task;  // used by submit paths that post to a loop
+    tp_task a_done_task;   // deferred completion
+    tp_task a_cancel_task; // cross-thread cancel
     void (*a_start_fn)(void *obj, tp_aio *aio);
     void *a_start_obj;
     // state
-    _Atomic int a_state;     // TP_AIO_* below
+    _Atomic int a_state; // TP_AIO_* below
     _Atomic bool a_cancel_req;
     tp_mtx a_mtx;
     tp_cv a_cv;
-    int a_nwaiters;            // threads in tp_aio_wait (under a_mtx)
-    _Atomic int a_busy;        // submitted, callback not yet returned
-    _Atomic uint64_t a_gen;    // submission number
+    int a_nwaiters;         // threads in tp_aio_wait (under a_mtx)
+    _Atomic int a_busy;     // submitted, callback not yet returned
+    _Atomic uint64_t a_gen; // submission number
     _Atomic uint64_t a_cancel_gen;
     _Atomic bool a_cancel_posted;
 };
@@ -93,8 +93,7 @@ void tp__aio_submit(tp_aio *aio, tp_loop *loop,
 // Provider, loop thread. Marks @aio active and arms its timeout. Returns
 // false if a cancel was requested before it began; the aio has then been
 // finished with TP_ECANCELED and the provider must not touch it again.
-bool tp__aio_begin(tp_aio *aio, tp_loop *loop, tp_aio_cancel_fn fn,
-                   void *arg);
+bool tp__aio_begin(tp_aio *aio, tp_loop *loop, tp_aio_cancel_fn fn, void *arg);
 // Provider, loop thread: complete @aio. Takes @err (NULL = success). The
 // callback runs later from the loop's deferred queue.
 void tp__aio_finish(tp_aio *aio, tp_error *err, uint64_t count);

@@ -77,8 +77,8 @@ tp_error_unref(tp_error *err)
         if (atomic_load_explicit(&err->e_refs, memory_order_relaxed) < 0) {
             return;
         }
-        if (atomic_fetch_sub_explicit(&err->e_refs, 1,
-                                      memory_order_acq_rel) != 1) {
+        if (atomic_fetch_sub_explicit(&err->e_refs, 1, memory_order_acq_rel) !=
+            1) {
             return;
         }
         tp_error *cause = err->e_cause;
@@ -101,8 +101,8 @@ error_vnew(tp_status st, int errnum, const tp_error *cause, const char *suffix,
         return &error_nomem;
     }
     if (cause != NULL) {
-        err->e_msg = tp__asprintf("%s%s: %s", buf, suffix ? suffix : "",
-                                  cause->e_msg);
+        err->e_msg =
+            tp__asprintf("%s%s: %s", buf, suffix ? suffix : "", cause->e_msg);
     } else {
         err->e_msg = tp__asprintf("%s%s", buf, suffix ? suffix : "");
     }
@@ -118,8 +118,8 @@ error_vnew(tp_status st, int errnum, const tp_error *cause, const char *suffix,
 }
 
 tp_error *
-tp__error_new(tp_status st, int errnum, const tp_error *cause,
-              const char *fmt, ...)
+tp__error_new(tp_status st, int errnum, const tp_error *cause, const char *fmt,
+              ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -232,16 +232,19 @@ static const struct {
     int num;
     const char *name;
 } errno_names[] = {
-#define E(x) {x, #x}
-    E(EPERM),        E(ENOENT),        E(EINTR),        E(EIO),
-    E(EBADF),        E(EAGAIN),        E(ENOMEM),       E(EACCES),
-    E(EFAULT),       E(EBUSY),         E(EEXIST),       E(ENODEV),
-    E(EINVAL),       E(EMFILE),        E(ENFILE),       E(ENOSPC),
-    E(EPIPE),        E(ENOSYS),        E(EPROTO),       E(EMSGSIZE),
-    E(EOPNOTSUPP),   E(EAFNOSUPPORT),  E(EADDRINUSE),   E(EADDRNOTAVAIL),
-    E(ENETDOWN),     E(ENETUNREACH),   E(ECONNABORTED), E(ECONNRESET),
-    E(ENOBUFS),      E(ENOTCONN),      E(ESHUTDOWN),    E(ETIMEDOUT),
-    E(ECONNREFUSED), E(EHOSTDOWN),     E(EHOSTUNREACH), E(EINPROGRESS),
+#define E(x)                                                                   \
+    {                                                                          \
+        x, #x                                                                  \
+    }
+    E(EPERM),        E(ENOENT),       E(EINTR),        E(EIO),
+    E(EBADF),        E(EAGAIN),       E(ENOMEM),       E(EACCES),
+    E(EFAULT),       E(EBUSY),        E(EEXIST),       E(ENODEV),
+    E(EINVAL),       E(EMFILE),       E(ENFILE),       E(ENOSPC),
+    E(EPIPE),        E(ENOSYS),       E(EPROTO),       E(EMSGSIZE),
+    E(EOPNOTSUPP),   E(EAFNOSUPPORT), E(EADDRINUSE),   E(EADDRNOTAVAIL),
+    E(ENETDOWN),     E(ENETUNREACH),  E(ECONNABORTED), E(ECONNRESET),
+    E(ENOBUFS),      E(ENOTCONN),     E(ESHUTDOWN),    E(ETIMEDOUT),
+    E(ECONNREFUSED), E(EHOSTDOWN),    E(EHOSTUNREACH), E(EINPROGRESS),
     E(ECANCELED),
 #undef E
 };

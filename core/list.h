@@ -16,7 +16,7 @@ typedef struct tp_list {
     size_t l_offset;     // offset of the node inside an item
 } tp_list;
 
-#define TP_LIST_INIT(list, type, member)                                      \
+#define TP_LIST_INIT(list, type, member)                                       \
     tp__list_init_offset(list, offsetof(type, member))
 
 static inline void

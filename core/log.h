@@ -22,16 +22,16 @@ tp__log_enabled(tp_log_level level)
            (int)level;
 }
 
-#define TP_LOG_AT(level, id, ...)                                             \
-    do {                                                                      \
-        if (tp__log_enabled(level)) {                                         \
-            tp__log_emit(level, id, __VA_ARGS__);                             \
-        }                                                                     \
+#define TP_LOG_AT(level, id, ...)                                              \
+    do {                                                                       \
+        if (tp__log_enabled(level)) {                                          \
+            tp__log_emit(level, id, __VA_ARGS__);                              \
+        }                                                                      \
     } while (0)
 
 #define TP_LOG_ERROR(id, ...) TP_LOG_AT(TP_LOG_LEVEL_ERROR, id, __VA_ARGS__)
-#define TP_LOG_WARN(id, ...) TP_LOG_AT(TP_LOG_LEVEL_WARN, id, __VA_ARGS__)
-#define TP_LOG_INFO(id, ...) TP_LOG_AT(TP_LOG_LEVEL_INFO, id, __VA_ARGS__)
+#define TP_LOG_WARN(id, ...)  TP_LOG_AT(TP_LOG_LEVEL_WARN, id, __VA_ARGS__)
+#define TP_LOG_INFO(id, ...)  TP_LOG_AT(TP_LOG_LEVEL_INFO, id, __VA_ARGS__)
 #define TP_LOG_DEBUG(id, ...) TP_LOG_AT(TP_LOG_LEVEL_DEBUG, id, __VA_ARGS__)
 #define TP_LOG_TRACE(id, ...) TP_LOG_AT(TP_LOG_LEVEL_TRACE, id, __VA_ARGS__)
 

@@ -34,7 +34,7 @@ struct tp_loop {
     tp_loop_fd l_wake_lfd;
 
     // Loop-thread-only state.
-    tp_task *l_batch;    // posted tasks taken off the queue, not yet run
+    tp_task *l_batch; // posted tasks taken off the queue, not yet run
     tp_task *l_defer_head;
     tp_task *l_defer_tail;
     tp_timer **l_heap;
@@ -583,14 +583,13 @@ tp__loop_create(const tp_config *cfg, const char *name, tp_loop **loop_p,
     }
     tp_loop *l = tp__zalloc(sizeof(*l));
     if (l == NULL) {
-        return tp__error_set(err_p, TP_ENOMEM, "loop %s: out of memory",
-                             name);
+        return tp__error_set(err_p, TP_ENOMEM, "loop %s: out of memory", name);
     }
     tp_status st;
     l->l_be = be;
     l->l_cfg = *cfg;
-    l->l_spin_ns = (uint64_t)(cfg->loop_spin_us > 0 ? cfg->loop_spin_us : 0) *
-                   1000u;
+    l->l_spin_ns =
+        (uint64_t)(cfg->loop_spin_us > 0 ? cfg->loop_spin_us : 0) * 1000u;
     snprintf(l->l_name, sizeof(l->l_name), "%s", name);
     tp__mtx_init(&l->l_post_mtx);
     l->l_wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);

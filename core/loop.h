@@ -46,7 +46,7 @@ tp__task_init(tp_task *t, tp_task_fn fn, void *arg)
 }
 
 // Readiness bits.
-#define TP_EV_READ 0x1u
+#define TP_EV_READ  0x1u
 #define TP_EV_WRITE 0x2u
 #define TP_EV_ERROR 0x4u // error or hang-up; handlers then read to learn why
 // The peer shut down its side (or the fd hung up) at or before the time of

@@ -19,8 +19,8 @@
 #include "alloc.h"
 #include "loop_int.h"
 
-#define URING_ENTRIES 512
-#define URING_IGNORE UINT64_MAX
+#define URING_ENTRIES   512
+#define URING_IGNORE    UINT64_MAX
 #define URING_POLL_MASK (POLLIN | POLLOUT | POLLRDHUP | POLLERR | POLLHUP)
 
 typedef struct uring_slot {
@@ -54,7 +54,8 @@ uring_probe_run(void)
     }
     int efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     struct io_uring_probe *probe = io_uring_get_probe_ring(&ring);
-    if (probe == NULL || !io_uring_opcode_supported(probe, IORING_OP_POLL_ADD)) {
+    if (probe == NULL ||
+        !io_uring_opcode_supported(probe, IORING_OP_POLL_ADD)) {
         snprintf(uring_probe_why, sizeof(uring_probe_why),
                  "IORING_OP_POLL_ADD not supported");
         goto out;

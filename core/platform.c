@@ -11,8 +11,7 @@
 void
 tp__assert_fail(const char *expr, const char *file, int line)
 {
-    fprintf(stderr, "tpipe: assertion failed: %s (%s:%d)\n", expr, file,
-            line);
+    fprintf(stderr, "tpipe: assertion failed: %s (%s:%d)\n", expr, file, line);
     fflush(stderr);
     abort();
 }

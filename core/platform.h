@@ -12,21 +12,20 @@
 
 #include "tp_config.h"
 
-#define TP_UNUSED(x) ((void)(x))
+#define TP_UNUSED(x)    ((void)(x))
 #define TP_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
-#define TP_MIN(a, b) ((a) < (b) ? (a) : (b))
-#define TP_MAX(a, b) ((a) > (b) ? (a) : (b))
-#define TP_CONTAINER_OF(ptr, type, member)                                    \
+#define TP_MIN(a, b)    ((a) < (b) ? (a) : (b))
+#define TP_MAX(a, b)    ((a) > (b) ? (a) : (b))
+#define TP_CONTAINER_OF(ptr, type, member)                                     \
     ((type *)(void *)((char *)(ptr)-offsetof(type, member)))
-#define TP_LIKELY(x) __builtin_expect(!!(x), 1)
-#define TP_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define TP_LIKELY(x)    __builtin_expect(!!(x), 1)
+#define TP_UNLIKELY(x)  __builtin_expect(!!(x), 0)
 #define TP_PRINTF(f, a) __attribute__((format(printf, f, a)))
 
 // TP_ASSERT is for bugs in our own code only, never for peer input.
 void tp__assert_fail(const char *expr, const char *file, int line)
     __attribute__((noreturn));
-#define TP_ASSERT(e)                                                          \
-    ((e) ? (void)0 : tp__assert_fail(#e, __FILE__, __LINE__))
+#define TP_ASSERT(e) ((e) ? (void)0 : tp__assert_fail(#e, __FILE__, __LINE__))
 
 typedef struct tp_mtx {
     pthread_mutex_t m;

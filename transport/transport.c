@@ -34,8 +34,8 @@ tp__transport_create(const char *name, tp_loop *loop, const tp_config *cfg,
     char why[256] = "";
     if (!ops->is_viable(cfg, why, sizeof(why))) {
         return tp__error_set(err_p, TP_ENOTSUP,
-                             "transport %s: not viable on this host: %s",
-                             name, why);
+                             "transport %s: not viable on this host: %s", name,
+                             why);
     }
     tp_transport *t = tp__zalloc(sizeof(*t) + ops->ctx_size);
     if (t == NULL) {
@@ -74,12 +74,12 @@ tp__transport_destroy(tp_transport *t)
     uint64_t deadline = tp__now_ns() + 5000000000u;
     while (atomic_load_explicit(&t->t_nobjs, memory_order_acquire) > 0) {
         if (tp__now_ns() > deadline) {
-            TP_LOG_ERROR("TP-TRANSPORT-LEAK",
-                         "transport %s: destroyed with %d conns/listeners "
-                         "still referenced",
-                         t->t_ops->name,
-                         atomic_load_explicit(&t->t_nobjs,
-                                              memory_order_relaxed));
+            TP_LOG_ERROR(
+                "TP-TRANSPORT-LEAK",
+                "transport %s: destroyed with %d conns/listeners "
+                "still referenced",
+                t->t_ops->name,
+                atomic_load_explicit(&t->t_nobjs, memory_order_relaxed));
             TP_ASSERT(!"transport destroyed with live conns or listeners");
         }
         usleep(1000);
@@ -117,8 +117,8 @@ tp__transport_listen(tp_transport *t, const char *addr, tp_listener **l_p,
     tp_listener *l = tp__zalloc(t->t_ops->listener_size);
     if (l == NULL) {
         return tp__error_set(err_p, TP_ENOMEM,
-                             "%s: listen on %s: out of memory",
-                             t->t_ops->name, addr ? addr : "(default)");
+                             "%s: listen on %s: out of memory", t->t_ops->name,
+                             addr ? addr : "(default)");
     }
     tp__listener_init_base(l, t);
     tp_status st = t->t_ops->listen(t, l, addr, err_p);
@@ -206,8 +206,7 @@ transport_connect_start(void *obj, tp_aio *aio)
     aio->a_input[0] = NULL;
     if (addr == NULL) {
         if (tp__aio_begin(aio, t->t_loop, NULL, NULL)) {
-            tp__aio_finish_status(aio, TP_ENOMEM,
-                                  "%s: connect: out of memory",
+            tp__aio_finish_status(aio, TP_ENOMEM, "%s: connect: out of memory",
                                   t->t_ops->name);
         }
         return;

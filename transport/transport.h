@@ -39,7 +39,7 @@
 // hello): magic, version, flags. A listener that reads anything else
 // rejects that connection (TP_EPROTO) and keeps serving others.
 #define TP_HELLO_MAGIC "TPIPE\0\x01\x00" // 8 bytes
-#define TP_HELLO_LEN 16u
+#define TP_HELLO_LEN   16u
 
 typedef struct tp_transport tp_transport;
 typedef struct tp_listener tp_listener;
@@ -107,7 +107,7 @@ struct tp_listener {
     tp_transport *l_transport;
     char l_addr[256]; // bound address, e.g. "tcp://127.0.0.1:40123"
     _Atomic int l_refs;
-    bool l_closed;       // loop thread
+    bool l_closed; // loop thread
     tp_task l_free_task;
 };
 

@@ -13,12 +13,12 @@ extern "C" {
 
 /** tp_config_item - one tunable, as printed by `tpipe info --config`. */
 typedef struct tp_config_item {
-    const char *name;    /* "io_backend" */
-    const char *env;     /* "TP_IO_BACKEND" */
-    const char *def;     /* default, as text */
-    const char *doc;     /* one line */
-    const char *value;   /* effective value (environment applied) */
-    const char *source;  /* "default" or "env" */
+    const char *name;   /* "io_backend" */
+    const char *env;    /* "TP_IO_BACKEND" */
+    const char *def;    /* default, as text */
+    const char *doc;    /* one line */
+    const char *value;  /* effective value (environment applied) */
+    const char *source; /* "default" or "env" */
 } tp_config_item;
 
 typedef void (*tp_config_visit_fn)(const tp_config_item *item, void *arg);

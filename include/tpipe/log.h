@@ -23,8 +23,8 @@ typedef enum tp_log_level {
  * @msg the formatted, lowercase message without a trailing newline.
  * Called on whatever thread logs; must not call back into tpipe.
  */
-typedef void (*tp_log_fn)(tp_log_level level, const char *id,
-                          const char *msg, void *arg);
+typedef void (*tp_log_fn)(tp_log_level level, const char *id, const char *msg,
+                          void *arg);
 
 /**
  * tp_log_set_handler - install @fn as the log sink (NULL restores the

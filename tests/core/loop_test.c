@@ -186,8 +186,7 @@ timer_arm(void *arg)
     tc.start = tp__now_ns();
     for (int i = 0; i < 5; i++) {
         tp__timer_init(&tc.t[i], timer_cb, (void *)(intptr_t)i);
-        tp__timer_start(tc.l, &tc.t[i],
-                        tc.start + (uint64_t)ms[i] * 1000000u);
+        tp__timer_start(tc.l, &tc.t[i], tc.start + (uint64_t)ms[i] * 1000000u);
     }
     tp__timer_stop(tc.l, &tc.t[3]);
     TP_CHECK(!tp__timer_armed(&tc.t[3]));
@@ -245,9 +244,9 @@ fd_cb(tp_loop_fd *lfd, uint32_t ev)
 static void
 fd_add_task(void *arg)
 {
-    TP_CHECK_OK(tp__loop_fd_add(fc.l, &fc.lfd, fc.efd, TP_EV_READ, fd_cb,
-                                NULL, NULL),
-                NULL);
+    TP_CHECK_OK(
+        tp__loop_fd_add(fc.l, &fc.lfd, fc.efd, TP_EV_READ, fd_cb, NULL, NULL),
+        NULL);
 }
 
 static void
@@ -417,8 +416,7 @@ spinning_loop_sleeps_when_idle_one(tp_loop *l)
     double c0 = cpu_seconds();
     usleep(300000);
     double used = cpu_seconds() - c0;
-    TP_CHECKF(used < 0.03, "idle spinning loop used %.3f s CPU in 0.3 s",
-              used);
+    TP_CHECKF(used < 0.03, "idle spinning loop used %.3f s CPU in 0.3 s", used);
 }
 
 static void
@@ -463,7 +461,8 @@ backend_selection(void)
     }
 }
 
-// ---- aio completion rules ----------------------------------------------------
+// ---- aio completion rules
+// ----------------------------------------------------
 
 typedef struct dummy {
     tp_loop *l;
@@ -499,10 +498,9 @@ dummy_cancel(tp_aio *aio, void *arg, tp_status reason)
 {
     TP_CHECK(dm.pending == aio);
     dm.pending = NULL;
-    tp__aio_finish(aio,
-                   tp__error_new(reason, 0, NULL, "dummy: %s",
-                                 tp_status_name(reason)),
-                   0);
+    tp__aio_finish(
+        aio,
+        tp__error_new(reason, 0, NULL, "dummy: %s", tp_status_name(reason)), 0);
 }
 
 static void

@@ -22,15 +22,21 @@ typedef struct tp_test_case {
     int timeout_s; // 0 = default (30 s)
 } tp_test_case;
 
-#define TP_TEST_CASE(fn) {#fn, fn, 0}
-#define TP_TEST_CASE_T(fn, secs) {#fn, fn, secs}
+#define TP_TEST_CASE(fn)                                                       \
+    {                                                                          \
+#fn, fn, 0                                                             \
+    }
+#define TP_TEST_CASE_T(fn, secs)                                               \
+    {                                                                          \
+#fn, fn, secs                                                          \
+    }
 
 int tp_test_main(int argc, char **argv, const tp_test_case *cases, size_t n);
-#define TP_TEST_MAIN(cases)                                                   \
-    int main(int argc, char **argv)                                           \
-    {                                                                         \
-        return tp_test_main(argc, argv, cases,                                \
-                            sizeof(cases) / sizeof(cases[0]));                \
+#define TP_TEST_MAIN(cases)                                                    \
+    int main(int argc, char **argv)                                            \
+    {                                                                          \
+        return tp_test_main(argc, argv, cases,                                 \
+                            sizeof(cases) / sizeof(cases[0]));                 \
     }
 
 void tp_test_fail(const char *file, int line, const char *fmt, ...)
@@ -40,42 +46,43 @@ void tp_test_skip(const char *fmt, ...)
 // Scaled timeout in ms for waits inside a case.
 int64_t tp_test_ms(int64_t ms);
 
-#define TP_CHECK(c)                                                           \
-    do {                                                                      \
-        if (!(c)) {                                                           \
-            tp_test_fail(__FILE__, __LINE__, "check failed: %s", #c);         \
-        }                                                                     \
+#define TP_CHECK(c)                                                            \
+    do {                                                                       \
+        if (!(c)) {                                                            \
+            tp_test_fail(__FILE__, __LINE__, "check failed: %s", #c);          \
+        }                                                                      \
     } while (0)
-#define TP_CHECKF(c, ...)                                                     \
-    do {                                                                      \
-        if (!(c)) {                                                           \
-            tp_test_fail(__FILE__, __LINE__, __VA_ARGS__);                    \
-        }                                                                     \
+#define TP_CHECKF(c, ...)                                                      \
+    do {                                                                       \
+        if (!(c)) {                                                            \
+            tp_test_fail(__FILE__, __LINE__, __VA_ARGS__);                     \
+        }                                                                      \
     } while (0)
-#define TP_CHECK_EQ(a, b)                                                     \
-    do {                                                                      \
-        long long tp_a_ = (long long)(a), tp_b_ = (long long)(b);             \
-        if (tp_a_ != tp_b_) {                                                 \
-            tp_test_fail(__FILE__, __LINE__, "%s == %lld, expected %s == %lld", \
-                         #a, tp_a_, #b, tp_b_);                               \
-        }                                                                     \
+#define TP_CHECK_EQ(a, b)                                                      \
+    do {                                                                       \
+        long long tp_a_ = (long long)(a), tp_b_ = (long long)(b);              \
+        if (tp_a_ != tp_b_) {                                                  \
+            tp_test_fail(__FILE__, __LINE__,                                   \
+                         "%s == %lld, expected %s == %lld", #a, tp_a_, #b,     \
+                         tp_b_);                                               \
+        }                                                                      \
     } while (0)
 // Checks a tp_status is TP_OK; prints the error message if one is given.
-#define TP_CHECK_OK(st, err)                                                  \
-    do {                                                                      \
-        tp_status tp_s_ = (st);                                               \
-        if (tp_s_ != TP_OK) {                                                 \
-            tp_test_fail(__FILE__, __LINE__, "%s failed: %s: %s", #st,        \
-                         tp_status_name(tp_s_), tp_error_message(err));       \
-        }                                                                     \
+#define TP_CHECK_OK(st, err)                                                   \
+    do {                                                                       \
+        tp_status tp_s_ = (st);                                                \
+        if (tp_s_ != TP_OK) {                                                  \
+            tp_test_fail(__FILE__, __LINE__, "%s failed: %s: %s", #st,         \
+                         tp_status_name(tp_s_), tp_error_message(err));        \
+        }                                                                      \
     } while (0)
-#define TP_CHECK_STR_CONTAINS(hay, needle)                                    \
-    do {                                                                      \
-        const char *tp_h_ = (hay);                                            \
-        if (tp_h_ == NULL || strstr(tp_h_, (needle)) == NULL) {               \
+#define TP_CHECK_STR_CONTAINS(hay, needle)                                     \
+    do {                                                                       \
+        const char *tp_h_ = (hay);                                             \
+        if (tp_h_ == NULL || strstr(tp_h_, (needle)) == NULL) {                \
             tp_test_fail(__FILE__, __LINE__, "\"%s\" does not contain \"%s\"", \
-                         tp_h_ ? tp_h_ : "(null)", (needle));                 \
-        }                                                                     \
+                         tp_h_ ? tp_h_ : "(null)", (needle));                  \
+        }                                                                      \
     } while (0)
 
 #endif

@@ -27,7 +27,8 @@
 #include "tp_test.h"
 #include "transport/transport.h"
 
-// ---- fixture -----------------------------------------------------------------
+// ---- fixture
+// -----------------------------------------------------------------
 
 typedef struct fixture {
     tp_config cfg;
@@ -59,8 +60,8 @@ fx_init(fixture *fx)
     TP_CHECK_OK(tp__config_load(&fx->cfg, &err), err);
     fx->cfg.handshake_timeout_ms = 500;
     TP_CHECK_OK(tp__loop_create(&fx->cfg, "conf", &fx->loop, &err), err);
-    tp_status st = tp__transport_create(fx->name, fx->loop, &fx->cfg, &fx->t,
-                                        &err);
+    tp_status st =
+        tp__transport_create(fx->name, fx->loop, &fx->cfg, &fx->t, &err);
     if (st == TP_ENOTSUP) {
         tp_test_skip("%s", tp_error_message(err));
     }
@@ -226,7 +227,8 @@ connect_refused(void)
               tp_error_message(err));
     // The message names the address (without the scheme is fine).
     const char *hostport = strstr(addr, "://");
-    TP_CHECK_STR_CONTAINS(tp_error_message(err), hostport ? hostport + 3 : addr);
+    TP_CHECK_STR_CONTAINS(tp_error_message(err),
+                          hostport ? hostport + 3 : addr);
     // A malformed address is an argument error, not a crash.
     c = do_connect(&fx, "nonsense", &st, &err);
     TP_CHECK(c == NULL);
@@ -329,7 +331,7 @@ accept_connect_close_races(void)
 }
 
 // Many small writes in flight arrive in order.
-#define ORDER_N 20000
+#define ORDER_N      20000
 #define ORDER_WINDOW 64
 
 typedef struct order_state {
@@ -386,9 +388,9 @@ ordering_many_small_writes(void)
     os->c = c;
     atomic_init(&os->next, 0);
     for (int i = 0; i < ORDER_WINDOW; i++) {
-        TP_CHECK_OK(tp_aio_create(order_write_cb, (void *)(intptr_t)i,
-                                  &os->aios[i]),
-                    NULL);
+        TP_CHECK_OK(
+            tp_aio_create(order_write_cb, (void *)(intptr_t)i, &os->aios[i]),
+            NULL);
     }
     for (int i = 0; i < ORDER_WINDOW; i++) {
         order_submit(i);
@@ -427,9 +429,8 @@ reads_into_caller_buffers(void)
     fx_init(&fx);
     tp_conn *c, *s;
     fx_pair(&fx, &c, &s);
-    static const uint64_t sizes[] = {1,       7,       64,      4095,
-                                     4096,    65537,   1048579, 9000000,
-                                     33554432};
+    static const uint64_t sizes[] = {1,     7,       64,      4095,    4096,
+                                     65537, 1048579, 9000000, 33554432};
     for (size_t i = 0; i < TP_ARRAY_LEN(sizes); i++) {
         uint64_t n = sizes[i];
         uint8_t *out = malloc(n);
@@ -490,8 +491,8 @@ huge_length(void)
     uint8_t *in = mmap(NULL, n, PROT_READ | PROT_WRITE,
                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     TP_CHECK(out != MAP_FAILED && in != MAP_FAILED);
-    const uint64_t marks[] = {0, 1, (1ull << 32) - 1, 1ull << 32,
-                              (1ull << 32) + 1, n - 1};
+    const uint64_t marks[] = {
+        0, 1, (1ull << 32) - 1, 1ull << 32, (1ull << 32) + 1, n - 1};
     for (size_t i = 0; i < TP_ARRAY_LEN(marks); i++) {
         out[marks[i]] = (uint8_t)(0xA0 + i);
     }
@@ -525,7 +526,7 @@ huge_length(void)
 
 // Writes from several threads at once: each write arrives whole, and each
 // thread's writes arrive in its order.
-#define CW_THREADS 4
+#define CW_THREADS    4
 #define CW_PER_THREAD 400
 
 typedef struct cw_arg {
