@@ -174,6 +174,12 @@ ctest_plain() {
     ctest --test-dir build --output-on-failure -j2 -LE slow
 }
 
+# Tests labelled slow (the > 4 GiB transfers, 4 GiB of memory each): one
+# at a time, plain build only.
+ctest_slow() {
+    ctest --test-dir build --output-on-failure -j1 -L slow
+}
+
 ctest_asan() {
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
         UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
@@ -224,6 +230,11 @@ cmd_demo() {
         die "build failed"
     local tool=build/tools/tpipe
     [ -x "$tool" ] || die "$tool was not built (is tools/tpipe.c there?)"
+    # The demo: a two-process benchmark on the best local transport (shm
+    # when it works here, else tcp), every loop backend, 64 B to 64 MiB.
+    # Arguments replace the default (e.g. ./tp.sh demo --transport all).
+    [ $# -gt 0 ] || set -- --transport best
+    "$tool" info | sed -n '1,40p'
     say "== $tool bench transport $*"
     exec "$tool" bench transport "$@"
 }
@@ -233,6 +244,7 @@ cmd_test() {
 
     if run_stage "build (build/)" build_tree build "${PLAIN_OPTS[@]}"; then
         run_stage "ctest build/ -LE slow" ctest_plain || true
+        run_stage "ctest build/ -L slow" ctest_slow || true
     else
         skip_stage "ctest build/ -LE slow" "build failed"
     fi

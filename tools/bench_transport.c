@@ -79,7 +79,8 @@ bt_usage(FILE *f)
         "server's\n"
         "ack (1 GB = 1e9 B).\n"
         "\n"
-        "  --transport tcp|shm|all   transports (comma list; default all "
+        "  --transport tcp|shm|all|best  transports (comma list, all, or the "
+        "best viable one; default all "
         "viable)\n"
         "  --backend epoll|uring|all loop backends (comma list; default all "
         "viable)\n"
@@ -160,18 +161,23 @@ bt_parse_transports(const char *list, bt_opts *o)
     size_t n = 0;
     const tp_transport_ops *const *all = tp__transport_registry(&n);
     o->bo_ntransports = 0;
-    if (strcmp(list, "all") == 0) {
-        // Every viable transport, best first.
+    bool best = strcmp(list, "best") == 0;
+    if (best || strcmp(list, "all") == 0) {
+        // Every viable transport, best first (the registry's order), or
+        // only the first viable one.
         for (size_t i = 0; i < n && i < BT_MAX_TRANSPORTS; i++) {
             char why[256] = "";
             if (all[i]->is_viable(&o->bo_cfg, why, sizeof(why))) {
                 o->bo_transports[o->bo_ntransports++] = all[i]->name;
+                if (best) {
+                    break;
+                }
             } else if (o->bo_verbose || !o->bo_json) {
                 fprintf(stderr, "tpipe: skipping transport %s: %s\n",
                         all[i]->name, why);
             }
         }
-        return true;
+        return o->bo_ntransports > 0;
     }
     char buf[256];
     snprintf(buf, sizeof(buf), "%s", list);
