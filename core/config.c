@@ -154,7 +154,10 @@ static const config_entry config_table[] = {
     {
         .ce_name = "shm_ring_size",
         .ce_env = "TP_SHM_RING_SIZE",
-        .ce_def = "4M",
+        // 512K: small enough to stay in cache while both sides copy, which
+        // beats larger rings at every size (bench transport, shm stream:
+        // 7.5-7.9 GB/s at 64 MiB against 6.5-6.9 with 4M).
+        .ce_def = "512K",
         .ce_doc = "bytes of each shared-memory ring (a power of two)",
         .ce_type = CONFIG_SIZE,
         CONFIG_FIELD(shm_ring_size),

@@ -38,7 +38,7 @@ check_defaults(const tp_config *cfg)
     TP_CHECK_EQ(cfg->tcp_rcvbuf, 4 << 20);
     TP_CHECK_EQ(cfg->connect_timeout_ms, 10000);
     TP_CHECK_EQ(cfg->handshake_timeout_ms, 5000);
-    TP_CHECK_EQ(cfg->shm_ring_size, 4 << 20);
+    TP_CHECK_EQ(cfg->shm_ring_size, 512 << 10);
     TP_CHECK_EQ(cfg->shm_spin_us, 50);
     TP_CHECK_EQ(cfg->loop_spin_us, 50);
     TP_CHECK_EQ(cfg->pool_threads, 4);
@@ -344,7 +344,7 @@ test_first_error_returned(void)
     TP_CHECK_STR_CONTAINS(tp_error_message(err), "TP_LOG_LEVEL=chatty");
     tp_error_unref(err);
     TP_CHECK_EQ(cfg.log_level, 0);
-    TP_CHECK_EQ(cfg.shm_ring_size, 4 << 20);
+    TP_CHECK_EQ(cfg.shm_ring_size, 512 << 10);
     TP_CHECK_EQ(cfg.pool_threads, 2);
 
     // A NULL err_p is fine.
@@ -449,7 +449,7 @@ test_visit(void)
     const seen_item *ring = find_item(&log, "shm_ring_size");
     TP_CHECK(strcmp(ring->source, "env") == 0);
     TP_CHECK(strcmp(ring->value, "8M") == 0);
-    TP_CHECK(strcmp(ring->def, "4M") == 0);
+    TP_CHECK(strcmp(ring->def, "512K") == 0);
     const seen_item *io = find_item(&log, "io_backend");
     TP_CHECK(strcmp(io->source, "env") == 0);
     TP_CHECK(strcmp(io->value, "epoll") == 0);
@@ -487,7 +487,7 @@ test_visit_malformed(void)
     TP_CHECK(strcmp(ring->source, "env") == 0);
     TP_CHECK_STR_CONTAINS(ring->value, "3M");
     TP_CHECK_STR_CONTAINS(ring->value, "invalid");
-    TP_CHECK_STR_CONTAINS(ring->value, "4M");
+    TP_CHECK_STR_CONTAINS(ring->value, "512K");
     const seen_item *pool = find_item(&log, "pool_threads");
     TP_CHECK(strcmp(pool->source, "env") == 0);
     TP_CHECK(strcmp(pool->value, "8") == 0);
