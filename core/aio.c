@@ -37,6 +37,7 @@ tp__aio_init(tp_aio *aio, tp_aio_cb cb, void *arg)
     atomic_init(&aio->a_gen, 0);
     atomic_init(&aio->a_cancel_gen, 0);
     atomic_init(&aio->a_cancel_posted, false);
+    atomic_init(&aio->a_stopped, false);
 }
 
 void
@@ -45,6 +46,10 @@ tp__aio_fini(tp_aio *aio)
     if (aio == NULL) {
         return;
     }
+    // From now on a submission (e.g. a callback resubmitting after its
+    // cancel) completes at once with TP_ECLOSED, so a loop that resubmits
+    // until it sees TP_ECLOSED ends, and so does the wait below.
+    atomic_store_explicit(&aio->a_stopped, true, memory_order_release);
     tp_aio_cancel(aio);
     tp_aio_wait(aio);
     // A cross-thread cancel may still be queued on the loop even though
@@ -137,6 +142,16 @@ tp__aio_iov_total(const tp_aio *aio)
 }
 
 static void
+aio_stopped_start(void *obj, tp_aio *aio)
+{
+    if (tp__aio_begin(aio, aio->a_loop, NULL, NULL)) {
+        tp__aio_finish_status(aio, TP_ECLOSED,
+                              "operation submitted on an aio being "
+                              "destroyed");
+    }
+}
+
+static void
 aio_start_task(void *arg)
 {
     tp_aio *aio = arg;
@@ -159,6 +174,9 @@ tp__aio_submit(tp_aio *aio, tp_loop *loop,
     aio->a_output[0] = aio->a_output[1] = NULL;
     aio->a_prov_data[0] = aio->a_prov_data[1] = NULL;
     aio->a_prov_u64[0] = aio->a_prov_u64[1] = 0;
+    if (atomic_load_explicit(&aio->a_stopped, memory_order_acquire)) {
+        start = aio_stopped_start;
+    }
     aio->a_start_fn = start;
     aio->a_start_obj = obj;
     aio->a_cancel_fn = NULL;
@@ -189,9 +207,9 @@ tp__aio_begin(tp_aio *aio, tp_loop *loop, tp_aio_cancel_fn fn, void *arg)
     aio->a_cancel_fn = fn;
     aio->a_cancel_arg = arg;
     atomic_store_explicit(&aio->a_state, TP_AIO_ACTIVE, memory_order_release);
-    if (aio->a_timeout_ms > 0) {
-        tp__timer_start(loop, &aio->a_timer,
-                        tp__now_ns() + (uint64_t)aio->a_timeout_ms * 1000000u);
+    uint64_t deadline = tp__deadline_after_ms(aio->a_timeout_ms);
+    if (deadline != UINT64_MAX) {
+        tp__timer_start(loop, &aio->a_timer, deadline);
     }
     return true;
 }
@@ -250,18 +268,31 @@ aio_cancel_now(tp_aio *aio, tp_status reason)
     }
 }
 
+// Runs a cross-thread cancel on the loop. A cancel requested while this
+// task runs (it found the task already posted) sets a_cancel_again, and
+// the task goes round again, so no request is lost. a_cancel_posted is
+// cleared last, under a_mtx: tp__aio_fini waits for that before freeing.
 static void
 aio_cancel_task(void *arg)
 {
     tp_aio *aio = arg;
-    if (atomic_load_explicit(&aio->a_cancel_gen, memory_order_acquire) ==
-        atomic_load_explicit(&aio->a_gen, memory_order_acquire)) {
-        aio_cancel_now(aio, TP_ECANCELED);
+    for (;;) {
+        if (atomic_load_explicit(&aio->a_cancel_gen, memory_order_acquire) ==
+            atomic_load_explicit(&aio->a_gen, memory_order_acquire)) {
+            aio_cancel_now(aio, TP_ECANCELED);
+        }
+        tp__mtx_lock(&aio->a_mtx);
+        if (aio->a_cancel_again) {
+            aio->a_cancel_again = false;
+            tp__mtx_unlock(&aio->a_mtx);
+            continue;
+        }
+        atomic_store_explicit(&aio->a_cancel_posted, false,
+                              memory_order_release);
+        tp__cv_broadcast(&aio->a_cv);
+        tp__mtx_unlock(&aio->a_mtx);
+        return;
     }
-    tp__mtx_lock(&aio->a_mtx);
-    atomic_store_explicit(&aio->a_cancel_posted, false, memory_order_seq_cst);
-    tp__cv_broadcast(&aio->a_cv);
-    tp__mtx_unlock(&aio->a_mtx);
 }
 
 void
@@ -283,10 +314,17 @@ tp_aio_cancel(tp_aio *aio)
         &aio->a_cancel_gen,
         atomic_load_explicit(&aio->a_gen, memory_order_acquire),
         memory_order_release);
-    bool expected = false;
-    if (atomic_compare_exchange_strong_explicit(
-            &aio->a_cancel_posted, &expected, true, memory_order_acq_rel,
-            memory_order_acquire)) {
+    tp__mtx_lock(&aio->a_mtx);
+    bool post = !atomic_load_explicit(&aio->a_cancel_posted,
+                                      memory_order_relaxed);
+    if (post) {
+        atomic_store_explicit(&aio->a_cancel_posted, true,
+                              memory_order_relaxed);
+    } else {
+        aio->a_cancel_again = true;
+    }
+    tp__mtx_unlock(&aio->a_mtx);
+    if (post) {
         tp__loop_post(loop, &aio->a_cancel_task);
     }
 }

@@ -175,6 +175,18 @@ tp__timer_start(tp_loop *l, tp_timer *t, uint64_t deadline_ns)
     heap_up(l, t->tm_index);
 }
 
+// ns until the earliest timer is due (0 if due, UINT64_MAX if none).
+static uint64_t
+loop_next_timeout(const tp_loop *l)
+{
+    if (l->l_heap_len == 0) {
+        return UINT64_MAX;
+    }
+    uint64_t now = tp__now_ns();
+    uint64_t due = l->l_heap[0]->tm_deadline_ns;
+    return due > now ? due - now : 0;
+}
+
 // Fires due timers; returns ns until the next one (UINT64_MAX if none).
 static uint64_t
 loop_run_timers(tp_loop *l)
@@ -508,7 +520,7 @@ loop_thread_main(void *arg)
     for (;;) {
         loop_run_posted(l);
         loop_run_deferred(l);
-        uint64_t next_timer = loop_run_timers(l);
+        loop_run_timers(l);
         loop_run_deferred(l);
         if (atomic_load_explicit(&l->l_stop, memory_order_acquire) &&
             !atomic_load_explicit(&l->l_post_pending, memory_order_acquire)) {
@@ -516,14 +528,19 @@ loop_thread_main(void *arg)
         }
         if (l->l_pollers != NULL || l->l_spin_ns > 0) {
             loop_spin(l);
-            next_timer = loop_run_timers(l);
+            loop_run_timers(l);
             loop_run_deferred(l);
         }
         if (l->l_defer_head != NULL ||
             atomic_load_explicit(&l->l_stop, memory_order_acquire)) {
             continue; // the spin may have run the stop task
         }
-        uint64_t timeout = next_timer;
+        // The deadline is read here, after the last callbacks ran: one of
+        // them may have armed a timer (an op resubmitted with a timeout).
+        uint64_t timeout = loop_next_timeout(l);
+        if (timeout == 0) {
+            continue;
+        }
         if (!loop_prepare_sleep(l)) {
             timeout = 0;
         }
@@ -599,14 +616,16 @@ tp__loop_create(const tp_config *cfg, const char *name, tp_loop **loop_p,
     }
     st = be->init(l, err_p);
     if (st != TP_OK) {
+        tp__error_wrap(err_p, st, "loop %s", name);
         goto fail_backend;
     }
     // The wake fd is registered before the thread starts; fd_add asserts
     // the loop thread, so pretend to be it for this one call.
+    tp_loop *prev = loop_current;
     loop_current = l;
     st = tp__loop_fd_add(l, &l->l_wake_lfd, l->l_wake_fd, TP_EV_READ,
                          loop_wake_cb, l, err_p);
-    loop_current = NULL;
+    loop_current = prev;
     if (st != TP_OK) {
         goto fail_wake;
     }

@@ -39,6 +39,20 @@ typedef struct uring_state {
 
 static pthread_once_t uring_probe_once = PTHREAD_ONCE_INIT;
 static bool uring_probe_ok;
+static bool uring_defer_ok; // SINGLE_ISSUER|DEFER_TASKRUN|R_DISABLED work
+
+#define URING_DEFER_FLAGS                                                     \
+    (IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN |                \
+     IORING_SETUP_R_DISABLED)
+
+static long
+uring_enable(int ring_fd)
+{
+    // io_uring_enable_rings() is declared by liburing 2.3 but not
+    // exported by its shared library: call the syscall.
+    return syscall(__NR_io_uring_register, ring_fd,
+                   IORING_REGISTER_ENABLE_RINGS, NULL, 0);
+}
 static char uring_probe_why[200];
 
 static void
@@ -86,6 +100,14 @@ uring_probe_run(void)
         goto out;
     }
     uring_probe_ok = true;
+    // The preferred ring set-up (see uring_init): created disabled, then
+    // enabled by its one issuer. Kernels before 6.1, or filters that block
+    // io_uring_register, refuse it: then a plain ring.
+    struct io_uring dring;
+    if (io_uring_queue_init(4, &dring, URING_DEFER_FLAGS) == 0) {
+        uring_defer_ok = uring_enable(dring.ring_fd) == 0;
+        io_uring_queue_exit(&dring);
+    }
 out:
     if (probe != NULL) {
         io_uring_free_probe(probe);
@@ -119,13 +141,14 @@ uring_init(tp_loop *loop, tp_error **err_p)
     // The ring starts disabled and is enabled on the loop thread
     // (uring_thread_start), which makes that thread its issuer. Older
     // kernels reject the flags: then a plain ring.
-    int rv = io_uring_queue_init(URING_ENTRIES, &s->ur_ring,
-                                 IORING_SETUP_SINGLE_ISSUER |
-                                     IORING_SETUP_DEFER_TASKRUN |
-                                     IORING_SETUP_R_DISABLED);
-    if (rv == 0) {
-        s->ur_disabled = true;
-    } else {
+    int rv = -EINVAL;
+    tp__loop_uring_probe(NULL, 0);
+    if (uring_defer_ok) {
+        rv = io_uring_queue_init(URING_ENTRIES, &s->ur_ring,
+                                 URING_DEFER_FLAGS);
+        s->ur_disabled = rv == 0;
+    }
+    if (rv != 0) {
         rv = io_uring_queue_init(URING_ENTRIES, &s->ur_ring, 0);
     }
     if (rv < 0) {
@@ -142,10 +165,9 @@ uring_thread_start(tp_loop *loop)
 {
     uring_state *s = tp__loop_backend_state(loop);
     if (s->ur_disabled) {
-        // io_uring_enable_rings() is declared by liburing 2.3 but not
-        // exported by its shared library: call the syscall.
-        long rv = syscall(__NR_io_uring_register, s->ur_ring.ring_fd,
-                          IORING_REGISTER_ENABLE_RINGS, NULL, 0);
+        // The probe enabled a ring the same way, so this cannot fail
+        // unless the process changed its seccomp filter since.
+        long rv = uring_enable(s->ur_ring.ring_fd);
         TP_ASSERT(rv == 0);
         s->ur_disabled = false;
     }

@@ -60,7 +60,8 @@ tp__now_ns(void)
 static inline uint64_t
 tp__deadline_after_ms(int64_t timeout_ms)
 {
-    if (timeout_ms <= 0) {
+    // Saturates: a timeout too long to represent means none.
+    if (timeout_ms <= 0 || (uint64_t)timeout_ms > UINT64_MAX / 2000000u) {
         return UINT64_MAX;
     }
     return tp__now_ns() + (uint64_t)timeout_ms * 1000000u;

@@ -31,8 +31,9 @@ typedef struct tp_iov {
 TP_API tp_status tp_aio_create(tp_aio_cb cb, void *arg, tp_aio **aio_p);
 /**
  * tp_aio_destroy - cancel any operation in flight, wait until its callback
- * has run, and free. NULL is fine. Must not be called from @aio's own
- * callback.
+ * has run, and free. Operations submitted meanwhile (by the callback)
+ * complete at once with TP_ECLOSED. NULL is fine. Must not be called from
+ * @aio's own callback.
  */
 TP_API void tp_aio_destroy(tp_aio *aio);
 /** tp_aio_set_timeout - deadline for the next operations; 0 = none. */

@@ -217,6 +217,53 @@ timers_fire_in_order(void)
     each_backend(timers_fire_in_order_one);
 }
 
+// A timer armed by a deferred callback (as when a completion callback
+// resubmits an operation with a timeout) fires even though the loop had
+// computed its sleep before the callback ran.
+static tp_task tl_outer, tl_inner;
+static tp_timer tl_timer;
+static _Atomic int tl_fired;
+static tp_loop *tl_loop;
+
+static void
+tl_timer_cb(tp_timer *t, void *arg)
+{
+    atomic_store(&tl_fired, 1);
+}
+
+static void
+tl_inner_fn(void *arg)
+{
+    tp__timer_init(&tl_timer, tl_timer_cb, NULL);
+    tp__timer_start(tl_loop, &tl_timer, tp__now_ns() + 30000000u);
+}
+
+static void
+tl_outer_fn(void *arg)
+{
+    tp__task_init(&tl_inner, tl_inner_fn, NULL);
+    tp__loop_defer(tl_loop, &tl_inner);
+}
+
+static void
+timer_armed_by_callback_fires_one(tp_loop *l)
+{
+    tl_loop = l;
+    atomic_store(&tl_fired, 0);
+    tp__task_init(&tl_outer, tl_outer_fn, NULL);
+    tp__loop_post(l, &tl_outer);
+    wait_until(&tl_fired, 1, 2000);
+}
+
+static void
+timer_armed_by_callback_fires(void)
+{
+    test_spin_us = 0;
+    each_backend(timer_armed_by_callback_fires_one);
+    test_spin_us = 50;
+    each_backend(timer_armed_by_callback_fires_one);
+}
+
 // ---- fds -------------------------------------------------------------------
 
 typedef struct fd_ctx {
@@ -572,10 +619,46 @@ aio_completion_rules(void)
     each_backend(aio_rules_one);
 }
 
+// Destroying an aio whose callback resubmits it after every completion
+// but TP_ECLOSED (a read loop that also retries after a cancel) still
+// returns: once destruction began, submissions complete at once with
+// TP_ECLOSED.
+static tp_aio *rs_aio;
+static _Atomic int rs_calls;
+
+static void
+rs_cb(void *arg)
+{
+    atomic_fetch_add(&rs_calls, 1);
+    if (tp_aio_status(rs_aio) != TP_ECLOSED) {
+        tp__aio_submit(rs_aio, dm.l, dummy_start, NULL);
+    }
+}
+
+static void
+aio_destroy_while_resubmitting_one(tp_loop *l)
+{
+    memset(&dm, 0, sizeof(dm));
+    dm.l = l;
+    atomic_store(&rs_calls, 0);
+    TP_CHECK_OK(tp_aio_create(rs_cb, NULL, &rs_aio), NULL);
+    tp__aio_submit(rs_aio, l, dummy_start, NULL);
+    usleep(5000);
+    tp_aio_destroy(rs_aio); // the harness deadline catches a hang
+    TP_CHECK(atomic_load(&rs_calls) >= 1);
+}
+
+static void
+aio_destroy_while_resubmitting(void)
+{
+    each_backend(aio_destroy_while_resubmitting_one);
+}
+
 static const tp_test_case cases[] = {
     TP_TEST_CASE(posts_run_on_loop_in_order),
     TP_TEST_CASE(defer_runs_after_handler),
     TP_TEST_CASE(timers_fire_in_order),
+    TP_TEST_CASE(timer_armed_by_callback_fires),
     TP_TEST_CASE(fd_readiness),
     TP_TEST_CASE(poller_spins_then_sleeps),
     TP_TEST_CASE(idle_loop_no_cpu),
@@ -583,6 +666,7 @@ static const tp_test_case cases[] = {
     TP_TEST_CASE(spinning_loop_destroy_while_busy),
     TP_TEST_CASE(backend_selection),
     TP_TEST_CASE(aio_completion_rules),
+    TP_TEST_CASE_T(aio_destroy_while_resubmitting, 10),
 };
 
 TP_TEST_MAIN(cases)
