@@ -315,8 +315,8 @@ tp_aio_cancel(tp_aio *aio)
         atomic_load_explicit(&aio->a_gen, memory_order_acquire),
         memory_order_release);
     tp__mtx_lock(&aio->a_mtx);
-    bool post = !atomic_load_explicit(&aio->a_cancel_posted,
-                                      memory_order_relaxed);
+    bool post =
+        !atomic_load_explicit(&aio->a_cancel_posted, memory_order_relaxed);
     if (post) {
         atomic_store_explicit(&aio->a_cancel_posted, true,
                               memory_order_relaxed);

@@ -71,8 +71,8 @@ struct tp_aio {
     _Atomic uint64_t a_gen; // submission number
     _Atomic uint64_t a_cancel_gen;
     _Atomic bool a_cancel_posted;
-    bool a_cancel_again;       // a cancel arrived while one ran (a_mtx)
-    _Atomic bool a_stopped;    // being destroyed: submissions fail at once
+    bool a_cancel_again;    // a cancel arrived while one ran (a_mtx)
+    _Atomic bool a_stopped; // being destroyed: submissions fail at once
 };
 
 enum {

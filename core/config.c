@@ -132,6 +132,18 @@ static const config_entry config_table[] = {
         .ce_max = CONFIG_GIB,
     },
     {
+        .ce_name = "tcp_user_timeout_ms",
+        .ce_env = "TP_TCP_USER_TIMEOUT_MS",
+        .ce_def = "30000",
+        .ce_doc = "a tcp connection whose peer stops acknowledging (host "
+                  "gone, cable cut) fails after this long: TCP_USER_TIMEOUT "
+                  "and keepalive probes (0: kernel defaults, ~15 min)",
+        .ce_type = CONFIG_MS,
+        CONFIG_FIELD(tcp_user_timeout_ms),
+        .ce_min = 0,
+        .ce_max = CONFIG_DAY_MS,
+    },
+    {
         .ce_name = "connect_timeout_ms",
         .ce_env = "TP_CONNECT_TIMEOUT_MS",
         .ce_def = "10000",

@@ -25,6 +25,7 @@ typedef struct tp_config {
     char socket_addr[128];        // TP_SOCKET_ADDR ("" = from interface)
     int64_t tcp_sndbuf;           // TP_TCP_SNDBUF bytes, 0 = kernel default
     int64_t tcp_rcvbuf;           // TP_TCP_RCVBUF
+    int64_t tcp_user_timeout_ms;  // TP_TCP_USER_TIMEOUT_MS, 0 = kernel's
     int64_t connect_timeout_ms;   // TP_CONNECT_TIMEOUT_MS
     int64_t handshake_timeout_ms; // TP_HANDSHAKE_TIMEOUT_MS
     int64_t shm_ring_size;        // TP_SHM_RING_SIZE bytes, power of two

@@ -41,8 +41,8 @@ static pthread_once_t uring_probe_once = PTHREAD_ONCE_INIT;
 static bool uring_probe_ok;
 static bool uring_defer_ok; // SINGLE_ISSUER|DEFER_TASKRUN|R_DISABLED work
 
-#define URING_DEFER_FLAGS                                                     \
-    (IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN |                \
+#define URING_DEFER_FLAGS                                                      \
+    (IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN |                 \
      IORING_SETUP_R_DISABLED)
 
 static long
@@ -144,8 +144,7 @@ uring_init(tp_loop *loop, tp_error **err_p)
     int rv = -EINVAL;
     tp__loop_uring_probe(NULL, 0);
     if (uring_defer_ok) {
-        rv = io_uring_queue_init(URING_ENTRIES, &s->ur_ring,
-                                 URING_DEFER_FLAGS);
+        rv = io_uring_queue_init(URING_ENTRIES, &s->ur_ring, URING_DEFER_FLAGS);
         s->ur_disabled = rv == 0;
     }
     if (rv != 0) {

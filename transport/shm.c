@@ -127,6 +127,7 @@ struct shm_listener {
     size_t l_nhs;
     size_t l_nready;
     bool l_serving; // in shm_listener_serve (it may be re-entered)
+    tp_task l_start_task;
 };
 
 static _Atomic unsigned shm_name_counter;
@@ -572,9 +573,11 @@ shm_conn_fail(shm_conn *c, tp_error *err, bool drain)
                      "shm: dropping a connection that died before it was "
                      "accepted: %s",
                      tp_error_message(err));
+        shm_listener *l = c->c_listener;
         shm_listener_unlink(c);
         shm_conn_close(&c->c_base);
         tp__conn_unref(&c->c_base);
+        shm_listener_serve(l); // there is room for another one now
     }
 }
 
@@ -1507,6 +1510,38 @@ shm_accept_cancel(tp_aio *aio, void *arg, tp_status reason)
     }
 }
 
+// Registers the listening socket with the loop (listen() may not touch
+// the loop, so it posts this): from then on connections are handshaken as
+// they arrive, whether or not an accept is pending, so a connector does
+// not wait on the server's first accept.
+static tp_status
+shm_listener_start(shm_listener *l, tp_error **err_p)
+{
+    tp_transport *t = l->l_base.l_transport;
+    if (l->l_lfd.lf_active || l->l_fd < 0) {
+        return TP_OK;
+    }
+    if (tp__loop_fd_add(t->t_loop, &l->l_lfd, l->l_fd, TP_EV_READ,
+                        shm_listen_cb, l, err_p) != TP_OK) {
+        return tp__error_wrap(err_p, TP_EINTERNAL, "shm: listen on %s",
+                              l->l_base.l_addr);
+    }
+    shm_listener_serve(l);
+    return TP_OK;
+}
+
+static void
+shm_listener_start_task(void *arg)
+{
+    shm_listener *l = arg;
+    tp_error *err = NULL;
+    if (shm_listener_start(l, &err) != TP_OK) {
+        // The first accept tries again and reports it.
+        TP_LOG_WARN("TP-SHM-LISTEN", "%s", tp_error_message(err));
+        tp_error_unref(err);
+    }
+}
+
 static void
 shm_accept(tp_listener *base, tp_aio *aio)
 {
@@ -1515,16 +1550,10 @@ shm_accept(tp_listener *base, tp_aio *aio)
     if (!tp__aio_begin(aio, t->t_loop, shm_accept_cancel, l)) {
         return;
     }
-    if (!l->l_lfd.lf_active) {
-        // Registered on the first accept: listen() may not touch the loop.
-        tp_error *err = NULL;
-        if (tp__loop_fd_add(t->t_loop, &l->l_lfd, l->l_fd, TP_EV_READ,
-                            shm_listen_cb, l, &err) != TP_OK) {
-            tp__error_wrap(&err, TP_EINTERNAL, "shm: accept on %s",
-                           base->l_addr);
-            tp__aio_finish(aio, err, 0);
-            return;
-        }
+    tp_error *err = NULL;
+    if (shm_listener_start(l, &err) != TP_OK) {
+        tp__aio_finish(aio, err, 0);
+        return;
     }
     tp__list_append(&l->l_acceptq, aio);
     shm_listener_serve(l);
@@ -1605,6 +1634,10 @@ shm_listen(tp_transport *t, tp_listener *base, const char *addr,
     TP_LIST_INIT(&l->l_acceptq, tp_aio, a_node);
     TP_LIST_INIT(&l->l_hs, shm_conn, c_lnode);
     TP_LIST_INIT(&l->l_ready, shm_conn, c_lnode);
+    // Posted before anything the caller can post for this listener (its
+    // destroy included), so it runs first.
+    tp__task_init(&l->l_start_task, shm_listener_start_task, l);
+    tp__loop_post(t->t_loop, &l->l_start_task);
     return TP_OK;
 }
 

@@ -175,6 +175,32 @@ tcp_set_nodelay(int fd)
     }
 }
 
+// Fail fast when the peer host vanishes without a FIN or RST: keepalive
+// probes find an idle dead peer, TCP_USER_TIMEOUT bounds unacknowledged
+// data, both within cfg->tcp_user_timeout_ms (DESIGN: nothing waits for a
+// 15-minute kernel timeout).
+static void
+tcp_set_liveness(int fd, const tp_config *cfg)
+{
+    if (cfg->tcp_user_timeout_ms <= 0) {
+        return;
+    }
+    int ms = (int)TP_MIN(cfg->tcp_user_timeout_ms, (int64_t)INT32_MAX);
+    int one = 1, cnt = 3;
+    int idle = TP_MAX(1, ms / 3000), intvl = TP_MAX(1, ms / 6000);
+    if (setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof(ms)) != 0 ||
+        setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one)) != 0 ||
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle)) != 0 ||
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl)) !=
+            0 ||
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt)) != 0) {
+        TP_LOG_DEBUG("TP-TCP-SOCKOPT",
+                     "tcp: setsockopt keepalive/user "
+                     "timeout: %s",
+                     strerror(errno));
+    }
+}
+
 static void
 tcp_format_local(int fd, char *buf, size_t len)
 {
@@ -811,6 +837,82 @@ tcp_connect_cancel(tp_aio *aio, void *arg, tp_status reason)
     tcp_setup_fail(c, err);
 }
 
+static void tcp_connect_to(tcp_conn *c, const tp_sockaddr *sa);
+
+// A host name is resolved on a short-lived thread of its own (getaddrinfo
+// blocks, and the loop thread never blocks); the result is posted back to
+// the loop. The resolver holds a reference on the conn; if the connect was
+// canceled or timed out meanwhile, the result is dropped.
+typedef struct tcp_resolve {
+    tcp_conn *r_conn;
+    tp_task r_task;
+    tp_sockaddr r_sa;
+    tp_error *r_err;
+    char r_addr[];
+} tcp_resolve;
+
+static void
+tcp_resolve_done(void *arg)
+{
+    tcp_resolve *r = arg;
+    tcp_conn *c = r->r_conn;
+    if (c->tc_connect_aio != NULL && c->tc_state == TCP_IDLE) {
+        if (r->r_err != NULL) {
+            tcp_setup_fail(c, r->r_err);
+        } else {
+            tcp_connect_to(c, &r->r_sa);
+        }
+    } else {
+        tp_error_unref(r->r_err);
+    }
+    tp__conn_unref(&c->tc_base);
+    tp__free(r);
+}
+
+static void *
+tcp_resolve_thread(void *arg)
+{
+    tcp_resolve *r = arg;
+    tp__thread_set_name("tp-resolve");
+    if (tp__sockaddr_parse(r->r_addr, TP_SOCKADDR_RESOLVE, &r->r_sa,
+                           &r->r_err) != TP_OK &&
+        r->r_err == NULL) {
+        r->r_err =
+            tp__error_new(TP_EINVAL, 0, NULL,
+                          "tcp: connect to %s: cannot resolve", r->r_addr);
+    }
+    tp__loop_post(r->r_conn->tc_loop, &r->r_task);
+    return NULL;
+}
+
+static void
+tcp_connect_resolve(tcp_conn *c, const char *addr)
+{
+    size_t n = strlen(addr) + 1;
+    tcp_resolve *r = tp__zalloc(sizeof(*r) + n);
+    if (r == NULL) {
+        tcp_setup_fail(c, tp__error_new(TP_ENOMEM, 0, NULL,
+                                        "tcp: connect to %s: out of memory",
+                                        addr));
+        return;
+    }
+    memcpy(r->r_addr, addr, n);
+    r->r_conn = c;
+    tp__task_init(&r->r_task, tcp_resolve_done, r);
+    tp__conn_ref(&c->tc_base);
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_t th;
+    int rv = pthread_create(&th, &attr, tcp_resolve_thread, r);
+    pthread_attr_destroy(&attr);
+    if (rv != 0) {
+        tp__conn_unref(&c->tc_base);
+        tp__free(r);
+        tcp_setup_fail_errno(c, rv, ": starting the name resolver thread");
+    }
+}
+
 static void
 tcp_connect(tp_transport *t, const char *addr, tp_aio *aio)
 {
@@ -828,16 +930,32 @@ tcp_connect(tp_transport *t, const char *addr, tp_aio *aio)
     }
     c->tc_connect_aio = aio;
     snprintf(c->tc_base.c_peer, sizeof(c->tc_base.c_peer), "%s", addr);
+    // The aio's own timeout, if it has one, is armed by tp__aio_begin and
+    // reaches tcp_connect_cancel; otherwise the configured default applies,
+    // name resolution included.
+    if (aio->a_timeout_ms <= 0 && t->t_cfg.connect_timeout_ms > 0) {
+        c->tc_timer_ms = t->t_cfg.connect_timeout_ms;
+        tp__timer_start(c->tc_loop, &c->tc_timer,
+                        tp__deadline_after_ms(c->tc_timer_ms));
+    }
 
-    // Numeric addresses are parsed in place; a host name is resolved with
-    // getaddrinfo, which blocks this loop thread for the lookup (documented
-    // in docs/transport-tcp.md: use numeric addresses where that matters).
+    // Numeric addresses are parsed here; anything else (a host name, or
+    // a malformed address, which the resolver then reports) is resolved
+    // off the loop thread.
     tp_sockaddr sa;
-    tp_error *err = NULL;
-    if (tp__sockaddr_parse(addr, TP_SOCKADDR_RESOLVE, &sa, &err) != TP_OK) {
-        tcp_setup_fail(c, err);
+    if (tp__sockaddr_parse(addr, 0, &sa, NULL) != TP_OK) {
+        tcp_connect_resolve(c, addr);
         return;
     }
+    tcp_connect_to(c, &sa);
+}
+
+static void
+tcp_connect_to(tcp_conn *c, const tp_sockaddr *sa_in)
+{
+    tp_transport *t = c->tc_base.c_transport;
+    tp_sockaddr sa = *sa_in;
+    tp_error *err = NULL;
     tp__sockaddr_format(&sa, c->tc_base.c_peer, sizeof(c->tc_base.c_peer));
 
     int fd = socket(sa.u.sa.sa_family,
@@ -848,6 +966,7 @@ tcp_connect(tp_transport *t, const char *addr, tp_aio *aio)
     }
     c->tc_fd = fd;
     tcp_set_nodelay(fd);
+    tcp_set_liveness(fd, &t->t_cfg);
     // Buffer sizes before connect(), so the window scale is negotiated
     // for them.
     tcp_set_bufs(fd, &t->t_cfg);
@@ -869,14 +988,6 @@ tcp_connect(tp_transport *t, const char *addr, tp_aio *aio)
                                      "tcp: connect to %s", c->tc_base.c_peer));
         tp_error_unref(err);
         return;
-    }
-    // The aio's own timeout, if it has one, is armed by tp__aio_begin and
-    // reaches tcp_connect_cancel; otherwise the configured default applies.
-    if (aio->a_timeout_ms <= 0 && t->t_cfg.connect_timeout_ms > 0) {
-        c->tc_timer_ms = t->t_cfg.connect_timeout_ms;
-        tp__timer_start(c->tc_loop, &c->tc_timer,
-                        tp__now_ns() +
-                            (uint64_t)c->tc_timer_ms * UINT64_C(1000000));
     }
     if (c->tc_state == TCP_HELLO) {
         tcp_format_local(fd, c->tc_base.c_local, sizeof(c->tc_base.c_local));
@@ -991,6 +1102,7 @@ tcp_listener_accept1(tcp_listener *l)
     tp__list_append(&l->tl_hsq, c);
     l->tl_npending++;
     tcp_set_nodelay(fd);
+    tcp_set_liveness(fd, &l->tl_base.l_transport->t_cfg);
     tp_error *err = NULL;
     if (tp__loop_fd_add(l->tl_loop, &c->tc_lfd, fd, TP_EV_READ | TP_EV_WRITE,
                         tcp_conn_fd_cb, c, &err) != TP_OK) {

@@ -12,10 +12,19 @@
 #include "config.h"
 
 static const char *const all_env[] = {
-    "TP_LOG_LEVEL",          "TP_IO_BACKEND",           "TP_SOCKET_IFNAME",
-    "TP_SOCKET_ADDR",        "TP_TCP_SNDBUF",           "TP_TCP_RCVBUF",
-    "TP_CONNECT_TIMEOUT_MS", "TP_HANDSHAKE_TIMEOUT_MS", "TP_SHM_RING_SIZE",
-    "TP_SHM_SPIN_US",        "TP_LOOP_SPIN_US",         "TP_POOL_THREADS",
+    "TP_LOG_LEVEL",
+    "TP_IO_BACKEND",
+    "TP_SOCKET_IFNAME",
+    "TP_SOCKET_ADDR",
+    "TP_TCP_SNDBUF",
+    "TP_TCP_RCVBUF",
+    "TP_TCP_USER_TIMEOUT_MS",
+    "TP_CONNECT_TIMEOUT_MS",
+    "TP_HANDSHAKE_TIMEOUT_MS",
+    "TP_SHM_RING_SIZE",
+    "TP_SHM_SPIN_US",
+    "TP_LOOP_SPIN_US",
+    "TP_POOL_THREADS",
 };
 
 // Start every case from a clean environment, whatever ctest inherited.

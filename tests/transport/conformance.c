@@ -237,6 +237,34 @@ connect_refused(void)
     fx_fini(&fx);
 }
 
+// A connect completes before the server calls accept (the listener
+// handshakes connections as they arrive); a later accept returns it.
+static void
+connect_before_accept(void)
+{
+    fixture fx;
+    fx_init(&fx);
+    tp_status st;
+    const tp_error *err;
+    tp_conn *c = do_connect(&fx, tp__listener_addr(fx.l), &st, &err);
+    TP_CHECK_OK(st, err);
+    usleep(50000);
+    op acc;
+    op_init(&acc, 5000);
+    tp__listener_accept(fx.l, acc.aio);
+    op_wait(&acc, 10000);
+    TP_CHECK_OK(tp_aio_status(acc.aio), tp_aio_error(acc.aio));
+    tp_conn *s = tp_aio_get_output(acc.aio, 0);
+    op_fini(&acc);
+    char b[4] = "abc", in[4];
+    TP_CHECK_OK(xfer(c, true, b, 4, 5000, NULL, 0), NULL);
+    TP_CHECK_OK(xfer(s, false, in, 4, 5000, NULL, 0), NULL);
+    TP_CHECK(memcmp(b, in, 4) == 0);
+    tp__conn_unref(c);
+    tp__conn_unref(s);
+    fx_fini(&fx);
+}
+
 // A simple exchange both ways.
 static void
 round_trip(void)
@@ -913,6 +941,7 @@ garbage_to_listener(void)
 static const tp_test_case cases[] = {
     TP_TEST_CASE(connect_refused),
     TP_TEST_CASE(round_trip),
+    TP_TEST_CASE(connect_before_accept),
     TP_TEST_CASE(accept_connect_close_races),
     TP_TEST_CASE(ordering_many_small_writes),
     TP_TEST_CASE(reads_into_caller_buffers),
