@@ -381,7 +381,8 @@ shm_copy_iov(const shm_ring *r, uint64_t pos, const tp_aio *aio, uint64_t off,
         if (to_ring) {
             shm_ring_put(r, pos, base, k);
         } else {
-            shm_ring_get(r, pos, base, k);
+            shm_ring_get(r, pos, base, k,
+                         aio->a_prov_u64[1] >= TP_COPY_STREAM_MIN);
         }
         pos += k;
         n -= k;

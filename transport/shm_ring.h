@@ -25,7 +25,11 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdbool.h>
 #include <string.h>
+
+#include "core/copy.h"
+#include "core/platform.h"
 
 #define SHM_RING_MAGIC    "TPSHMRNG" // 8 bytes, not NUL-terminated
 #define SHM_RING_VERSION  1u
@@ -107,13 +111,17 @@ shm_ring_put(const shm_ring *r, uint64_t pos, const void *src, uint64_t n)
 }
 
 // Copies @n bytes from the ring at counter @pos (wrapping) into @dst.
+// @stream: non-temporal stores into @dst (a large read the consumer will
+// not touch again soon; see core/copy.h).
 static inline void
-shm_ring_get(const shm_ring *r, uint64_t pos, void *dst, uint64_t n)
+shm_ring_get(const shm_ring *r, uint64_t pos, void *dst, uint64_t n,
+             bool stream)
 {
     uint64_t off = pos & r->r_mask;
-    uint64_t first = r->r_size - off;
-    if (n <= first) {
-        memcpy(dst, r->r_data + off, n);
+    uint64_t first = TP_MIN(n, r->r_size - off);
+    if (stream) {
+        tp__memcpy_stream(dst, r->r_data + off, first);
+        tp__memcpy_stream((uint8_t *)dst + first, r->r_data, n - first);
     } else {
         memcpy(dst, r->r_data + off, first);
         memcpy((uint8_t *)dst + first, r->r_data, n - first);
