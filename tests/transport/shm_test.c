@@ -110,32 +110,12 @@ op_fini(op *o)
     tp__mtx_fini(&o->mtx);
 }
 
-// Waits until @o's aio is idle (its callback returned), with a deadline.
-// Works around two races in core/aio.c (reported to the lead): a lost
-// wake-up in tp_aio_wait (aio_done_task reads a_waiters == 0 and then
-// decrements a_busy without the mutex, so a waiter that registers in
-// between sleeps forever), and tp__aio_fini destroying a_mtx while
-// aio_cancel_task may still hold it.
+// Waits until @o's aio is idle: its callback has returned. Called once the
+// callback has signalled, so this returns promptly.
 static void
 op_settle(op *o)
 {
-    uint64_t deadline = tp__now_ns() + (uint64_t)tp_test_ms(5000) * 1000000u;
-    while (atomic_load_explicit(&o->aio->a_busy, memory_order_acquire) != 0) {
-        TP_CHECKF(tp__now_ns() < deadline, "aio callback did not return");
-        struct timespec ts = {0, 20000};
-        nanosleep(&ts, NULL);
-    }
-    // Likewise a cross-thread cancel task may still be about to unlock
-    // a_mtx after clearing a_cancel_posted, while tp__aio_fini destroys it:
-    // wait for the flag, then for the mutex.
-    while (
-        atomic_load_explicit(&o->aio->a_cancel_posted, memory_order_acquire)) {
-        TP_CHECKF(tp__now_ns() < deadline, "aio cancel task did not run");
-        struct timespec ts = {0, 20000};
-        nanosleep(&ts, NULL);
-    }
-    tp__mtx_lock(&o->aio->a_mtx);
-    tp__mtx_unlock(&o->aio->a_mtx);
+    tp_aio_wait(o->aio);
 }
 
 static bool
@@ -148,8 +128,7 @@ op_wait_for(op *o, int64_t ms)
     bool done = o->done > 0;
     tp__mtx_unlock(&o->mtx);
     if (done) {
-        // Wait until the callback has returned. Not with tp_aio_wait: it
-        // can miss its wake-up (see op_settle).
+        // Wait until the callback has returned.
         op_settle(o);
     }
     return done;
