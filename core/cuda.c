@@ -1,0 +1,227 @@
+// SPDX-License-Identifier: Apache-2.0
+// cuda.c - the CUDA runtime, loaded with dlopen (see cuda.h).
+//
+// Only the handful of runtime entry points tensors need are resolved; the
+// signatures are those of cuda_runtime_api.h, which is included when the
+// build found CUDA so the compiler checks them.
+
+#include "cuda.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "tp_config.h"
+
+#if TP_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+typedef cudaError_t (*cuda_get_count_fn)(int *);
+typedef cudaError_t (*cuda_set_device_fn)(int);
+typedef cudaError_t (*cuda_malloc_fn)(void **, size_t);
+typedef cudaError_t (*cuda_free_fn)(void *);
+typedef cudaError_t (*cuda_memcpy_fn)(void *, const void *, size_t,
+                                      enum cudaMemcpyKind);
+typedef const char *(*cuda_error_string_fn)(cudaError_t);
+
+static struct {
+    void *lib;
+    cuda_get_count_fn get_count;
+    cuda_set_device_fn set_device;
+    cuda_malloc_fn malloc;
+    cuda_free_fn free;
+    cuda_memcpy_fn memcpy;
+    cuda_error_string_fn error_string;
+    int ndev;
+    char why[256];
+} cuda;
+
+static pthread_once_t cuda_once = PTHREAD_ONCE_INIT;
+
+static void *
+cuda_sym(const char *name)
+{
+    void *p = dlsym(cuda.lib, name);
+    if (p == NULL && cuda.why[0] == '\0') {
+        snprintf(cuda.why, sizeof(cuda.why), "libcudart has no %s", name);
+    }
+    return p;
+}
+
+static void
+cuda_load(void)
+{
+    static const char *const names[] = {"libcudart.so.13", "libcudart.so.12",
+                                        "libcudart.so"};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        cuda.lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+        if (cuda.lib != NULL) {
+            break;
+        }
+    }
+    if (cuda.lib == NULL) {
+        snprintf(cuda.why, sizeof(cuda.why),
+                 "the CUDA runtime (libcudart.so) could not be loaded: %s",
+                 dlerror());
+        return;
+    }
+    // dlsym returns an object pointer; ISO C has no conversion to a
+    // function pointer, so copy the representation (POSIX guarantees it).
+#define CUDA_SYM(field, name)                                                  \
+    do {                                                                       \
+        void *p_ = cuda_sym(name);                                             \
+        memcpy(&cuda.field, &p_, sizeof(p_));                                  \
+    } while (0)
+    CUDA_SYM(get_count, "cudaGetDeviceCount");
+    CUDA_SYM(set_device, "cudaSetDevice");
+    CUDA_SYM(malloc, "cudaMalloc");
+    CUDA_SYM(free, "cudaFree");
+    CUDA_SYM(memcpy, "cudaMemcpy");
+    CUDA_SYM(error_string, "cudaGetErrorString");
+#undef CUDA_SYM
+    if (cuda.why[0] != '\0') {
+        return;
+    }
+    int n = 0;
+    cudaError_t e = cuda.get_count(&n);
+    if (e != cudaSuccess || n <= 0) {
+        snprintf(cuda.why, sizeof(cuda.why),
+                 "no CUDA device: cudaGetDeviceCount: %s",
+                 e != cudaSuccess ? cuda.error_string(e) : "0 devices");
+        return;
+    }
+    cuda.ndev = n;
+}
+
+bool
+tp__cuda_available(char *why, size_t why_len)
+{
+    pthread_once(&cuda_once, cuda_load);
+    if (cuda.ndev <= 0 && why != NULL) {
+        snprintf(why, why_len, "%s", cuda.why);
+    }
+    return cuda.ndev > 0;
+}
+
+int
+tp__cuda_device_count(void)
+{
+    pthread_once(&cuda_once, cuda_load);
+    return cuda.ndev;
+}
+
+static tp_status
+cuda_check(int device, tp_error **err_p, const char *what)
+{
+    char why[256];
+    if (!tp__cuda_available(why, sizeof(why))) {
+        return tp__error_set(err_p, TP_ENOTSUP, "cuda: %s: %s", what, why);
+    }
+    if (device < 0 || device >= cuda.ndev) {
+        return tp__error_set(err_p, TP_EINVAL,
+                             "cuda: %s: device %d does not exist (%d "
+                             "devices)",
+                             what, device, cuda.ndev);
+    }
+    cudaError_t e = cuda.set_device(device);
+    if (e != cudaSuccess) {
+        return tp__error_set(err_p, TP_EDEVICE,
+                             "cuda: %s: cudaSetDevice(%d): %s", what, device,
+                             cuda.error_string(e));
+    }
+    return TP_OK;
+}
+
+tp_status
+tp__cuda_alloc(int device, size_t nbytes, void **ptr_p, tp_error **err_p)
+{
+    tp_status st = cuda_check(device, err_p, "alloc");
+    if (st != TP_OK) {
+        return st;
+    }
+    void *p = NULL;
+    cudaError_t e = cuda.malloc(&p, nbytes == 0 ? 1 : nbytes);
+    if (e != cudaSuccess) {
+        return tp__error_set(
+            err_p, e == cudaErrorMemoryAllocation ? TP_ENOMEM : TP_EDEVICE,
+            "cuda: cudaMalloc of %zu bytes on device %d: %s", nbytes, device,
+            cuda.error_string(e));
+    }
+    *ptr_p = p;
+    return TP_OK;
+}
+
+void
+tp__cuda_free(int device, void *ptr)
+{
+    if (ptr == NULL || cuda_check(device, NULL, "free") != TP_OK) {
+        return;
+    }
+    cuda.free(ptr);
+}
+
+tp_status
+tp__cuda_copy(void *dst, int dst_dev, const void *src, int src_dev, size_t n,
+              tp_error **err_p)
+{
+    int dev = dst_dev >= 0 ? dst_dev : src_dev;
+    if (dev < 0) {
+        return tp__error_set(err_p, TP_EINVAL,
+                             "cuda: copy: neither side is on a device");
+    }
+    tp_status st = cuda_check(dev, err_p, "copy");
+    if (st != TP_OK || n == 0) {
+        return st;
+    }
+    enum cudaMemcpyKind kind = dst_dev >= 0 && src_dev >= 0
+                                   ? cudaMemcpyDeviceToDevice
+                               : dst_dev >= 0 ? cudaMemcpyHostToDevice
+                                              : cudaMemcpyDeviceToHost;
+    cudaError_t e = cuda.memcpy(dst, src, n, kind);
+    if (e != cudaSuccess) {
+        return tp__error_set(err_p, TP_EDEVICE,
+                             "cuda: cudaMemcpy of %zu bytes: %s", n,
+                             cuda.error_string(e));
+    }
+    return TP_OK;
+}
+
+#else // !TP_HAVE_CUDA
+
+bool
+tp__cuda_available(char *why, size_t why_len)
+{
+    if (why != NULL) {
+        snprintf(why, why_len, "built without CUDA (TP_WITH_CUDA)");
+    }
+    return false;
+}
+
+int
+tp__cuda_device_count(void)
+{
+    return 0;
+}
+
+tp_status
+tp__cuda_alloc(int device, size_t nbytes, void **ptr_p, tp_error **err_p)
+{
+    return tp__error_set(err_p, TP_ENOTSUP,
+                         "cuda: alloc: built without CUDA (TP_WITH_CUDA)");
+}
+
+void
+tp__cuda_free(int device, void *ptr)
+{
+}
+
+tp_status
+tp__cuda_copy(void *dst, int dst_dev, const void *src, int src_dev, size_t n,
+              tp_error **err_p)
+{
+    return tp__error_set(err_p, TP_ENOTSUP,
+                         "cuda: copy: built without CUDA (TP_WITH_CUDA)");
+}
+
+#endif

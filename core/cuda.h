@@ -1,0 +1,34 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* cuda.h (internal) - the one wrapper around the CUDA runtime.
+ *
+ * Every call into CUDA goes through here (STYLE §12). The runtime is
+ * loaded with dlopen at first use, so libtpipe never depends on libcudart
+ * at link time: a build with CUDA runs on machines without it, and CUDA
+ * storage is simply "not available" there, with the reason. */
+#ifndef TP_CORE_CUDA_H
+#define TP_CORE_CUDA_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "error.h"
+
+// True if CUDA storage can be created here: built with CUDA, the runtime
+// loads, and at least one device is present. Otherwise @why (may be NULL)
+// says why ("no CUDA device: cudaGetDeviceCount: no CUDA-capable device is
+// detected"). Thread safety: any thread.
+bool tp__cuda_available(char *why, size_t why_len);
+// Number of devices (0 if unavailable).
+int tp__cuda_device_count(void);
+// Device memory of @nbytes on @device. Errors: TP_ENOTSUP (unavailable,
+// with the reason), TP_EINVAL (bad device index), TP_ENOMEM.
+tp_status tp__cuda_alloc(int device, size_t nbytes, void **ptr_p,
+                         tp_error **err_p);
+// Frees what tp__cuda_alloc returned. NULL is fine.
+void tp__cuda_free(int device, void *ptr);
+// Copies @n bytes; each side is host memory (device < 0) or memory of
+// CUDA device @*_dev. Synchronous. Errors: TP_ENOTSUP, TP_EDEVICE.
+tp_status tp__cuda_copy(void *dst, int dst_dev, const void *src, int src_dev,
+                        size_t n, tp_error **err_p);
+
+#endif
