@@ -108,7 +108,8 @@ tp_status tp__k_matmul(const tp_tensor *a, const tp_tensor *b,
                        tp_tensor **out_p, tp_error **err_p);
 tp_status tp__k_softmax(const tp_tensor *a, int dim, bool log,
                         tp_tensor **out_p, tp_error **err_p);
-// y += alpha * x (x broadcast to y); y any layout.
+// y += alpha * x (x broadcast to y, and converted; it may alias y); y any
+// layout but broadcast (stride 0 in a dim of size > 1: TP_EINVAL).
 tp_status tp__k_axpy(tp_tensor *y, double alpha, const tp_tensor *x,
                      tp_error **err_p);
 // The gemm used by matmul; exposed for the benchmark. C[m,n] (row-major,

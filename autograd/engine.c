@@ -159,9 +159,15 @@ node_alloc(const tp_node_ops *ops, void *arg, int n_in, int n_out)
     return n;
 }
 
+// Drops the saved state, running ops->release, exactly once per node:
+// after a pass without retain_graph, or when the node is freed.
 static void
 node_release_saved(tp_node *n)
 {
+    if (n->n_released) {
+        return;
+    }
+    n->n_released = true;
     for (int i = 0; i < TP__NODE_SAVED; i++) {
         tp_tensor_unref(n->n_saved[i]);
         n->n_saved[i] = NULL;
@@ -198,10 +204,12 @@ tp_node_unref(tp_node *node)
             1) {
             continue;
         }
+        // release (if it has not run yet) sees the node before destroy
+        // frees what tp_node_arg points to.
+        node_release_saved(n);
         if (n->n_ops->destroy) {
             n->n_ops->destroy(n);
         }
-        node_release_saved(n);
         tp_tensor_unref(n->n_leaf);
         for (int i = 0; i < n->n_nin; i++) {
             tp_node *next = n->n_next[i].e_node;
@@ -626,7 +634,8 @@ static bool
 meta_matches(const tp__shape_meta *m, const tp_tensor *g)
 {
     return !m->m_set ||
-           tp__shape_equal(m->m_ndim, m->m_shape, g->t_ndim, g->t_shape);
+           (m->m_dtype == g->t_dtype &&
+            tp__shape_equal(m->m_ndim, m->m_shape, g->t_ndim, g->t_shape));
 }
 
 static tp_status
@@ -724,9 +733,11 @@ run_node(tp_node *n, const tp_backward_options *o, engine_run *r,
             char a[128], b[128];
             st = tp__error_set(
                 err_p, TP_EINVAL,
-                "backward of %s: gradient of input %d has shape %s, "
-                "expected %s",
-                name, i, tp__shape_str(g->t_ndim, g->t_shape, a, sizeof(a)),
+                "backward of %s: gradient of input %d is %s %s, "
+                "expected %s %s",
+                name, i, tp_dtype_name(g->t_dtype),
+                tp__shape_str(g->t_ndim, g->t_shape, a, sizeof(a)),
+                tp_dtype_name(e->e_meta.m_dtype),
                 tp__shape_str(e->e_meta.m_ndim, e->e_meta.m_shape, b,
                               sizeof(b)));
             tp_tensor_unref(g);
@@ -749,7 +760,6 @@ run_node(tp_node *n, const tp_backward_options *o, engine_run *r,
     }
     if (st == TP_OK && !o->retain_graph) {
         node_release_saved(n);
-        n->n_released = true;
     }
     return st;
 }
@@ -813,8 +823,10 @@ tp_backward_run(const tp_backward_options *o_in, int n_roots,
                 char a[128], b[128];
                 st = tp__error_set(
                     err_p, TP_EINVAL,
-                    "backward: gradient of root %d has shape %s, expected %s",
-                    i, tp__shape_str(g->t_ndim, g->t_shape, a, sizeof(a)),
+                    "backward: gradient of root %d is %s %s, expected %s %s", i,
+                    tp_dtype_name(g->t_dtype),
+                    tp__shape_str(g->t_ndim, g->t_shape, a, sizeof(a)),
+                    tp_dtype_name(m->m_dtype),
                     tp__shape_str(m->m_ndim, m->m_shape, b, sizeof(b)));
                 break;
             }

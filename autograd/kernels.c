@@ -255,7 +255,7 @@ typedef void (*bin_row_fn)(void *o, int64_t so, const void *a, int64_t sa,
     BIN_ROW(tanhbw_##SFX, T, (x * ((T)1 - y * y)))                             \
     BIN_ROW(sigbw_##SFX, T, (x * y * ((T)1 - y)))                              \
     BIN_ROW(sqrtbw_##SFX, T, (x * (T)0.5 / y))                                 \
-    BIN_ROW(powbw_##SFX, T, (x * s * POW_(y, s - (T)1)))
+    BIN_ROW(powbw_##SFX, T, (s == (T)0 ? (T)0 : x * s * POW_(y, s - (T)1)))
 
 BIN_ROWS(float, f32, powf)
 BIN_ROWS(double, f64, pow)
@@ -446,6 +446,46 @@ tp__k_unary(const char *op, tp__unop k, const tp_tensor *a, double s,
     return TP_OK;
 }
 
+// y += alpha * x in place, row by row. No restrict: y is read and written
+// through the one pointer, and x may be any view (also of y's storage).
+#define AXPY_ROW(NAME, T)                                                      \
+    static void NAME(void *y_, int64_t sy, const void *x_, int64_t sx,         \
+                     int64_t n, double alpha_)                                 \
+    {                                                                          \
+        T *y = y_;                                                             \
+        const T *x = x_;                                                       \
+        const T alpha = (T)alpha_;                                             \
+        if (sy == 1 && sx == 1) {                                              \
+            for (int64_t i = 0; i < n; i++) {                                  \
+                y[i] += alpha * x[i];                                          \
+            }                                                                  \
+        } else {                                                               \
+            for (int64_t i = 0; i < n; i++) {                                  \
+                y[i * sy] += alpha * x[i * sx];                                \
+            }                                                                  \
+        }                                                                      \
+    }
+
+AXPY_ROW(axpy_f32, float)
+AXPY_ROW(axpy_f64, double)
+
+typedef struct axpy_ctx {
+    void (*fn)(void *y, int64_t sy, const void *x, int64_t sx, int64_t n,
+               double alpha);
+    char *y;
+    const char *x;
+    size_t es;
+    double alpha;
+} axpy_ctx;
+
+static void
+axpy_ctx_row(void *ctx, const int64_t *off, int64_t n, const int64_t *ist)
+{
+    axpy_ctx *c = ctx;
+    c->fn(c->y + off[0] * (int64_t)c->es, ist[0],
+          c->x + off[1] * (int64_t)c->es, ist[1], n, c->alpha);
+}
+
 tp_status
 tp__k_axpy(tp_tensor *y, double alpha, const tp_tensor *x, tp_error **err_p)
 {
@@ -456,12 +496,24 @@ tp__k_axpy(tp_tensor *y, double alpha, const tp_tensor *x, tp_error **err_p)
     if (st != TP_OK) {
         return st;
     }
+    // A broadcast (stride-0) y has several elements in one place: an
+    // in-place update of it has no meaning (PyTorch refuses it too).
+    for (int d = 0; d < y->t_ndim; d++) {
+        if (y->t_shape[d] > 1 && y->t_strides[d] == 0) {
+            return tp__error_set(err_p, TP_EINVAL,
+                                 "axpy: the updated tensor is broadcast "
+                                 "(stride 0 in dim %d)",
+                                 d);
+        }
+    }
     tp_tensor *ex, *sx = NULL;
     st = tp__view_expand(x, y->t_ndim, y->t_shape, &ex, err_p);
     if (st != TP_OK) {
         return st;
     }
-    if (x->t_dtype != y->t_dtype) {
+    // A copy when x needs converting or shares y's storage (so every x
+    // element is read before any y element is written).
+    if (x->t_dtype != y->t_dtype || x->t_storage == y->t_storage) {
         st = tp__to_dtype_raw(ex, y->t_dtype, &sx, err_p);
         tp_tensor_unref(ex);
         if (st != TP_OK) {
@@ -469,16 +521,16 @@ tp__k_axpy(tp_tensor *y, double alpha, const tp_tensor *x, tp_error **err_p)
         }
         ex = sx;
     }
-    // y = y + alpha * x, in one pass over memory: (x * alpha) + y through
-    // the binary kernel would need a temporary, so use a scaled add row.
-    tp_tensor *scaled;
-    st = tp__k_unary("axpy", TP__MULS, ex, alpha, &scaled, err_p);
-    tp_tensor_unref(ex);
-    if (st != TP_OK) {
-        return st;
+    if (tp_tensor_numel(y) > 0) {
+        const int64_t *strides[2] = {y->t_strides, ex->t_strides};
+        iter it;
+        iter_init(&it, y->t_ndim, y->t_shape, 2, strides);
+        axpy_ctx c = {y->t_dtype == TP_F64 ? axpy_f64 : axpy_f32,
+                      tp__tensor_ptr(y), tp__tensor_ptr(ex),
+                      tp_dtype_size(y->t_dtype), alpha};
+        iter_run_par(&it, axpy_ctx_row, &c);
     }
-    binary_into(TP__ADD, y, y, scaled, 0.0);
-    tp_tensor_unref(scaled);
+    tp_tensor_unref(ex);
     return TP_OK;
 }
 

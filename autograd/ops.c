@@ -493,9 +493,11 @@ BW_FN(matmul_bw)
         tp_tensor *a2 = NULL, *g2 = NULL, *at = NULL, *gb = NULL;
         if (b->t_ndim == 2 && a->t_ndim > 2) {
             // Shared 2-D B: fold A's batch into rows, one gemm.
+            // Explicit row counts: -1 cannot be inferred when k or n is 0.
             int64_t k = a->t_shape[a->t_ndim - 1];
             int64_t nn = g->t_shape[g->t_ndim - 1];
-            int64_t sa[2] = {-1, k}, sg[2] = {-1, nn};
+            int64_t rows = tp__shape_numel(a->t_ndim - 1, a->t_shape);
+            int64_t sa[2] = {rows, k}, sg[2] = {rows, nn};
             st = tp__view_reshape(a, 2, sa, &a2, err_p);
             if (st == TP_OK) {
                 st = tp__view_reshape(g, 2, sg, &g2, err_p);
@@ -722,13 +724,13 @@ tp_mse_loss(tp_tensor *a, tp_tensor *target, tp_tensor **out_p,
     return st;
 }
 
-static tp_status
-load_index(const tp_tensor *idx, int64_t i, int64_t *v_p)
+// Element @i of a contiguous i32/i64 tensor, read exactly (no detour
+// through double, which cannot hold every i64).
+static int64_t
+load_index(const tp_tensor *idx, int64_t i)
 {
-    double v;
-    tp_status st = tp_tensor_item(idx, i, &v);
-    *v_p = (int64_t)v;
-    return st;
+    size_t es = tp_dtype_size(idx->t_dtype);
+    return tp__load_i64(tp__tensor_ptr(idx) + (size_t)i * es, idx->t_dtype);
 }
 
 static bool
@@ -760,9 +762,16 @@ BW_FN(nll_bw)
     int64_t N = n->n_i[0], C = n->n_i[1];
     double v = -gv / (double)N;
     for (int64_t i = 0; i < N; i++) {
-        int64_t t;
-        load_index(n->n_saved[0], i, &t);
-        tp_tensor_set_item(gx, i * C + t, v);
+        // The targets are a private copy checked in forward; check again
+        // so that no write can ever land outside gx.
+        int64_t t = load_index(n->n_saved[0], i);
+        if (t < 0 || t >= C || tp_tensor_set_item(gx, i * C + t, v) != TP_OK) {
+            tp_tensor_unref(gx);
+            return tp__error_set(err_p, TP_EINVAL,
+                                 "nll_loss: target %lld of sample %lld is "
+                                 "outside [0, %lld)",
+                                 (long long)t, (long long)i, (long long)C);
+        }
     }
     gin[0] = gx;
     return TP_OK;
@@ -792,12 +801,19 @@ tp_nll_loss(tp_tensor *logp, tp_tensor *target, tp_tensor **out_p,
             tp__shape_str(target->t_ndim, target->t_shape, y, sizeof(y)));
     }
     int64_t N = logp->t_shape[0], C = logp->t_shape[1];
+    // A private contiguous copy of the (small) targets: read directly here
+    // and saved for backward, so later writes to @target change nothing.
+    tp_tensor *tc;
+    st = tp__clone_raw(target, &tc, err_p);
+    if (st != TP_OK) {
+        return st;
+    }
     double sum = 0;
     for (int64_t i = 0; i < N; i++) {
-        int64_t t;
+        int64_t t = load_index(tc, i);
         double v;
-        load_index(target, i, &t);
         if (t < 0 || t >= C) {
+            tp_tensor_unref(tc);
             return tp__error_set(err_p, TP_EINVAL,
                                  "nll_loss: target %lld of sample %lld is "
                                  "outside [0, %lld)",
@@ -816,8 +832,9 @@ tp_nll_loss(tp_tensor *logp, tp_tensor *target, tp_tensor **out_p,
     if (st == TP_OK && n) {
         n->n_i[0] = N;
         n->n_i[1] = C;
-        st = save(n, 0, target, &o, err_p);
+        st = save(n, 0, tc, &o, err_p);
     }
+    tp_tensor_unref(tc);
     if (st == TP_OK) {
         *out_p = o;
     }
@@ -861,10 +878,19 @@ BW_FN(embedding_bw)
         tp_tensor_unref(gw);
         return st;
     }
-    int64_t rows = tp_tensor_numel(n->n_saved[0]), D = n->n_i[1];
+    int64_t rows = tp_tensor_numel(n->n_saved[0]), V = n->n_i[0];
+    int64_t D = n->n_i[1];
     for (int64_t r = 0; r < rows; r++) {
-        int64_t t;
-        load_index(n->n_saved[0], r, &t);
+        // The indices are a private copy checked in forward; check again
+        // so that a bad index can never write outside gw.
+        int64_t t = load_index(n->n_saved[0], r);
+        if (t < 0 || t >= V) {
+            tp_tensor_unref(g);
+            tp_tensor_unref(gw);
+            return tp__error_set(err_p, TP_EINVAL,
+                                 "embedding: index %lld is outside [0, %lld)",
+                                 (long long)t, (long long)V);
+        }
         if (gw->t_dtype == TP_F32) {
             float *dst = (float *)tp_tensor_data(gw) + t * D;
             const float *src = (const float *)tp_tensor_data(g) + r * D;
@@ -907,10 +933,17 @@ tp_embedding(tp_tensor *weight, tp_tensor *indices, tp_tensor **out_p,
     }
     int64_t V = weight->t_shape[0], D = weight->t_shape[1];
     int64_t rows = tp_tensor_numel(indices);
+    // A private contiguous copy of the (small) indices: read directly here
+    // and saved for backward, so later writes to @indices change nothing.
+    tp_tensor *ic;
+    st = tp__clone_raw(indices, &ic, err_p);
+    if (st != TP_OK) {
+        return st;
+    }
     for (int64_t r = 0; r < rows; r++) {
-        int64_t t;
-        load_index(indices, r, &t);
+        int64_t t = load_index(ic, r);
         if (t < 0 || t >= V) {
+            tp_tensor_unref(ic);
             return tp__error_set(err_p, TP_EINVAL,
                                  "embedding: index %lld is outside [0, %lld)",
                                  (long long)t, (long long)V);
@@ -924,12 +957,12 @@ tp_embedding(tp_tensor *weight, tp_tensor *indices, tp_tensor **out_p,
     st =
         tp_tensor_empty(weight->t_dtype, indices->t_ndim + 1, shape, &o, err_p);
     if (st != TP_OK) {
+        tp_tensor_unref(ic);
         return st;
     }
     size_t es = tp_dtype_size(weight->t_dtype);
     for (int64_t r = 0; r < rows; r++) {
-        int64_t t;
-        load_index(indices, r, &t);
+        int64_t t = load_index(ic, r);
         // Rows are usually dense; the views handle any layout of weight.
         if (weight->t_strides[1] == 1 || D <= 1) {
             memcpy((char *)tp_tensor_data(o) + (size_t)(r * D) * es,
@@ -949,8 +982,9 @@ tp_embedding(tp_tensor *weight, tp_tensor *indices, tp_tensor **out_p,
     if (st == TP_OK && n) {
         n->n_i[0] = V;
         n->n_i[1] = D;
-        st = save(n, 0, indices, &o, err_p);
+        st = save(n, 0, ic, &o, err_p);
     }
+    tp_tensor_unref(ic);
     if (st == TP_OK) {
         *out_p = o;
     }

@@ -225,8 +225,8 @@ tp__store_f64(void *p, tp_dtype dt, double v)
     }
 }
 
-static int64_t
-load_i64(const void *p, tp_dtype dt)
+int64_t
+tp__load_i64(const void *p, tp_dtype dt)
 {
     switch (dt) {
     case TP_I8:
@@ -334,6 +334,23 @@ tp__dim_norm(int ndim, int d, int *out)
     return true;
 }
 
+// True if every size is >= 0 and the product of the sizes (zeros counted
+// as 1, so the strides of a zero-size tensor cannot overflow either) times
+// 16 fits in int64_t: then numel, strides and byte counts never overflow.
+static bool
+shape_fits(int ndim, const int64_t *shape)
+{
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) {
+        int64_t s = shape[i] > 1 ? shape[i] : 1;
+        if (shape[i] < 0 || n > INT64_MAX / 16 / s) {
+            return false;
+        }
+        n *= s;
+    }
+    return true;
+}
+
 static tp_status
 check_shape(const char *what, tp_dtype dt, int ndim, const int64_t *shape,
             tp_error **err_p)
@@ -346,17 +363,15 @@ check_shape(const char *what, tp_dtype dt, int ndim, const int64_t *shape,
         return tp__error_set(err_p, TP_EINVAL, "%s: invalid ndim %d", what,
                              ndim);
     }
-    int64_t n = 1;
     for (int i = 0; i < ndim; i++) {
         if (shape[i] < 0) {
             return tp__error_set(err_p, TP_EINVAL,
                                  "%s: negative size %lld in dim %d", what,
                                  (long long)shape[i], i);
         }
-        if (shape[i] > 0 && n > INT64_MAX / 16 / shape[i]) {
-            return tp__error_set(err_p, TP_EINVAL, "%s: shape too large", what);
-        }
-        n *= shape[i];
+    }
+    if (!shape_fits(ndim, shape)) {
+        return tp__error_set(err_p, TP_EINVAL, "%s: shape too large", what);
     }
     return TP_OK;
 }
@@ -367,7 +382,7 @@ check_shape(const char *what, tp_dtype dt, int ndim, const int64_t *shape,
 // same large activations every step; glibc serves blocks over 32 MB with
 // a fresh mmap each time, and touching that memory again costs a page
 // fault per 4 KB, which halves the bandwidth of elementwise ops on such
-// tensors. Blocks of at least 1 MB are kept (at most 8, 256 MB in all) and
+// tensors. Blocks of at least 1 MB are kept (at most 8, 512 MB in all) and
 // handed out again for requests they fit within 1/8.
 #define CACHE_MIN_BYTES  ((size_t)1 << 20)
 #define CACHE_MAX_BLOCKS 8
@@ -810,6 +825,41 @@ range_dim_cmp(const void *a, const void *b)
     return (x->stride > y->stride) - (x->stride < y->stride);
 }
 
+static int
+i64_cmp(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+// Views of a non-nesting layout (only tp_tensor_as_strided makes them) get
+// their runs sorted when there are at most this many; beyond, one covering
+// range, so a view of 2^38 overlapping runs costs neither time nor memory.
+#define RANGES_SORT_MAX ((int64_t)1 << 20)
+
+// Appends the run [b, b + len) to the output, merging it into the previous
+// run when they touch or overlap (runs arrive in ascending order of b).
+static void
+ranges_put(tp_byte_range *ranges, size_t cap, size_t *n, uint64_t *last_end,
+           uint64_t b, uint64_t len)
+{
+    if (*n > 0 && b <= *last_end) {
+        if (b + len > *last_end) {
+            if (*n - 1 < cap) {
+                ranges[*n - 1].len = b + len - ranges[*n - 1].offset;
+            }
+            *last_end = b + len;
+        }
+        return;
+    }
+    if (*n < cap) {
+        ranges[*n].offset = b;
+        ranges[*n].len = len;
+    }
+    (*n)++;
+    *last_end = b + len;
+}
+
 tp_status
 tp_tensor_byte_ranges(const tp_tensor *t, tp_byte_range *ranges, size_t cap,
                       size_t *n_p)
@@ -847,43 +897,53 @@ tp_tensor_byte_ranges(const tp_tensor *t, tp_byte_range *ranges, size_t cap,
         }
     }
     // The remaining dims (outermost last) enumerate the runs in ascending
-    // order of offset for any view our view functions make.
-    int64_t count = 1;
+    // order of offset, without overlap, when each dim's stride is at least
+    // the span of the dims inside it: true for every view our view
+    // functions make. Shapes are bounded (shape_fits) and a tensor lies
+    // in its storage, so the run count and the span fit in int64_t.
+    int64_t count = 1, span = chunk; // span: elements from first to last
+    bool nests = true;
     for (int i = first; i < nd; i++) {
+        if (dims[i].stride < span) {
+            nests = false;
+        }
+        span += (dims[i].size - 1) * dims[i].stride;
         count *= dims[i].size;
     }
-    int64_t idx[TP_TENSOR_MAX_DIMS] = {0};
-    size_t n = 0;
     int64_t base = t->t_offset;
-    // A negative stride is never produced by our views; tp_tensor_make
+    // A negative stride is never produced by our views; tp__tensor_make
     // callers could, so start from the lowest address in that case.
     for (int i = 0; i < t->t_ndim; i++) {
         if (t->t_strides[i] < 0) {
             base += t->t_strides[i] * (t->t_shape[i] - 1);
         }
     }
-    uint64_t last_end = 0;
+    size_t n = 0;
+    uint64_t last_end = 0, len = (uint64_t)(chunk * es);
+    int64_t *starts = NULL;
+    if (!nests) {
+        // Overlapping or interleaved dims: sort the runs if there are few
+        // enough, else (or without memory for that) cover them all.
+        if (count <= RANGES_SORT_MAX) {
+            starts = tp__alloc(sizeof(int64_t) * (size_t)count);
+        }
+        if (!starts) {
+            ranges_put(ranges, cap, &n, &last_end, (uint64_t)(base * es),
+                       (uint64_t)(span * es));
+            *n_p = n;
+            return TP_OK;
+        }
+    }
+    int64_t idx[TP_TENSOR_MAX_DIMS] = {0};
     for (int64_t r = 0; r < count; r++) {
         int64_t off = base;
         for (int i = first; i < nd; i++) {
             off += idx[i] * dims[i].stride;
         }
-        uint64_t b = (uint64_t)(off * es), len = (uint64_t)(chunk * es);
-        if (n > 0 && b <= last_end) {
-            // Touches or overlaps the previous run: extend it.
-            if (b + len > last_end) {
-                if (n - 1 < cap) {
-                    ranges[n - 1].len = b + len - ranges[n - 1].offset;
-                }
-                last_end = b + len;
-            }
+        if (starts) {
+            starts[r] = off;
         } else {
-            if (n < cap) {
-                ranges[n].offset = b;
-                ranges[n].len = len;
-            }
-            n++;
-            last_end = b + len;
+            ranges_put(ranges, cap, &n, &last_end, (uint64_t)(off * es), len);
         }
         for (int i = first; i < nd; i++) {
             if (++idx[i] < dims[i].size) {
@@ -891,6 +951,14 @@ tp_tensor_byte_ranges(const tp_tensor *t, tp_byte_range *ranges, size_t cap,
             }
             idx[i] = 0;
         }
+    }
+    if (starts) {
+        qsort(starts, (size_t)count, sizeof(int64_t), i64_cmp);
+        for (int64_t r = 0; r < count; r++) {
+            ranges_put(ranges, cap, &n, &last_end, (uint64_t)(starts[r] * es),
+                       len);
+        }
+        tp__free(starts);
     }
     *n_p = n;
     return TP_OK;
@@ -907,7 +975,6 @@ tp_tensor_as_strided(const tp_tensor *base, int ndim, const int64_t *shape,
     }
     int64_t es = (int64_t)tp_dtype_size(base->t_dtype);
     int64_t cap = (int64_t)(base->t_storage->s_nbytes / (size_t)es);
-    int64_t last = offset;
     bool empty = false;
     for (int i = 0; i < ndim; i++) {
         if (!strides || strides[i] < 0) {
@@ -915,15 +982,27 @@ tp_tensor_as_strided(const tp_tensor *base, int ndim, const int64_t *shape,
                                  "as_strided: strides must be >= 0");
         }
         empty = empty || shape[i] == 0;
-        if (shape[i] > 0) {
-            last += (shape[i] - 1) * strides[i];
-        }
     }
-    if (offset < 0 || (!empty && last >= cap)) {
+    // The last element's index, with every step checked: huge strides or
+    // offsets must not wrap around into the storage.
+    int64_t last = offset;
+    bool overflow = false;
+    for (int i = 0; i < ndim && !empty; i++) {
+        int64_t step;
+        overflow = overflow ||
+                   __builtin_mul_overflow(shape[i] - 1, strides[i], &step) ||
+                   __builtin_add_overflow(last, step, &last);
+    }
+    // An empty view touches nothing but its offset must still be in the
+    // storage (or just past its end).
+    bool bad = offset < 0 || overflow ||
+               (empty ? offset > cap : (offset >= cap || last >= cap));
+    if (bad) {
         return tp__error_set(err_p, TP_EINVAL,
-                             "as_strided: elements up to %lld outside a "
-                             "storage of %lld",
-                             (long long)last, (long long)cap);
+                             "as_strided: view at offset %lld reaches "
+                             "outside a storage of %lld elements%s",
+                             (long long)offset, (long long)cap,
+                             overflow ? " (index overflow)" : "");
     }
     return tp__tensor_make(base->t_storage, base->t_dtype, ndim, shape, strides,
                            offset, out_p, err_p);
@@ -1001,6 +1080,10 @@ tp__view_reshape(const tp_tensor *t, int ndim, const int64_t *shape_in,
         } else if (shape[i] < 0) {
             return tp__error_set(err_p, TP_EINVAL, "reshape: invalid size %lld",
                                  (long long)shape[i]);
+        } else if (shape[i] > 1 && known > INT64_MAX / 16 / shape[i]) {
+            // Checked like tp_tensor_empty's shapes, so the product (and
+            // later the strides) cannot wrap to a plausible numel.
+            return tp__error_set(err_p, TP_EINVAL, "reshape: shape too large");
         } else {
             known *= shape[i];
         }
@@ -1014,7 +1097,7 @@ tp__view_reshape(const tp_tensor *t, int ndim, const int64_t *shape_in,
         shape[infer] = numel / known;
         known *= shape[infer];
     }
-    if (known != numel) {
+    if (known != numel || !shape_fits(ndim, shape)) {
         char a[128], b[128];
         return tp__error_set(
             err_p, TP_EINVAL, "reshape: shape %s is invalid for input of %s",
@@ -1087,11 +1170,13 @@ tp__view_narrow(const tp_tensor *t, int d, int64_t start, int64_t len,
     if (start < 0) {
         start += t->t_shape[dd];
     }
-    if (start < 0 || len < 0 || start + len > t->t_shape[dd]) {
+    // Written so that a huge @len cannot overflow start + len.
+    if (start < 0 || start > t->t_shape[dd] || len < 0 ||
+        len > t->t_shape[dd] - start) {
         return tp__error_set(err_p, TP_EINVAL,
-                             "narrow: [%lld, %lld) out of range for size "
-                             "%lld",
-                             (long long)start, (long long)(start + len),
+                             "narrow: start %lld, length %lld out of range "
+                             "for size %lld",
+                             (long long)start, (long long)len,
                              (long long)t->t_shape[dd]);
     }
     int64_t shape[TP_TENSOR_MAX_DIMS];
@@ -1135,6 +1220,9 @@ tp__view_expand(const tp_tensor *t, int ndim, const int64_t *shape_in,
                 tp__shape_str(t->t_ndim, t->t_shape, a, sizeof(a)),
                 tp__shape_str(ndim, shape_in, b, sizeof(b)));
         }
+    }
+    if (!shape_fits(ndim, shape)) {
+        return tp__error_set(err_p, TP_EINVAL, "expand: shape too large");
     }
     return view_of(t, ndim, shape, strides, t->t_offset, out_p, err_p);
 }
@@ -1187,7 +1275,8 @@ copy_row(char *d, tp_dtype ddt, int64_t ds, const char *s, tp_dtype sdt,
     }
     if (same_int_class(ddt, sdt)) {
         for (int64_t i = 0; i < n; i++) {
-            store_i64(d + i * ds * des, ddt, load_i64(s + i * ss * ses, sdt));
+            store_i64(d + i * ds * des, ddt,
+                      tp__load_i64(s + i * ss * ses, sdt));
         }
         return;
     }
@@ -1217,6 +1306,9 @@ tp__copy_raw(tp_tensor *dst, const tp_tensor *src_in, tp_error **err_p)
     tp_tensor *src;
     tp_status st =
         tp__view_expand(src_in, dst->t_ndim, dst->t_shape, &src, NULL);
+    if (st == TP_ENOMEM) {
+        return tp__error_set(err_p, st, "copy: out of memory");
+    }
     if (st != TP_OK) {
         char a[128], b[128];
         return tp__error_set(

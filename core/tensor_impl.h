@@ -92,6 +92,8 @@ float tp__f16_to_f32(uint16_t h);
 uint16_t tp__f32_to_bf16(float f);
 float tp__bf16_to_f32(uint16_t h);
 double tp__load_f64(const void *p, tp_dtype dt);
+// Reads an integer or bool element exactly (0 for floating dtypes).
+int64_t tp__load_i64(const void *p, tp_dtype dt);
 void tp__store_f64(void *p, tp_dtype dt, double v);
 
 static inline char *

@@ -43,7 +43,8 @@ typedef struct tp_node tp_node;
  *   gradient is passed as zeros of its shape if the node knows it (it was
  *   given to tp_tensor_set_grad_fn), else NULL.
  * @grad_inputs: one slot per input, all NULL on entry; store a new
- *   reference of the input's shape, or leave NULL for "no gradient".
+ *   reference of the input's dtype and shape, or leave NULL for "no
+ *   gradient".
  * Return TP_OK or an error (with *@err_p set); the engine then stops and
  * reports "backward of <name>: <message>".
  */
@@ -62,9 +63,12 @@ typedef tp_status (*tp_backward_fn)(tp_node *node,
 typedef struct tp_node_ops {
     const char *name;        /* "MulBackward"; shown in errors */
     tp_backward_fn backward; /* required */
-    /* Optional: drop saved state once backward ran without retain_graph. */
+    /* Optional: drop saved state. Runs at most once per node: after its
+     * backward ran in a pass without retain_graph, or else when the node
+     * is freed; always before destroy, so tp_node_arg is still valid. */
     void (*release)(tp_node *node);
-    /* Optional: the node is being freed; free what tp_node_arg points to. */
+    /* Optional: the node is being freed (after release); free what
+     * tp_node_arg points to. */
     void (*destroy)(tp_node *node);
 } tp_node_ops;
 
@@ -185,8 +189,9 @@ TP_API void tp_backward_options_init(tp_backward_options *o);
  * backward functions. Gradients reaching a tensor several ways add up.
  * Without retain_graph the saved tensors of the nodes it ran are dropped
  * and a second pass through them fails with TP_EINVAL.
- * Errors: TP_EINVAL (a root does not require grad, gradient shape
- * mismatch, graph already freed), any error of a backward function,
+ * Errors: TP_EINVAL (a root does not require grad, a gradient whose
+ * dtype or shape differs from its tensor's, graph already freed), any
+ * error of a backward function,
  * wrapped as "backward of <op>: ...". On error the leaves may have
  * received part of the gradients.
  */
@@ -309,9 +314,11 @@ TP_API tp_status tp_embedding(tp_tensor *weight, tp_tensor *indices,
                               tp_tensor **out_p, tp_error **err_p);
 
 /**
- * tp_tensor_axpy - @y += @alpha * @x in place (@x broadcast to @y), for
- * optimizer steps. Not recorded. Errors: TP_EPERM if @y requires grad and
- * grad mode is on (wrap the step in a no_grad scope), TP_EINVAL, TP_ENOTSUP.
+ * tp_tensor_axpy - @y += @alpha * @x in place (@x broadcast to @y, and
+ * converted to its dtype; @x may share @y's storage), for optimizer
+ * steps. Not recorded. Errors: TP_EPERM if @y requires grad and grad mode
+ * is on (wrap the step in a no_grad scope), TP_EINVAL (shapes, or @y is
+ * broadcast: a stride-0 dim of size > 1), TP_ENOTSUP.
  */
 TP_API tp_status tp_tensor_axpy(tp_tensor *y, double alpha, tp_tensor *x,
                                 tp_error **err_p);

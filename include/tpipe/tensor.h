@@ -184,7 +184,11 @@ TP_API tp_status tp_tensor_set_item(tp_tensor *t, int64_t i, double v);
  * tp_tensor_byte_ranges - the storage byte ranges that @t's elements
  * occupy, ascending and coalesced, so a pipe sends only those bytes (a
  * narrow slice of a large storage yields just the slice; a broadcast
- * (expanded) dim contributes its bytes once).
+ * (expanded) dim contributes its bytes once). Exact for every view the
+ * view functions make. A tp_tensor_as_strided view whose dims interleave
+ * or overlap gets its runs sorted and merged when there are at most 2^20,
+ * else one range from its lowest to its highest byte: the ranges always
+ * cover every byte the view reads.
  * Fills at most @cap entries of @ranges and sets *@n_p to the number of
  * ranges there are; call again with a larger array if *@n_p > @cap.
  * Errors: none (TP_OK always; TP_EINVAL for NULL arguments).
@@ -198,7 +202,9 @@ TP_API tp_status tp_tensor_byte_ranges(const tp_tensor *t,
  * strides (elements, >= 0) and offset (elements from the storage start).
  * For rebuilding a tensor whose byte ranges arrived in a storage of the
  * same layout. Not recorded by autograd; the view is a leaf.
- * Errors: TP_EINVAL if an element would lie outside the storage.
+ * Errors: TP_EINVAL if an element would lie outside the storage (index
+ *   arithmetic that overflows counts as outside), or @offset is past the
+ *   end (an empty view may sit at the end), or the shape is too large.
  */
 TP_API tp_status tp_tensor_as_strided(const tp_tensor *base, int ndim,
                                       const int64_t *shape,
@@ -207,7 +213,8 @@ TP_API tp_status tp_tensor_as_strided(const tp_tensor *base, int ndim,
 
 /**
  * tp_tensor_cache_trim - frees the large data blocks that tensor storage
- * keeps for reuse (freed blocks of 1 MB and more, at most 256 MB).
+ * keeps for reuse (freed blocks of 1 MB and more, at most 8 blocks and
+ * 512 MB in all).
  * Thread safety: any thread.
  */
 TP_API void tp_tensor_cache_trim(void);
@@ -248,7 +255,11 @@ TP_API tp_status tp_tensor_transpose(tp_tensor *t, int d0, int d1,
 /** tp_tensor_permute - view whose dim i is @t's dim @perm[i]. */
 TP_API tp_status tp_tensor_permute(tp_tensor *t, const int *perm,
                                    tp_tensor **out_p, tp_error **err_p);
-/** tp_tensor_narrow - view of @len entries of dim @d from @start. */
+/**
+ * tp_tensor_narrow - view of @len entries of dim @d from @start (negative
+ * counts from the end). Errors: TP_EINVAL unless 0 <= start and
+ * len <= size - start.
+ */
 TP_API tp_status tp_tensor_narrow(tp_tensor *t, int d, int64_t start,
                                   int64_t len, tp_tensor **out_p,
                                   tp_error **err_p);

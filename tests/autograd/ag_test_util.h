@@ -53,13 +53,16 @@ rnd(tp_dtype dt, int nd, const int64_t *shape, double lo, double hi)
 }
 
 // Uniform values in a non-contiguous view of the given shape: the last
-// two dims transposed over a dense base, or a stride-2 view for 1-d.
+// two dims transposed over a dense base when both are > 1, else every
+// other element of a dense base (shape + [2] narrowed to [..., 1] and
+// reshaped back, a view with stride 2 in the last moving dim). Only
+// shapes of at most one element are contiguous.
 static inline tp_tensor *
 rnd_nc(tp_dtype dt, int nd, const int64_t *shape, double lo, double hi)
 {
     tp_tensor *base, *v, *w;
     tp_error *err = NULL;
-    if (nd >= 2) {
+    if (nd >= 2 && shape[nd - 1] > 1 && shape[nd - 2] > 1) {
         int64_t s[TP_TENSOR_MAX_DIMS];
         memcpy(s, shape, sizeof(int64_t) * (size_t)nd);
         s[nd - 1] = shape[nd - 2];
@@ -67,15 +70,21 @@ rnd_nc(tp_dtype dt, int nd, const int64_t *shape, double lo, double hi)
         base = rnd(dt, nd, s, lo, hi);
         TP_CHECK_OK(tp_tensor_transpose(base, -1, -2, &v, &err), err);
         tp_tensor_unref(base);
-        return v;
+    } else {
+        TP_CHECK(nd < TP_TENSOR_MAX_DIMS);
+        int64_t s2[TP_TENSOR_MAX_DIMS];
+        memcpy(s2, shape, sizeof(int64_t) * (size_t)nd);
+        s2[nd] = 2;
+        base = rnd(dt, nd + 1, s2, lo, hi);
+        TP_CHECK_OK(tp_tensor_narrow(base, nd, 1, 1, &w, &err), err);
+        TP_CHECK_OK(tp_tensor_reshape(w, nd, shape, &v, &err), err);
+        TP_CHECK(tp_tensor_shares_storage(v, base));
+        tp_tensor_unref(base);
+        tp_tensor_unref(w);
     }
-    int64_t s2[2] = {nd ? shape[0] : 1, 2};
-    base = rnd(dt, 2, s2, lo, hi);
-    TP_CHECK_OK(tp_tensor_narrow(base, 1, 1, 1, &v, &err), err);
-    TP_CHECK_OK(tp_tensor_reshape(v, nd, shape, &w, &err), err);
-    tp_tensor_unref(base);
-    tp_tensor_unref(v);
-    return w;
+    TP_CHECKF(tp_tensor_numel(v) <= 1 || !tp_tensor_is_contiguous(v),
+              "rnd_nc: %d-d view is contiguous", nd);
+    return v;
 }
 
 static inline tp_tensor *

@@ -204,7 +204,7 @@ t_multiple_roots_and_map(void)
     err = NULL;
     // A root gradient of the wrong shape.
     TP_CHECK_EQ(tp_backward(1, &p, &c, false, &err), TP_EINVAL);
-    TP_CHECK_STR_CONTAINS(tp_error_message(err), "expected [4]");
+    TP_CHECK_STR_CONTAINS(tp_error_message(err), "expected f64 [4]");
     tp_error_unref(err);
     tp_tensor_unref(c);
     tp_tensor_unref(g2);
@@ -348,43 +348,185 @@ failing_backward_msg(tp_node *node, tp_tensor *const *gout, tp_tensor **gin,
     return st;
 }
 
-static const tp_node_ops fail_ops = {.name = "FailingOp",
-                                     .backward = failing_backward};
-static const tp_node_ops fail_msg_ops = {.name = "FailingWithMessage",
-                                         .backward = failing_backward_msg};
+// Order of the backward calls in t_error_in_backward: each failing
+// function and the probe record when they ran.
+static int bw_clock, bad_ran_at;
+
+static tp_status
+failing_backward_seq(tp_node *node, tp_tensor *const *gout, tp_tensor **gin,
+                     tp_error **err_p)
+{
+    bad_ran_at = ++bw_clock;
+    return tp_node_arg(node) ? failing_backward_msg(node, gout, gin, err_p)
+                             : failing_backward(node, gout, gin, err_p);
+}
+
+static const tp_node_ops fail_seq_ops = {.name = "FailingOp",
+                                         .backward = failing_backward_seq};
+
+static tp_status
+clock_probe_backward(tp_node *node, tp_tensor *const *gout, tp_tensor **gin,
+                     tp_error **err_p)
+{
+    *(int *)tp_node_arg(node) = ++bw_clock;
+    return tp_tensor_clone(gout[0], &gin[0], err_p);
+}
+
+static const tp_node_ops clock_probe_ops = {.name = "ClockProbe",
+                                            .backward = clock_probe_backward};
 
 static void
 t_error_in_backward(void)
 {
+    // l = sum(probe(x)) + sum(2 * bad(exp(x))), the branches in both
+    // orders. The probe branch does not depend on the failing node, so
+    // only a pass that stops at the error keeps it from running after it.
+    int probe_skipped = 0;
     for (int k = 0; k < 2; k++) {
-        tp_tensor *x = leaf(vec(3, -1, 1)), *y, *z, *l;
-        tp_node *bad;
-        TP_CHECK_OK(tp_exp(x, &y, NULL), NULL);
-        TP_CHECK_OK(tp_node_create(k ? &fail_msg_ops : &fail_ops, NULL, 1, &y,
-                                   1, &bad, NULL),
-                    NULL);
+        for (int order = 0; order < 2; order++) {
+            tp_tensor *x = leaf(vec(3, -1, 1)), *y, *z, *l, *q;
+            tp_node *bad, *probe;
+            int probe_ran_at = 0;
+            bw_clock = 0;
+            bad_ran_at = 0;
+            TP_CHECK_OK(tp_exp(x, &y, NULL), NULL);
+            TP_CHECK_OK(tp_node_create(&fail_seq_ops, k ? &bw_clock : NULL, 1,
+                                       &y, 1, &bad, NULL),
+                        NULL);
+            TP_CHECK_OK(
+                tp_tensor_empty(TP_F64, 1, (const int64_t[]){3}, &z, NULL),
+                NULL);
+            TP_CHECK_OK(tp_tensor_set_grad_fn(z, bad, 0, NULL), NULL);
+            tp_node_unref(bad);
+            TP_CHECK_OK(tp_node_create(&clock_probe_ops, &probe_ran_at, 1, &x,
+                                       1, &probe, NULL),
+                        NULL);
+            TP_CHECK_OK(
+                tp_tensor_empty(TP_F64, 1, (const int64_t[]){3}, &q, NULL),
+                NULL);
+            TP_CHECK_OK(tp_tensor_set_grad_fn(q, probe, 0, NULL), NULL);
+            tp_node_unref(probe);
+            TP_CHECK_OK(tp_mul_scalar(z, 2, &l, NULL), NULL);
+            tp_tensor *sl = sum_of(l), *sq = sum_of(q), *s;
+            TP_CHECK_OK(order ? tp_add(sq, sl, &s, NULL)
+                              : tp_add(sl, sq, &s, NULL),
+                        NULL);
+            tp_error *err = NULL;
+            tp_status st = tp_backward(1, &s, NULL, false, &err);
+            TP_CHECK_EQ(st, k ? TP_EINVAL : TP_EIO);
+            TP_CHECK_STR_CONTAINS(tp_error_message(err),
+                                  k ? "backward of FailingOp: tensor "
+                                      "empty: negative size"
+                                    : "backward of FailingOp");
+            tp_error_unref(err);
+            TP_CHECK(bad_ran_at > 0);
+            // Nothing runs after the failing node: the probe ran before
+            // it or not at all.
+            TP_CHECKF(probe_ran_at < bad_ran_at,
+                      "probe ran at %d, after the failure at %d", probe_ran_at,
+                      bad_ran_at);
+            probe_skipped += probe_ran_at == 0;
+            // The leaf got at most the probe's gradient, never exp's.
+            tp_tensor *gx = tp_tensor_grad(x);
+            TP_CHECK(probe_ran_at ? gx != NULL : gx == NULL);
+            if (gx) {
+                for (int i = 0; i < 3; i++) {
+                    TP_CHECK(at(gx, i) == 1.0);
+                }
+            }
+            tp_tensor_unref(s);
+            tp_tensor_unref(sl);
+            tp_tensor_unref(sq);
+            tp_tensor_unref(q);
+            tp_tensor_unref(l);
+            tp_tensor_unref(z);
+            tp_tensor_unref(y);
+            tp_tensor_unref(x);
+        }
+    }
+    // In one of the orders the failure came first and the probe was
+    // skipped: the pass really stopped.
+    TP_CHECK(probe_skipped >= 2);
+}
+
+// Saved state is released once, before destroy, whether the node ran
+// without retain_graph first or was never run.
+struct rel_probe {
+    bool destroyed;
+    int released;
+    int released_after_destroy;
+};
+
+static tp_status
+rel_backward(tp_node *node, tp_tensor *const *gout, tp_tensor **gin,
+             tp_error **err_p)
+{
+    return tp_tensor_clone(gout[0], &gin[0], err_p);
+}
+
+static void
+rel_release(tp_node *node)
+{
+    struct rel_probe *p = tp_node_arg(node);
+    p->released++;
+    p->released_after_destroy += p->destroyed;
+}
+
+static void
+rel_destroy(tp_node *node)
+{
+    struct rel_probe *p = tp_node_arg(node);
+    p->destroyed = true;
+}
+
+static const tp_node_ops rel_ops = {.name = "ReleaseProbe",
+                                    .backward = rel_backward,
+                                    .release = rel_release,
+                                    .destroy = rel_destroy};
+
+static void
+t_release_once(void)
+{
+    for (int run = 0; run < 3; run++) {
+        // run 0: never run; 1: run without retain_graph; 2: with it.
+        struct rel_probe p = {0};
+        tp_tensor *x = leaf(vec(3, -1, 1)), *z, *s;
+        tp_node *node;
+        TP_CHECK_OK(tp_node_create(&rel_ops, &p, 1, &x, 1, &node, NULL), NULL);
         TP_CHECK_OK(tp_tensor_empty(TP_F64, 1, (const int64_t[]){3}, &z, NULL),
                     NULL);
-        TP_CHECK_OK(tp_tensor_set_grad_fn(z, bad, 0, NULL), NULL);
-        tp_node_unref(bad);
-        TP_CHECK_OK(tp_mul_scalar(z, 2, &l, NULL), NULL);
-        tp_tensor *s = sum_of(l);
-        tp_error *err = NULL;
-        tp_status st = tp_backward(1, &s, NULL, false, &err);
-        TP_CHECK_EQ(st, k ? TP_EINVAL : TP_EIO);
-        TP_CHECK_STR_CONTAINS(tp_error_message(err),
-                              k ? "backward of FailingWithMessage: tensor "
-                                  "empty: negative size"
-                                : "backward of FailingOp");
-        tp_error_unref(err);
-        // The pass stopped: nothing reached x.
-        TP_CHECK(tp_tensor_grad(x) == NULL);
+        TP_CHECK_OK(tp_tensor_set_grad_fn(z, node, 0, NULL), NULL);
+        tp_node_unref(node);
+        s = sum_of(z);
+        if (run > 0) {
+            TP_CHECK_OK(tp_backward(1, &s, NULL, run == 2, NULL), NULL);
+            TP_CHECK_EQ(p.released, run == 1 ? 1 : 0);
+        }
         tp_tensor_unref(s);
-        tp_tensor_unref(l);
-        tp_tensor_unref(z);
-        tp_tensor_unref(y);
+        tp_tensor_unref(z); // the last reference to the node
+        TP_CHECK(p.destroyed);
+        TP_CHECK_EQ(p.released, 1);
+        TP_CHECK_EQ(p.released_after_destroy, 0);
         tp_tensor_unref(x);
     }
+}
+
+// A root gradient must have the root's dtype as well as its shape.
+static void
+t_root_grad_dtype(void)
+{
+    tp_tensor *x = leaf(vec(3, -1, 1)), *y, *g;
+    TP_CHECK_OK(tp_exp(x, &y, NULL), NULL);
+    TP_CHECK_OK(tp_tensor_ones(TP_F32, 1, (const int64_t[]){3}, &g, NULL),
+                NULL);
+    tp_error *err = NULL;
+    TP_CHECK_EQ(tp_backward(1, &y, &g, false, &err), TP_EINVAL);
+    TP_CHECK_STR_CONTAINS(tp_error_message(err), "is f32 [3], expected f64");
+    tp_error_unref(err);
+    TP_CHECK(tp_tensor_grad(x) == NULL);
+    tp_tensor_unref(g);
+    tp_tensor_unref(y);
+    tp_tensor_unref(x);
 }
 
 static void
@@ -771,6 +913,8 @@ AG_LEAK_CHECKED(t_multiple_roots_and_map)
 AG_LEAK_CHECKED(t_boundary_recv)
 AG_LEAK_CHECKED(t_boundary_send)
 AG_LEAK_CHECKED(t_error_in_backward)
+AG_LEAK_CHECKED(t_release_once)
+AG_LEAK_CHECKED(t_root_grad_dtype)
 AG_LEAK_CHECKED(t_long_chain)
 AG_LEAK_CHECKED(t_leaf_rules)
 AG_LEAK_CHECKED(t_threads_share_leaves)
@@ -787,6 +931,8 @@ static const tp_test_case cases[] = {
     AG_TEST(t_boundary_recv),
     AG_TEST(t_boundary_send),
     AG_TEST(t_error_in_backward),
+    AG_TEST(t_release_once),
+    AG_TEST(t_root_grad_dtype),
     AG_TEST(t_long_chain),
     AG_TEST(t_leaf_rules),
     AG_TEST(t_threads_share_leaves),

@@ -115,9 +115,19 @@ t_binary_gradcheck(void)
     int64_t s[1] = {5};
     tp_tensor *x = leaf(rnd(TP_F64, 1, s, 0.5, 2)), *in[2] = {x, x};
     gradcheck("mul(x, x)", f_bin, (void *)&bin_cases[2], 2, in);
+    // And by value: d sum(x * x) / dx = 2x.
+    tp_tensor *o, *l;
+    tp_tensor_zero_grad(x);
+    TP_CHECK_OK(tp_mul(x, x, &o, NULL), NULL);
+    TP_CHECK_OK(tp_sum(o, &l, NULL), NULL);
+    TP_CHECK_OK(tp_backward(1, &l, NULL, false, NULL), NULL);
+    TP_CHECK(tp_tensor_grad(x) != NULL);
     for (int i = 0; i < 5; i++) {
-        TP_CHECK(tp_tensor_grad(x) != NULL);
+        check_close(at(tp_tensor_grad(x), i), 2 * at(x, i), 1e-15, 0,
+                    "mul(x, x) grad", i);
     }
+    tp_tensor_unref(l);
+    tp_tensor_unref(o);
     tp_tensor_unref(x);
 }
 
@@ -397,6 +407,11 @@ static const struct mm_case {
     {2, 2, {0, 4}, {4, 3}, false, false},
     {2, 2, {3, 0}, {0, 2}, false, false},
     {3, 2, {2, 2, 37}, {37, 19}, false, false}, // odd sizes: kernel edges
+    // Batched x shared 2-D with k = 0 and n = 0 (B's gradient folds A's
+    // batch into rows).
+    {3, 2, {2, 3, 0}, {0, 5}, false, false},
+    {3, 2, {2, 3, 4}, {4, 0}, false, false},
+    {3, 2, {2, 3, 4}, {4, 0}, true, false},
 };
 
 // float64 reference of one output element.
@@ -647,6 +662,19 @@ f_view(tp_tensor *const *in, void *ctx, tp_tensor **out, tp_error **err_p)
         st = tp_mul(w, w, out, err_p);
         tp_tensor_unref(w);
         return st;
+    case 7:
+        // A zero-size narrow: [3, 0].
+        return tp_tensor_narrow(in[0], 1, 2, 0, out, err_p);
+    case 8:
+        // [3, 4] narrowed to [3, 1], expanded to [0, 3, 4].
+        st = tp_tensor_narrow(in[0], 1, 2, 1, &v, err_p);
+        if (st != TP_OK) {
+            return st;
+        }
+        es[0] = 0;
+        st = tp_tensor_expand(v, 3, es, out, err_p);
+        tp_tensor_unref(v);
+        return st;
     default:
         st = tp_tensor_to_dtype(in[0], TP_F32, &v, err_p);
         if (st != TP_OK) {
@@ -662,7 +690,7 @@ static void
 t_view_gradcheck(void)
 {
     int64_t s[2] = {3, 4};
-    for (int kind = 0; kind < 7; kind++) {
+    for (int kind = 0; kind < 9; kind++) {
         for (int nc = 0; nc < 2; nc++) {
             struct view_ctx vc = {kind};
             tp_tensor *in = leaf(nc ? rnd_nc(TP_F64, 2, s, -1, 1)
@@ -672,10 +700,14 @@ t_view_gradcheck(void)
                 // converted, with a float-sized tolerance via exact values.
                 tp_tensor *o, *g;
                 TP_CHECK_OK(f_view(&in, &vc, &o, NULL), NULL);
-                TP_CHECK_OK(tp_tensor_ones(TP_F64, 2, s, &g, NULL), NULL);
+                g = rnd(TP_F64, 2, s, -1, 1);
                 TP_CHECK_OK(tp_backward(1, &o, &g, false, NULL), NULL);
                 TP_CHECK_EQ(tp_tensor_dtype(tp_tensor_grad(in)), TP_F64);
-                TP_CHECK(at(tp_tensor_grad(in), 5) == 1.0);
+                check_shape(tp_tensor_grad(in), 2, s);
+                for (int i = 0; i < 12; i++) {
+                    TP_CHECK(at(tp_tensor_grad(in), i) ==
+                             (double)(float)at(g, i));
+                }
                 tp_tensor_unref(o);
                 tp_tensor_unref(g);
             } else {
@@ -795,12 +827,31 @@ t_mse_loss(void)
         tp_tensor_unref(o);
         tp_tensor_unref(a);
         tp_tensor_unref(b);
-        in[0] = leaf(rnd(TP_F64, ps[p].na, ps[p].a, -1, 1));
-        in[1] = leaf(rnd(TP_F64, ps[p].nb, ps[p].b, -1, 1));
-        gradcheck("mse_loss", f_mse, NULL, 2, in);
-        tp_tensor_unref(in[0]);
-        tp_tensor_unref(in[1]);
+        for (int nc = 0; nc < 2; nc++) {
+            in[0] = leaf(nc ? rnd_nc(TP_F64, ps[p].na, ps[p].a, -1, 1)
+                            : rnd(TP_F64, ps[p].na, ps[p].a, -1, 1));
+            in[1] = leaf(rnd(TP_F64, ps[p].nb, ps[p].b, -1, 1));
+            gradcheck("mse_loss", f_mse, NULL, 2, in);
+            tp_tensor_unref(in[0]);
+            tp_tensor_unref(in[1]);
+        }
     }
+    // Zero-size: the loss is nan (a mean of nothing); backward gives
+    // empty gradients.
+    int64_t z[2] = {0, 3};
+    tp_tensor *in[2] = {leaf(rnd(TP_F64, 2, z, -1, 1)),
+                        leaf(rnd(TP_F64, 2, z, -1, 1))};
+    tp_tensor *o;
+    TP_CHECK_OK(tp_mse_loss(in[0], in[1], &o, NULL), NULL);
+    TP_CHECK(isnan(at(o, 0)));
+    TP_CHECK_OK(tp_backward(1, &o, NULL, false, NULL), NULL);
+    for (int i = 0; i < 2; i++) {
+        TP_CHECK(tp_tensor_grad(in[i]) != NULL);
+        check_shape(tp_tensor_grad(in[i]), 2, z);
+    }
+    tp_tensor_unref(o);
+    tp_tensor_unref(in[0]);
+    tp_tensor_unref(in[1]);
 }
 
 static tp_tensor *
@@ -870,6 +921,55 @@ t_nll_cross_entropy(void)
     TP_CHECK_EQ(tp_cross_entropy(x, t, &o, NULL), TP_EINVAL);
     tp_tensor_unref(t);
     tp_tensor_unref(x);
+
+    // Non-contiguous logits and a strided target.
+    for (int dt = 0; dt < 2; dt++) {
+        tp_tensor *tt = targets(dt ? TP_I64 : TP_I32, 12, 4), *ts;
+        TP_CHECK_OK(tp_tensor_narrow(tt, 0, 0, 6, &ts, NULL), NULL);
+        tp_tensor *in[2] = {leaf(rnd_nc(TP_F64, 2, s, -2, 2)), ts};
+        gradcheck("nll_loss nc", f_nll, NULL, 2, in);
+        gradcheck("cross_entropy nc", f_ce, NULL, 2, in);
+        tp_tensor_unref(in[0]);
+        tp_tensor_unref(ts);
+        tp_tensor_unref(tt);
+    }
+    // N = 0: nan loss, an empty gradient.
+    int64_t s0[2] = {0, 4};
+    tp_tensor *x0 = leaf(rnd(TP_F64, 2, s0, -2, 2));
+    tp_tensor *t0 = targets(TP_I64, 0, 4);
+    for (int ce = 0; ce < 2; ce++) {
+        tp_tensor_zero_grad(x0);
+        TP_CHECK_OK(ce ? tp_cross_entropy(x0, t0, &o, NULL)
+                       : tp_nll_loss(x0, t0, &o, NULL),
+                    NULL);
+        TP_CHECK(isnan(at(o, 0)));
+        TP_CHECK_OK(tp_backward(1, &o, NULL, false, NULL), NULL);
+        TP_CHECK(tp_tensor_grad(x0) != NULL);
+        check_shape(tp_tensor_grad(x0), 2, s0);
+        tp_tensor_unref(o);
+    }
+    tp_tensor_unref(x0);
+    tp_tensor_unref(t0);
+
+    // Targets changed after forward do not change (or break) backward:
+    // the op keeps its own copy.
+    x = leaf(rnd(TP_F64, 2, s, -2, 2));
+    t = targets(TP_I64, 6, 4);
+    TP_CHECK_OK(tp_nll_loss(x, t, &o, NULL), NULL);
+    for (int i = 0; i < 6; i++) {
+        tp_tensor_set_item(t, i, 1000 + i);
+    }
+    TP_CHECK_OK(tp_backward(1, &o, NULL, false, NULL), NULL);
+    for (int64_t i = 0; i < 6; i++) {
+        for (int64_t j = 0; j < 4; j++) {
+            double want = j == (i * 7 + 3) % 4 ? -1.0 / 6 : 0.0;
+            check_close(at(tp_tensor_grad(x), i * 4 + j), want, 1e-15, 0,
+                        "nll grad after target change", i * 4 + j);
+        }
+    }
+    tp_tensor_unref(o);
+    tp_tensor_unref(t);
+    tp_tensor_unref(x);
 }
 
 static tp_status
@@ -915,6 +1015,71 @@ t_embedding(void)
         tp_tensor_unref(in[0]);
         tp_tensor_unref(idx);
     }
+
+    // Indices changed after forward do not change (or break) backward:
+    // the op keeps its own copy.
+    tp_tensor *w = leaf(rnd(TP_F64, 2, ws, -1, 1)), *idx, *o;
+    TP_CHECK_OK(tp_tensor_empty(TP_I64, 1, (const int64_t[]){3}, &idx, NULL),
+                NULL);
+    for (int i = 0; i < 3; i++) {
+        tp_tensor_set_item(idx, i, 2 * i);
+    }
+    TP_CHECK_OK(tp_embedding(w, idx, &o, NULL), NULL);
+    for (int i = 0; i < 3; i++) {
+        ((int64_t *)tp_tensor_data(idx))[i] = INT64_C(1) << 40;
+    }
+    tp_tensor *g;
+    TP_CHECK_OK(tp_tensor_ones(TP_F64, 2, (const int64_t[]){3, 3}, &g, NULL),
+                NULL);
+    TP_CHECK_OK(tp_backward(1, &o, &g, false, NULL), NULL);
+    for (int r = 0; r < 7; r++) {
+        for (int j = 0; j < 3; j++) {
+            TP_CHECK(at(tp_tensor_grad(w), r * 3 + j) ==
+                     (r % 2 == 0 && r < 6 ? 1.0 : 0.0));
+        }
+    }
+    tp_tensor_unref(g);
+    tp_tensor_unref(o);
+    // Indices are read as integers: INT64_MAX is reported exactly.
+    ((int64_t *)tp_tensor_data(idx))[0] = 0;
+    ((int64_t *)tp_tensor_data(idx))[1] = INT64_MAX;
+    tp_error *err = NULL;
+    TP_CHECK_EQ(tp_embedding(w, idx, &o, &err), TP_EINVAL);
+    TP_CHECK_STR_CONTAINS(tp_error_message(err), "index 9223372036854775807");
+    tp_error_unref(err);
+    tp_tensor_unref(idx);
+    // Zero-size indices: a [2, 0, 3] result and a zero gradient.
+    int64_t zs[2] = {2, 0}, os[3] = {2, 0, 3};
+    TP_CHECK_OK(tp_tensor_empty(TP_I32, 2, zs, &idx, NULL), NULL);
+    TP_CHECK_OK(tp_embedding(w, idx, &o, NULL), NULL);
+    check_shape(o, 3, os);
+    tp_tensor_unref(o);
+    tp_tensor *in[2] = {w, idx};
+    gradcheck("embedding empty", f_emb, NULL, 2, in);
+    tp_tensor_unref(idx);
+    tp_tensor_unref(w);
+}
+
+// pow(a, 0) is 1 everywhere, so its gradient is 0, also at a = 0 (where
+// 0 * 0^-1 would be nan), as in PyTorch.
+static void
+t_pow_zero(void)
+{
+    int64_t s[1] = {4};
+    tp_tensor *a, *o, *l;
+    TP_CHECK_OK(tp_tensor_zeros(TP_F64, 1, s, &a, NULL), NULL);
+    tp_tensor_set_item(a, 3, 2.5);
+    leaf(a);
+    TP_CHECK_OK(tp_pow(a, 0, &o, NULL), NULL);
+    TP_CHECK_OK(tp_sum(o, &l, NULL), NULL);
+    TP_CHECK(at(l, 0) == 4.0);
+    TP_CHECK_OK(tp_backward(1, &l, NULL, false, NULL), NULL);
+    for (int i = 0; i < 4; i++) {
+        TP_CHECK(at(tp_tensor_grad(a), i) == 0.0);
+    }
+    tp_tensor_unref(l);
+    tp_tensor_unref(o);
+    tp_tensor_unref(a);
 }
 
 static void
@@ -941,6 +1106,41 @@ t_axpy(void)
     tp_tensor_unref(y);
     tp_tensor_unref(y0);
     tp_tensor_unref(x);
+
+    // A broadcast (stride-0) y cannot be updated in place.
+    tp_tensor *row = rnd(TP_F64, 1, r, -1, 1), *ey;
+    TP_CHECK_OK(tp_tensor_expand(row, 2, s, &ey, NULL), NULL);
+    x = rnd(TP_F64, 2, s, -1, 1);
+    err = NULL;
+    TP_CHECK_EQ(tp_tensor_axpy(ey, 1, x, &err), TP_EINVAL);
+    TP_CHECK_STR_CONTAINS(tp_error_message(err), "broadcast");
+    tp_error_unref(err);
+    tp_tensor_unref(ey);
+    tp_tensor_unref(row);
+    tp_tensor_unref(x);
+
+    // x aliasing y: y += 2y, and y += y^T on a square matrix.
+    int64_t sq[2] = {3, 3};
+    y = rnd(TP_F64, 2, sq, -1, 1);
+    TP_CHECK_OK(tp_tensor_clone(y, &y0, NULL), NULL);
+    TP_CHECK_OK(tp_tensor_axpy(y, 2, y, NULL), NULL);
+    for (int i = 0; i < 9; i++) {
+        check_close(at(y, i), 3 * at(y0, i), 1e-15, 0, "axpy self", i);
+    }
+    tp_tensor_unref(y0);
+    TP_CHECK_OK(tp_tensor_clone(y, &y0, NULL), NULL);
+    tp_tensor *yt;
+    TP_CHECK_OK(tp_tensor_transpose(y, 0, 1, &yt, NULL), NULL);
+    TP_CHECK_OK(tp_tensor_axpy(y, 1, yt, NULL), NULL);
+    for (int i = 0; i < 3; i++) {
+        for (int j = 0; j < 3; j++) {
+            check_close(at(y, i * 3 + j), at(y0, i * 3 + j) + at(y0, j * 3 + i),
+                        1e-15, 0, "axpy transpose", i * 3 + j);
+        }
+    }
+    tp_tensor_unref(yt);
+    tp_tensor_unref(y0);
+    tp_tensor_unref(y);
 }
 
 AG_LEAK_CHECKED(t_binary_forward)
@@ -959,6 +1159,7 @@ AG_LEAK_CHECKED(t_mse_loss)
 AG_LEAK_CHECKED(t_nll_cross_entropy)
 AG_LEAK_CHECKED(t_embedding)
 AG_LEAK_CHECKED(t_axpy)
+AG_LEAK_CHECKED(t_pow_zero)
 
 static const tp_test_case cases[] = {
     AG_TEST(t_binary_forward),  AG_TEST(t_binary_gradcheck),
@@ -969,6 +1170,7 @@ static const tp_test_case cases[] = {
     AG_TEST(t_view_gradcheck),  AG_TEST(t_softmax),
     AG_TEST(t_mse_loss),        AG_TEST(t_nll_cross_entropy),
     AG_TEST(t_embedding),       AG_TEST(t_axpy),
+    AG_TEST(t_pow_zero),
 };
 
 TP_TEST_MAIN(cases)

@@ -3,6 +3,8 @@
 // copies between dtypes, random generators and byte ranges.
 
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <tpipe/tensor.h>
 
 #include "tensor_impl.h" // tp__tensor_cache_trim
@@ -186,6 +188,22 @@ t_views(void)
     TP_CHECK(tp_tensor_shares_storage(t, w));
     TP_CHECK_EQ(tp_tensor_shape(w)[0], 4);
     tp_tensor_unref(w);
+    // ... unless the strides allow it: the narrowed [2, 2, 4] is not
+    // contiguous, but its last two dims are dense together.
+    tp_tensor *nv;
+    TP_CHECK_OK(tp_tensor_narrow(t, 1, 1, 2, &nv, &err), err);
+    TP_CHECK(!tp_tensor_is_contiguous(nv));
+    int64_t s28[2] = {2, 8};
+    TP_CHECK_OK(tp_tensor_reshape(nv, 2, s28, &w, &err), err);
+    TP_CHECK(tp_tensor_shares_storage(nv, w));
+    TP_CHECK_EQ(tp_tensor_offset(w), 4);
+    TP_CHECK_EQ(tp_tensor_strides(w)[0], 12);
+    TP_CHECK_EQ(tp_tensor_strides(w)[1], 1);
+    for (int i = 0; i < 16; i++) {
+        TP_CHECK(at(w, i) == at(nv, i));
+    }
+    tp_tensor_unref(w);
+    tp_tensor_unref(nv);
     int64_t wrong[1] = {25};
     TP_CHECK_EQ(tp_tensor_reshape(t, 1, wrong, &w, &err), TP_EINVAL);
     TP_CHECK_STR_CONTAINS(tp_error_message(err), "[25]");
@@ -627,6 +645,186 @@ t_byte_ranges_random(void)
     tp_generator_destroy(g);
 }
 
+// Sizes, strides and offsets near INT64_MAX are errors, never views whose
+// index arithmetic wrapped around.
+static void
+t_view_overflow(void)
+{
+    int64_t s4[1] = {4};
+    tp_tensor *t, *v = NULL;
+    tp_error *err = NULL;
+    TP_CHECK_OK(tp_tensor_zeros(TP_F32, 1, s4, &t, NULL), NULL);
+    // narrow: start + len would overflow.
+    TP_CHECK_EQ(tp_tensor_narrow(t, 0, 1, INT64_MAX, &v, &err), TP_EINVAL);
+    TP_CHECK_STR_CONTAINS(tp_error_message(err), "out of range");
+    tp_error_unref(err);
+    err = NULL;
+    TP_CHECK_EQ(tp_tensor_narrow(t, 0, 5, 0, &v, NULL), TP_EINVAL);
+    TP_CHECK_OK(tp_tensor_narrow(t, 0, 4, 0, &v, NULL), NULL);
+    TP_CHECK_EQ(tp_tensor_numel(v), 0);
+    tp_tensor_unref(v);
+
+    // as_strided: a stride or offset that wraps the bounds check.
+    int64_t s2[1] = {2}, big[1] = {INT64_MAX}, one[1] = {1};
+    TP_CHECK_EQ(tp_tensor_as_strided(t, 1, s2, big, 1, &v, &err), TP_EINVAL);
+    TP_CHECK_STR_CONTAINS(tp_error_message(err), "outside a storage of 4");
+    tp_error_unref(err);
+    int64_t s3[1] = {3}, half[1] = {INT64_MAX / 2 + 1};
+    TP_CHECK_EQ(tp_tensor_as_strided(t, 1, s3, half, 0, &v, NULL), TP_EINVAL);
+    TP_CHECK_EQ(tp_tensor_as_strided(t, 1, s2, one, INT64_MAX, &v, NULL),
+                TP_EINVAL);
+    TP_CHECK_EQ(tp_tensor_as_strided(t, 1, s2, one, 3, &v, NULL), TP_EINVAL);
+    TP_CHECK_OK(tp_tensor_as_strided(t, 1, s2, one, 2, &v, NULL), NULL);
+    tp_tensor_unref(v);
+    // An empty view may sit at the end of the storage, not beyond it.
+    int64_t s0[1] = {0};
+    TP_CHECK_OK(tp_tensor_as_strided(t, 1, s0, big, 4, &v, NULL), NULL);
+    tp_tensor_unref(v);
+    TP_CHECK_EQ(tp_tensor_as_strided(t, 1, s0, one, 5, &v, NULL), TP_EINVAL);
+
+    // reshape: the product of the sizes must not wrap to numel.
+    tp_tensor *d;
+    TP_CHECK_OK(tp_tensor_zeros(TP_F64, 1, s2, &d, NULL), NULL);
+    int64_t wrap[2] = {44118, INT64_C(418122854021251)};
+    TP_CHECK_EQ(tp_tensor_reshape(d, 2, wrap, &v, &err), TP_EINVAL);
+    TP_CHECK_STR_CONTAINS(tp_error_message(err), "too large");
+    tp_error_unref(err);
+    err = NULL;
+    int64_t wrap_infer[3] = {44118, INT64_C(418122854021251), -1};
+    TP_CHECK_EQ(tp_tensor_reshape(d, 3, wrap_infer, &v, NULL), TP_EINVAL);
+    // expand: new leading dims count too.
+    int64_t lead[3] = {INT64_C(1) << 40, INT64_C(1) << 40, 2};
+    TP_CHECK_EQ(tp_tensor_expand(d, 3, lead, &v, &err), TP_EINVAL);
+    TP_CHECK_STR_CONTAINS(tp_error_message(err), "too large");
+    tp_error_unref(err);
+    int64_t lead_ok[2] = {3, 2};
+    TP_CHECK_OK(tp_tensor_expand(d, 2, lead_ok, &v, NULL), NULL);
+    tp_tensor_unref(v);
+    tp_tensor_unref(d);
+    tp_tensor_unref(t);
+}
+
+// The bytes an element walk of @t touches, as a 0/1 map of the storage.
+static void
+touched_bytes(const tp_tensor *t, unsigned char *map, size_t nbytes)
+{
+    int nd = tp_tensor_ndim(t);
+    const int64_t *sh = tp_tensor_shape(t), *st = tp_tensor_strides(t);
+    int64_t es = (int64_t)tp_dtype_size(tp_tensor_dtype(t));
+    memset(map, 0, nbytes);
+    for (int64_t i = 0; i < tp_tensor_numel(t); i++) {
+        int64_t off = tp_tensor_offset(t), rem = i;
+        for (int d = nd - 1; d >= 0; d--) {
+            off += (rem % sh[d]) * st[d];
+            rem /= sh[d];
+        }
+        TP_CHECK(off >= 0 && (size_t)((off + 1) * es) <= nbytes);
+        memset(map + off * es, 1, (size_t)es);
+    }
+}
+
+// Checks the ranges of @t are ascending, apart, inside the storage, and
+// cover exactly the bytes its elements touch.
+static void
+check_ranges_exact(const tp_tensor *t, const char *what)
+{
+    size_t nbytes = tp_tensor_storage_nbytes(t), n;
+    unsigned char *want = malloc(nbytes + 1), *got = malloc(nbytes + 1);
+    touched_bytes(t, want, nbytes);
+    TP_CHECK_OK(tp_tensor_byte_ranges(t, NULL, 0, &n), NULL);
+    tp_byte_range *r = malloc(sizeof(*r) * (n + 1));
+    size_t n2;
+    TP_CHECK_OK(tp_tensor_byte_ranges(t, r, n, &n2), NULL);
+    TP_CHECK_EQ(n2, n);
+    memset(got, 0, nbytes);
+    for (size_t k = 0; k < n; k++) {
+        TP_CHECK(r[k].len > 0 && r[k].offset + r[k].len <= nbytes);
+        if (k > 0) {
+            TP_CHECK(r[k].offset > r[k - 1].offset + r[k - 1].len);
+        }
+        memset(got + r[k].offset, 1, r[k].len);
+    }
+    for (size_t b = 0; b < nbytes; b++) {
+        TP_CHECKF(want[b] == got[b], "%s: byte %zu is %s the ranges", what, b,
+                  want[b] ? "missing from" : "wrongly in");
+    }
+    free(r);
+    free(want);
+    free(got);
+}
+
+// Views made by as_strided need not nest (a dim's stride below the span of
+// the dims inside it); their ranges must still cover every byte read.
+static void
+t_byte_ranges_as_strided(void)
+{
+    int64_t s16[1] = {16};
+    tp_tensor *u, *v;
+    tp_byte_range r[16];
+    size_t n;
+    TP_CHECK_OK(tp_tensor_zeros(TP_U8, 1, s16, &u, NULL), NULL);
+    // Elements 0, 4, 3, 7, 6, 10: bytes 0, 3-4, 6-7, 10.
+    int64_t sh[2] = {3, 2}, st[2] = {3, 4};
+    TP_CHECK_OK(tp_tensor_as_strided(u, 2, sh, st, 0, &v, NULL), NULL);
+    TP_CHECK_OK(tp_tensor_byte_ranges(v, r, 16, &n), NULL);
+    TP_CHECK_EQ(n, 4);
+    TP_CHECK_EQ(r[0].offset, 0);
+    TP_CHECK_EQ(r[0].len, 1);
+    TP_CHECK_EQ(r[1].offset, 3);
+    TP_CHECK_EQ(r[1].len, 2);
+    TP_CHECK_EQ(r[2].offset, 6);
+    TP_CHECK_EQ(r[2].len, 2);
+    TP_CHECK_EQ(r[3].offset, 10);
+    TP_CHECK_EQ(r[3].len, 1);
+    check_ranges_exact(v, "interleaved");
+    tp_tensor_unref(v);
+    tp_tensor_unref(u);
+
+    // 2^57 elements in 2^38 overlapping runs over 3 MB: one covering
+    // range, at once.
+    int64_t s3m[1] = {3 << 20};
+    TP_CHECK_OK(tp_tensor_empty(TP_U8, 1, s3m, &u, NULL), NULL);
+    int64_t hs[3] = {1 << 19, 1 << 19, 1 << 19}, ones[3] = {1, 1, 1};
+    TP_CHECK_OK(tp_tensor_as_strided(u, 3, hs, ones, 5, &v, NULL), NULL);
+    TP_CHECK_OK(tp_tensor_byte_ranges(v, r, 16, &n), NULL);
+    TP_CHECK_EQ(n, 1);
+    TP_CHECK_EQ(r[0].offset, 5);
+    TP_CHECK_EQ(r[0].len, 3 * ((1 << 19) - 1) + 1);
+    tp_tensor_unref(v);
+    tp_tensor_unref(u);
+
+    // Random as_strided views, nesting or not, against the bytes touched.
+    tp_generator *g;
+    TP_CHECK_OK(tp_generator_create(11, &g), NULL);
+    for (int trial = 0; trial < 500; trial++) {
+        tp_tensor *rn;
+        TP_CHECK_OK(
+            tp_tensor_rand(TP_F64, 1, (int64_t[]){10}, 0, 1, g, &rn, NULL),
+            NULL);
+        tp_dtype dt = at(rn, 0) < 0.5 ? TP_U8 : TP_I32;
+        int nd = 1 + (int)(at(rn, 1) * 3);
+        int64_t shape[3], strides[3], last = 0;
+        for (int d = 0; d < nd; d++) {
+            shape[d] = 1 + (int64_t)(at(rn, 2 + d) * 4);
+            strides[d] = (int64_t)(at(rn, 5 + d) * 7);
+            last += (shape[d] - 1) * strides[d];
+        }
+        int64_t offset = (int64_t)(at(rn, 8) * 5);
+        int64_t cap = offset + last + 1 + (int64_t)(at(rn, 9) * 4);
+        tp_tensor_unref(rn);
+        TP_CHECK_OK(tp_tensor_zeros(dt, 1, &cap, &u, NULL), NULL);
+        TP_CHECK_OK(
+            tp_tensor_as_strided(u, nd, shape, strides, offset, &v, NULL),
+            NULL);
+        char what[64];
+        snprintf(what, sizeof(what), "trial %d", trial);
+        check_ranges_exact(v, what);
+        tp_tensor_unref(v);
+        tp_tensor_unref(u);
+    }
+    tp_generator_destroy(g);
+}
+
 // Large blocks are reused after a tensor goes (no new page faults), and
 // zeros() still gives zeros on a reused block.
 static void
@@ -662,6 +860,8 @@ AG_LEAK_CHECKED(t_random)
 AG_LEAK_CHECKED(t_byte_ranges)
 AG_LEAK_CHECKED(t_byte_ranges_random)
 AG_LEAK_CHECKED(t_block_cache)
+AG_LEAK_CHECKED(t_view_overflow)
+AG_LEAK_CHECKED(t_byte_ranges_as_strided)
 
 static const tp_test_case cases[] = {
     AG_TEST(t_dtypes),
@@ -676,6 +876,8 @@ static const tp_test_case cases[] = {
     AG_TEST(t_byte_ranges),
     AG_TEST(t_byte_ranges_random),
     AG_TEST(t_block_cache),
+    AG_TEST(t_view_overflow),
+    AG_TEST(t_byte_ranges_as_strided),
 };
 
 TP_TEST_MAIN(cases)
