@@ -31,6 +31,9 @@
 tp_status
 tp__k_check_float(const char *op, const tp_tensor *t, tp_error **err_p)
 {
+    if (tp__tensor_check_cpu(op, t, err_p) != TP_OK) {
+        return TP_ENOTSUP;
+    }
     if (t->t_dtype != TP_F32 && t->t_dtype != TP_F64) {
         return tp__error_set(err_p, TP_ENOTSUP,
                              "%s: dtype %s is not supported (f32, f64)", op,

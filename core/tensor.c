@@ -10,6 +10,7 @@
 #include "alloc.h"
 #include "error.h"
 #include "platform.h"
+#include "cuda.h"
 #include "tensor_impl.h"
 
 // ---- dtypes ----------------------------------------------------------------
@@ -659,6 +660,104 @@ tp_tensor_from_blob(void *data, tp_dtype dt, int ndim, const int64_t *shape,
     return TP_OK;
 }
 
+static void
+tensor_cuda_free(void *data, void *arg)
+{
+    tp__cuda_free((int)(intptr_t)arg, data);
+}
+
+tp_status
+tp_tensor_empty_on(tp_device dev, tp_dtype dt, int ndim, const int64_t *shape,
+                   tp_tensor **t_p, tp_error **err_p)
+{
+    if (dev.type == TP_DEVICE_CPU) {
+        return tp_tensor_empty(dt, ndim, shape, t_p, err_p);
+    }
+    if (dev.type != TP_DEVICE_CUDA) {
+        return tp__error_set(err_p, TP_EINVAL,
+                             "tensor empty_on: unknown device type %d",
+                             (int)dev.type);
+    }
+    tp_status st = check_shape("tensor empty_on", dt, ndim, shape, err_p);
+    if (st != TP_OK) {
+        return st;
+    }
+    size_t nbytes = (size_t)tp__shape_numel(ndim, shape) * tp_dtype_size(dt);
+    void *data = NULL;
+    st = tp__cuda_alloc(dev.index, nbytes, &data, err_p);
+    if (st != TP_OK) {
+        return st;
+    }
+    tp_storage *s = tp__zalloc(sizeof(*s));
+    if (!s) {
+        tp__cuda_free(dev.index, data);
+        return tp__error_set(err_p, TP_ENOMEM, "tensor: out of memory");
+    }
+    atomic_init(&s->s_refs, 1);
+    s->s_data = data;
+    s->s_nbytes = nbytes;
+    s->s_device = dev;
+    int64_t strides[TP_TENSOR_MAX_DIMS];
+    tp__contiguous_strides(ndim, shape, strides);
+    st = tp__tensor_make(s, dt, ndim, shape, strides, 0, t_p, err_p);
+    if (st != TP_OK) {
+        tp__cuda_free(dev.index, data);
+        tp__free(s);
+        return st;
+    }
+    s->s_free = tensor_cuda_free;
+    s->s_free_arg = (void *)(intptr_t)dev.index;
+    storage_unref(s);
+    return TP_OK;
+}
+
+tp_status
+tp_tensor_to_device(tp_tensor *t, tp_device dev, tp_tensor **out_p,
+                    tp_error **err_p)
+{
+    tp_device from = t->t_storage->s_device;
+    if (from.type == dev.type &&
+        (dev.type == TP_DEVICE_CPU || from.index == dev.index)) {
+        *out_p = tp_tensor_ref(t);
+        return TP_OK;
+    }
+    // The copy is one contiguous block: a strided CPU view is made
+    // contiguous first; a strided device view is not supported.
+    tp_tensor *src = NULL;
+    tp_status st;
+    if (from.type == TP_DEVICE_CPU) {
+        st = tp__contiguous_raw(t, &src, err_p);
+    } else if (!tp_tensor_is_contiguous(t)) {
+        return tp__error_set(err_p, TP_ENOTSUP,
+                             "tensor to_device: a non-contiguous cuda:%d "
+                             "view cannot be copied; make it contiguous on "
+                             "the device first",
+                             from.index);
+    } else {
+        src = tp_tensor_ref(t);
+        st = TP_OK;
+    }
+    if (st != TP_OK) {
+        return st;
+    }
+    tp_tensor *dst;
+    st =
+        tp_tensor_empty_on(dev, t->t_dtype, t->t_ndim, t->t_shape, &dst, err_p);
+    if (st == TP_OK) {
+        st = tp__cuda_copy(
+            tp__tensor_ptr(dst), dev.type == TP_DEVICE_CPU ? -1 : dev.index,
+            tp__tensor_ptr(src), from.type == TP_DEVICE_CPU ? -1 : from.index,
+            tp_tensor_nbytes(dst), err_p);
+        if (st != TP_OK) {
+            tp_tensor_unref(dst);
+        } else {
+            *out_p = dst;
+        }
+    }
+    tp_tensor_unref(src);
+    return st;
+}
+
 tp_tensor *
 tp_tensor_ref(tp_tensor *t)
 {
@@ -792,9 +891,23 @@ elem_ptr(const tp_tensor *t, int64_t i)
 }
 
 tp_status
+tp__tensor_check_cpu(const char *op, const tp_tensor *t, tp_error **err_p)
+{
+    if (t->t_storage->s_device.type != TP_DEVICE_CPU) {
+        return tp__error_set(err_p, TP_ENOTSUP,
+                             "%s: the tensor is on cuda:%d; this operation "
+                             "runs on CPU tensors only (copy it with "
+                             "tp_tensor_to_device first)",
+                             op, t->t_storage->s_device.index);
+    }
+    return TP_OK;
+}
+
+tp_status
 tp_tensor_item(const tp_tensor *t, int64_t i, double *v_p)
 {
-    if (i < 0 || i >= tp_tensor_numel(t)) {
+    if (i < 0 || i >= tp_tensor_numel(t) ||
+        t->t_storage->s_device.type != TP_DEVICE_CPU) {
         return TP_EINVAL;
     }
     *v_p = tp__load_f64(elem_ptr(t, i), t->t_dtype);
@@ -804,7 +917,8 @@ tp_tensor_item(const tp_tensor *t, int64_t i, double *v_p)
 tp_status
 tp_tensor_set_item(tp_tensor *t, int64_t i, double v)
 {
-    if (i < 0 || i >= tp_tensor_numel(t)) {
+    if (i < 0 || i >= tp_tensor_numel(t) ||
+        t->t_storage->s_device.type != TP_DEVICE_CPU) {
         return TP_EINVAL;
     }
     tp__store_f64(elem_ptr(t, i), t->t_dtype, v);
@@ -1303,6 +1417,10 @@ copy_row(char *d, tp_dtype ddt, int64_t ds, const char *s, tp_dtype sdt,
 tp_status
 tp__copy_raw(tp_tensor *dst, const tp_tensor *src_in, tp_error **err_p)
 {
+    if (tp__tensor_check_cpu("copy", dst, err_p) != TP_OK ||
+        tp__tensor_check_cpu("copy", src_in, err_p) != TP_OK) {
+        return TP_ENOTSUP;
+    }
     tp_tensor *src;
     tp_status st =
         tp__view_expand(src_in, dst->t_ndim, dst->t_shape, &src, NULL);
@@ -1357,6 +1475,9 @@ tp_status
 tp__to_dtype_raw(const tp_tensor *t, tp_dtype dt, tp_tensor **out_p,
                  tp_error **err_p)
 {
+    if (tp__tensor_check_cpu("to_dtype", t, err_p) != TP_OK) {
+        return TP_ENOTSUP;
+    }
     tp_tensor *c;
     tp_status st = tp_tensor_empty(dt, t->t_ndim, t->t_shape, &c, err_p);
     if (st != TP_OK) {

@@ -103,4 +103,9 @@ tp__tensor_ptr(const tp_tensor *t)
            t->t_offset * (int64_t)tp_dtype_size(t->t_dtype);
 }
 
+// TP_ENOTSUP (naming @op) unless @t lives in host memory: the CPU
+// kernels and element accessors call this before touching data.
+tp_status tp__tensor_check_cpu(const char *op, const tp_tensor *t,
+                               tp_error **err_p);
+
 #endif

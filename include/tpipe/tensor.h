@@ -157,6 +157,26 @@ TP_API int64_t tp_tensor_offset(const tp_tensor *t);
 TP_API int64_t tp_tensor_numel(const tp_tensor *t);
 /** tp_tensor_nbytes - numel * element size (the bytes of a dense copy). */
 TP_API size_t tp_tensor_nbytes(const tp_tensor *t);
+/**
+ * tp_tensor_empty_on - as tp_tensor_empty, with storage on @dev: host
+ * memory for TP_DEVICE_CPU, device memory of CUDA device @dev.index for
+ * TP_DEVICE_CUDA (builds with CUDA, on a machine with a device; otherwise
+ * TP_ENOTSUP saying why). CUDA tensors can be viewed (reshape, narrow,
+ * transpose, ...), moved with tp_tensor_to_device and sent through pipes;
+ * the CPU ops and element accessors refuse them (TP_ENOTSUP / TP_EINVAL).
+ */
+TP_API tp_status tp_tensor_empty_on(tp_device dev, tp_dtype dt, int ndim,
+                                    const int64_t *shape, tp_tensor **t_p,
+                                    tp_error **err_p);
+/**
+ * tp_tensor_to_device - a copy of @t on @dev (a new reference to @t if it
+ * is already there). Host to device, device to host and device to device;
+ * a strided host view is made contiguous first. Synchronous.
+ * Errors: TP_ENOTSUP (no CUDA here, or a strided device view),
+ * TP_ENOMEM, TP_EDEVICE.
+ */
+TP_API tp_status tp_tensor_to_device(tp_tensor *t, tp_device dev,
+                                     tp_tensor **out_p, tp_error **err_p);
 /** tp_tensor_device - where @t's storage lives. */
 TP_API tp_device tp_tensor_device(const tp_tensor *t);
 /** tp_tensor_is_contiguous - row-major dense (sizes 0/1 are ignored). */
