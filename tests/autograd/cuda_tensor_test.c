@@ -65,8 +65,7 @@ same_device_is_a_reference(void)
                 TP_EINVAL);
     tp_error_unref(err);
     err = NULL;
-    TP_CHECK(tp_tensor_empty_on(cpu, TP_F32, 1, bad_shape, &h, &err) !=
-             TP_OK);
+    TP_CHECK(tp_tensor_empty_on(cpu, TP_F32, 1, bad_shape, &h, &err) != TP_OK);
     tp_error_unref(err);
 }
 
