@@ -43,8 +43,8 @@ check_defaults(const tp_config *cfg)
     TP_CHECK_EQ(cfg->io_backend, TP_IO_BACKEND_AUTO);
     TP_CHECK(strcmp(cfg->socket_ifname, "") == 0);
     TP_CHECK(strcmp(cfg->socket_addr, "") == 0);
-    TP_CHECK_EQ(cfg->tcp_sndbuf, 4 << 20);
-    TP_CHECK_EQ(cfg->tcp_rcvbuf, 4 << 20);
+    TP_CHECK_EQ(cfg->tcp_sndbuf, 2 << 20);
+    TP_CHECK_EQ(cfg->tcp_rcvbuf, 2 << 20);
     TP_CHECK_EQ(cfg->connect_timeout_ms, 10000);
     TP_CHECK_EQ(cfg->handshake_timeout_ms, 5000);
     TP_CHECK_EQ(cfg->shm_ring_size, 512 << 10);
