@@ -25,6 +25,7 @@
 #include "core/config.h"
 #include "core/loop.h"
 #include "tp_test.h"
+#include "tp_test_op.h"
 #include "transport/transport.h"
 
 // ---- fixture
@@ -76,48 +77,6 @@ fx_fini(fixture *fx)
     tp__listener_destroy(fx->l);
     tp__transport_destroy(fx->t);
     tp__loop_destroy(fx->loop);
-}
-
-// An aio plus a completion counter, for synchronous use from the test
-// thread with a deadline.
-typedef struct op {
-    tp_aio *aio;
-    _Atomic int done;
-} op;
-
-static void
-op_cb(void *arg)
-{
-    op *o = arg;
-    atomic_fetch_add_explicit(&o->done, 1, memory_order_release);
-}
-
-static void
-op_init(op *o, int64_t timeout_ms)
-{
-    atomic_init(&o->done, 0);
-    TP_CHECK_OK(tp_aio_create(op_cb, o, &o->aio), NULL);
-    tp_aio_set_timeout(o->aio, timeout_ms);
-}
-
-static void
-op_fini(op *o)
-{
-    tp_aio_destroy(o->aio);
-}
-
-// Waits for @o's callback, at most @ms (the aio timeout normally fires
-// first).
-static void
-op_wait(op *o, int64_t ms)
-{
-    uint64_t deadline = tp__now_ns() + (uint64_t)tp_test_ms(ms) * 1000000u;
-    while (atomic_load_explicit(&o->done, memory_order_acquire) == 0) {
-        TP_CHECKF(tp__now_ns() < deadline,
-                  "operation did not complete within %lld ms", (long long)ms);
-        usleep(200);
-    }
-    tp_aio_wait(o->aio);
 }
 
 static tp_conn *

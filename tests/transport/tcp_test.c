@@ -22,6 +22,7 @@
 #include "core/log.h"
 #include "core/loop.h"
 #include "tp_test.h"
+#include "tp_test_op.h"
 #include "transport/sockaddr.h"
 #include "transport/transport.h"
 
@@ -76,54 +77,6 @@ env_fini(env *e)
 {
     tp__transport_destroy(e->t);
     tp__loop_destroy(e->loop);
-}
-
-typedef struct op {
-    tp_aio *aio;
-    _Atomic int done;
-} op;
-
-static void
-op_cb(void *arg)
-{
-    op *o = arg;
-    atomic_fetch_add_explicit(&o->done, 1, memory_order_release);
-}
-
-static void
-op_init(op *o, int64_t timeout_ms)
-{
-    atomic_init(&o->done, 0);
-    TP_CHECK_OK(tp_aio_create(op_cb, o, &o->aio), NULL);
-    tp_aio_set_timeout(o->aio, timeout_ms);
-}
-
-static void
-op_fini(op *o)
-{
-    tp_aio_destroy(o->aio);
-}
-
-// Waits until @aio's callback has returned (called once it signalled, so
-// this returns promptly; the harness deadline covers a hang).
-static void
-aio_quiesce(tp_aio *aio, int64_t ms)
-{
-    TP_UNUSED(ms);
-    tp_aio_wait(aio);
-}
-
-static void
-op_wait(op *o, int64_t ms)
-{
-    uint64_t deadline = tp__now_ns() + (uint64_t)tp_test_ms(ms) * 1000000u;
-    while (atomic_load_explicit(&o->done, memory_order_acquire) == 0) {
-        TP_CHECKF(tp__now_ns() < deadline,
-                  "operation did not complete within %lld ms", (long long)ms);
-        usleep(100);
-    }
-    aio_quiesce(o->aio, 5000);
-    TP_CHECK_EQ(atomic_load(&o->done), 1);
 }
 
 // Connects to @addr; returns the conn or NULL, with the status and a copy
@@ -1297,8 +1250,8 @@ chained_on_loop(void)
         TP_CHECK(tp__now_ns() < deadline);
         usleep(500);
     }
-    aio_quiesce(w.aio, 5000);
-    aio_quiesce(r.aio, 5000);
+    tp_aio_wait(w.aio);
+    tp_aio_wait(r.aio);
     TP_CHECK_EQ(atomic_load(&w.errors), 0);
     TP_CHECK_EQ(atomic_load(&r.errors), 0);
     TP_CHECK_EQ(r.n, CHAIN_N);
