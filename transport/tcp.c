@@ -845,6 +845,7 @@ static void tcp_connect_to(tcp_conn *c, const tp_sockaddr *sa);
 // canceled or timed out meanwhile, the result is dropped.
 typedef struct tcp_resolve {
     tcp_conn *r_conn;
+    tp_transport *r_transport;
     tp_task r_task;
     tp_sockaddr r_sa;
     tp_error *r_err;
@@ -881,7 +882,13 @@ tcp_resolve_thread(void *arg)
             tp__error_new(TP_EINVAL, 0, NULL,
                           "tcp: connect to %s: cannot resolve", r->r_addr);
     }
+    // After the post, @r may already be freed and the conn gone; the
+    // loop is still alive because the transport counts this thread as one
+    // of its objects until the post has returned (tp__transport_destroy
+    // waits for them before the loop may be destroyed).
+    tp_transport *t = r->r_transport;
     tp__loop_post(r->r_conn->tc_loop, &r->r_task);
+    atomic_fetch_sub_explicit(&t->t_nobjs, 1, memory_order_release);
     return NULL;
 }
 
@@ -898,8 +905,11 @@ tcp_connect_resolve(tcp_conn *c, const char *addr)
     }
     memcpy(r->r_addr, addr, n);
     r->r_conn = c;
+    r->r_transport = c->tc_base.c_transport;
     tp__task_init(&r->r_task, tcp_resolve_done, r);
     tp__conn_ref(&c->tc_base);
+    atomic_fetch_add_explicit(&r->r_transport->t_nobjs, 1,
+                              memory_order_relaxed);
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
@@ -907,6 +917,8 @@ tcp_connect_resolve(tcp_conn *c, const char *addr)
     int rv = pthread_create(&th, &attr, tcp_resolve_thread, r);
     pthread_attr_destroy(&attr);
     if (rv != 0) {
+        atomic_fetch_sub_explicit(&r->r_transport->t_nobjs, 1,
+                                  memory_order_release);
         tp__conn_unref(&c->tc_base);
         tp__free(r);
         tcp_setup_fail_errno(c, rv, ": starting the name resolver thread");

@@ -94,7 +94,8 @@ struct tp_transport {
     tp_loop *t_loop;
     tp_config t_cfg;
     char t_domain[256];
-    _Atomic int t_nobjs; // live listeners + conns
+    _Atomic int t_nobjs; // live listeners + conns (+ backend helper
+                         // threads that may still post to t_loop)
 };
 
 static inline void *
