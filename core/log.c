@@ -7,10 +7,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <time.h>
 
 #include "alloc.h"
+#include "config.h"
 
 _Atomic int tp__log_level_v = TP_LOG_OFF;
 
@@ -30,6 +30,8 @@ tp_log_level_name(tp_log_level level)
     return log_names[level];
 }
 
+// TP_LOG_LEVEL is parsed by the tunables table (core/config.c), the one
+// place every TP_* variable is checked.
 static void
 log_read_env(void)
 {
@@ -37,18 +39,17 @@ log_read_env(void)
     if (s == NULL || *s == '\0') {
         return;
     }
-    for (size_t i = 0; i < TP_ARRAY_LEN(log_names); i++) {
-        if (strcasecmp(s, log_names[i]) == 0 ||
-            (s[0] == (char)('0' + i) && s[1] == '\0')) {
-            atomic_store_explicit(&tp__log_level_v, (int)i,
-                                  memory_order_relaxed);
-            return;
-        }
+    tp_config cfg;
+    tp__config_defaults(&cfg);
+    tp_error *err = NULL;
+    if (tp__config_set(&cfg, "TP_LOG_LEVEL", s, &err) != TP_OK) {
+        fprintf(stderr, "tpipe: %s; logging stays off\n",
+                tp_error_message(err));
+        tp_error_unref(err);
+        return;
     }
-    fprintf(stderr,
-            "tpipe: TP_LOG_LEVEL=%s: not one of off, error, warn, info, "
-            "debug, trace, 0..5; logging stays off\n",
-            s);
+    atomic_store_explicit(&tp__log_level_v, (int)cfg.log_level,
+                          memory_order_relaxed);
 }
 
 void

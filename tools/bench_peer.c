@@ -7,6 +7,7 @@
 // Locks: only bs_mtx, never held while calling into the transport.
 
 #include "bench_peer.h"
+#include "tool.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -141,17 +142,6 @@ static bool
 bt_stamped(const uint8_t *buf, uint64_t size, uint64_t v)
 {
     return tp__get_u64le(buf) == v && tp__get_u64le(buf + size - 8) == v;
-}
-
-static uint64_t
-bt_cpu_ns(void)
-{
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    return ((uint64_t)ru.ru_utime.tv_sec + (uint64_t)ru.ru_stime.tv_sec) *
-               1000000000u +
-           ((uint64_t)ru.ru_utime.tv_usec + (uint64_t)ru.ru_stime.tv_usec) *
-               1000u;
 }
 
 static void
@@ -332,12 +322,12 @@ srv_ctrl(bt_server *s)
         break;
     case BT_OP_IDLE:
         // Nothing is sent: this read stays pending until IDLE_END.
-        s->sv_idle_cpu_ns = bt_cpu_ns();
+        s->sv_idle_cpu_ns = tool_cpu_ns();
         s->sv_idle_wall_ns = tp__now_ns();
         srv_read_ctrl(s);
         break;
     case BT_OP_IDLE_END:
-        srv_send_ack(s, bt_cpu_ns() - s->sv_idle_cpu_ns,
+        srv_send_ack(s, tool_cpu_ns() - s->sv_idle_cpu_ns,
                      tp__now_ns() - s->sv_idle_wall_ns);
         srv_read_ctrl(s);
         break;

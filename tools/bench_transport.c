@@ -106,8 +106,8 @@ bt_usage(FILE *f)
         "                            sleep, report each process's CPU %%\n"
         "  --idle-seconds S          length of the idle measurement "
         "(default 2)\n"
-        "  --addr ADDR               server listen address (default: the "
-        "transport's)\n"
+        "  --addr ADDR               server listen address (default: "
+        "tcp://127.0.0.1:0 for tcp, the transport's own otherwise)\n"
         "  --stall-timeout SECONDS   abort a measurement that makes no "
         "progress for\n"
         "                            this long (default 30)\n"
@@ -429,7 +429,13 @@ bt_server_child(const bt_run *r, int wfd, pid_t parent)
     tp_transport *t = NULL;
     tp_listener *l = NULL;
     tp_error *err = NULL;
+    // Both processes are on this host: by default tcp goes over loopback,
+    // like the peers it is compared with (iperf3, sock_pingpong on
+    // 127.0.0.1), never through an interface chosen for other hosts.
     const char *addr = o->bo_addr;
+    if (addr == NULL && strcmp(r->br_transport, "tcp") == 0) {
+        addr = "tcp://127.0.0.1:0";
+    }
     if (tp__loop_create(&cfg, "bench-srv", &loop, &err) != TP_OK ||
         tp__transport_create(r->br_transport, loop, &cfg, &t, &err) != TP_OK ||
         tp__transport_listen(t, addr, &l, &err) != TP_OK) {
@@ -703,17 +709,6 @@ typedef struct bt_idle_result {
     double bi_secs;
 } bt_idle_result;
 
-static uint64_t
-bt_self_cpu_ns(void)
-{
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    return ((uint64_t)ru.ru_utime.tv_sec + (uint64_t)ru.ru_stime.tv_sec) *
-               1000000000u +
-           ((uint64_t)ru.ru_utime.tv_usec + (uint64_t)ru.ru_stime.tv_usec) *
-               1000u;
-}
-
 static bool
 bt_idle(bt_run *r, bt_client *c, bt_idle_result *res)
 {
@@ -724,13 +719,13 @@ bt_idle(bt_run *r, bt_client *c, bt_idle_result *res)
     if (!bt_wait(r, c, "idle", 0)) {
         return false;
     }
-    uint64_t cpu0 = bt_self_cpu_ns(), t0 = tp__now_ns();
+    uint64_t cpu0 = tool_cpu_ns(), t0 = tp__now_ns();
     struct timespec ts = {
         .tv_sec = (time_t)o->bo_idle_s,
         .tv_nsec = (long)((o->bo_idle_s - floor(o->bo_idle_s)) * 1e9)};
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
     }
-    uint64_t cpu1 = bt_self_cpu_ns(), t1 = tp__now_ns();
+    uint64_t cpu1 = tool_cpu_ns(), t1 = tp__now_ns();
     bt_client_start_ctrl(c, BT_OP_IDLE_END, true);
     if (!bt_wait(r, c, "idle", 0)) {
         return false;

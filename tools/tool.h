@@ -21,6 +21,8 @@ int tool_bench_transport_main(int argc, char **argv);
 
 // Prints "tpipe: <message>\n" to stderr.
 void tool_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+// CPU time (user + system) this process has used, in ns.
+uint64_t tool_cpu_ns(void);
 
 // Parses "64", "4K", "64KiB", "1M", "2G" (binary multiples) into bytes.
 bool tool_parse_size(const char *s, uint64_t *v_p);

@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "tool.h"
 
@@ -247,4 +248,15 @@ tool_table_fini(tool_table *t)
     }
     free(t->tt_cells);
     memset(t, 0, sizeof(*t));
+}
+
+uint64_t
+tool_cpu_ns(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ((uint64_t)ru.ru_utime.tv_sec + (uint64_t)ru.ru_stime.tv_sec) *
+               1000000000u +
+           ((uint64_t)ru.ru_utime.tv_usec + (uint64_t)ru.ru_stime.tv_usec) *
+               1000u;
 }

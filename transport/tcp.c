@@ -1088,8 +1088,7 @@ tcp_listener_accept1(tcp_listener *l)
                         TCP_ACCEPT_RETRY_MS);
             l->tl_acceptable = false;
             tp__timer_start(l->tl_loop, &l->tl_timer,
-                            tp__now_ns() + (uint64_t)TCP_ACCEPT_RETRY_MS *
-                                               UINT64_C(1000000));
+                            tp__deadline_after_ms(TCP_ACCEPT_RETRY_MS));
             return;
         }
     }
@@ -1128,8 +1127,7 @@ tcp_listener_accept1(tcp_listener *l)
     if (l->tl_hs_timeout_ms > 0) {
         c->tc_timer_ms = l->tl_hs_timeout_ms;
         tp__timer_start(l->tl_loop, &c->tc_timer,
-                        tp__now_ns() +
-                            (uint64_t)c->tc_timer_ms * UINT64_C(1000000));
+                        tp__deadline_after_ms(c->tc_timer_ms));
     }
     tcp_hello_pump(c);
 }

@@ -1,25 +1,32 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* tp_test_op.h - an aio with a completion counter, waited for from the
- * test thread with a deadline: the shared helper of the transport tests. */
+/* tp_test_op.h - an aio with a completion counter that the test thread
+ * waits for with a deadline, by sleeping on a condition variable (never by
+ * polling: some cases measure this process's CPU time). The shared helper
+ * of the transport tests. */
 #ifndef TP_TEST_OP_H
 #define TP_TEST_OP_H
 
 #include <stdatomic.h>
-#include <unistd.h>
+#include <stdbool.h>
 
 #include "core/aio.h"
 #include "tp_test.h"
 
 typedef struct op {
     tp_aio *aio;
-    _Atomic int done; // callbacks run so far
+    _Atomic int done; // callbacks run so far (written under mtx)
+    tp_mtx mtx;
+    tp_cv cv;
 } op;
 
 static inline void
 op_cb(void *arg)
 {
     op *o = arg;
+    tp__mtx_lock(&o->mtx);
     atomic_fetch_add_explicit(&o->done, 1, memory_order_release);
+    tp__cv_broadcast(&o->cv);
+    tp__mtx_unlock(&o->mtx);
 }
 
 // A new op; @timeout_ms is the aio's own timeout (0: none).
@@ -27,6 +34,8 @@ static inline void
 op_init(op *o, int64_t timeout_ms)
 {
     atomic_init(&o->done, 0);
+    tp__mtx_init(&o->mtx);
+    tp__cv_init(&o->cv);
     TP_CHECK_OK(tp_aio_create(op_cb, o, &o->aio), NULL);
     tp_aio_set_timeout(o->aio, timeout_ms);
 }
@@ -35,21 +44,35 @@ static inline void
 op_fini(op *o)
 {
     tp_aio_destroy(o->aio);
+    tp__cv_fini(&o->cv);
+    tp__mtx_fini(&o->mtx);
 }
 
-// Waits for @o's callback, failing the case after @ms (scaled by
-// TP_TEST_TIMEOUT_MULTIPLIER; the aio timeout normally fires first), then
-// until the callback has returned, and checks it ran exactly once.
+// Waits up to @ms (scaled by TP_TEST_TIMEOUT_MULTIPLIER) for @o's
+// callback; true if it ran, and then it has also returned.
+static inline bool
+op_wait_for(op *o, int64_t ms)
+{
+    uint64_t deadline = tp__now_ns() + (uint64_t)tp_test_ms(ms) * 1000000u;
+    tp__mtx_lock(&o->mtx);
+    while (atomic_load_explicit(&o->done, memory_order_acquire) == 0 &&
+           tp__cv_wait_until(&o->cv, &o->mtx, deadline)) {
+    }
+    bool done = atomic_load_explicit(&o->done, memory_order_acquire) > 0;
+    tp__mtx_unlock(&o->mtx);
+    if (done) {
+        tp_aio_wait(o->aio); // until the callback has returned
+    }
+    return done;
+}
+
+// As op_wait_for, failing the case after @ms (the aio timeout normally
+// fires first), and checking the callback ran exactly once.
 static inline void
 op_wait(op *o, int64_t ms)
 {
-    uint64_t deadline = tp__now_ns() + (uint64_t)tp_test_ms(ms) * 1000000u;
-    while (atomic_load_explicit(&o->done, memory_order_acquire) == 0) {
-        TP_CHECKF(tp__now_ns() < deadline,
-                  "operation did not complete within %lld ms", (long long)ms);
-        usleep(100);
-    }
-    tp_aio_wait(o->aio);
+    TP_CHECKF(op_wait_for(o, ms), "operation did not complete within %lld ms",
+              (long long)ms);
     TP_CHECK_EQ(atomic_load(&o->done), 1);
 }
 

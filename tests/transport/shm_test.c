@@ -29,6 +29,7 @@
 #include "core/loop.h"
 #include "core/wire.h"
 #include "tp_test.h"
+#include "tp_test_op.h"
 #include "transport/transport.h"
 
 // ---- fixture ----------------------------------------------------------------
@@ -71,75 +72,6 @@ env_fini(env *e)
 {
     tp__transport_destroy(e->t);
     tp__loop_destroy(e->loop);
-}
-
-// An aio whose completion the test thread waits for by sleeping (not
-// polling: the idle-CPU case measures this process).
-typedef struct op {
-    tp_aio *aio;
-    tp_mtx mtx;
-    tp_cv cv;
-    int done;
-} op;
-
-static void
-op_cb(void *arg)
-{
-    op *o = arg;
-    tp__mtx_lock(&o->mtx);
-    o->done++;
-    tp__cv_broadcast(&o->cv);
-    tp__mtx_unlock(&o->mtx);
-}
-
-static void
-op_init(op *o, int64_t timeout_ms)
-{
-    tp__mtx_init(&o->mtx);
-    tp__cv_init(&o->cv);
-    o->done = 0;
-    TP_CHECK_OK(tp_aio_create(op_cb, o, &o->aio), NULL);
-    tp_aio_set_timeout(o->aio, timeout_ms);
-}
-
-static void
-op_fini(op *o)
-{
-    tp_aio_destroy(o->aio);
-    tp__cv_fini(&o->cv);
-    tp__mtx_fini(&o->mtx);
-}
-
-// Waits until @o's aio is idle: its callback has returned. Called once the
-// callback has signalled, so this returns promptly.
-static void
-op_settle(op *o)
-{
-    tp_aio_wait(o->aio);
-}
-
-static bool
-op_wait_for(op *o, int64_t ms)
-{
-    uint64_t deadline = tp__now_ns() + (uint64_t)tp_test_ms(ms) * 1000000u;
-    tp__mtx_lock(&o->mtx);
-    while (o->done == 0 && tp__cv_wait_until(&o->cv, &o->mtx, deadline)) {
-    }
-    bool done = o->done > 0;
-    tp__mtx_unlock(&o->mtx);
-    if (done) {
-        // Wait until the callback has returned.
-        op_settle(o);
-    }
-    return done;
-}
-
-static void
-op_wait(op *o, int64_t ms)
-{
-    TP_CHECKF(op_wait_for(o, ms), "operation did not complete within %lld ms",
-              (long long)ms);
-    TP_CHECK_EQ(o->done, 1);
 }
 
 static void
