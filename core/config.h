@@ -32,6 +32,12 @@ typedef struct tp_config {
     int64_t shm_spin_us;          // TP_SHM_SPIN_US before sleeping
     int64_t loop_spin_us;         // TP_LOOP_SPIN_US (all fds) before sleeping
     int64_t pool_threads;         // TP_POOL_THREADS
+    int64_t mpt_lanes;            // TP_MPT_LANES
+    int64_t mpt_split_min;        // TP_MPT_SPLIT_MIN bytes
+    int64_t pipe_max_metadata;    // TP_PIPE_MAX_METADATA bytes
+    int64_t pipe_max_payloads;    // TP_PIPE_MAX_PAYLOADS
+    int64_t pipe_max_tensors;     // TP_PIPE_MAX_TENSORS
+    int64_t pipe_max_buf_bytes;   // TP_PIPE_MAX_BUF_BYTES
 } tp_config;
 
 // Fills @cfg with defaults, then applies TP_* environment variables.

@@ -25,6 +25,12 @@ static const char *const all_env[] = {
     "TP_SHM_SPIN_US",
     "TP_LOOP_SPIN_US",
     "TP_POOL_THREADS",
+    "TP_MPT_LANES",
+    "TP_MPT_SPLIT_MIN",
+    "TP_PIPE_MAX_METADATA",
+    "TP_PIPE_MAX_PAYLOADS",
+    "TP_PIPE_MAX_TENSORS",
+    "TP_PIPE_MAX_BUF_BYTES",
 };
 
 // Start every case from a clean environment, whatever ctest inherited.
@@ -51,6 +57,12 @@ check_defaults(const tp_config *cfg)
     TP_CHECK_EQ(cfg->shm_spin_us, 50);
     TP_CHECK_EQ(cfg->loop_spin_us, 50);
     TP_CHECK_EQ(cfg->pool_threads, 4);
+    TP_CHECK_EQ(cfg->mpt_lanes, 2);
+    TP_CHECK_EQ(cfg->mpt_split_min, 256 << 10);
+    TP_CHECK_EQ(cfg->pipe_max_metadata, 64 << 20);
+    TP_CHECK_EQ(cfg->pipe_max_payloads, 1024);
+    TP_CHECK_EQ(cfg->pipe_max_tensors, 1024);
+    TP_CHECK_EQ(cfg->pipe_max_buf_bytes, (int64_t)64 << 30);
 }
 
 static void

@@ -1,0 +1,116 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* channel.h - the channel contract: how the bytes of tensors move between
+ * the two ends of a pipe. A backend (basic.c, xth.c, cma.c, mpt.c) fills a
+ * static const tp_channel_ops listed in channel/registry.c.
+ *
+ * The pipe owns the control flow. For each message it writes, it calls
+ * `send` once per tensor of nonzero length, in tensor order, before the
+ * descriptor is encoded: the channel fills op->co_info (bytes carried in
+ * the descriptor for that tensor) and starts moving the bytes. For each
+ * message it reads, after the user supplied the destination buffers, it
+ * calls `recv` once per tensor of nonzero length with the info from the
+ * descriptor. Both sides see the same sequence of calls, so a channel may
+ * derive placement (which lane) from its own counters.
+ *
+ * Completion: the channel calls op->co_done(op, err) exactly once per op,
+ * on the context's loop thread, never inside send/recv (post or defer).
+ * err NULL = success; the channel passes its reference to the pipe.
+ * `send` is done when the sender's buffer is no longer needed; `recv` when
+ * the bytes are in the destination buffer.
+ *
+ * Threads: send/recv/close/destroy run on the context's loop thread. A
+ * channel may copy on the context's pool (ce_pool) or use lane loops.
+ *
+ * Errors the channel detects (bad info from the peer, a lane died) go to
+ * ce_fail, which closes the pipe; the pipe then calls close, after which
+ * every pending op must complete (with the error given to close).
+ */
+#ifndef TP_CHANNEL_CHANNEL_H
+#define TP_CHANNEL_CHANNEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/config.h"
+#include "core/error.h"
+#include "core/list.h"
+#include "core/loop.h"
+#include "core/pool.h"
+#include "pipe/wire.h"
+#include "transport/transport.h"
+
+#define TP_CHANNEL_ABI_V1 1u
+
+typedef struct tp_chan tp_chan;
+typedef struct tp_chan_op tp_chan_op;
+
+struct tp_chan_op {
+    // set by the pipe
+    void *co_buf;
+    uint64_t co_len;
+    uint64_t co_seq;    // message sequence number (per direction, from 0)
+    uint32_t co_index;  // tensor index in the message
+    tp__chan_info co_info;
+    void (*co_done)(tp_chan_op *op, tp_error *err);
+    void *co_arg;
+    // channel private
+    tp_list_node co_node;
+    int co_parts;       // outstanding pieces (mpt chunks)
+    tp_error *co_err;   // first error of a piece
+    tp_task co_task;
+    void *co_priv;
+};
+
+// What the pipe gives a channel instance.
+typedef struct tp_chan_env {
+    tp_loop *ce_loop;      // the context's loop
+    tp_pool *ce_pool;      // for copies off the loop
+    const tp_config *ce_cfg;
+    tp_conn **ce_conns;    // the extra connections (ready), ce_nconns
+    unsigned ce_nconns;
+    const char *ce_peer;   // "worker1 at tcp://127.0.0.1:5000", for errors
+    const char *ce_peer_domain; // the peer's descriptor of this channel
+    void (*ce_fail)(void *pipe, tp_error *err); // takes err
+    void *ce_pipe;
+} tp_chan_env;
+
+typedef struct tp_channel_ops {
+    uint32_t abi_version; // TP_CHANNEL_ABI_V1
+    const char *name;     // "basic", "xth", "cma", "mpt"
+    // The tensor bytes go on the pipe's own connection, right after the
+    // payloads (basic): send/recv are then not called.
+    bool inline_data;
+    // Extra connections the pipe opens for an instance: on the pipe's
+    // transport, or (lanes) one per lane on the context's lane transports.
+    unsigned (*nconns)(const tp_config *cfg, bool *lanes_p);
+    // Any thread: false = unusable here, @why says why.
+    bool (*is_viable)(const tp_config *cfg, char *why, size_t why_len);
+    // Any thread: the domain descriptor (equal on both ends = usable).
+    tp_status (*domain)(const tp_config *cfg, char *buf, size_t len,
+                        tp_error **err_p);
+    // Loop thread, once the extra connections are ready.
+    tp_status (*create)(const tp_chan_env *env, tp_chan **ch_p,
+                        tp_error **err_p);
+    void (*send)(tp_chan *ch, tp_chan_op *op);
+    void (*recv)(tp_chan *ch, tp_chan_op *op);
+    // The pipe failed with @err (borrowed): fail every pending op, stop
+    // touching the connections (the pipe closes them).
+    void (*close)(tp_chan *ch, const tp_error *err);
+    // After close, once every op completed.
+    void (*destroy)(tp_chan *ch);
+} tp_channel_ops;
+
+extern const tp_channel_ops tp__channel_basic_ops;
+extern const tp_channel_ops tp__channel_xth_ops;
+extern const tp_channel_ops tp__channel_cma_ops;
+extern const tp_channel_ops tp__channel_mpt_ops;
+
+// Completes @op with @err (taken) from @loop's deferred queue (loop
+// thread): for failures found inside send/recv/close.
+void tp__chan_op_fail_later(tp_loop *loop, tp_chan_op *op, tp_error *err);
+
+// The channels compiled in, best first (xth, cma, mpt, basic).
+const tp_channel_ops *const *tp__channel_registry(size_t *n_p);
+const tp_channel_ops *tp__channel_find(const char *name);
+
+#endif

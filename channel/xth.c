@@ -1,0 +1,255 @@
+// SPDX-License-Identifier: Apache-2.0
+// xth.c - the xth channel: both ends in one process. The sender registers
+// each tensor in a process-wide table under a random token and sends only
+// the token; the receiver takes the entry out of the table and copies the
+// bytes once (large copies on the context's pool), then tells the sender.
+// Nothing read from the wire is used as an address: an unknown token is a
+// protocol error.
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include "channel.h"
+#include "core/alloc.h"
+#include "core/wire.h"
+
+#define XTH_INLINE_COPY (256u * 1024u) // smaller copies run on the loop
+
+typedef struct xth_entry {
+    struct xth_entry *e_next;
+    uint64_t e_token;
+    tp_chan_op *e_op; // the sender's op
+    tp_loop *e_loop;  // the sender's loop
+    tp_chan *e_ch;    // the sender's channel
+    tp_chan_op *e_rop; // the receiver's op, once claimed
+    tp_loop *e_rloop;
+    tp_task e_task;
+    tp_task e_rtask;
+    tp_error *e_err;
+} xth_entry;
+
+struct tp_chan {
+    tp_chan_env x_env;
+    uint64_t x_nsent; // entries of ours still in the table
+};
+
+static pthread_mutex_t xth_mtx = PTHREAD_MUTEX_INITIALIZER;
+static xth_entry *xth_table;
+static uint64_t xth_secret;
+
+static unsigned
+xth_nconns(const tp_config *cfg, bool *lanes_p)
+{
+    (void)cfg;
+    *lanes_p = false;
+    return 0;
+}
+
+static bool
+xth_is_viable(const tp_config *cfg, char *why, size_t why_len)
+{
+    (void)cfg;
+    (void)why;
+    (void)why_len;
+    return true;
+}
+
+static tp_status
+xth_domain(const tp_config *cfg, char *buf, size_t len, tp_error **err_p)
+{
+    (void)cfg;
+    (void)err_p;
+    pthread_mutex_lock(&xth_mtx);
+    while (xth_secret == 0) {
+        if (getrandom(&xth_secret, sizeof(xth_secret), GRND_NONBLOCK) !=
+            (ssize_t)sizeof(xth_secret)) {
+            xth_secret = tp__now_ns() ^ (uint64_t)(uintptr_t)&xth_secret;
+        }
+    }
+    uint64_t s = xth_secret;
+    pthread_mutex_unlock(&xth_mtx);
+    // Same pid and same random number: the same process (a forked child
+    // inherits the number but not the pid).
+    snprintf(buf, len, "xth:pid=%d:%016" PRIx64, (int)getpid(), s);
+    return TP_OK;
+}
+
+static tp_status
+xth_create(const tp_chan_env *env, tp_chan **ch_p, tp_error **err_p)
+{
+    tp_chan *ch = tp__zalloc(sizeof(*ch));
+    if (ch == NULL) {
+        return tp__error_set(err_p, TP_ENOMEM, "xth: out of memory");
+    }
+    ch->x_env = *env;
+    *ch_p = ch;
+    return TP_OK;
+}
+
+// Sender's loop: the receiver is done with the buffer (or it failed).
+static void
+xth_send_done_task(void *arg)
+{
+    xth_entry *e = arg;
+    tp_chan_op *op = e->e_op;
+    tp_error *err = e->e_err;
+    tp__free(e);
+    op->co_done(op, err);
+}
+
+static void
+xth_send(tp_chan *ch, tp_chan_op *op)
+{
+    xth_entry *e = tp__zalloc(sizeof(*e));
+    if (e == NULL) {
+        op->co_info.ci_len = 0;
+        tp__chan_op_fail_later(ch->x_env.ce_loop, op,
+                               tp__error_new(TP_ENOMEM, 0, NULL,
+                                             "xth: out of memory"));
+        return;
+    }
+    e->e_op = op;
+    e->e_loop = ch->x_env.ce_loop;
+    e->e_ch = ch;
+    pthread_mutex_lock(&xth_mtx);
+    do {
+        if (getrandom(&e->e_token, sizeof(e->e_token), GRND_NONBLOCK) !=
+            (ssize_t)sizeof(e->e_token)) {
+            e->e_token = tp__now_ns() * 0x9e3779b97f4a7c15ull;
+        }
+    } while (e->e_token == 0);
+    e->e_next = xth_table;
+    xth_table = e;
+    pthread_mutex_unlock(&xth_mtx);
+    op->co_info.ci_len = 8;
+    tp__put_u64le(op->co_info.ci_bytes, e->e_token);
+}
+
+// Receiver's loop.
+static void
+xth_recv_done_task(void *arg)
+{
+    tp_chan_op *rop = arg;
+    tp_error *err = rop->co_err;
+    rop->co_err = NULL;
+    rop->co_done(rop, err);
+}
+
+static void
+xth_copy(xth_entry *e)
+{
+    tp_chan_op *rop = e->e_rop;
+    memcpy(rop->co_buf, e->e_op->co_buf, rop->co_len);
+}
+
+static void
+xth_copy_task(void *arg)
+{
+    xth_entry *e = arg;
+    tp_chan_op *rop = e->e_rop;
+    tp_loop *rloop = e->e_rloop;
+    xth_copy(e);
+    tp__task_init(&rop->co_task, xth_recv_done_task, rop);
+    tp__task_init(&e->e_task, xth_send_done_task, e);
+    tp__loop_post(e->e_loop, &e->e_task); // e may be freed after this
+    tp__loop_post(rloop, &rop->co_task);
+}
+
+static void
+xth_recv(tp_chan *ch, tp_chan_op *op)
+{
+    xth_entry *e = NULL;
+    uint64_t token = 0;
+    if (op->co_info.ci_len == 8) {
+        token = tp__get_u64le(op->co_info.ci_bytes);
+        pthread_mutex_lock(&xth_mtx);
+        for (xth_entry **pp = &xth_table; *pp != NULL; pp = &(*pp)->e_next) {
+            if ((*pp)->e_token == token) {
+                e = *pp;
+                *pp = e->e_next;
+                break;
+            }
+        }
+        pthread_mutex_unlock(&xth_mtx);
+    }
+    tp__task_init(&op->co_task, xth_recv_done_task, op);
+    if (e == NULL || e->e_op->co_len != op->co_len) {
+        op->co_err = tp__error_new(
+            TP_EPROTO, 0, NULL,
+            "xth: pipe to %s: protocol error: tensor %u of message %" PRIu64
+            " names %s",
+            ch->x_env.ce_peer, op->co_index, op->co_seq,
+            e == NULL ? "no buffer of this process"
+                      : "a buffer of another length");
+        if (e != NULL) {
+            e->e_err = tp__error_new(TP_EPROTO, 0, NULL,
+                                     "xth: the receiver expected %" PRIu64
+                                     " bytes",
+                                     op->co_len);
+            tp__task_init(&e->e_task, xth_send_done_task, e);
+            tp__loop_post(e->e_loop, &e->e_task);
+        }
+        tp__loop_defer(ch->x_env.ce_loop, &op->co_task);
+        return;
+    }
+    e->e_rop = op;
+    e->e_rloop = ch->x_env.ce_loop;
+    tp__task_init(&e->e_rtask, xth_copy_task, e);
+    if (op->co_len > XTH_INLINE_COPY &&
+        tp__pool_submit(ch->x_env.ce_pool, &e->e_rtask) == TP_OK) {
+        return; // completes from the pool
+    }
+    xth_copy(e);
+    tp__task_init(&e->e_task, xth_send_done_task, e);
+    tp__loop_post(e->e_loop, &e->e_task);
+    tp__loop_defer(ch->x_env.ce_loop, &op->co_task);
+}
+
+static void
+xth_close(tp_chan *ch, const tp_error *err)
+{
+    // Our tensors nobody claimed yet: take them back and fail them.
+    pthread_mutex_lock(&xth_mtx);
+    xth_entry *mine = NULL;
+    for (xth_entry **pp = &xth_table; *pp != NULL;) {
+        xth_entry *e = *pp;
+        if (e->e_ch == ch) {
+            *pp = e->e_next;
+            e->e_next = mine;
+            mine = e;
+        } else {
+            pp = &e->e_next;
+        }
+    }
+    pthread_mutex_unlock(&xth_mtx);
+    while (mine != NULL) {
+        xth_entry *e = mine;
+        mine = e->e_next;
+        e->e_err = tp_error_ref(err);
+        tp__task_init(&e->e_task, xth_send_done_task, e);
+        tp__loop_defer(ch->x_env.ce_loop, &e->e_task);
+    }
+}
+
+static void
+xth_destroy(tp_chan *ch)
+{
+    tp__free(ch);
+}
+
+const tp_channel_ops tp__channel_xth_ops = {
+    .abi_version = TP_CHANNEL_ABI_V1,
+    .name = "xth",
+    .nconns = xth_nconns,
+    .is_viable = xth_is_viable,
+    .domain = xth_domain,
+    .create = xth_create,
+    .send = xth_send,
+    .recv = xth_recv,
+    .close = xth_close,
+    .destroy = xth_destroy,
+};

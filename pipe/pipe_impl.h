@@ -1,0 +1,250 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* pipe_impl.h (internal) - the structures shared by context.c (context,
+ * listener, the accepting half of the handshake) and pipe.c (the pipe:
+ * connecting half of the handshake, the read and write engines).
+ *
+ * Threads: everything here is touched on the context's loop thread
+ * (x_loop), except the fields marked atomic or "x_mtx". mpt lanes run on
+ * their own loops (x_lane_loops); their completions are posted back.
+ */
+#ifndef TP_PIPE_PIPE_IMPL_H
+#define TP_PIPE_PIPE_IMPL_H
+
+#include <stdatomic.h>
+
+#include <tpipe/pipe.h>
+
+#include "channel/channel.h"
+#include "core/aio.h"
+#include "core/list.h"
+#include "core/loop.h"
+#include "core/platform.h"
+#include "core/pool.h"
+#include "pipe/wire.h"
+#include "transport/transport.h"
+
+#define TP_CTX_MAX_BACKENDS 8
+#define TP_CTX_MAX_LANES    64
+#define TP_REPORT_LEN       2048
+
+typedef struct tp_pipe_hs tp_pipe_hs;
+
+// A transport or channel the context knows, used or not.
+typedef struct ctx_backend {
+    char cb_name[TP_WIRE_MAX_NAME + 1];
+    bool cb_used;
+    char cb_why[256]; // why not used ("not viable here: ...")
+    char cb_domain[TP_WIRE_MAX_DOMAIN + 1];
+    tp_transport *cb_transport;           // transports
+    const tp_channel_ops *cb_channel_ops; // channels
+} ctx_backend;
+
+struct tp_context {
+    char x_name[TP_WIRE_MAX_CTXNAME + 1];
+    tp_config x_cfg;
+    tp__pipe_limits x_limits;
+    tp_loop *x_loop;
+    tp_pool *x_pool;
+    // every registered backend, best first; used ones have cb_used
+    ctx_backend x_tr[TP_CTX_MAX_BACKENDS];
+    size_t x_ntr;
+    ctx_backend x_ch[TP_CTX_MAX_BACKENDS];
+    size_t x_nch;
+    // mpt lanes: one loop + tcp transport each (when mpt is used)
+    unsigned x_nlanes;
+    tp_loop *x_lane_loops[TP_CTX_MAX_LANES];
+    tp_transport *x_lane_tr[TP_CTX_MAX_LANES];
+    // loop thread
+    tp_list x_pipes;     // live pipes (tp_pipe.p_ctx_node)
+    tp_list x_listeners; // tp_pipe_listener.pl_node
+    tp_list x_pending;   // accepted conns in their first frame (pc_node)
+    bool x_closing;
+    // x_mtx: objects that must finish before the context can go
+    tp_mtx x_mtx;
+    tp_cv x_cv;
+    int x_nobjs;
+};
+
+// One transport listener of a pipe listener (or an mpt lane listener).
+typedef struct pl_tl {
+    tp_pipe_listener *tl_pl;
+    tp_listener *tl_l;
+    tp_aio tl_aio;
+    bool tl_lane;
+    unsigned tl_lane_idx;
+    bool tl_busy; // accept aio in flight
+    tp_task tl_task;
+} pl_tl;
+
+struct tp_pipe_listener {
+    tp_context *pl_ctx;
+    tp_list_node pl_node;
+    pl_tl pl_tls[TP_CTX_MAX_BACKENDS];
+    size_t pl_ntls;
+    pl_tl pl_lanes[TP_CTX_MAX_LANES];
+    size_t pl_nlanes;
+    char pl_addrs[TP_CTX_MAX_BACKENDS][TP_WIRE_MAX_ADDR + 1];
+    char pl_names[TP_CTX_MAX_BACKENDS][TP_WIRE_MAX_NAME + 1];
+    tp_list pl_ready;   // pipes ready to be accepted (p_accept_node)
+    tp_list pl_accepts; // waiting accept aios (a_node)
+    bool pl_closed;
+    int pl_busy; // accept aios + handshakes in flight referencing pl
+    bool pl_destroy_req;
+    tp_task pl_destroy_task;
+};
+
+// An accepted connection whose first frame is being read.
+typedef struct pending_conn {
+    tp_context *pc_ctx;
+    tp_pipe_listener *pc_pl;
+    tp_conn *pc_conn;
+    bool pc_lane;
+    unsigned pc_lane_idx;
+    tp_list_node pc_node;
+    tp_aio pc_aio;
+    uint8_t pc_hdr[TP_FRAME_HDR_LEN];
+    uint8_t *pc_body;
+    uint64_t pc_body_len;
+    int pc_step; // 0: header, 1: body
+    tp_task pc_task;
+} pending_conn;
+
+// A write in flight.
+typedef struct pipe_wop {
+    tp_list_node w_node;
+    struct tp_pipe *w_pipe;
+    tp_aio *w_user;
+    const tp_message *w_msg;
+    uint64_t w_seq;
+    uint8_t *w_hdr; // frame header + descriptor (+ small payloads)
+    uint64_t w_hdr_len;
+    tp_iov *w_iovs; // the whole main-connection byte sequence
+    unsigned w_niovs;
+    unsigned w_next_iov; // next iov to submit
+    tp_aio w_aio;        // main-connection write (reused per group)
+    bool w_conn_busy;
+    bool w_conn_done;
+    tp_chan_op *w_ops; // one per channel tensor
+    unsigned w_nops;
+    unsigned w_ops_pending;
+    tp__chan_info *w_infos;
+    bool w_started; // bytes may have moved
+    bool w_done;
+    tp_error *w_err;
+} pipe_wop;
+
+// A read (step 2) in flight.
+typedef struct pipe_rop {
+    tp_list_node r_node;
+    struct tp_pipe *r_pipe;
+    tp_aio *r_user;
+    tp_message *r_msg;
+    uint64_t r_seq;
+    tp__chan_info *r_infos;
+    tp_iov *r_iovs; // inline bytes: payloads + basic tensors
+    unsigned r_niovs;
+    unsigned r_next_iov;
+    tp_aio r_aio;
+    bool r_conn_busy;
+    bool r_conn_done;
+    tp_chan_op *r_ops;
+    unsigned r_nops;
+    unsigned r_ops_pending;
+    bool r_done;
+    tp_error *r_err;
+} pipe_rop;
+
+enum {
+    PIPE_HS = 0,     // handshake in progress
+    PIPE_READY = 1,  // moving messages
+    PIPE_FAILED = 2, // failed: draining, then dead
+};
+
+// Read-side states of the main connection.
+enum {
+    RD_IDLE = 0,     // next: a frame header, when a descriptor is wanted
+    RD_HDR = 1,      // reading a frame header
+    RD_BODY = 2,     // reading a descriptor body
+    RD_GOT_DESC = 3, // descriptor delivered, waiting for tp_pipe_read
+    RD_INLINE = 4,   // reading the inline bytes of a message
+};
+
+struct tp_pipe {
+    tp_context *p_ctx;
+    tp_list_node p_ctx_node;
+    tp_list_node p_accept_node;
+    tp_pipe_listener *p_pl; // accepting side, until accepted
+    bool p_listener_side;
+    char p_peer[TP_WIRE_MAX_CTXNAME + TP_WIRE_MAX_ADDR + 8];
+    char p_url[TP_WIRE_MAX_ADDR + 1];
+    int p_state;
+    tp_error *p_err; // why the pipe failed
+    // chosen
+    ctx_backend *p_tr;
+    ctx_backend *p_ch;
+    const tp_channel_ops *p_chops;
+    tp_chan *p_chan;
+    tp_conn *p_conn; // main connection
+    tp_conn **p_extra;
+    unsigned p_nextra;
+    unsigned p_extra_got;
+    uint64_t p_reg_main; // listener side: expected join ids
+    uint64_t *p_reg_extra;
+    char p_report[TP_REPORT_LEN];
+    char p_peer_notes[TP_WIRE_MAX_REASON + 1];
+    tp_pipe_hs *p_hs; // connecting-side handshake state
+    tp_timer p_hs_timer;
+    // writes
+    tp_list p_writes; // pipe_wop, in order
+    pipe_wop *p_wcursor; // the write whose main-conn groups are being sent
+    uint64_t p_wseq;
+    // reads
+    tp_list p_rdesc; // tp_aio waiting for a descriptor (a_node)
+    tp_list p_reads; // pipe_rop, in order
+    int p_rstate;
+    uint8_t p_rhdr[TP_FRAME_HDR_LEN];
+    uint8_t *p_rbody;
+    uint64_t p_rbody_len;
+    tp_aio p_raio;
+    bool p_raio_busy;
+    tp_aio *p_rdesc_active; // the descriptor read being served
+    tp_status p_rdesc_reason; // why it was canceled (0: not)
+    tp_message *p_rmsg;     // delivered, waiting for tp_pipe_read
+    tp__chan_info *p_rinfos;
+    uint64_t p_rseq;
+    pipe_rop *p_rcursor; // the read whose inline bytes are being read
+    // lifetime
+    int p_busy;              // internal ops in flight (loop thread)
+    _Atomic int p_holds;     // user hold + live hold + posted tasks
+    _Atomic int p_urefs;     // user references
+    _Atomic bool p_ctx_dead; // the context is gone: no posting
+    tp_task p_close_task;
+    tp_mtx p_mtx; // p_ready_cv waiters
+    tp_cv p_cv;
+    _Atomic int p_pub_state; // p_state published for tp_pipe_wait_ready
+};
+
+// ---- context.c ----
+// Loop thread: a new pipe object (holds: user + live), registered.
+tp_pipe *tp__pipe_new(tp_context *ctx);
+void tp__ctx_obj_add(tp_context *ctx);
+void tp__ctx_obj_done(tp_context *ctx);
+uint64_t tp__ctx_reg_id(void);
+ctx_backend *tp__ctx_transport(tp_context *ctx, const char *name);
+// Loop thread: a pipe accepted by @pl finished its handshake.
+void tp__listener_pipe_ready(tp_pipe_listener *pl, tp_pipe *p);
+void tp__listener_pipe_gone(tp_pipe_listener *pl, tp_pipe *p);
+
+// ---- pipe.c ----
+// Loop thread: the accepting side got a brochure on @conn (takes it).
+void tp__pipe_accept_brochure(tp_context *ctx, tp_pipe_listener *pl,
+                              tp_conn *conn, const uint8_t *body,
+                              uint64_t len);
+// Loop thread: a join frame arrived; true if a pipe took @conn.
+bool tp__pipe_join(tp_context *ctx, uint64_t reg_id, uint16_t index,
+                   tp_conn *conn, bool lane, unsigned lane_idx);
+// Loop thread: fail @p with @err (takes it).
+void tp__pipe_fail(tp_pipe *p, tp_error *err);
+void tp__pipe_release_hold(tp_pipe *p);
+
+#endif

@@ -1,0 +1,733 @@
+// SPDX-License-Identifier: Apache-2.0
+// pipe_test.c - the pipe through its public API, for one (transport,
+// channel) combination chosen by the environment: TP_PIPE_TRANSPORT
+// (tcp, shm) and TP_PIPE_CHANNEL (basic, xth, cma, mpt). Both contexts
+// restrict themselves to that pair; cases check the negotiated choice,
+// messages of every shape, ordering, close and failure, and, across
+// processes (fork), a peer killed mid-message and a peer sending garbage.
+
+#include "tp_test.h"
+
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <tpipe/pipe.h>
+
+#include "core/alloc.h"
+#include "tp_test_op.h"
+
+#define WAIT_MS 20000
+
+static const char *
+env_or(const char *name, const char *def)
+{
+    const char *v = getenv(name);
+    return (v != NULL && *v != '\0') ? v : def;
+}
+
+static const char *
+tr_name(void)
+{
+    return env_or("TP_PIPE_TRANSPORT", "tcp");
+}
+
+static const char *
+ch_name(void)
+{
+    return env_or("TP_PIPE_CHANNEL", "basic");
+}
+
+static bool
+in_process_only(void)
+{
+    return strcmp(ch_name(), "xth") == 0;
+}
+
+// A context allowed exactly the pair under test. Skips if the channel or
+// transport cannot work here, with the context's reason.
+static tp_context *
+make_ctx(const char *name)
+{
+    tp_context_options o;
+    tp_context_options_init(&o);
+    o.name = name;
+    o.transports = tr_name();
+    o.channels = ch_name();
+    tp_context *ctx = NULL;
+    tp_error *err = NULL;
+    tp_status st = tp_context_create(&o, &ctx, &err);
+    if (st != TP_OK) {
+        tp_test_skip("transport %s not usable here: %s", tr_name(),
+                     tp_error_message(err));
+    }
+    char *rep = tp_context_report(ctx);
+    char line[64];
+    snprintf(line, sizeof(line), "channel %s: usable", ch_name());
+    if (strstr(rep, line) == NULL) {
+        char copy[2048];
+        snprintf(copy, sizeof(copy), "%s", rep);
+        free(rep);
+        tp_context_destroy(ctx);
+        tp_test_skip("channel %s not usable here:\n%s", ch_name(), copy);
+    }
+    free(rep);
+    return ctx;
+}
+
+static const char *
+listen_url(void)
+{
+    return strcmp(tr_name(), "tcp") == 0 ? "tcp://127.0.0.1:0" : NULL;
+}
+
+static tp_pipe_listener *
+make_listener(tp_context *ctx)
+{
+    tp_pipe_listener *l = NULL;
+    tp_error *err = NULL;
+    const char *url = listen_url();
+    TP_CHECK_OK(tp_context_listen(ctx, url ? &url : NULL, url ? 1 : 0, &l,
+                                  &err),
+                err);
+    return l;
+}
+
+typedef struct pair {
+    tp_context *a, *b;
+    tp_pipe_listener *l;
+    tp_pipe *pa; // accepted (listener side)
+    tp_pipe *pb; // connected
+} pair;
+
+static void
+pair_open(pair *pr)
+{
+    memset(pr, 0, sizeof(*pr));
+    pr->a = make_ctx("alice");
+    pr->b = make_ctx("bob");
+    pr->l = make_listener(pr->a);
+    tp_error *err = NULL;
+    TP_CHECK_OK(tp_context_connect(pr->b, tp_pipe_listener_addr(pr->l, NULL),
+                                   &pr->pb, &err),
+                err);
+    op acc;
+    op_init(&acc, WAIT_MS);
+    tp_pipe_listener_accept(pr->l, acc.aio);
+    op_wait(&acc, WAIT_MS);
+    TP_CHECK_OK(tp_aio_status(acc.aio), tp_aio_error(acc.aio));
+    pr->pa = tp_aio_get_output(acc.aio, 0);
+    op_fini(&acc);
+    TP_CHECK_OK(tp_pipe_wait_ready(pr->pb, WAIT_MS, &err), err);
+}
+
+static void
+pair_close(pair *pr)
+{
+    tp_pipe_unref(pr->pa);
+    tp_pipe_unref(pr->pb);
+    tp_pipe_listener_destroy(pr->l);
+    tp_context_destroy(pr->b);
+    tp_context_destroy(pr->a);
+}
+
+static void
+fill(uint8_t *p, uint64_t n, uint32_t seed)
+{
+    uint32_t x = seed * 2654435761u + 1;
+    for (uint64_t i = 0; i < n; i++) {
+        x = x * 1103515245u + 12345u;
+        p[i] = (uint8_t)(x >> 16);
+    }
+}
+
+static bool
+check_fill(const uint8_t *p, uint64_t n, uint32_t seed)
+{
+    uint32_t x = seed * 2654435761u + 1;
+    for (uint64_t i = 0; i < n; i++) {
+        x = x * 1103515245u + 12345u;
+        if (p[i] != (uint8_t)(x >> 16)) {
+            return false;
+        }
+    }
+    return true;
+}
+
+// A message with @np payloads and @nt tensors of the given sizes, filled.
+static tp_message *
+make_msg(uint32_t np, const uint64_t *psz, uint32_t nt, const uint64_t *tsz,
+         uint32_t seed)
+{
+    tp_message *m = NULL;
+    TP_CHECK_OK(tp_message_create(np, nt, &m), NULL);
+    char *meta = malloc(64);
+    snprintf(meta, 64, "meta-%u", seed);
+    m->metadata = meta;
+    m->metadata_len = strlen(meta);
+    for (uint32_t i = 0; i < np; i++) {
+        m->payloads[i].len = psz[i];
+        m->payloads[i].data = psz[i] ? malloc(psz[i]) : NULL;
+        fill(m->payloads[i].data, psz[i], seed * 100 + i);
+    }
+    for (uint32_t i = 0; i < nt; i++) {
+        m->tensors[i].len = tsz[i];
+        m->tensors[i].data = tsz[i] ? malloc(tsz[i]) : NULL;
+        fill(m->tensors[i].data, tsz[i], seed * 100 + 50 + i);
+    }
+    return m;
+}
+
+static void
+free_sent(tp_message *m)
+{
+    for (uint32_t i = 0; i < m->npayloads; i++) {
+        free(m->payloads[i].data);
+    }
+    for (uint32_t i = 0; i < m->ntensors; i++) {
+        free(m->tensors[i].data);
+    }
+    free(m->metadata);
+    m->metadata = NULL;
+    tp_message_destroy(m);
+}
+
+// Reads one message from @p and checks it against what make_msg built.
+static void
+recv_check(tp_pipe *p, uint32_t np, const uint64_t *psz, uint32_t nt,
+           const uint64_t *tsz, uint32_t seed)
+{
+    op rd;
+    op_init(&rd, WAIT_MS);
+    tp_pipe_read_descriptor(p, rd.aio);
+    op_wait(&rd, WAIT_MS);
+    TP_CHECK_OK(tp_aio_status(rd.aio), tp_aio_error(rd.aio));
+    tp_message *m = tp_aio_get_output(rd.aio, 0);
+    TP_CHECK(m != NULL);
+    char meta[64];
+    snprintf(meta, sizeof(meta), "meta-%u", seed);
+    TP_CHECK_EQ(m->metadata_len, strlen(meta));
+    TP_CHECK(memcmp(m->metadata, meta, strlen(meta)) == 0);
+    TP_CHECK_EQ(m->npayloads, np);
+    TP_CHECK_EQ(m->ntensors, nt);
+    for (uint32_t i = 0; i < np; i++) {
+        TP_CHECK_EQ(m->payloads[i].len, psz[i]);
+    }
+    for (uint32_t i = 0; i < nt; i++) {
+        TP_CHECK_EQ(m->tensors[i].len, tsz[i]);
+    }
+    // Half the buffers are ours, the other half the pipe allocates.
+    void *mine[8] = {0};
+    for (uint32_t i = 0; i < nt && i < 8; i++) {
+        if (i % 2 == 0 && tsz[i] > 0) {
+            mine[i] = malloc(tsz[i]);
+            m->tensors[i].data = mine[i];
+        }
+    }
+    atomic_store(&rd.done, 0);
+    tp_pipe_read(p, m, rd.aio);
+    op_wait(&rd, WAIT_MS);
+    TP_CHECK_OK(tp_aio_status(rd.aio), tp_aio_error(rd.aio));
+    for (uint32_t i = 0; i < np; i++) {
+        TP_CHECKF(check_fill(m->payloads[i].data, psz[i], seed * 100 + i),
+                  "payload %u of message %u differs", i, seed);
+    }
+    for (uint32_t i = 0; i < nt; i++) {
+        TP_CHECKF(check_fill(m->tensors[i].data, tsz[i], seed * 100 + 50 + i),
+                  "tensor %u (%llu bytes) of message %u differs", i,
+                  (unsigned long long)tsz[i], seed);
+        if (i < 8 && mine[i] != NULL) {
+            TP_CHECK(!m->tensors[i].pipe_owned);
+        }
+    }
+    tp_message_destroy(m);
+    for (int i = 0; i < 8; i++) {
+        free(mine[i]);
+    }
+    op_fini(&rd);
+}
+
+static void
+send_wait(tp_pipe *p, tp_message *m)
+{
+    op w;
+    op_init(&w, WAIT_MS);
+    tp_pipe_write(p, m, w.aio);
+    op_wait(&w, WAIT_MS);
+    TP_CHECK_OK(tp_aio_status(w.aio), tp_aio_error(w.aio));
+    op_fini(&w);
+}
+
+// ---- cases ------------------------------------------------------------------
+
+static void
+test_negotiates_pair(void)
+{
+    pair pr;
+    pair_open(&pr);
+    TP_CHECK(strcmp(tp_pipe_transport(pr.pb), tr_name()) == 0);
+    TP_CHECK(strcmp(tp_pipe_channel(pr.pb), ch_name()) == 0);
+    TP_CHECK(strcmp(tp_pipe_transport(pr.pa), tr_name()) == 0);
+    TP_CHECK(strcmp(tp_pipe_channel(pr.pa), ch_name()) == 0);
+    char *ra = tp_pipe_report(pr.pa);
+    char *rb = tp_pipe_report(pr.pb);
+    TP_CHECK(ra != NULL && rb != NULL);
+    TP_CHECK_STR_CONTAINS(ra, "pipe from bob");
+    TP_CHECK_STR_CONTAINS(rb, "pipe to alice");
+    TP_CHECK_STR_CONTAINS(rb, "not allowed by the options");
+    free(ra);
+    free(rb);
+    TP_CHECK_STR_CONTAINS(tp_pipe_peer(pr.pa), "bob");
+    pair_close(&pr);
+}
+
+// Messages of many shapes both ways, while the pipe alternates directions.
+static void
+test_shapes(void)
+{
+    pair pr;
+    pair_open(&pr);
+    static const struct {
+        uint32_t np;
+        uint64_t psz[3];
+        uint32_t nt;
+        uint64_t tsz[4];
+    } shapes[] = {
+        {0, {0}, 0, {0}},
+        {1, {5}, 0, {0}},
+        {0, {0}, 1, {0}},
+        {0, {0}, 1, {1}},
+        {2, {0, 100}, 3, {64, 0, 4097}},
+        {3, {70000, 3, 1}, 2, {1 << 20, 3}},
+        {1, {1}, 4, {300000, 262144, 262143, 7}},
+        {0, {0}, 1, {(16u << 20) + 5}},
+    };
+    for (uint32_t k = 0; k < sizeof(shapes) / sizeof(shapes[0]); k++) {
+        for (int dir = 0; dir < 2; dir++) {
+            tp_pipe *tx = dir ? pr.pa : pr.pb;
+            tp_pipe *rx = dir ? pr.pb : pr.pa;
+            tp_message *m = make_msg(shapes[k].np, shapes[k].psz,
+                                     shapes[k].nt, shapes[k].tsz, k + 1);
+            op w;
+            op_init(&w, WAIT_MS);
+            tp_pipe_write(tx, m, w.aio);
+            recv_check(rx, shapes[k].np, shapes[k].psz, shapes[k].nt,
+                       shapes[k].tsz, k + 1);
+            op_wait(&w, WAIT_MS);
+            TP_CHECK_OK(tp_aio_status(w.aio), tp_aio_error(w.aio));
+            op_fini(&w);
+            free_sent(m);
+        }
+    }
+    pair_close(&pr);
+}
+
+// Many writes in flight at once complete in order and arrive in order.
+static void
+test_ordering(void)
+{
+    pair pr;
+    pair_open(&pr);
+    enum { N = 200 };
+    static op w[N];
+    static tp_message *m[N];
+    static uint64_t tsz[N];
+    uint64_t psz[1] = {16};
+    for (int i = 0; i < N; i++) {
+        tsz[i] = (i % 7 == 0) ? (uint64_t)(300000 + i) : (uint64_t)(i * 13);
+        m[i] = make_msg(1, psz, 1, &tsz[i], (uint32_t)i + 1);
+        op_init(&w[i], WAIT_MS);
+        tp_pipe_write(pr.pb, m[i], w[i].aio);
+    }
+    for (int i = 0; i < N; i++) {
+        recv_check(pr.pa, 1, psz, 1, &tsz[i], (uint32_t)i + 1);
+    }
+    for (int i = 0; i < N; i++) {
+        op_wait(&w[i], WAIT_MS);
+        TP_CHECK_OK(tp_aio_status(w[i].aio), tp_aio_error(w[i].aio));
+        op_fini(&w[i]);
+        free_sent(m[i]);
+    }
+    pair_close(&pr);
+}
+
+// Closing a pipe fails its pending reads and writes, each once, and the
+// other end sees the pipe fail; another pipe of the same contexts works.
+static void
+test_close_pending(void)
+{
+    pair pr;
+    pair_open(&pr);
+    // A second pipe between the same contexts.
+    tp_pipe *pc = NULL;
+    tp_error *err = NULL;
+    TP_CHECK_OK(tp_context_connect(pr.b, tp_pipe_listener_addr(pr.l, NULL),
+                                   &pc, &err),
+                err);
+    op acc;
+    op_init(&acc, WAIT_MS);
+    tp_pipe_listener_accept(pr.l, acc.aio);
+    op_wait(&acc, WAIT_MS);
+    TP_CHECK_OK(tp_aio_status(acc.aio), tp_aio_error(acc.aio));
+    tp_pipe *pd = tp_aio_get_output(acc.aio, 0);
+    op_fini(&acc);
+
+    op rd[3];
+    for (int i = 0; i < 3; i++) {
+        op_init(&rd[i], WAIT_MS);
+        tp_pipe_read_descriptor(pr.pb, rd[i].aio);
+    }
+    op peer_rd;
+    op_init(&peer_rd, WAIT_MS);
+    tp_pipe_read_descriptor(pr.pa, peer_rd.aio);
+    tp_pipe_close(pr.pb);
+    for (int i = 0; i < 3; i++) {
+        op_wait(&rd[i], WAIT_MS);
+        TP_CHECK_EQ(tp_aio_status(rd[i].aio), TP_ECLOSED);
+        op_fini(&rd[i]);
+    }
+    op_wait(&peer_rd, WAIT_MS);
+    TP_CHECK(tp_aio_status(peer_rd.aio) != TP_OK);
+    TP_CHECK_STR_CONTAINS(tp_error_message(tp_aio_error(peer_rd.aio)), "bob");
+    op_fini(&peer_rd);
+    // A write after close fails at once with the same error.
+    uint64_t one = 10;
+    tp_message *m = make_msg(0, NULL, 1, &one, 9);
+    op w;
+    op_init(&w, WAIT_MS);
+    tp_pipe_write(pr.pb, m, w.aio);
+    op_wait(&w, WAIT_MS);
+    TP_CHECK_EQ(tp_aio_status(w.aio), TP_ECLOSED);
+    op_fini(&w);
+    // The other pipe still works.
+    send_wait(pc, m);
+    recv_check(pd, 0, NULL, 1, &one, 9);
+    free_sent(m);
+    tp_pipe_unref(pc);
+    tp_pipe_unref(pd);
+    pair_close(&pr);
+}
+
+// A descriptor read with a timeout and nothing to read times out without
+// hurting the pipe.
+static void
+test_read_timeout_keeps_pipe(void)
+{
+    pair pr;
+    pair_open(&pr);
+    op rd;
+    op_init(&rd, 100);
+    tp_pipe_read_descriptor(pr.pa, rd.aio);
+    op_wait(&rd, WAIT_MS);
+    TP_CHECK_EQ(tp_aio_status(rd.aio), TP_ETIMEDOUT);
+    op_fini(&rd);
+    uint64_t sz = 1000;
+    tp_message *m = make_msg(0, NULL, 1, &sz, 3);
+    op w;
+    op_init(&w, WAIT_MS);
+    tp_pipe_write(pr.pb, m, w.aio);
+    recv_check(pr.pa, 0, NULL, 1, &sz, 3);
+    op_wait(&w, WAIT_MS);
+    TP_CHECK_OK(tp_aio_status(w.aio), tp_aio_error(w.aio));
+    op_fini(&w);
+    free_sent(m);
+    pair_close(&pr);
+}
+
+// Destroying contexts with pipes and operations pending completes them.
+static void
+test_destroy_with_pending(void)
+{
+    pair pr;
+    pair_open(&pr);
+    op rd;
+    op_init(&rd, 0);
+    tp_pipe_read_descriptor(pr.pa, rd.aio);
+    tp_context_destroy(pr.a);
+    op_wait(&rd, WAIT_MS);
+    TP_CHECK_EQ(tp_aio_status(rd.aio), TP_ECLOSED);
+    op_fini(&rd);
+    tp_pipe_unref(pr.pa);
+    tp_pipe_unref(pr.pb);
+    tp_pipe_listener_destroy(NULL);
+    tp_context_destroy(pr.b);
+}
+
+// Bad input from the user: a clear error, the pipe keeps working.
+static void
+test_bad_user_input(void)
+{
+    pair pr;
+    pair_open(&pr);
+    tp_message *m = NULL;
+    TP_CHECK_OK(tp_message_create(0, 1, &m), NULL);
+    m->tensors[0].len = 10; // data NULL
+    op w;
+    op_init(&w, WAIT_MS);
+    tp_pipe_write(pr.pb, m, w.aio);
+    op_wait(&w, WAIT_MS);
+    TP_CHECK_EQ(tp_aio_status(w.aio), TP_EINVAL);
+    TP_CHECK_STR_CONTAINS(tp_error_message(tp_aio_error(w.aio)), "tensor 0");
+    op_fini(&w);
+    // tp_pipe_read without a descriptor.
+    op r;
+    op_init(&r, WAIT_MS);
+    tp_pipe_read(pr.pa, m, r.aio);
+    op_wait(&r, WAIT_MS);
+    TP_CHECK_EQ(tp_aio_status(r.aio), TP_EINVAL);
+    op_fini(&r);
+    tp_message_destroy(m);
+    uint64_t sz = 77;
+    tp_message *ok = make_msg(0, NULL, 1, &sz, 4);
+    send_wait(pr.pb, ok);
+    recv_check(pr.pa, 0, NULL, 1, &sz, 4);
+    free_sent(ok);
+    pair_close(&pr);
+}
+
+static void
+test_options_errors(void)
+{
+    tp_context_options o;
+    tp_context_options_init(&o);
+    o.transports = "tcp,carrier-pigeon";
+    tp_context *ctx = NULL;
+    tp_error *err = NULL;
+    TP_CHECK_EQ(tp_context_create(&o, &ctx, &err), TP_EINVAL);
+    TP_CHECK_STR_CONTAINS(tp_error_message(err), "carrier-pigeon");
+    TP_CHECK_STR_CONTAINS(tp_error_message(err), "known: shm, tcp");
+    tp_error_unref(err);
+    err = NULL;
+    tp_context_options_init(&o);
+    o.channels = "basic,warp";
+    TP_CHECK_EQ(tp_context_create(&o, &ctx, &err), TP_EINVAL);
+    TP_CHECK_STR_CONTAINS(tp_error_message(err), "known: xth, cma, mpt, basic");
+    tp_error_unref(err);
+}
+
+// The refusal names why: both ends allow nothing in common.
+static void
+test_no_common_channel(void)
+{
+    tp_context_options o;
+    tp_context_options_init(&o);
+    o.transports = "tcp";
+    o.channels = "basic";
+    o.name = "alice";
+    tp_context *a = NULL, *b = NULL;
+    tp_error *err = NULL;
+    TP_CHECK_OK(tp_context_create(&o, &a, &err), err);
+    o.channels = "mpt";
+    o.name = "bob";
+    TP_CHECK_OK(tp_context_create(&o, &b, &err), err);
+    const char *url = "tcp://127.0.0.1:0";
+    tp_pipe_listener *l = NULL;
+    TP_CHECK_OK(tp_context_listen(a, &url, 1, &l, &err), err);
+    tp_pipe *p = NULL;
+    TP_CHECK_OK(tp_context_connect(b, tp_pipe_listener_addr(l, "tcp"), &p,
+                                   &err),
+                err);
+    TP_CHECK(tp_pipe_wait_ready(p, WAIT_MS, &err) != TP_OK);
+    TP_CHECK_STR_CONTAINS(tp_error_message(err), "no channel");
+    TP_CHECK_STR_CONTAINS(tp_error_message(err), "alice");
+    tp_error_unref(err);
+    tp_pipe_unref(p);
+    tp_pipe_listener_destroy(l);
+    tp_context_destroy(b);
+    tp_context_destroy(a);
+}
+
+// ---- across processes --------------------------------------------------------
+
+// The child connects to @url, then runs @fn. Returns its pid.
+static pid_t
+spawn_child(const char *url, void (*fn)(tp_pipe *p))
+{
+    pid_t pid = fork();
+    TP_CHECK(pid >= 0);
+    if (pid == 0) {
+        tp_context *ctx = make_ctx("child");
+        tp_pipe *p = NULL;
+        tp_error *err = NULL;
+        if (tp_context_connect(ctx, url, &p, &err) != TP_OK ||
+            tp_pipe_wait_ready(p, WAIT_MS, &err) != TP_OK) {
+            fprintf(stderr, "child: %s\n", tp_error_message(err));
+            _exit(3);
+        }
+        fn(p);
+        tp_pipe_unref(p);
+        tp_context_destroy(ctx);
+        _exit(0);
+    }
+    return pid;
+}
+
+static void
+child_echo(tp_pipe *p)
+{
+    // Echo messages until the pipe closes.
+    for (;;) {
+        tp_aio *aio = NULL;
+        op rd;
+        op_init(&rd, 0);
+        aio = rd.aio;
+        tp_pipe_read_descriptor(p, aio);
+        if (!op_wait_for(&rd, WAIT_MS) || tp_aio_status(aio) != TP_OK) {
+            op_fini(&rd);
+            return;
+        }
+        tp_message *m = tp_aio_get_output(aio, 0);
+        atomic_store(&rd.done, 0);
+        tp_pipe_read(p, m, aio);
+        if (!op_wait_for(&rd, WAIT_MS) || tp_aio_status(aio) != TP_OK) {
+            op_fini(&rd);
+            return;
+        }
+        atomic_store(&rd.done, 0);
+        tp_pipe_write(p, m, aio);
+        if (!op_wait_for(&rd, WAIT_MS) || tp_aio_status(aio) != TP_OK) {
+            op_fini(&rd);
+            return;
+        }
+        tp_message_destroy(m);
+        op_fini(&rd);
+    }
+}
+
+static tp_pipe *
+accept_one(tp_pipe_listener *l)
+{
+    op acc;
+    op_init(&acc, WAIT_MS);
+    tp_pipe_listener_accept(l, acc.aio);
+    op_wait(&acc, WAIT_MS);
+    TP_CHECK_OK(tp_aio_status(acc.aio), tp_aio_error(acc.aio));
+    tp_pipe *p = tp_aio_get_output(acc.aio, 0);
+    op_fini(&acc);
+    return p;
+}
+
+static void
+reap(pid_t pid)
+{
+    for (int i = 0; i < 2000; i++) {
+        int status;
+        if (waitpid(pid, &status, WNOHANG) == pid) {
+            return;
+        }
+        usleep(10000);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    TP_CHECKF(false, "child %d did not exit", (int)pid);
+}
+
+static void
+test_cross_process_echo(void)
+{
+    if (in_process_only()) {
+        tp_test_skip("channel xth works only within one process");
+    }
+    tp_context *ctx = make_ctx("parent");
+    tp_pipe_listener *l = make_listener(ctx);
+    pid_t pid = spawn_child(tp_pipe_listener_addr(l, NULL), child_echo);
+    tp_pipe *p = accept_one(l);
+    TP_CHECK(strcmp(tp_pipe_channel(p), ch_name()) == 0);
+    static const uint64_t sizes[] = {0, 1, 64, 4096, 262145, 1 << 20,
+                                     (64u << 20) + 3};
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        uint64_t psz[1] = {33};
+        tp_message *m = make_msg(1, psz, 1, &sizes[i], (uint32_t)i + 1);
+        op w;
+        op_init(&w, WAIT_MS);
+        tp_pipe_write(p, m, w.aio);
+        recv_check(p, 1, psz, 1, &sizes[i], (uint32_t)i + 1);
+        op_wait(&w, WAIT_MS);
+        TP_CHECK_OK(tp_aio_status(w.aio), tp_aio_error(w.aio));
+        op_fini(&w);
+        free_sent(m);
+    }
+    tp_pipe_unref(p);
+    reap(pid);
+    tp_pipe_listener_destroy(l);
+    tp_context_destroy(ctx);
+}
+
+static void
+child_read_then_hang(tp_pipe *p)
+{
+    // Read one descriptor, never the data: the parent's write stays
+    // pending until we are killed.
+    op rd;
+    op_init(&rd, 0);
+    tp_pipe_read_descriptor(p, rd.aio);
+    (void)op_wait_for(&rd, WAIT_MS);
+    pause();
+}
+
+// A peer killed while a 64 MiB message is in flight: the write fails
+// promptly with an error naming the peer; the listener keeps working.
+static void
+test_peer_killed(void)
+{
+    if (in_process_only()) {
+        tp_test_skip("channel xth works only within one process");
+    }
+    tp_context *ctx = make_ctx("parent");
+    tp_pipe_listener *l = make_listener(ctx);
+    pid_t pid = spawn_child(tp_pipe_listener_addr(l, NULL),
+                            child_read_then_hang);
+    tp_pipe *p = accept_one(l);
+    uint64_t sz = 64u << 20;
+    tp_message *m = make_msg(0, NULL, 1, &sz, 5);
+    op w;
+    op_init(&w, 0);
+    tp_pipe_write(p, m, w.aio);
+    op rd;
+    op_init(&rd, 0);
+    tp_pipe_read_descriptor(p, rd.aio);
+    usleep(200000);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    uint64_t t0 = tp__now_ns();
+    op_wait(&w, WAIT_MS);
+    op_wait(&rd, WAIT_MS);
+    uint64_t ms = (tp__now_ns() - t0) / 1000000u;
+    TP_CHECKF(ms < 5000, "failure took %llu ms", (unsigned long long)ms);
+    TP_CHECK(tp_aio_status(w.aio) != TP_OK);
+    TP_CHECK(tp_aio_status(rd.aio) != TP_OK);
+    TP_CHECK_STR_CONTAINS(tp_error_message(tp_aio_error(w.aio)), "child");
+    op_fini(&w);
+    op_fini(&rd);
+    free_sent(m);
+    tp_pipe_unref(p);
+    // The listener still accepts.
+    pid = spawn_child(tp_pipe_listener_addr(l, NULL), child_echo);
+    p = accept_one(l);
+    uint64_t one = 100;
+    tp_message *m2 = make_msg(0, NULL, 1, &one, 6);
+    send_wait(p, m2);
+    recv_check(p, 0, NULL, 1, &one, 6);
+    free_sent(m2);
+    tp_pipe_unref(p);
+    reap(pid);
+    tp_pipe_listener_destroy(l);
+    tp_context_destroy(ctx);
+}
+
+static const tp_test_case cases[] = {
+    TP_TEST_CASE(test_options_errors),
+    TP_TEST_CASE(test_no_common_channel),
+    TP_TEST_CASE(test_negotiates_pair),
+    TP_TEST_CASE_T(test_shapes, 60),
+    TP_TEST_CASE_T(test_ordering, 60),
+    TP_TEST_CASE(test_close_pending),
+    TP_TEST_CASE(test_read_timeout_keeps_pipe),
+    TP_TEST_CASE(test_destroy_with_pending),
+    TP_TEST_CASE(test_bad_user_input),
+    TP_TEST_CASE_T(test_cross_process_echo, 60),
+    TP_TEST_CASE_T(test_peer_killed, 60),
+};
+
+TP_TEST_MAIN(cases)
