@@ -248,12 +248,18 @@ recv_check(tp_pipe *p, uint32_t np, const uint64_t *psz, uint32_t nt,
     op_fini(&rd);
 }
 
+// Writes @m on @tx and reads it on @rx. The write may complete only once
+// the reader has the bytes (xth, cma read from the sender's buffer), so
+// it is waited for after the read.
 static void
-send_wait(tp_pipe *p, tp_message *m)
+send_recv(tp_pipe *tx, tp_pipe *rx, tp_message *m, uint32_t np,
+          const uint64_t *psz, uint32_t nt, const uint64_t *tsz,
+          uint32_t seed)
 {
     op w;
     op_init(&w, WAIT_MS);
-    tp_pipe_write(p, m, w.aio);
+    tp_pipe_write(tx, m, w.aio);
+    recv_check(rx, np, psz, nt, tsz, seed);
     op_wait(&w, WAIT_MS);
     TP_CHECK_OK(tp_aio_status(w.aio), tp_aio_error(w.aio));
     op_fini(&w);
@@ -401,8 +407,7 @@ test_close_pending(void)
     TP_CHECK_EQ(tp_aio_status(w.aio), TP_ECLOSED);
     op_fini(&w);
     // The other pipe still works.
-    send_wait(pc, m);
-    recv_check(pd, 0, NULL, 1, &one, 9);
+    send_recv(pc, pd, m, 0, NULL, 1, &one, 9);
     free_sent(m);
     tp_pipe_unref(pc);
     tp_pipe_unref(pd);
@@ -480,8 +485,7 @@ test_bad_user_input(void)
     tp_message_destroy(m);
     uint64_t sz = 77;
     tp_message *ok = make_msg(0, NULL, 1, &sz, 4);
-    send_wait(pr.pb, ok);
-    recv_check(pr.pa, 0, NULL, 1, &sz, 4);
+    send_recv(pr.pb, pr.pa, ok, 0, NULL, 1, &sz, 4);
     free_sent(ok);
     pair_close(&pr);
 }
@@ -707,8 +711,7 @@ test_peer_killed(void)
     p = accept_one(l);
     uint64_t one = 100;
     tp_message *m2 = make_msg(0, NULL, 1, &one, 6);
-    send_wait(p, m2);
-    recv_check(p, 0, NULL, 1, &one, 6);
+    send_recv(p, p, m2, 0, NULL, 1, &one, 6);
     free_sent(m2);
     tp_pipe_unref(p);
     reap(pid);
