@@ -831,6 +831,10 @@ hs_step(tp_pipe *p)
     switch (hs->h_step) {
     case HS_CONNECT: {
         hs->h_conn0 = tp_aio_get_output(aio, 0);
+        // Connected: from now on the handshake deadline applies (the
+        // pipe's timer, which names TP_HANDSHAKE_TIMEOUT_MS).
+        tp_aio_set_timeout(aio, 0);
+        pipe_arm_hs_timer(p, ctx->x_cfg.handshake_timeout_ms);
         // The brochure: every usable transport (with our listener-less
         // address: none) and channel.
         tp__brochure *b = tp__zalloc(sizeof(*b));
@@ -955,6 +959,7 @@ hs_step(tp_pipe *p)
             return;
         }
         hs->h_step = HS_MAIN_CONNECT;
+        tp_aio_set_timeout(aio, ctx->x_cfg.connect_timeout_ms);
         p->p_busy++;
         tp__transport_connect(p->p_tr->cb_transport, a->a_transport_addr,
                               aio);
@@ -962,6 +967,7 @@ hs_step(tp_pipe *p)
     }
     case HS_MAIN_CONNECT: {
         hs->h_main = tp_aio_get_output(aio, 0);
+        tp_aio_set_timeout(aio, 0);
         tp__frame_hdr h = {TP_FRAME_JOIN, TP_PIPE_WIRE_VERSION, 0,
                            TP_JOIN_LEN};
         tp__frame_hdr_encode(hs->h_join, &h);

@@ -544,13 +544,32 @@ test_no_common_channel(void)
 
 // ---- across processes --------------------------------------------------------
 
-// The child connects to @url, then runs @fn. Returns its pid.
+// Forks a child (before this process starts any thread: TSan does not
+// support threads after a multi-threaded fork) that waits for a URL on a
+// pipe, connects to it, then runs @fn. Returns its pid; *url_fd_p is
+// where to write the URL (child_go).
 static pid_t
-spawn_child(const char *url, void (*fn)(tp_pipe *p))
+spawn_child(void (*fn)(tp_pipe *p), int *url_fd_p)
 {
+    int fds[2];
+    TP_CHECK(pipe(fds) == 0);
     pid_t pid = fork();
     TP_CHECK(pid >= 0);
     if (pid == 0) {
+        close(fds[1]);
+        char url[512] = "";
+        size_t got = 0;
+        ssize_t n;
+        // One line: a sibling forked later may hold the write end too, so
+        // EOF cannot mark the end.
+        while (got + 1 < sizeof(url) &&
+               (n = read(fds[0], url + got, 1)) > 0 && url[got] != '\n') {
+            got += (size_t)n;
+        }
+        url[got] = '\0';
+        if (got == 0) {
+            _exit(4);
+        }
         tp_context *ctx = make_ctx("child");
         tp_pipe *p = NULL;
         tp_error *err = NULL;
@@ -564,7 +583,17 @@ spawn_child(const char *url, void (*fn)(tp_pipe *p))
         tp_context_destroy(ctx);
         _exit(0);
     }
+    close(fds[0]);
+    *url_fd_p = fds[1];
     return pid;
+}
+
+static void
+child_go(int fd, const char *url)
+{
+    TP_CHECK(write(fd, url, strlen(url)) == (ssize_t)strlen(url));
+    TP_CHECK(write(fd, "\n", 1) == 1);
+    close(fd);
 }
 
 static void
@@ -633,9 +662,11 @@ test_cross_process_echo(void)
     if (in_process_only()) {
         tp_test_skip("channel xth works only within one process");
     }
+    int fd;
+    pid_t pid = spawn_child(child_echo, &fd);
     tp_context *ctx = make_ctx("parent");
     tp_pipe_listener *l = make_listener(ctx);
-    pid_t pid = spawn_child(tp_pipe_listener_addr(l, NULL), child_echo);
+    child_go(fd, tp_pipe_listener_addr(l, NULL));
     tp_pipe *p = accept_one(l);
     TP_CHECK(strcmp(tp_pipe_channel(p), ch_name()) == 0);
     static const uint64_t sizes[] = {0, 1, 64, 4096, 262145, 1 << 20,
@@ -678,10 +709,12 @@ test_peer_killed(void)
     if (in_process_only()) {
         tp_test_skip("channel xth works only within one process");
     }
+    int fd, fd2;
+    pid_t pid = spawn_child(child_read_then_hang, &fd);
+    pid_t pid2 = spawn_child(child_echo, &fd2);
     tp_context *ctx = make_ctx("parent");
     tp_pipe_listener *l = make_listener(ctx);
-    pid_t pid = spawn_child(tp_pipe_listener_addr(l, NULL),
-                            child_read_then_hang);
+    child_go(fd, tp_pipe_listener_addr(l, NULL));
     tp_pipe *p = accept_one(l);
     uint64_t sz = 64u << 20;
     tp_message *m = make_msg(0, NULL, 1, &sz, 5);
@@ -707,7 +740,8 @@ test_peer_killed(void)
     free_sent(m);
     tp_pipe_unref(p);
     // The listener still accepts.
-    pid = spawn_child(tp_pipe_listener_addr(l, NULL), child_echo);
+    child_go(fd2, tp_pipe_listener_addr(l, NULL));
+    pid = pid2;
     p = accept_one(l);
     uint64_t one = 100;
     tp_message *m2 = make_msg(0, NULL, 1, &one, 6);
