@@ -48,27 +48,27 @@ struct tp_chan_op {
     // set by the pipe
     void *co_buf;
     uint64_t co_len;
-    uint64_t co_seq;    // message sequence number (per direction, from 0)
-    uint32_t co_index;  // tensor index in the message
+    uint64_t co_seq;   // message sequence number (per direction, from 0)
+    uint32_t co_index; // tensor index in the message
     tp__chan_info co_info;
     void (*co_done)(tp_chan_op *op, tp_error *err);
     void *co_arg;
     // channel private
     tp_list_node co_node;
-    int co_parts;       // outstanding pieces (mpt chunks)
-    tp_error *co_err;   // first error of a piece
+    int co_parts;     // outstanding pieces (mpt chunks)
+    tp_error *co_err; // first error of a piece
     tp_task co_task;
     void *co_priv;
 };
 
 // What the pipe gives a channel instance.
 typedef struct tp_chan_env {
-    tp_loop *ce_loop;      // the context's loop
-    tp_pool *ce_pool;      // for copies off the loop
+    tp_loop *ce_loop; // the context's loop
+    tp_pool *ce_pool; // for copies off the loop
     const tp_config *ce_cfg;
-    tp_conn **ce_conns;    // the extra connections (ready), ce_nconns
+    tp_conn **ce_conns; // the extra connections (ready), ce_nconns
     unsigned ce_nconns;
-    const char *ce_peer;   // "worker1 at tcp://127.0.0.1:5000", for errors
+    const char *ce_peer;        // "worker1 at tcp://127.0.0.1:5000", for errors
     const char *ce_peer_domain; // the peer's descriptor of this channel
     void (*ce_fail)(void *pipe, tp_error *err); // takes err
     void *ce_pipe;

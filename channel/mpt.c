@@ -79,8 +79,9 @@ mpt_piece_task(void *arg)
     tp_chan_op *op = mp->mp_op;
     tp_status st = tp_aio_status(&mp->mp_aio);
     if (st != TP_OK && op->co_err == NULL) {
-        op->co_err = tp__error_new(st, 0, tp_aio_error(&mp->mp_aio),
-                                   "mpt: pipe to %s: lane", mp->mp_ch->m_env.ce_peer);
+        op->co_err =
+            tp__error_new(st, 0, tp_aio_error(&mp->mp_aio),
+                          "mpt: pipe to %s: lane", mp->mp_ch->m_env.ce_peer);
     }
     // Waits for the lane loop to be done with the aio (it posted us from
     // the callback).
@@ -130,14 +131,14 @@ mpt_start(tp_chan *ch, tp_chan_op *op, bool write)
         mpt_piece *mp = tp__zalloc(sizeof(*mp));
         if (mp == NULL) {
             // The lane streams are now out of step: the pipe must go.
-            ch->m_env.ce_fail(ch->m_env.ce_pipe,
-                              tp__error_new(TP_ENOMEM, 0, NULL,
-                                            "mpt: out of memory"));
+            ch->m_env.ce_fail(
+                ch->m_env.ce_pipe,
+                tp__error_new(TP_ENOMEM, 0, NULL, "mpt: out of memory"));
             op->co_parts -= (int)(count - i);
             if (op->co_parts == 0) {
-                tp__chan_op_fail_later(ch->m_env.ce_loop, op,
-                                       tp__error_new(TP_ENOMEM, 0, NULL,
-                                                     "mpt: out of memory"));
+                tp__chan_op_fail_later(
+                    ch->m_env.ce_loop, op,
+                    tp__error_new(TP_ENOMEM, 0, NULL, "mpt: out of memory"));
             }
             return;
         }

@@ -17,14 +17,16 @@
 #include "core/alloc.h"
 #include "core/wire.h"
 
-#define XTH_INLINE_COPY (256u * 1024u) // smaller copies run on the loop
+// Copies up to this size run on the loop: below it, a pool thread's
+// wake-up costs more than the copy.
+#define XTH_INLINE_COPY (1024u * 1024u)
 
 typedef struct xth_entry {
     struct xth_entry *e_next;
     uint64_t e_token;
-    tp_chan_op *e_op; // the sender's op
-    tp_loop *e_loop;  // the sender's loop
-    tp_chan *e_ch;    // the sender's channel
+    tp_chan_op *e_op;  // the sender's op
+    tp_loop *e_loop;   // the sender's loop
+    tp_chan *e_ch;     // the sender's channel
     tp_chan_op *e_rop; // the receiver's op, once claimed
     tp_loop *e_rloop;
     tp_task e_task;
@@ -107,9 +109,9 @@ xth_send(tp_chan *ch, tp_chan_op *op)
     xth_entry *e = tp__zalloc(sizeof(*e));
     if (e == NULL) {
         op->co_info.ci_len = 0;
-        tp__chan_op_fail_later(ch->x_env.ce_loop, op,
-                               tp__error_new(TP_ENOMEM, 0, NULL,
-                                             "xth: out of memory"));
+        tp__chan_op_fail_later(
+            ch->x_env.ce_loop, op,
+            tp__error_new(TP_ENOMEM, 0, NULL, "xth: out of memory"));
         return;
     }
     e->e_op = op;
@@ -186,10 +188,9 @@ xth_recv(tp_chan *ch, tp_chan_op *op)
             e == NULL ? "no buffer of this process"
                       : "a buffer of another length");
         if (e != NULL) {
-            e->e_err = tp__error_new(TP_EPROTO, 0, NULL,
-                                     "xth: the receiver expected %" PRIu64
-                                     " bytes",
-                                     op->co_len);
+            e->e_err = tp__error_new(
+                TP_EPROTO, 0, NULL,
+                "xth: the receiver expected %" PRIu64 " bytes", op->co_len);
             tp__task_init(&e->e_task, xth_send_done_task, e);
             tp__loop_post(e->e_loop, &e->e_task);
         }

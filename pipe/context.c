@@ -96,13 +96,13 @@ ctx_allowed(const char *allow, const char *deny, const char *name,
             const char *kind, char *why, size_t why_len)
 {
     if (allow != NULL && *allow != '\0' && !ctx_list_has(allow, name)) {
-        snprintf(why, why_len, "not allowed by the options (%ss=\"%s\")",
-                 kind, allow);
+        snprintf(why, why_len, "not allowed by the options (%ss=\"%s\")", kind,
+                 allow);
         return false;
     }
     if (deny != NULL && ctx_list_has(deny, name)) {
-        snprintf(why, why_len, "denied by the options (deny_%ss=\"%s\")",
-                 kind, deny);
+        snprintf(why, why_len, "denied by the options (deny_%ss=\"%s\")", kind,
+                 deny);
         return false;
     }
     return true;
@@ -177,8 +177,7 @@ ctx_setup_transports(tp_context *ctx, const tp_context_options *o)
             continue;
         }
         if (!reg[i]->is_viable(&ctx->x_cfg, why, sizeof(why))) {
-            snprintf(b->cb_why, sizeof(b->cb_why), "not viable here: %s",
-                     why);
+            snprintf(b->cb_why, sizeof(b->cb_why), "not viable here: %s", why);
             continue;
         }
         tp_error *err = NULL;
@@ -233,8 +232,7 @@ ctx_setup_channels(tp_context *ctx, const tp_context_options *o)
             continue;
         }
         if (!ops->is_viable(&ctx->x_cfg, why, sizeof(why))) {
-            snprintf(b->cb_why, sizeof(b->cb_why), "not viable here: %s",
-                     why);
+            snprintf(b->cb_why, sizeof(b->cb_why), "not viable here: %s", why);
             continue;
         }
         tp_error *err = NULL;
@@ -288,8 +286,8 @@ tp_context_create(const tp_context_options *o_in, tp_context **ctx_p,
         cnames[i] = creg[i]->name;
     }
     tp_status st;
-    if ((st = ctx_check_list("transport", o->transports, tnames, ntr,
-                             err_p)) != TP_OK ||
+    if ((st = ctx_check_list("transport", o->transports, tnames, ntr, err_p)) !=
+            TP_OK ||
         (st = ctx_check_list("transport", o->deny_transports, tnames, ntr,
                              err_p)) != TP_OK ||
         (st = ctx_check_list("channel", o->channels, cnames, nch, err_p)) !=
@@ -298,8 +296,8 @@ tp_context_create(const tp_context_options *o_in, tp_context **ctx_p,
                              err_p)) != TP_OK) {
         return st;
     }
-    if (o->name != NULL && (strlen(o->name) == 0 ||
-                            strlen(o->name) > TP_WIRE_MAX_CTXNAME)) {
+    if (o->name != NULL &&
+        (strlen(o->name) == 0 || strlen(o->name) > TP_WIRE_MAX_CTXNAME)) {
         return tp__error_set(err_p, TP_EINVAL,
                              "context options: name \"%s\" must have 1..%u "
                              "bytes",
@@ -473,8 +471,7 @@ tp_context_report(const tp_context *ctx)
             int w = snprintf(out + len, cap - len, "%s %s: %s%s%s%s\n",
                              groups[g].kind, b->cb_name,
                              b->cb_used ? "usable, priority " : b->cb_why,
-                             b->cb_used ? "" : "", b->cb_used ? "" : "",
-                             "");
+                             b->cb_used ? "" : "", b->cb_used ? "" : "", "");
             if (w > 0 && (size_t)w < cap - len) {
                 len += (size_t)w;
             }
@@ -496,8 +493,8 @@ tp_context_report(const tp_context *ctx)
 // ---- listener ---------------------------------------------------------------
 
 static void pl_accept_cb(void *arg);
-static void pending_start(tp_context *ctx, tp_pipe_listener *pl,
-                          tp_conn *conn, bool lane, unsigned lane_idx);
+static void pending_start(tp_context *ctx, tp_pipe_listener *pl, tp_conn *conn,
+                          bool lane, unsigned lane_idx);
 
 static void
 pl_arm(pl_tl *tl)
@@ -588,8 +585,7 @@ pl_port0(const char *url, char *out, size_t len)
     snprintf(out, len, "%s", url);
     char *colon = strrchr(out, ':');
     char *close = strrchr(out, ']');
-    if (colon != NULL && (close == NULL || colon > close) &&
-        colon > out + 5) {
+    if (colon != NULL && (close == NULL || colon > close) && colon > out + 5) {
         snprintf(colon, len - (size_t)(colon - out), ":0");
     }
 }
@@ -609,8 +605,8 @@ listener_close(tp_pipe_listener *pl)
     }
     tp_aio *aio;
     while ((aio = tp__list_pop_first(&pl->pl_accepts)) != NULL) {
-        tp__aio_finish_status(aio, TP_ECLOSED,
-                              "pipe listener %s: closed", pl->pl_addrs[0]);
+        tp__aio_finish_status(aio, TP_ECLOSED, "pipe listener %s: closed",
+                              pl->pl_addrs[0]);
     }
     tp_pipe *p;
     while ((p = tp__list_pop_first(&pl->pl_ready)) != NULL) {
@@ -908,11 +904,11 @@ pending_end(pending_conn *pc, tp_conn *keep)
 static void
 pending_reject(pending_conn *pc, const char *fmt, const char *detail)
 {
-    TP_LOG_WARN("TP-PIPE-PROTO",
-                "pipe listener: connection from %s (%s): %s%s; closed",
-                tp__conn_peer(pc->pc_conn),
-                pc->pc_lane ? "mpt lane" : pc->pc_conn->c_transport->t_ops->name,
-                fmt, detail ? detail : "");
+    TP_LOG_WARN(
+        "TP-PIPE-PROTO", "pipe listener: connection from %s (%s): %s%s; closed",
+        tp__conn_peer(pc->pc_conn),
+        pc->pc_lane ? "mpt lane" : pc->pc_conn->c_transport->t_ops->name, fmt,
+        detail ? detail : "");
     pending_end(pc, NULL);
 }
 

@@ -67,7 +67,8 @@ static void pipe_write_pump(tp_pipe *p);
 static void pipe_read_pump(tp_pipe *p);
 static void pipe_check_drained(tp_pipe *p);
 
-// ---- lifetime ----------------------------------------------------------------
+// ---- lifetime
+// ----------------------------------------------------------------
 
 static void
 pipe_free(tp_pipe *p)
@@ -81,8 +82,7 @@ pipe_free(tp_pipe *p)
 void
 tp__pipe_release_hold(tp_pipe *p)
 {
-    if (atomic_fetch_sub_explicit(&p->p_holds, 1, memory_order_acq_rel) ==
-        1) {
+    if (atomic_fetch_sub_explicit(&p->p_holds, 1, memory_order_acq_rel) == 1) {
         pipe_free(p);
     }
 }
@@ -253,10 +253,11 @@ pipe_check_drained(tp_pipe *p)
     tp__loop_defer(p->p_ctx->x_loop, &p->p_close_task);
 }
 
-// ---- reports -----------------------------------------------------------------
+// ---- reports
+// -----------------------------------------------------------------
 
-static void
-report_add(char *buf, size_t cap, const char *fmt, ...) TP_PRINTF(3, 4);
+static void report_add(char *buf, size_t cap, const char *fmt, ...)
+    TP_PRINTF(3, 4);
 
 static void
 report_add(char *buf, size_t cap, const char *fmt, ...)
@@ -277,7 +278,8 @@ pipe_log_report(tp_pipe *p)
     TP_LOG_DEBUG("TP-PIPE-CHOICE", "%s", p->p_report);
 }
 
-// ---- choosing (accepting side) -----------------------------------------------
+// ---- choosing (accepting side)
+// -----------------------------------------------
 
 static const tp__brochure_entry *
 brochure_find(const tp__brochure_entry *e, size_t n, const char *name)
@@ -314,21 +316,27 @@ pipe_choose(tp_pipe *p, tp_pipe_listener *pl, const tp__brochure *b,
         if (!t->cb_used) {
             report_add(rep, cap, "transport %s: %s\n", t->cb_name, t->cb_why);
         } else if (p->p_tr != NULL) {
-            report_add(rep, cap, "transport %s: usable, lower priority than "
-                       "%s\n", t->cb_name, p->p_tr->cb_name);
+            report_add(rep, cap,
+                       "transport %s: usable, lower priority than "
+                       "%s\n",
+                       t->cb_name, p->p_tr->cb_name);
             report_add(notes, notes_len, "%s: lower priority; ", t->cb_name);
         } else if (e == NULL) {
-            report_add(rep, cap, "transport %s: the peer does not offer it "
+            report_add(rep, cap,
+                       "transport %s: the peer does not offer it "
                        "(not registered, allowed or viable there)\n",
                        t->cb_name);
         } else if (strcmp(e->be_domain, t->cb_domain) != 0) {
-            report_add(rep, cap, "transport %s: domain descriptors differ "
+            report_add(rep, cap,
+                       "transport %s: domain descriptors differ "
                        "(ours \"%s\", peer's \"%s\")\n",
                        t->cb_name, t->cb_domain, e->be_domain);
             report_add(notes, notes_len, "%s: domains differ; ", t->cb_name);
         } else if (addr == NULL) {
-            report_add(rep, cap, "transport %s: this listener does not listen "
-                       "on it\n", t->cb_name);
+            report_add(rep, cap,
+                       "transport %s: this listener does not listen "
+                       "on it\n",
+                       t->cb_name);
         } else {
             p->p_tr = t;
             report_add(rep, cap, "transport %s: chosen\n", t->cb_name);
@@ -349,20 +357,25 @@ pipe_choose(tp_pipe *p, tp_pipe_listener *pl, const tp__brochure *b,
         if (!c->cb_used) {
             report_add(rep, cap, "channel %s: %s\n", c->cb_name, c->cb_why);
         } else if (p->p_ch != NULL) {
-            report_add(rep, cap, "channel %s: usable, lower priority than "
-                       "%s\n", c->cb_name, p->p_ch->cb_name);
+            report_add(rep, cap,
+                       "channel %s: usable, lower priority than "
+                       "%s\n",
+                       c->cb_name, p->p_ch->cb_name);
             report_add(notes, notes_len, "%s: lower priority; ", c->cb_name);
         } else if (e == NULL) {
-            report_add(rep, cap, "channel %s: the peer does not offer it "
+            report_add(rep, cap,
+                       "channel %s: the peer does not offer it "
                        "(not registered, allowed or viable there)\n",
                        c->cb_name);
         } else if (strcmp(e->be_domain, c->cb_domain) != 0) {
-            report_add(rep, cap, "channel %s: domain descriptors differ "
+            report_add(rep, cap,
+                       "channel %s: domain descriptors differ "
                        "(ours \"%s\", peer's \"%s\")\n",
                        c->cb_name, c->cb_domain, e->be_domain);
             report_add(notes, notes_len, "%s: domains differ; ", c->cb_name);
         } else if (lanes && !transport_is_network(p->p_tr->cb_name)) {
-            report_add(rep, cap, "channel %s: not over transport %s (same-host "
+            report_add(rep, cap,
+                       "channel %s: not over transport %s (same-host "
                        "memory beats tcp lanes)\n",
                        c->cb_name, p->p_tr->cb_name);
             report_add(notes, notes_len, "%s: not over %s; ", c->cb_name,
@@ -382,7 +395,8 @@ pipe_choose(tp_pipe *p, tp_pipe_listener *pl, const tp__brochure *b,
     return true;
 }
 
-// ---- the accepting side of the handshake -------------------------------------
+// ---- the accepting side of the handshake
+// -------------------------------------
 
 typedef struct ans_write {
     tp_pipe *aw_pipe;
@@ -462,9 +476,10 @@ pipe_hs_timeout(tp_timer *t, void *arg)
     (void)t;
     tp_pipe *p = arg;
     char what[160];
-    snprintf(what, sizeof(what),
-             "handshake did not finish within %lld ms (TP_HANDSHAKE_TIMEOUT_MS)",
-             (long long)p->p_ctx->x_cfg.handshake_timeout_ms);
+    snprintf(
+        what, sizeof(what),
+        "handshake did not finish within %lld ms (TP_HANDSHAKE_TIMEOUT_MS)",
+        (long long)p->p_ctx->x_cfg.handshake_timeout_ms);
     tp__pipe_fail(p, pipe_err(p, TP_ETIMEDOUT, NULL, what));
 }
 
@@ -483,8 +498,10 @@ tp__pipe_accept_brochure(tp_context *ctx, tp_pipe_listener *pl, tp_conn *conn,
     tp__answer *a = tp__zalloc(sizeof(*a));
     tp_error *err = NULL;
     if (b == NULL || a == NULL) {
-        TP_LOG_WARN("TP-PIPE-ACCEPT", "pipe listener: connection from %s "
-                    "dropped: out of memory", tp__conn_peer(conn));
+        TP_LOG_WARN("TP-PIPE-ACCEPT",
+                    "pipe listener: connection from %s "
+                    "dropped: out of memory",
+                    tp__conn_peer(conn));
         goto drop;
     }
     if (tp__brochure_decode(body, len, b, &err) != TP_OK) {
@@ -515,14 +532,13 @@ tp__pipe_accept_brochure(tp_context *ctx, tp_pipe_listener *pl, tp_conn *conn,
         int w = snprintf(a->a_reason, sizeof(a->a_reason), "%s at %s: ", why,
                          ctx->x_name);
         // As much of our report as fits: it says why each one failed.
-        for (const char *q = p->p_report; *q != '\0' && w > 0 &&
-                                          (size_t)w + 1 < sizeof(a->a_reason);
-             q++) {
+        for (const char *q = p->p_report;
+             *q != '\0' && w > 0 && (size_t)w + 1 < sizeof(a->a_reason); q++) {
             a->a_reason[w++] = (*q == '\n') ? ';' : *q;
             a->a_reason[w] = '\0';
         }
-        TP_LOG_WARN("TP-PIPE-REFUSE", "pipe from %s refused: %s\n%s",
-                    p->p_peer, why, p->p_report);
+        TP_LOG_WARN("TP-PIPE-REFUSE", "pipe from %s refused: %s\n%s", p->p_peer,
+                    why, p->p_report);
         send_answer(ctx, NULL, conn, a);
         p->p_pl = NULL;
         tp__pipe_fail(p, pipe_err(p, TP_EUNREACHABLE, NULL, why));
@@ -636,7 +652,8 @@ tp__pipe_join(tp_context *ctx, uint64_t reg_id, uint16_t index, tp_conn *conn,
     return false;
 }
 
-// ---- the connecting side of the handshake ------------------------------------
+// ---- the connecting side of the handshake
+// ------------------------------------
 
 static void hs_step(tp_pipe *p);
 
@@ -694,15 +711,13 @@ hs_extra_task(void *arg)
         snprintf(what, sizeof(what), "%s connection %u of channel %s",
                  he->he_step == 0 ? "opening" : "joining", he->he_idx,
                  p->p_ch->cb_name);
-        hs_fail(p, tp_aio_status(&he->he_aio), tp_aio_error(&he->he_aio),
-                what);
+        hs_fail(p, tp_aio_status(&he->he_aio), tp_aio_error(&he->he_aio), what);
         return;
     }
     if (he->he_step == 0) {
         he->he_conn = tp_aio_get_output(&he->he_aio, 0);
         he->he_step = 1;
-        tp__frame_hdr h = {TP_FRAME_JOIN, TP_PIPE_WIRE_VERSION, 0,
-                           TP_JOIN_LEN};
+        tp__frame_hdr h = {TP_FRAME_JOIN, TP_PIPE_WIRE_VERSION, 0, TP_JOIN_LEN};
         tp__frame_hdr_encode(he->he_frame, &h);
         tp__join_encode(hs->h_ans.a_conns[he->he_idx].ac_reg_id,
                         (uint16_t)he->he_idx, he->he_frame + TP_FRAME_HDR_LEN);
@@ -769,8 +784,8 @@ hs_start_extras(tp_pipe *p)
     }
     for (unsigned i = 0; i < n; i++) {
         hs_extra *he = &hs->h_extras[i];
-        tp_transport *t = lanes ? ctx->x_lane_tr[i % ctx->x_nlanes]
-                                : p->p_tr->cb_transport;
+        tp_transport *t =
+            lanes ? ctx->x_lane_tr[i % ctx->x_nlanes] : p->p_tr->cb_transport;
         p->p_busy++;
         tp__transport_connect(t, hs->h_ans.a_conns[i].ac_addr, &he->he_aio);
     }
@@ -801,12 +816,31 @@ hs_connector_report(tp_pipe *p)
             } else if (strcmp(b->cb_name, g[k].chosen) == 0) {
                 report_add(rep, cap, "%s %s: chosen\n", g[k].kind, b->cb_name);
             } else {
-                report_add(rep, cap, "%s %s: not chosen by the peer\n",
-                           g[k].kind, b->cb_name);
+                // The peer's note for it ("tcp: lower priority; ...").
+                char key[TP_WIRE_MAX_NAME + 3];
+                snprintf(key, sizeof(key), "%s: ", b->cb_name);
+                const char *note = strstr(a->a_reason, key);
+                if (note != NULL) {
+                    note += strlen(key);
+                    int n = (int)strcspn(note, ";");
+                    report_add(rep, cap,
+                               "%s %s: not chosen by the peer: %.*s\n",
+                               g[k].kind, b->cb_name, n, note);
+                } else {
+                    report_add(rep, cap,
+                               "%s %s: not chosen by the peer (it does not "
+                               "offer it)\n",
+                               g[k].kind, b->cb_name);
+                }
             }
         }
     }
     if (a->a_reason[0] != '\0') {
+        size_t n = strlen(a->a_reason);
+        while (n > 0 &&
+               (a->a_reason[n - 1] == ' ' || a->a_reason[n - 1] == ';')) {
+            a->a_reason[--n] = '\0';
+        }
         report_add(rep, cap, "peer %s notes: %s\n", a->a_ctxname, a->a_reason);
     }
 }
@@ -819,9 +853,8 @@ hs_step(tp_pipe *p)
     tp_aio *aio = &hs->h_aio;
     if (tp_aio_status(aio) != TP_OK) {
         static const char *const what[] = {
-            "connecting",          "sending the brochure",
-            "reading the answer",  "reading the answer",
-            "connecting (upgrade)", "joining (upgrade)",
+            "connecting",         "sending the brochure", "reading the answer",
+            "reading the answer", "connecting (upgrade)", "joining (upgrade)",
         };
         hs_fail(p, tp_aio_status(aio), tp_aio_error(aio),
                 what[hs->h_step < 6 ? hs->h_step : 0]);
@@ -961,15 +994,13 @@ hs_step(tp_pipe *p)
         hs->h_step = HS_MAIN_CONNECT;
         tp_aio_set_timeout(aio, ctx->x_cfg.connect_timeout_ms);
         p->p_busy++;
-        tp__transport_connect(p->p_tr->cb_transport, a->a_transport_addr,
-                              aio);
+        tp__transport_connect(p->p_tr->cb_transport, a->a_transport_addr, aio);
         return;
     }
     case HS_MAIN_CONNECT: {
         hs->h_main = tp_aio_get_output(aio, 0);
         tp_aio_set_timeout(aio, 0);
-        tp__frame_hdr h = {TP_FRAME_JOIN, TP_PIPE_WIRE_VERSION, 0,
-                           TP_JOIN_LEN};
+        tp__frame_hdr h = {TP_FRAME_JOIN, TP_PIPE_WIRE_VERSION, 0, TP_JOIN_LEN};
         tp__frame_hdr_encode(hs->h_join, &h);
         tp__join_encode(hs->h_ans.a_transport_reg_id, 0,
                         hs->h_join + TP_FRAME_HDR_LEN);
@@ -1052,8 +1083,10 @@ tp_context_connect(tp_context *ctx, const char *url, tp_pipe **pipe_p,
     connect_args ca = {ctx, url, b->cb_transport, NULL};
     tp__loop_call(ctx->x_loop, connect_task, &ca);
     if (ca.pipe == NULL) {
-        return tp__error_set(err_p, TP_ENOMEM, "context %s: connect to %s: "
-                             "out of memory", ctx->x_name, url);
+        return tp__error_set(err_p, TP_ENOMEM,
+                             "context %s: connect to %s: "
+                             "out of memory",
+                             ctx->x_name, url);
     }
     *pipe_p = ca.pipe;
     return TP_OK;
@@ -1086,8 +1119,8 @@ pipe_ready(tp_pipe *p)
     tp_error *err = NULL;
     if (p->p_chops->create != NULL &&
         p->p_chops->create(&env, &p->p_chan, &err) != TP_OK) {
-        tp__pipe_fail(p, pipe_err(p, tp_error_status(err), err,
-                                  "starting the channel"));
+        tp__pipe_fail(
+            p, pipe_err(p, tp_error_status(err), err, "starting the channel"));
         tp_error_unref(err);
         return;
     }
@@ -1422,9 +1455,8 @@ pipe_write_start(void *obj, tp_aio *aio)
     pipe_wop *w = tp__zalloc(sizeof(*w));
     if (w == NULL) {
         if (tp__aio_begin(aio, p->p_ctx->x_loop, NULL, NULL)) {
-            tp__aio_finish_status(aio, TP_ENOMEM,
-                                  "pipe to %s: write: out of memory",
-                                  p->p_peer);
+            tp__aio_finish_status(
+                aio, TP_ENOMEM, "pipe to %s: write: out of memory", p->p_peer);
         }
         return;
     }
@@ -1609,10 +1641,9 @@ pipe_raio_step(tp_pipe *p)
             p->p_rdesc_reason = 0;
             p->p_rdesc_active = NULL;
             p->p_rstate = RD_IDLE;
-            tp__aio_finish_status(user, st, "pipe to %s: read descriptor %s",
-                                  p->p_peer,
-                                  st == TP_ETIMEDOUT ? "timed out"
-                                                     : "canceled");
+            tp__aio_finish_status(
+                user, st, "pipe to %s: read descriptor %s", p->p_peer,
+                st == TP_ETIMEDOUT ? "timed out" : "canceled");
             pipe_read_pump(p);
             return;
         }
@@ -1639,8 +1670,8 @@ pipe_raio_step(tp_pipe *p)
             p->p_rbody_len = h.fh_body_len;
             p->p_rbody = tp__alloc(h.fh_body_len ? h.fh_body_len : 1);
             if (p->p_rbody == NULL) {
-                tp__pipe_fail(p, pipe_err(p, TP_ENOMEM, NULL,
-                                          "read: out of memory"));
+                tp__pipe_fail(
+                    p, pipe_err(p, TP_ENOMEM, NULL, "read: out of memory"));
             } else {
                 p->p_rstate = RD_BODY;
                 pipe_raio_submit(p, p->p_rbody, p->p_rbody_len);
@@ -1689,10 +1720,9 @@ pipe_rdesc_cancel(tp_aio *aio, void *arg, tp_status reason)
     tp_pipe *p = arg;
     if (tp__list_node_active(&aio->a_node)) {
         tp__list_remove(&p->p_rdesc, aio);
-        tp__aio_finish_status(aio, reason, "pipe to %s: read descriptor %s",
-                              p->p_peer,
-                              reason == TP_ETIMEDOUT ? "timed out"
-                                                     : "canceled");
+        tp__aio_finish_status(
+            aio, reason, "pipe to %s: read descriptor %s", p->p_peer,
+            reason == TP_ETIMEDOUT ? "timed out" : "canceled");
         pipe_check_drained(p);
         return;
     }
@@ -1753,8 +1783,7 @@ pipe_read_start(void *obj, tp_aio *aio)
     if (r == NULL) {
         if (tp__aio_begin(aio, p->p_ctx->x_loop, NULL, NULL)) {
             tp__aio_finish_status(aio, TP_ENOMEM,
-                                  "pipe to %s: read: out of memory",
-                                  p->p_peer);
+                                  "pipe to %s: read: out of memory", p->p_peer);
         }
         return;
     }
@@ -1772,8 +1801,7 @@ pipe_read_start(void *obj, tp_aio *aio)
         return;
     }
     if (p->p_rstate != RD_GOT_DESC || m == NULL || m != p->p_rmsg) {
-        tp__aio_finish_status(aio, TP_EINVAL,
-                              "pipe to %s: read: %s", p->p_peer,
+        tp__aio_finish_status(aio, TP_EINVAL, "pipe to %s: read: %s", p->p_peer,
                               p->p_rstate != RD_GOT_DESC
                                   ? "no descriptor is waiting for its data "
                                     "(call tp_pipe_read_descriptor first)"
@@ -1869,12 +1897,12 @@ tp_pipe_read(tp_pipe *p, tp_message *msg, tp_aio *aio)
 tp_status
 tp_pipe_wait_ready(tp_pipe *p, int64_t timeout_ms, tp_error **err_p)
 {
-    uint64_t deadline = timeout_ms > 0 ? tp__deadline_after_ms(timeout_ms)
-                                       : UINT64_MAX;
+    uint64_t deadline =
+        timeout_ms > 0 ? tp__deadline_after_ms(timeout_ms) : UINT64_MAX;
     tp__mtx_lock(&p->p_mtx);
     int st;
-    while ((st = atomic_load_explicit(&p->p_pub_state,
-                                      memory_order_acquire)) == PIPE_HS) {
+    while ((st = atomic_load_explicit(&p->p_pub_state, memory_order_acquire)) ==
+           PIPE_HS) {
         if (!tp__cv_wait_until(&p->p_cv, &p->p_mtx, deadline) &&
             atomic_load_explicit(&p->p_pub_state, memory_order_acquire) ==
                 PIPE_HS) {

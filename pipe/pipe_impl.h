@@ -195,7 +195,7 @@ struct tp_pipe {
     tp_pipe_hs *p_hs; // connecting-side handshake state
     tp_timer p_hs_timer;
     // writes
-    tp_list p_writes; // pipe_wop, in order
+    tp_list p_writes;    // pipe_wop, in order
     pipe_wop *p_wcursor; // the write whose main-conn groups are being sent
     uint64_t p_wseq;
     // reads
@@ -207,9 +207,9 @@ struct tp_pipe {
     uint64_t p_rbody_len;
     tp_aio p_raio;
     bool p_raio_busy;
-    tp_aio *p_rdesc_active; // the descriptor read being served
+    tp_aio *p_rdesc_active;   // the descriptor read being served
     tp_status p_rdesc_reason; // why it was canceled (0: not)
-    tp_message *p_rmsg;     // delivered, waiting for tp_pipe_read
+    tp_message *p_rmsg;       // delivered, waiting for tp_pipe_read
     tp__chan_info *p_rinfos;
     uint64_t p_rseq;
     pipe_rop *p_rcursor; // the read whose inline bytes are being read
@@ -238,8 +238,7 @@ void tp__listener_pipe_gone(tp_pipe_listener *pl, tp_pipe *p);
 // ---- pipe.c ----
 // Loop thread: the accepting side got a brochure on @conn (takes it).
 void tp__pipe_accept_brochure(tp_context *ctx, tp_pipe_listener *pl,
-                              tp_conn *conn, const uint8_t *body,
-                              uint64_t len);
+                              tp_conn *conn, const uint8_t *body, uint64_t len);
 // Loop thread: a join frame arrived; true if a pipe took @conn.
 bool tp__pipe_join(tp_context *ctx, uint64_t reg_id, uint16_t index,
                    tp_conn *conn, bool lane, unsigned lane_idx);

@@ -16,6 +16,11 @@ static void
 info_usage(FILE *f)
 {
     fputs("usage: tpipe info [--config] [--json]\n"
+          "       tpipe info --connect URL [--timeout MS] [--transports L] "
+          "[--channels L]\n"
+          "       tpipe info --listen [URL] [--count N] [--timeout MS] "
+          "[--transports L]\n"
+          "                  [--channels L]\n"
           "\n"
           "  (no option)  version, features compiled in, loop backends "
           "(epoll, uring:\n"
@@ -28,6 +33,22 @@ info_usage(FILE *f)
           "\n"
           "               effective value, source (default|env), doc\n"
           "  --json       one JSON object instead of text\n"
+          "  --connect URL  open a pipe to a listener (another `tpipe info "
+          "--listen`,\n"
+          "               or any tpipe application) and print what the "
+          "handshake\n"
+          "               chose and why each other transport and channel was"
+          "\n"
+          "               refused\n"
+          "  --listen [URL] listen (tcp on URL, default: every transport's "
+          "default\n"
+          "               address), print the report of each pipe accepted\n"
+          "  --count N    --listen: stop after N pipes (default 1; 0 = "
+          "forever)\n"
+          "  --timeout MS deadline of the connect / of each accept "
+          "(default 10000)\n"
+          "  --transports L, --channels L  allow lists, as the context "
+          "options\n"
           "\n"
           "Exit status 2 if a TP_* environment variable is malformed (the "
           "message\n"
@@ -354,9 +375,39 @@ info_main(bool json)
 int
 tool_info_main(int argc, char **argv)
 {
-    bool config = false, json = false;
+    bool config = false, json = false, listen = false, bad = false;
+    const char *connect = NULL, *listen_url = NULL, *v = NULL;
+    const char *transports = NULL, *channels = NULL;
+    uint64_t timeout_ms = 10000, count = 1;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--config") == 0) {
+        if (tool_opt_value(argc, argv, &i, "--connect", &connect, &bad) ||
+            tool_opt_value(argc, argv, &i, "--transports", &transports, &bad) ||
+            tool_opt_value(argc, argv, &i, "--channels", &channels, &bad)) {
+            continue;
+        }
+        if (tool_opt_value(argc, argv, &i, "--timeout", &v, &bad)) {
+            if (!tool_parse_u64(v, &timeout_ms)) {
+                tool_err("info: --timeout \"%s\": expected milliseconds", v);
+                return TOOL_EXIT_USAGE;
+            }
+            continue;
+        }
+        if (tool_opt_value(argc, argv, &i, "--count", &v, &bad)) {
+            if (!tool_parse_u64(v, &count)) {
+                tool_err("info: --count \"%s\": expected a number", v);
+                return TOOL_EXIT_USAGE;
+            }
+            continue;
+        }
+        if (bad) {
+            return TOOL_EXIT_USAGE;
+        }
+        if (strcmp(argv[i], "--listen") == 0) {
+            listen = true;
+            if (i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) {
+                listen_url = argv[++i];
+            }
+        } else if (strcmp(argv[i], "--config") == 0) {
             config = true;
         } else if (strcmp(argv[i], "--json") == 0) {
             json = true;
@@ -369,6 +420,17 @@ tool_info_main(int argc, char **argv)
             info_usage(stderr);
             return TOOL_EXIT_USAGE;
         }
+    }
+    if (bad) {
+        return TOOL_EXIT_USAGE;
+    }
+    if (connect != NULL) {
+        return tool_info_connect(connect, (int64_t)timeout_ms, transports,
+                                 channels);
+    }
+    if (listen) {
+        return tool_info_listen(listen_url, (int64_t)timeout_ms, (long)count,
+                                transports, channels);
     }
     return config ? info_config(json) : info_main(json);
 }

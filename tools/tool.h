@@ -18,6 +18,12 @@
 int tool_info_main(int argc, char **argv);
 int tool_bench_main(int argc, char **argv);
 int tool_bench_transport_main(int argc, char **argv);
+int tool_bench_pipe_main(int argc, char **argv);
+// `tpipe info --connect URL` / `--listen [URL]` (info_pipe.c).
+int tool_info_connect(const char *url, int64_t timeout_ms,
+                      const char *transports, const char *channels);
+int tool_info_listen(const char *url, int64_t timeout_ms, long count,
+                     const char *transports, const char *channels);
 
 // Prints "tpipe: <message>\n" to stderr.
 void tool_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -37,10 +37,10 @@ typedef struct tp_pipe tp_pipe;
 
 /** tp_msg_buf - one payload or tensor of a message. */
 typedef struct tp_msg_buf {
-    void *data;        /* write: source; read: destination, or NULL */
-    uint64_t len;      /* bytes */
-    tp_device device;  /* TP_DEVICE_CPU (CUDA channels: later) */
-    bool pipe_owned;   /* set by the pipe: data was allocated by it */
+    void *data;       /* write: source; read: destination, or NULL */
+    uint64_t len;     /* bytes */
+    tp_device device; /* TP_DEVICE_CPU (CUDA channels: later) */
+    bool pipe_owned;  /* set by the pipe: data was allocated by it */
 } tp_msg_buf;
 
 /**

@@ -105,8 +105,8 @@ raw_handshake(raw *r)
     b->b_ntransports = 1;
     snprintf(b->b_transports[0].be_name, sizeof(b->b_transports[0].be_name),
              "tcp");
-    snprintf(b->b_transports[0].be_domain,
-             sizeof(b->b_transports[0].be_domain), "tcp");
+    snprintf(b->b_transports[0].be_domain, sizeof(b->b_transports[0].be_domain),
+             "tcp");
     b->b_nchannels = 1;
     snprintf(b->b_channels[0].be_name, sizeof(b->b_channels[0].be_name),
              "basic");
@@ -179,9 +179,8 @@ check_other_pipe_works(tp_pipe_listener *l)
     tp_context *b = ctx_new("bob", "tcp", "basic");
     tp_pipe *pb = NULL;
     tp_error *err = NULL;
-    TP_CHECK_OK(tp_context_connect(b, tp_pipe_listener_addr(l, "tcp"), &pb,
-                                   &err),
-                err);
+    TP_CHECK_OK(
+        tp_context_connect(b, tp_pipe_listener_addr(l, "tcp"), &pb, &err), err);
     tp_pipe *pa = accept_one(l);
     TP_CHECK_STR_CONTAINS(tp_pipe_peer(pa), "bob");
     tp_message *m = NULL;
@@ -311,8 +310,8 @@ test_descriptor_counts(void)
     tp__put_u64le(body, 0);              // metadata_len
     tp__put_u32le(body + 8, 0);          // npayloads
     tp__put_u32le(body + 12, 100000000); // ntensors
-    raw_frame(&v.r, TP_FRAME_MESSAGE, TP_PIPE_WIRE_VERSION, sizeof(body),
-              body, sizeof(body));
+    raw_frame(&v.r, TP_FRAME_MESSAGE, TP_PIPE_WIRE_VERSION, sizeof(body), body,
+              sizeof(body));
     victim_check(&v, TP_EPROTO, "tensor");
     victim_close(&v);
 }
@@ -326,8 +325,8 @@ test_descriptor_huge_tensor(void)
     uint8_t body[16 + 10] = {0};
     tp__put_u32le(body + 12, 1);
     tp__put_u64le(body + 16, 1ull << 62);
-    raw_frame(&v.r, TP_FRAME_MESSAGE, TP_PIPE_WIRE_VERSION, sizeof(body),
-              body, sizeof(body));
+    raw_frame(&v.r, TP_FRAME_MESSAGE, TP_PIPE_WIRE_VERSION, sizeof(body), body,
+              sizeof(body));
     victim_check(&v, TP_EPROTO, "TP_PIPE_MAX_BUF_BYTES");
     victim_close(&v);
 }
@@ -342,8 +341,8 @@ test_descriptor_garbage(void)
     for (size_t i = 0; i < sizeof(body); i++) {
         body[i] = (uint8_t)(i * 37 + 11);
     }
-    raw_frame(&v.r, TP_FRAME_MESSAGE, TP_PIPE_WIRE_VERSION, sizeof(body),
-              body, sizeof(body));
+    raw_frame(&v.r, TP_FRAME_MESSAGE, TP_PIPE_WIRE_VERSION, sizeof(body), body,
+              sizeof(body));
     victim_check(&v, TP_EPROTO, "protocol error");
     victim_close(&v);
 }
@@ -492,9 +491,8 @@ test_upgrade_to_shm(void)
     TP_CHECK(tp_pipe_listener_addr(l, "shm") != NULL);
     tp_pipe *pb = NULL;
     tp_error *err = NULL;
-    TP_CHECK_OK(tp_context_connect(b, tp_pipe_listener_addr(l, "tcp"), &pb,
-                                   &err),
-                err);
+    TP_CHECK_OK(
+        tp_context_connect(b, tp_pipe_listener_addr(l, "tcp"), &pb, &err), err);
     tp_pipe *pa = accept_one(l);
     TP_CHECK_OK(tp_pipe_wait_ready(pb, WAIT_MS, &err), err);
     TP_CHECK(strcmp(tp_pipe_transport(pa), "shm") == 0);
@@ -527,9 +525,8 @@ test_mpt_domain_mismatch(void)
     tp_pipe_listener *l = listen_lo(a);
     tp_pipe *pb = NULL;
     tp_error *err = NULL;
-    TP_CHECK_OK(tp_context_connect(b, tp_pipe_listener_addr(l, "tcp"), &pb,
-                                   &err),
-                err);
+    TP_CHECK_OK(
+        tp_context_connect(b, tp_pipe_listener_addr(l, "tcp"), &pb, &err), err);
     tp_pipe *pa = accept_one(l);
     TP_CHECK(strcmp(tp_pipe_channel(pa), "basic") == 0);
     char *rep = tp_pipe_report(pa);

@@ -88,9 +88,8 @@ make_listener(tp_context *ctx)
     tp_pipe_listener *l = NULL;
     tp_error *err = NULL;
     const char *url = listen_url();
-    TP_CHECK_OK(tp_context_listen(ctx, url ? &url : NULL, url ? 1 : 0, &l,
-                                  &err),
-                err);
+    TP_CHECK_OK(
+        tp_context_listen(ctx, url ? &url : NULL, url ? 1 : 0, &l, &err), err);
     return l;
 }
 
@@ -253,8 +252,7 @@ recv_check(tp_pipe *p, uint32_t np, const uint64_t *psz, uint32_t nt,
 // it is waited for after the read.
 static void
 send_recv(tp_pipe *tx, tp_pipe *rx, tp_message *m, uint32_t np,
-          const uint64_t *psz, uint32_t nt, const uint64_t *tsz,
-          uint32_t seed)
+          const uint64_t *psz, uint32_t nt, const uint64_t *tsz, uint32_t seed)
 {
     op w;
     op_init(&w, WAIT_MS);
@@ -313,8 +311,8 @@ test_shapes(void)
         for (int dir = 0; dir < 2; dir++) {
             tp_pipe *tx = dir ? pr.pa : pr.pb;
             tp_pipe *rx = dir ? pr.pb : pr.pa;
-            tp_message *m = make_msg(shapes[k].np, shapes[k].psz,
-                                     shapes[k].nt, shapes[k].tsz, k + 1);
+            tp_message *m = make_msg(shapes[k].np, shapes[k].psz, shapes[k].nt,
+                                     shapes[k].tsz, k + 1);
             op w;
             op_init(&w, WAIT_MS);
             tp_pipe_write(tx, m, w.aio);
@@ -368,9 +366,9 @@ test_close_pending(void)
     // A second pipe between the same contexts.
     tp_pipe *pc = NULL;
     tp_error *err = NULL;
-    TP_CHECK_OK(tp_context_connect(pr.b, tp_pipe_listener_addr(pr.l, NULL),
-                                   &pc, &err),
-                err);
+    TP_CHECK_OK(
+        tp_context_connect(pr.b, tp_pipe_listener_addr(pr.l, NULL), &pc, &err),
+        err);
     op acc;
     op_init(&acc, WAIT_MS);
     tp_pipe_listener_accept(pr.l, acc.aio);
@@ -529,9 +527,8 @@ test_no_common_channel(void)
     tp_pipe_listener *l = NULL;
     TP_CHECK_OK(tp_context_listen(a, &url, 1, &l, &err), err);
     tp_pipe *p = NULL;
-    TP_CHECK_OK(tp_context_connect(b, tp_pipe_listener_addr(l, "tcp"), &p,
-                                   &err),
-                err);
+    TP_CHECK_OK(
+        tp_context_connect(b, tp_pipe_listener_addr(l, "tcp"), &p, &err), err);
     TP_CHECK(tp_pipe_wait_ready(p, WAIT_MS, &err) != TP_OK);
     TP_CHECK_STR_CONTAINS(tp_error_message(err), "no channel");
     TP_CHECK_STR_CONTAINS(tp_error_message(err), "alice");
@@ -542,7 +539,8 @@ test_no_common_channel(void)
     tp_context_destroy(a);
 }
 
-// ---- across processes --------------------------------------------------------
+// ---- across processes
+// --------------------------------------------------------
 
 // Forks a child (before this process starts any thread: TSan does not
 // support threads after a multi-threaded fork) that waits for a URL on a
@@ -562,8 +560,8 @@ spawn_child(void (*fn)(tp_pipe *p), int *url_fd_p)
         ssize_t n;
         // One line: a sibling forked later may hold the write end too, so
         // EOF cannot mark the end.
-        while (got + 1 < sizeof(url) &&
-               (n = read(fds[0], url + got, 1)) > 0 && url[got] != '\n') {
+        while (got + 1 < sizeof(url) && (n = read(fds[0], url + got, 1)) > 0 &&
+               url[got] != '\n') {
             got += (size_t)n;
         }
         url[got] = '\0';
@@ -669,8 +667,8 @@ test_cross_process_echo(void)
     child_go(fd, tp_pipe_listener_addr(l, NULL));
     tp_pipe *p = accept_one(l);
     TP_CHECK(strcmp(tp_pipe_channel(p), ch_name()) == 0);
-    static const uint64_t sizes[] = {0, 1, 64, 4096, 262145, 1 << 20,
-                                     (64u << 20) + 3};
+    static const uint64_t sizes[] = {
+        0, 1, 64, 4096, 262145, 1 << 20, (64u << 20) + 3};
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
         uint64_t psz[1] = {33};
         tp_message *m = make_msg(1, psz, 1, &sizes[i], (uint32_t)i + 1);
@@ -753,6 +751,56 @@ test_peer_killed(void)
     tp_context_destroy(ctx);
 }
 
+// One tensor above 2 GiB (lengths are 64-bit end to end; cma splits its
+// reads below 2 GiB). Runs with TP_PIPE_HUGE=1 (label slow: 4+ GiB).
+static void
+test_above_2gib(void)
+{
+    if (getenv("TP_PIPE_HUGE") == NULL) {
+        tp_test_skip("set TP_PIPE_HUGE=1 (needs 4.1 GiB of memory)");
+    }
+    pair pr;
+    pair_open(&pr);
+    uint64_t n = (2ull << 30) + (1u << 20) + 7;
+    uint8_t *src = malloc(n);
+    uint8_t *dst = malloc(n);
+    TP_CHECK(src != NULL && dst != NULL);
+    // Every 4 KiB page carries its index; the rest is a constant.
+    memset(src, 0x5a, n);
+    memset(dst, 0, n);
+    for (uint64_t off = 0; off + 8 <= n; off += 4096) {
+        memcpy(src + off, &off, 8);
+    }
+    tp_message *m = NULL;
+    TP_CHECK_OK(tp_message_create(0, 1, &m), NULL);
+    m->tensors[0].data = src;
+    m->tensors[0].len = n;
+    op w, r;
+    op_init(&w, 120000);
+    op_init(&r, 120000);
+    tp_pipe_write(pr.pb, m, w.aio);
+    tp_pipe_read_descriptor(pr.pa, r.aio);
+    op_wait(&r, 120000);
+    TP_CHECK_OK(tp_aio_status(r.aio), tp_aio_error(r.aio));
+    tp_message *in = tp_aio_get_output(r.aio, 0);
+    TP_CHECK_EQ(in->tensors[0].len, n);
+    in->tensors[0].data = dst;
+    atomic_store(&r.done, 0);
+    tp_pipe_read(pr.pa, in, r.aio);
+    op_wait(&r, 120000);
+    TP_CHECK_OK(tp_aio_status(r.aio), tp_aio_error(r.aio));
+    op_wait(&w, 120000);
+    TP_CHECK_OK(tp_aio_status(w.aio), tp_aio_error(w.aio));
+    TP_CHECK(memcmp(src, dst, n) == 0);
+    tp_message_destroy(in);
+    tp_message_destroy(m);
+    op_fini(&w);
+    op_fini(&r);
+    free(src);
+    free(dst);
+    pair_close(&pr);
+}
+
 static const tp_test_case cases[] = {
     TP_TEST_CASE(test_options_errors),
     TP_TEST_CASE(test_no_common_channel),
@@ -765,6 +813,7 @@ static const tp_test_case cases[] = {
     TP_TEST_CASE(test_bad_user_input),
     TP_TEST_CASE_T(test_cross_process_echo, 60),
     TP_TEST_CASE_T(test_peer_killed, 60),
+    TP_TEST_CASE_T(test_above_2gib, 280),
 };
 
 TP_TEST_MAIN(cases)
