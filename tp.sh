@@ -11,9 +11,11 @@
 # Environment:
 #   TP_SKIP_SANITIZE=1  test: skip the ASan/UBSan and TSan trees
 #   TP_SKIP_DEPS=1      do not check or install Debian packages
+#   TP_FUZZ_SECONDS=N   test: seconds of each libFuzzer run (default 10)
 #
 # Build trees: build/ (RelWithDebInfo), build-asan/ (Debug, address,undefined),
-# build-tsan/ (RelWithDebInfo, thread). Each is configured only when it does
+# build-tsan/ (RelWithDebInfo, thread), build-fuzz/ (clang, libFuzzer
+# targets of the wire decoders, docs/fuzzing.md). Each is configured only when it does
 # not exist yet or its cache disagrees with the options below. See
 # docs/building.md.
 set -euo pipefail
@@ -32,6 +34,9 @@ ASAN_OPTS=(-DCMAKE_BUILD_TYPE=Debug -DTP_WERROR=ON
 # TSan finds races at -O2 as well as at -O0, and runs much faster.
 TSAN_OPTS=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DTP_WERROR=ON
            -DTP_SANITIZE=thread)
+FUZZ_OPTS=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DTP_WERROR=ON -DTP_FUZZ=ON
+           "-DCMAKE_C_COMPILER=$(command -v clang || echo clang)"
+           "-DTP_FUZZ_SECONDS=${TP_FUZZ_SECONDS:-10}")
 
 say() { printf 'tp.sh: %s\n' "$*"; }
 die() {
@@ -194,6 +199,16 @@ ctest_tsan() {
 }
 
 # Number of tests labelled tsan, known after configuring (before building).
+ctest_fuzz() {
+    ctest --test-dir build-fuzz --output-on-failure -j1 -L fuzz
+}
+
+build_fuzz() {
+    configure build-fuzz "${FUZZ_OPTS[@]}" &&
+        cmake --build build-fuzz -j"$JOBS" --target fuzz_desc fuzz_brochure \
+            fuzz_handshake
+}
+
 tsan_test_count() {
     ctest --test-dir build-tsan -N -L tsan 2>/dev/null |
         sed -n 's/^Total Tests: *//p'
@@ -240,7 +255,7 @@ cmd_demo() {
 }
 
 cmd_test() {
-    ensure_packages clang-format
+    ensure_packages clang-format clang
 
     if run_stage "build (build/)" build_tree build "${PLAIN_OPTS[@]}"; then
         run_stage "ctest build/ -LE slow" ctest_plain || true
@@ -277,6 +292,15 @@ cmd_test() {
         fi
     fi
 
+    # A bounded libFuzzer run of each wire decoder (clang only).
+    if ! command -v clang >/dev/null 2>&1; then
+        skip_stage "fuzz" "clang not installed"
+    elif run_stage "build (build-fuzz/)" build_fuzz; then
+        run_stage "fuzz build-fuzz/ -L fuzz" ctest_fuzz || true
+    else
+        skip_stage "fuzz build-fuzz/ -L fuzz" "build failed"
+    fi
+
     run_stage "clang-format" format_check || true
 
     print_summary
@@ -289,7 +313,7 @@ cmd_test() {
 
 cmd_format() {
     command -v clang-format >/dev/null 2>&1 ||
-        ensure_packages clang-format
+        ensure_packages clang-format clang
     local n=0 f
     while read -r f; do
         clang-format -i "$f"
