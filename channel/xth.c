@@ -8,6 +8,7 @@
 
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/random.h>
@@ -30,7 +31,8 @@ typedef struct xth_entry {
     tp_chan_op *e_rop; // the receiver's op, once claimed
     tp_loop *e_rloop;
     tp_task e_task;
-    tp_task e_rtask;
+    tp_task e_rtask[2];   // the two halves of a large copy
+    _Atomic int e_halves; // halves still copying
     tp_error *e_err;
 } xth_entry;
 
@@ -148,17 +150,36 @@ xth_copy(xth_entry *e)
     memcpy(rop->co_buf, e->e_op->co_buf, rop->co_len);
 }
 
+// Pool thread: one half of a large copy; the last half done completes.
 static void
-xth_copy_task(void *arg)
+xth_copy_half(xth_entry *e, unsigned half)
 {
-    xth_entry *e = arg;
     tp_chan_op *rop = e->e_rop;
+    uint64_t h = (rop->co_len / 2 + 4095) & ~(uint64_t)4095;
+    uint64_t off = half ? h : 0;
+    uint64_t len = half ? rop->co_len - h : h;
+    memcpy((uint8_t *)rop->co_buf + off, (const uint8_t *)e->e_op->co_buf + off,
+           len);
+    if (atomic_fetch_sub_explicit(&e->e_halves, 1, memory_order_acq_rel) != 1) {
+        return;
+    }
     tp_loop *rloop = e->e_rloop;
-    xth_copy(e);
     tp__task_init(&rop->co_task, xth_recv_done_task, rop);
     tp__task_init(&e->e_task, xth_send_done_task, e);
     tp__loop_post(e->e_loop, &e->e_task); // e may be freed after this
     tp__loop_post(rloop, &rop->co_task);
+}
+
+static void
+xth_copy_task0(void *arg)
+{
+    xth_copy_half(arg, 0);
+}
+
+static void
+xth_copy_task1(void *arg)
+{
+    xth_copy_half(arg, 1);
 }
 
 static void
@@ -199,10 +220,17 @@ xth_recv(tp_chan *ch, tp_chan_op *op)
     }
     e->e_rop = op;
     e->e_rloop = ch->x_env.ce_loop;
-    tp__task_init(&e->e_rtask, xth_copy_task, e);
-    if (op->co_len > XTH_INLINE_COPY &&
-        tp__pool_submit(ch->x_env.ce_pool, &e->e_rtask) == TP_OK) {
-        return; // completes from the pool
+    if (op->co_len > XTH_INLINE_COPY) {
+        // Two halves in parallel on the copy pool; the last one completes.
+        atomic_init(&e->e_halves, 2);
+        tp__task_init(&e->e_rtask[0], xth_copy_task0, e);
+        tp__task_init(&e->e_rtask[1], xth_copy_task1, e);
+        if (tp__pool_submit(ch->x_env.ce_pool, &e->e_rtask[0]) == TP_OK) {
+            if (tp__pool_submit(ch->x_env.ce_pool, &e->e_rtask[1]) != TP_OK) {
+                xth_copy_half(e, 1);
+            }
+            return; // completes from the pool
+        }
     }
     xth_copy(e);
     tp__task_init(&e->e_task, xth_send_done_task, e);
