@@ -12,7 +12,10 @@ bench_usage(FILE *f)
           "\n"
           "benchmarks:\n"
           "  transport    round trip and streaming between two processes\n"
-          "               (tpipe bench transport --help)\n",
+          "               (tpipe bench transport --help)\n"
+          "  pipe         pipe messages per transport and channel, between "
+          "two\n"
+          "               processes (tpipe bench pipe --help)\n",
           f);
 }
 
@@ -31,6 +34,9 @@ tool_bench_main(int argc, char **argv)
     if (strcmp(what, "transport") == 0) {
         return tool_bench_transport_main(argc - 1, argv + 1);
     }
-    tool_err("unknown benchmark \"%s\" (known: transport)", what);
+    if (strcmp(what, "pipe") == 0) {
+        return tool_bench_pipe_main(argc - 1, argv + 1);
+    }
+    tool_err("unknown benchmark \"%s\" (known: transport, pipe)", what);
     return TOOL_EXIT_USAGE;
 }

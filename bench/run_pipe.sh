@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# run_pipe.sh - `tpipe bench pipe` beside TensorPipe: runs
+#   tpipe bench pipe --json --reps 3 --lanes 2 --plot pipe.svg
+#   bash ../shared/peers/run_all.sh tp     (TensorPipe's tp_bench)
+# in the same session, then prints a markdown comparison per matching
+# combination and size (compare_pipe.py): uv+basic <-> tcp+basic,
+# shm+basic, uv+cma <-> tcp+cma, shm+cma, uv+mpt <-> tcp+mpt, xth (in one
+# process; over the transport the handshake chose).
+#
+#   bash bench/run_pipe.sh                    # everything (~3-6 min + apt)
+#   REPS=5 bash bench/run_pipe.sh
+#   SKIP_PEERS=1 bash bench/run_pipe.sh       # ours only
+#   TP_ARGS="--channel basic,cma" bash bench/run_pipe.sh
+#
+# Env: TPIPE (the tpipe binary; default: built into $BUILD_DIR),
+#      BUILD_DIR (default <repo>/build-bench), REPS (3), PEERS (sections;
+#      default "tp"), LANES (mpt lanes, default 2 as tp_bench uses),
+#      OUT (default $BUILD_DIR/bench-results/pipe-<UTC stamp>),
+#      TP_ARGS (extra arguments for tpipe bench pipe).
+# Writes $OUT/{ours.jsonl,ours.log,pipe.svg,peers/raw.txt,report.md,*.log}.
+set -u
+HERE=$(cd "$(dirname "$0")" && pwd)
+REPO=$(cd "$HERE/.." && pwd)
+PEERS_DIR=${PEERS_DIR:-$REPO/../shared/peers}
+BUILD_DIR=${BUILD_DIR:-$REPO/build-bench}
+REPS=${REPS:-3}
+PEERS=${PEERS:-tp}
+LANES=${LANES:-2}
+STAMP=$(date -u +%Y%m%d-%H%M%S)
+OUT=${OUT:-$BUILD_DIR/bench-results/pipe-$STAMP}
+PY=${PY:-/usr/bin/python3}
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+log() { echo "[$(date -u +%H:%M:%S)] $*" >&2; }
+
+if [ -z "${TPIPE:-}" ]; then
+  # Configure once, then an incremental build: never a stale binary.
+  TPIPE=$BUILD_DIR/tools/tpipe
+  log "building tpipe in $BUILD_DIR"
+  mkdir -p "$BUILD_DIR"
+  if ! { { [ -f "$BUILD_DIR/CMakeCache.txt" ] ||
+           cmake -S "$REPO" -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+             -DBUILD_TESTING=OFF; } &&
+         cmake --build "$BUILD_DIR" --target tpipe_tool -j"$(nproc)"; } \
+       >"$BUILD_DIR/bench-build.log" 2>&1; then
+    log "build failed: see $BUILD_DIR/bench-build.log"
+    exit 1
+  fi
+fi
+mkdir -p "$OUT"
+log "results in $OUT"
+rc=0
+# Other jobs on the 2 cores distort cross-process latencies badly: note it.
+LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
+
+ARGS="--json --reps $REPS --lanes $LANES --plot $OUT/pipe.svg ${TP_ARGS:-}"
+log "tpipe bench pipe $ARGS"
+# shellcheck disable=SC2086
+"$TPIPE" bench pipe $ARGS >"$OUT/ours.jsonl" 2>"$OUT/ours.log" ||
+  { log "tpipe bench pipe failed (exit $?), see $OUT/ours.log"; rc=1; }
+[ -s "$OUT/ours.log" ] && sed 's/^/  /' "$OUT/ours.log" >&2
+
+mkdir -p "$OUT/peers"
+if [ -z "${SKIP_PEERS:-}" ]; then
+  log "peers: bash $PEERS_DIR/run_all.sh $PEERS"
+  # shellcheck disable=SC2086
+  OUT=$OUT/peers REPS=$REPS bash "$PEERS_DIR/run_all.sh" $PEERS \
+    >"$OUT/peers.log" 2>&1 ||
+    { log "run_all.sh failed, see $OUT/peers.log"; rc=1; }
+  [ -s "$OUT/peers/failures.txt" ] &&
+    { log "peer failures:"; cat "$OUT/peers/failures.txt" >&2; }
+fi
+touch "$OUT/peers/raw.txt"
+
+{
+  echo "## tpipe bench pipe vs TensorPipe ($(date -u +%Y-%m-%dT%H:%M:%SZ), $(nproc) CPUs, $(uname -r))"
+  echo
+  echo "tpipe: \`$TPIPE bench pipe $ARGS\` (median of $REPS medians);"
+  echo "TensorPipe: \`run_all.sh $PEERS\` (tp_bench, REPS=$REPS, median over reps), same session."
+  echo "Load average before / after: $LOAD0 / $(cut -d' ' -f1-3 /proc/loadavg) (anything else running skews the round trips)."
+  echo
+  "$PY" "$HERE/compare_pipe.py" "$OUT/ours.jsonl" "$OUT/peers/raw.txt"
+  echo
+  echo "Plot (stream GB/s against size, memcpy and loopback TCP ceilings): \`$OUT/pipe.svg\`"
+} >"$OUT/report.md"
+cat "$OUT/report.md"
+log "report: $OUT/report.md"
+exit $rc
