@@ -460,7 +460,7 @@ tp__answer_size(const tp__answer *a)
     size_t ctx = wire_str_size(1, a->a_ctxname, sizeof(a->a_ctxname),
                                TP_WIRE_MAX_CTXNAME);
     size_t reason =
-        wire_str_size(1, a->a_reason, sizeof(a->a_reason), TP_WIRE_MAX_REASON);
+        wire_str_size(2, a->a_reason, sizeof(a->a_reason), TP_WIRE_MAX_REASON);
     if (ctx == 0 || reason == 0) {
         return 0;
     }
@@ -501,7 +501,7 @@ tp__answer_encode(const tp__answer *a, uint8_t *out, size_t cap)
     wire_wr w = {out, size, 0};
     wire_put_u8(&w, a->a_accepted ? 1 : 0);
     wire_put_str(&w, 1, a->a_ctxname, sizeof(a->a_ctxname));
-    wire_put_str(&w, 1, a->a_reason, sizeof(a->a_reason));
+    wire_put_str(&w, 2, a->a_reason, sizeof(a->a_reason));
     if (a->a_accepted) {
         wire_put_str(&w, 1, a->a_transport, sizeof(a->a_transport));
         wire_put_str(&w, 2, a->a_transport_addr, sizeof(a->a_transport_addr));
@@ -532,7 +532,7 @@ answer_parse(wire_rd *r, tp__answer *a)
     a->a_accepted = accepted == 1;
     if (!wire_str(r, 1, TP_WIRE_MAX_CTXNAME, a->a_ctxname,
                   WIRE_FIELD("ctxname")) ||
-        !wire_str(r, 1, TP_WIRE_MAX_REASON, a->a_reason,
+        !wire_str(r, 2, TP_WIRE_MAX_REASON, a->a_reason,
                   WIRE_FIELD("reason"))) {
         return false;
     }

@@ -41,7 +41,7 @@ enum {
 #define TP_WIRE_MAX_DOMAIN    255u   // domain descriptor bytes
 #define TP_WIRE_MAX_ADDR      255u   // address bytes
 #define TP_WIRE_MAX_CTXNAME   127u   // context (worker) name bytes
-#define TP_WIRE_MAX_REASON    255u   // refusal reason bytes
+#define TP_WIRE_MAX_REASON    1023u  // refusal reason / notes bytes
 #define TP_WIRE_MAX_BACKENDS  16u    // transports, and channels, per brochure
 #define TP_WIRE_MAX_CONNS     64u    // extra connections in an answer
 #define TP_WIRE_MAX_HANDSHAKE 65536u // body_len of brochure/answer/join
@@ -90,7 +90,7 @@ tp_status tp__brochure_decode(const uint8_t *in, size_t len, tp__brochure *b,
                               tp_error **err_p);
 
 // ---- answer ----
-// Body: u8 accepted (0/1), u8 ctxname_len, ctxname, u8 reason_len, reason,
+// Body: u8 accepted (0/1), u8 ctxname_len, ctxname, u16 reason_len, reason,
 //   then if accepted:
 //   u8 name_len, transport name, u16 addr_len, addr, u64 transport_reg_id,
 //   u8 name_len, channel name, u16 nconns,
@@ -104,7 +104,7 @@ typedef struct tp__answer_conn {
 typedef struct tp__answer {
     bool a_accepted;
     char a_ctxname[TP_WIRE_MAX_CTXNAME + 1];
-    char a_reason[TP_WIRE_MAX_REASON + 1]; // why refused ("" if accepted)
+    char a_reason[TP_WIRE_MAX_REASON + 1]; // why refused; when accepted: notes on the other choices
     char a_transport[TP_WIRE_MAX_NAME + 1];
     char a_transport_addr[TP_WIRE_MAX_ADDR + 1];
     uint64_t a_transport_reg_id;

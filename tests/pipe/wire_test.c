@@ -483,7 +483,7 @@ static void
 answer_round_trips(void)
 {
     memset(&answer_in, 0, sizeof(answer_in));
-    TP_CHECK_EQ(answer_round_trip_one(&answer_in), 3); // refused, empty
+    TP_CHECK_EQ(answer_round_trip_one(&answer_in), 4); // refused, empty
     answer_refused(&answer_in);
     answer_round_trip_one(&answer_in);
     // A refusal carries no choice: fields set anyway are not sent.
@@ -498,13 +498,13 @@ answer_round_trips(void)
     // Accepted with nothing extra: empty names, no conns.
     memset(&answer_in, 0, sizeof(answer_in));
     answer_in.a_accepted = true;
-    TP_CHECK_EQ(answer_round_trip_one(&answer_in), 3 + 1 + 2 + 8 + 1 + 2);
+    TP_CHECK_EQ(answer_round_trip_one(&answer_in), 4 + 1 + 2 + 8 + 1 + 2);
     answer_typical(&answer_in);
     answer_round_trip_one(&answer_in);
     TP_CHECK(answer_out.a_conns[1].ac_reg_id == UINT64_MAX);
     answer_max(&answer_in);
     // The largest answer (docs/pipe-wire.md).
-    TP_CHECK_EQ(answer_round_trip_one(&answer_in), 17676);
+    TP_CHECK_EQ(answer_round_trip_one(&answer_in), 18445);
 }
 
 static void
@@ -585,7 +585,7 @@ answer_rejects_bad_fields(void)
         rb.n = 0;
         raw_u8(&rb, 1);
         raw_str(&rb, 1, NULL, cases[i].ctx);
-        raw_str(&rb, 1, NULL, cases[i].reason);
+        raw_str(&rb, 2, NULL, cases[i].reason);
         raw_str(&rb, 1, NULL, cases[i].tname);
         raw_str(&rb, 2, NULL, cases[i].taddr);
         raw_u64(&rb, 0);
@@ -602,20 +602,25 @@ answer_rejects_bad_fields(void)
                          cases[i].needle);
         }
     }
-    // The reason's bound (255) is its prefix's maximum: it cannot be
-    // exceeded on the wire; 255 bytes are accepted (the first case).
+    // A reason one byte above its bound.
+    rb.n = 0;
+    raw_u8(&rb, 0);
+    raw_str(&rb, 1, NULL, 1);
+    raw_str(&rb, 2, NULL, TP_WIRE_MAX_REASON + 1);
+    EXPECT_PROTO(tp__answer_decode(rb.b, rb.n, &answer_out, &err), err,
+                 "reason length 1024 exceeds the limit 1023");
 
     // NUL inside the reason and the channel name.
     rb.n = 0;
     raw_u8(&rb, 0);
     raw_str(&rb, 1, "x", 1);
-    raw_str(&rb, 1, "bad\0reason", 10);
+    raw_str(&rb, 2, "bad\0reason", 10);
     EXPECT_PROTO(tp__answer_decode(rb.b, rb.n, &answer_out, &err), err,
                  "answer: reason contains a NUL byte at offset 3");
     rb.n = 0;
     raw_u8(&rb, 1);
     raw_str(&rb, 1, "x", 1);
-    raw_str(&rb, 1, "", 0);
+    raw_str(&rb, 2, "", 0);
     raw_str(&rb, 1, "tcp", 3);
     raw_str(&rb, 2, "", 0);
     raw_u64(&rb, 0);
