@@ -20,9 +20,12 @@
 #define CMA_ACK_FRAME (TP_FRAME_HDR_LEN + TP_ACK_LEN)
 // Copies up to this size run on the loop: a pool thread's wake-up (~40 us
 // on this VM) costs more than the copy (64 B round trip: 60 us through the
-// pool, 4 us inline).
-#define CMA_INLINE_COPY (1024u * 1024u)
-// Larger copies are split over the copy pool's threads.
+// pool, 5 us inline). Larger ones are split in CMA_SPLIT parts copied in
+// parallel: the first on the loop while it is at most CMA_LOOP_PART (so a
+// large tensor does not stall the context's other pipes for long), the
+// others on the copy pool.
+#define CMA_INLINE_COPY (256u * 1024u)
+#define CMA_LOOP_PART   (4u * 1024u * 1024u)
 #define CMA_SPLIT 2u
 
 typedef struct cma_copy {
@@ -349,6 +352,7 @@ cma_recv(tp_chan *ch, tp_chan_op *op)
     part = (part + 4095) & ~(uint64_t)4095;
     op->co_parts = (int)nparts;
     op->co_err = NULL;
+    cma_copy *inline_cc = NULL;
     for (unsigned i = 0; i < nparts; i++) {
         uint64_t off = (uint64_t)i * part;
         cma_copy *cc = tp__zalloc(sizeof(*cc));
@@ -374,9 +378,8 @@ cma_recv(tp_chan *ch, tp_chan_op *op)
                          ? (op->co_len - off < part ? op->co_len - off : part)
                          : 0;
         ch->c_copies++;
-        if (nparts == 1) {
-            cma_copy_run(cc);
-            tp__loop_defer(ch->c_env.ce_loop, &cc->cc_task);
+        if (i == 0 && cc->cc_len <= CMA_LOOP_PART) {
+            inline_cc = cc; // copied below, once the others are running
             continue;
         }
         tp__task_init(&cc->cc_task, cma_copy_task, cc);
@@ -387,6 +390,10 @@ cma_recv(tp_chan *ch, tp_chan_op *op)
             tp__task_init(&cc->cc_task, cma_copied_task, cc);
             tp__loop_defer(ch->c_env.ce_loop, &cc->cc_task);
         }
+    }
+    if (inline_cc != NULL) {
+        cma_copy_run(inline_cc);
+        tp__loop_defer(ch->c_env.ce_loop, &inline_cc->cc_task);
     }
 }
 

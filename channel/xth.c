@@ -19,8 +19,11 @@
 #include "core/wire.h"
 
 // Copies up to this size run on the loop: below it, a pool thread's
-// wake-up costs more than the copy.
-#define XTH_INLINE_COPY (1024u * 1024u)
+// wake-up costs more than the copy. Larger ones are copied in two halves
+// in parallel: one on the copy pool, the other on the loop while it is at
+// most XTH_LOOP_HALF (else on the pool too).
+#define XTH_INLINE_COPY (256u * 1024u)
+#define XTH_LOOP_HALF   (4u * 1024u * 1024u)
 
 typedef struct xth_entry {
     struct xth_entry *e_next;
@@ -225,11 +228,14 @@ xth_recv(tp_chan *ch, tp_chan_op *op)
         atomic_init(&e->e_halves, 2);
         tp__task_init(&e->e_rtask[0], xth_copy_task0, e);
         tp__task_init(&e->e_rtask[1], xth_copy_task1, e);
-        if (tp__pool_submit(ch->x_env.ce_pool, &e->e_rtask[0]) == TP_OK) {
-            if (tp__pool_submit(ch->x_env.ce_pool, &e->e_rtask[1]) != TP_OK) {
-                xth_copy_half(e, 1);
+        if (tp__pool_submit(ch->x_env.ce_pool, &e->e_rtask[1]) == TP_OK) {
+            if (op->co_len / 2 > XTH_LOOP_HALF &&
+                tp__pool_submit(ch->x_env.ce_pool, &e->e_rtask[0]) ==
+                    TP_OK) {
+                return; // completes from the pool
             }
-            return; // completes from the pool
+            xth_copy_half(e, 0); // the last half done completes
+            return;
         }
     }
     xth_copy(e);

@@ -25,10 +25,8 @@
 #include <math.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
@@ -169,151 +167,6 @@ bp_usage(FILE *f)
         "  \"p99_us\":..,\"gbps\":null,\"iters\":..,\"reps\":1}\n"
         "(latency fields null for stream, gbps null for pingpong).\n",
         bp_default_sizes, BT_MIN_SIZE, BP_MAX_PAYLOADS, BT_MAX_WINDOW);
-}
-
-// ---- helpers shared in substance with bench_transport.c --------------------
-// bench_transport.c keeps these static (bt_cmp_double, bt_median,
-// bt_quantile, bt_fmt_num, bt_read_addr, bt_reap, bt_verbose,
-// bt_alarm_handler); they belong in util.c as tool_* so both benchmarks
-// use one copy. Until then, the minimal versions this file needs:
-
-static int
-bp_cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-// Sorts @v.
-static double
-bp_median(double *v, size_t n)
-{
-    if (n == 0) {
-        return NAN;
-    }
-    qsort(v, n, sizeof(double), bp_cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-// @v sorted; nearest rank.
-static double
-bp_quantile(const double *v, size_t n, double q)
-{
-    if (n == 0) {
-        return NAN;
-    }
-    size_t i = (size_t)(q * (double)(n - 1) + 0.5);
-    return v[i < n ? i : n - 1];
-}
-
-static void
-bp_fmt_num(char *buf, size_t len, double v, int prec)
-{
-    if (isfinite(v)) {
-        snprintf(buf, len, "%.*f", prec, v);
-    } else {
-        snprintf(buf, len, "-");
-    }
-}
-
-static void bp_verbose(const bp_opts *o, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-
-static void
-bp_verbose(const bp_opts *o, const char *fmt, ...)
-{
-    if (!o->bo_verbose) {
-        return;
-    }
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("tpipe: bench pipe: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-}
-
-// Reads one line ("OK <url>", "SKIP <why>", "ERR <why>") from @rfd within
-// @timeout_ms. Returns false with @why set if none came.
-static bool
-bp_read_line(int rfd, int64_t timeout_ms, char *buf, size_t len, char *why,
-             size_t why_len)
-{
-    size_t got = 0;
-    uint64_t deadline = tp__deadline_after_ms(timeout_ms);
-    while (got < len - 1 && memchr(buf, '\n', got) == NULL) {
-        uint64_t now = tp__now_ns();
-        if (now >= deadline) {
-            snprintf(why, why_len, "server sent nothing within %lld ms",
-                     (long long)timeout_ms);
-            return false;
-        }
-        struct pollfd pfd = {.fd = rfd, .events = POLLIN};
-        int pr = poll(&pfd, 1, (int)((deadline - now) / 1000000u) + 1);
-        if (pr < 0 && errno != EINTR) {
-            snprintf(why, why_len, "poll: %s", strerror(errno));
-            return false;
-        }
-        if (pr <= 0) {
-            continue;
-        }
-        ssize_t n = read(rfd, buf + got, len - 1 - got);
-        if (n < 0 && errno == EINTR) {
-            continue;
-        }
-        if (n <= 0) {
-            snprintf(why, why_len, "server exited before reporting its URL");
-            return false;
-        }
-        got += (size_t)n;
-    }
-    buf[got] = '\0';
-    char *nl = strchr(buf, '\n');
-    if (nl != NULL) {
-        *nl = '\0';
-    }
-    return true;
-}
-
-// Waits for the child; kills it first if @kill_now, or if it does not
-// exit within @grace_ms. Returns its wait status (or -1).
-static int
-bp_reap(pid_t pid, int grace_ms, bool kill_now)
-{
-    int status = -1;
-    if (kill_now) {
-        kill(pid, SIGKILL);
-    }
-    for (int waited = 0;; waited += 10) {
-        pid_t w = waitpid(pid, &status, WNOHANG);
-        if (w == pid) {
-            return status;
-        }
-        if (w < 0 && errno != EINTR) {
-            return -1;
-        }
-        if (waited >= grace_ms) {
-            kill(pid, SIGKILL);
-            while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-            }
-            return status;
-        }
-        usleep(10000);
-    }
-}
-
-// Last resort during teardown after a failure: a pipe that does not
-// complete its operations on close must not hang the tool forever.
-static void
-bp_alarm_handler(int sig)
-{
-    (void)sig;
-    static const char m[] = "tpipe: bench pipe: teardown after an error "
-                            "hung; exiting\n";
-    if (write(2, m, sizeof(m) - 1) < 0) {
-        // Nothing more to do.
-    }
-    _exit(TOOL_EXIT_FAIL);
 }
 
 // ---- options ---------------------------------------------------------------
@@ -1419,60 +1272,55 @@ bp_pingpong(bp_run *r, bp_client *c, uint64_t size, bp_cell *cell)
         return false;
     }
     size_t n = (size_t)c->cl_nlat;
-    qsort(c->cl_lat, n, sizeof(double), bp_cmp_double);
+    qsort(c->cl_lat, n, sizeof(double), tool_cmp_double);
     unsigned k = cell->pc_n++;
-    cell->pc_p50[k] = bp_median(c->cl_lat, n);
-    cell->pc_p90[k] = bp_quantile(c->cl_lat, n, 0.90);
-    cell->pc_p99[k] = bp_quantile(c->cl_lat, n, 0.99);
+    cell->pc_p50[k] = tool_median(c->cl_lat, n);
+    cell->pc_p90[k] = tool_quantile(c->cl_lat, n, 0.90);
+    cell->pc_p99[k] = tool_quantile(c->cl_lat, n, 0.99);
     cell->pc_gbps[k] = NAN;
     cell->pc_iters += n;
-    bp_verbose(o, "%s pingpong %llu: %zu rounds, p50 %.2f us",
-               r->pr_combo->bc_label, (unsigned long long)size, n,
-               cell->pc_p50[k]);
+    tool_verbose(o->bo_verbose, "bench pipe",
+                 "%s pingpong %llu: %zu rounds, p50 %.2f us",
+                 r->pr_combo->bc_label, (unsigned long long)size, n,
+                 cell->pc_p50[k]);
     return true;
 }
 
+// A stream run of tool_stream_measure.
+typedef struct bp_stream_ctx {
+    bp_run *ss_run;
+    bp_client *ss_client;
+    uint64_t ss_size;
+} bp_stream_ctx;
+
 static bool
-bp_stream_once(bp_run *r, bp_client *c, uint64_t size, uint64_t count,
-               double *secs_p)
+bp_stream_once(void *arg, uint64_t count, double *secs_p)
 {
-    c->cl_size = size;
+    bp_stream_ctx *s = arg;
+    bp_client *c = s->ss_client;
+    c->cl_size = s->ss_size;
     c->cl_count = count;
-    c->cl_window = r->pr_opts->bo_window;
+    c->cl_window = s->ss_run->pr_opts->bo_window;
     bp_start(c, BP_MODE_STREAM);
-    if (!bp_wait(r, c, "stream", size)) {
+    if (!bp_wait(s->ss_run, c, "stream", s->ss_size)) {
         return false;
     }
     *secs_p = (double)(c->cl_s_t1 - c->cl_s_t0) / 1e9;
     return true;
 }
 
-// As bench transport: an untimed warm-up of 2W messages estimates the
-// rate; the measured run then fills about the budget.
+// As bench transport (tool_stream_measure): an untimed warm-up of 2W
+// messages estimates the rate; the measured run then fills the budget.
 static bool
 bp_stream(bp_run *r, bp_client *c, uint64_t size, bp_cell *cell)
 {
     const bp_opts *o = r->pr_opts;
-    uint64_t w = o->bo_window;
-    uint64_t lo = 2 * w > 16 ? 2 * w : 16;
-    uint64_t hi = o->bo_iters > lo ? o->bo_iters : lo;
-    double secs = 0;
-    uint64_t count = 2 * w;
-    if (!bp_stream_once(r, c, size, count, &secs)) {
+    bp_stream_ctx s = {.ss_run = r, .ss_client = c, .ss_size = size};
+    uint64_t count;
+    double secs;
+    if (!tool_stream_measure(o->bo_window, o->bo_iters, o->bo_budget,
+                             bp_stream_once, &s, &count, &secs)) {
         return false;
-    }
-    for (int attempt = 0;; attempt++) {
-        double per_msg = secs / (double)count;
-        double want = per_msg > 0 ? o->bo_budget / per_msg : (double)hi;
-        count = want < (double)lo   ? lo
-                : want > (double)hi ? hi
-                                    : (uint64_t)want;
-        if (!bp_stream_once(r, c, size, count, &secs)) {
-            return false;
-        }
-        if (attempt >= 2 || count >= hi || secs >= o->bo_budget / 2) {
-            break;
-        }
     }
     double bytes =
         (double)size + (double)o->bo_npayloads * (double)o->bo_payload_size;
@@ -1480,9 +1328,10 @@ bp_stream(bp_run *r, bp_client *c, uint64_t size, bp_cell *cell)
     cell->pc_p50[k] = cell->pc_p90[k] = cell->pc_p99[k] = NAN;
     cell->pc_gbps[k] = (double)count * bytes / secs / 1e9;
     cell->pc_iters += count;
-    bp_verbose(o, "%s stream %llu: %llu messages in %.3f s, %.3f GB/s",
-               r->pr_combo->bc_label, (unsigned long long)size,
-               (unsigned long long)count, secs, cell->pc_gbps[k]);
+    tool_verbose(o->bo_verbose, "bench pipe",
+                 "%s stream %llu: %llu messages in %.3f s, %.3f GB/s",
+                 r->pr_combo->bc_label, (unsigned long long)size,
+                 (unsigned long long)count, secs, cell->pc_gbps[k]);
     return true;
 }
 
@@ -1539,8 +1388,9 @@ bp_client_run(bp_run *r, const char *url, bp_cell *cells)
             out = BP_SKIP;
             goto done;
         }
-        bp_verbose(o, "%s: connected to %s over %s+%s", cb->bc_label, url, tr,
-                   ch);
+        tool_verbose(o->bo_verbose, "bench pipe",
+                     "%s: connected to %s over %s+%s", cb->bc_label, url, tr,
+                     ch);
     }
     cl_inited = true;
     if (!bp_client_init(&cl, o, p)) {
@@ -1566,8 +1416,7 @@ done:
     if (out == BP_FAIL) {
         // A pipe that does not complete its operations on close must not
         // hang the tool.
-        signal(SIGALRM, bp_alarm_handler);
-        alarm((unsigned)o->bo_stall_s + 10);
+        tool_install_teardown_alarm("bench pipe", (unsigned)o->bo_stall_s + 10);
     }
     if (p != NULL) {
         tp_pipe_close(p);
@@ -1602,8 +1451,7 @@ bp_run_inproc(bp_run *r, bp_cell *cells)
         }
     }
     if (out == BP_FAIL) {
-        signal(SIGALRM, bp_alarm_handler);
-        alarm((unsigned)o->bo_stall_s + 10);
+        tool_install_teardown_alarm("bench pipe", (unsigned)o->bo_stall_s + 10);
     }
     bp_server_teardown(sctx, &srv);
     alarm(0);
@@ -1638,8 +1486,18 @@ bp_run_rep(bp_run *r, bp_cell *cells)
     }
     close(pfd[1]);
     char line[1600];
-    bool got = bp_read_line(pfd[0], (int64_t)(o->bo_stall_s * 1000), line,
-                            sizeof(line), r->pr_err, sizeof(r->pr_err));
+    int64_t tmo = (int64_t)(o->bo_stall_s * 1000);
+    tool_line_status ls =
+        tool_read_line(pfd[0], tp__deadline_after_ms(tmo), line, sizeof(line),
+                       r->pr_err, sizeof(r->pr_err));
+    if (ls == TOOL_LINE_TIMEOUT) {
+        snprintf(r->pr_err, sizeof(r->pr_err),
+                 "server sent nothing within %lld ms", (long long)tmo);
+    } else if (ls == TOOL_LINE_EOF) {
+        snprintf(r->pr_err, sizeof(r->pr_err),
+                 "server exited before reporting its URL");
+    }
+    bool got = ls == TOOL_LINE_OK;
     close(pfd[0]);
     if (!got || strncmp(line, "OK ", 3) != 0) {
         bp_outcome out = BP_FAIL;
@@ -1649,14 +1507,14 @@ bp_run_rep(bp_run *r, bp_cell *cells)
             snprintf(r->pr_err, sizeof(r->pr_err), "server: %s",
                      why ? why + 1 : line);
         }
-        bp_reap(pid, 1000, !got);
+        tool_reap(pid, 1000, !got);
         return out;
     }
-    bp_verbose(o, "%s: server %d listens on %s", r->pr_combo->bc_label,
-               (int)pid, line + 3);
+    tool_verbose(o->bo_verbose, "bench pipe", "%s: server %d listens on %s",
+                 r->pr_combo->bc_label, (int)pid, line + 3);
     bp_outcome out = bp_client_run(r, line + 3, cells);
     // After a skip or a failure the server has nothing left to do.
-    int status = bp_reap(pid, out == BP_OK ? 5000 : 0, out != BP_OK);
+    int status = tool_reap(pid, out == BP_OK ? 5000 : 0, out != BP_OK);
     if (out == BP_OK && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
         if (status != -1 && WIFSIGNALED(status)) {
             snprintf(r->pr_err, sizeof(r->pr_err),
@@ -1692,7 +1550,7 @@ bp_memcpy_gbps(void)
             __asm__ __volatile__("" ::: "memory");
             v[i] = (double)n / ((double)(tp__now_ns() - t0) / 1e9) / 1e9;
         }
-        res = dst[n / 2] == src[n / 2] ? bp_median(v, 5) : NAN;
+        res = dst[n / 2] == src[n / 2] ? tool_median(v, 5) : NAN;
     }
     free(src);
     free(dst);
@@ -1807,10 +1665,10 @@ bp_print_cell(const bp_opts *o, const bp_combo *cb, const char *tr,
         return NAN;
     }
     const char *mode = cb->bc_inproc ? "thread" : "proc";
-    double p50 = bp_median(cell->pc_p50, cell->pc_n);
-    double p90 = bp_median(cell->pc_p90, cell->pc_n);
-    double p99 = bp_median(cell->pc_p99, cell->pc_n);
-    double gbps = bp_median(cell->pc_gbps, cell->pc_n);
+    double p50 = tool_median(cell->pc_p50, cell->pc_n);
+    double p90 = tool_median(cell->pc_p90, cell->pc_n);
+    double p99 = tool_median(cell->pc_p99, cell->pc_n);
+    double gbps = tool_median(cell->pc_gbps, cell->pc_n);
     if (o->bo_json) {
         printf("{\"bench\":\"pipe\",\"transport\":");
         tool_json_str(stdout, tr);
@@ -1832,10 +1690,10 @@ bp_print_cell(const bp_opts *o, const bp_combo *cb, const char *tr,
     } else {
         char sz[32], a[32], b[32], c[32], d[32];
         tool_format_size(size, sz, sizeof(sz));
-        bp_fmt_num(a, sizeof(a), p50, 2);
-        bp_fmt_num(b, sizeof(b), p90, 2);
-        bp_fmt_num(c, sizeof(c), p99, 2);
-        bp_fmt_num(d, sizeof(d), gbps, 3);
+        tool_fmt_num(a, sizeof(a), p50, 2);
+        tool_fmt_num(b, sizeof(b), p90, 2);
+        tool_fmt_num(c, sizeof(c), p99, 2);
+        tool_fmt_num(d, sizeof(d), gbps, 3);
         printf("%-9s  %-7s  %-6s  %-8s  %5s  %10s  %10s  %10s  %8s  %8llu\n",
                tr, cb->bc_channel, mode, test, sz, a, b, c, d,
                (unsigned long long)cell->pc_iters);
@@ -2086,8 +1944,8 @@ tool_bench_pipe_main(int argc, char **argv)
         r.pr_combo = cb;
         bp_outcome out = BP_OK;
         for (unsigned rep = 0; rep < o.bo_reps && out == BP_OK; rep++) {
-            bp_verbose(&o, "%s: repetition %u of %u", cb->bc_label, rep + 1,
-                       o.bo_reps);
+            tool_verbose(o.bo_verbose, "bench pipe", "%s: repetition %u of %u",
+                         cb->bc_label, rep + 1, o.bo_reps);
             out = bp_run_rep(&r, cells);
         }
         if (out == BP_SKIP) {
@@ -2127,8 +1985,8 @@ tool_bench_pipe_main(int argc, char **argv)
             failed = true;
         } else {
             char a[32], b[32];
-            bp_fmt_num(a, sizeof(a), mc, 2);
-            bp_fmt_num(b, sizeof(b), tc, 2);
+            tool_fmt_num(a, sizeof(a), mc, 2);
+            tool_fmt_num(b, sizeof(b), tc, 2);
             fprintf(o.bo_json ? stderr : stdout,
                     "%sceilings: memcpy %s GB/s, loopback TCP %s GB/s; plot "
                     "written to %s\n",

@@ -12,9 +12,7 @@
 
 #include <errno.h>
 #include <math.h>
-#include <poll.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
@@ -365,37 +363,6 @@ bt_parse_args(int argc, char **argv, bt_opts *o)
     return -1;
 }
 
-// ---- statistics ------------------------------------------------------------
-
-static int
-bt_cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-// Sorts @v.
-static double
-bt_median(double *v, size_t n)
-{
-    if (n == 0) {
-        return NAN;
-    }
-    qsort(v, n, sizeof(double), bt_cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-// @v sorted; nearest rank.
-static double
-bt_quantile(const double *v, size_t n, double q)
-{
-    if (n == 0) {
-        return NAN;
-    }
-    size_t i = (size_t)(q * (double)(n - 1) + 0.5);
-    return v[i < n ? i : n - 1];
-}
-
 // ---- one (transport, backend, repetition) ----------------------------------
 
 typedef struct bt_run {
@@ -488,40 +455,22 @@ static bool
 bt_read_addr(bt_run *r, int rfd, char *addr, size_t len)
 {
     char buf[1200];
-    size_t got = 0;
     uint64_t deadline = tp__now_ns() + bt_stall_ns(r->br_opts);
-    while (got < sizeof(buf) - 1 && memchr(buf, '\n', got) == NULL) {
-        uint64_t now = tp__now_ns();
-        if (now >= deadline) {
-            snprintf(r->br_err, sizeof(r->br_err),
-                     "server did not report its address within %.0f s",
-                     r->br_opts->bo_stall_s);
-            return false;
-        }
-        struct pollfd pfd = {.fd = rfd, .events = POLLIN};
-        int pr = poll(&pfd, 1, (int)((deadline - now) / 1000000u) + 1);
-        if (pr < 0 && errno != EINTR) {
-            snprintf(r->br_err, sizeof(r->br_err), "poll: %s", strerror(errno));
-            return false;
-        }
-        if (pr <= 0) {
-            continue;
-        }
-        ssize_t n = read(rfd, buf + got, sizeof(buf) - 1 - got);
-        if (n < 0 && errno == EINTR) {
-            continue;
-        }
-        if (n <= 0) {
-            snprintf(r->br_err, sizeof(r->br_err),
-                     "server exited before reporting its address");
-            return false;
-        }
-        got += (size_t)n;
-    }
-    buf[got] = '\0';
-    char *nl = strchr(buf, '\n');
-    if (nl != NULL) {
-        *nl = '\0';
+    switch (tool_read_line(rfd, deadline, buf, sizeof(buf), r->br_err,
+                           sizeof(r->br_err))) {
+    case TOOL_LINE_OK:
+        break;
+    case TOOL_LINE_TIMEOUT:
+        snprintf(r->br_err, sizeof(r->br_err),
+                 "server did not report its address within %.0f s",
+                 r->br_opts->bo_stall_s);
+        return false;
+    case TOOL_LINE_EOF:
+        snprintf(r->br_err, sizeof(r->br_err),
+                 "server exited before reporting its address");
+        return false;
+    case TOOL_LINE_ERROR:
+        return false;
     }
     if (strncmp(buf, "OK ", 3) != 0) {
         snprintf(r->br_err, sizeof(r->br_err), "server: %.1100s",
@@ -534,64 +483,6 @@ bt_read_addr(bt_run *r, int rfd, char *addr, size_t len)
     }
     memcpy(addr, buf + 3, strlen(buf + 3) + 1);
     return true;
-}
-
-// Waits for the child; kills it if it does not exit within @grace_ms.
-// Returns its wait status (or -1).
-static int
-bt_reap(pid_t pid, int grace_ms, bool kill_now)
-{
-    int status = -1;
-    if (kill_now) {
-        kill(pid, SIGKILL);
-    }
-    for (int waited = 0;; waited += 10) {
-        pid_t w = waitpid(pid, &status, WNOHANG);
-        if (w == pid) {
-            return status;
-        }
-        if (w < 0 && errno != EINTR) {
-            return -1;
-        }
-        if (waited >= grace_ms) {
-            kill(pid, SIGKILL);
-            while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-            }
-            return status;
-        }
-        usleep(10000);
-    }
-}
-
-// Last resort during teardown after a failure: a transport that does not
-// complete its operations on close must not hang the tool forever.
-static void
-bt_alarm_handler(int sig)
-{
-    (void)sig;
-    static const char m[] = "tpipe: bench transport: teardown after an "
-                            "error hung; exiting\n";
-    if (write(2, m, sizeof(m) - 1) < 0) {
-        // Nothing more to do.
-    }
-    _exit(TOOL_EXIT_FAIL);
-}
-
-static void bt_verbose(const bt_opts *o, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-
-static void
-bt_verbose(const bt_opts *o, const char *fmt, ...)
-{
-    if (!o->bo_verbose) {
-        return;
-    }
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("tpipe: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
 }
 
 // Waits for the measurement; on failure writes "<what>: <why>" to br_err.
@@ -636,28 +527,37 @@ bt_pingpong(bt_run *r, bt_client *c, uint64_t size, bt_cell *cell)
         return false;
     }
     size_t n = (size_t)c->cl_nlat;
-    qsort(c->cl_lat, n, sizeof(double), bt_cmp_double);
+    qsort(c->cl_lat, n, sizeof(double), tool_cmp_double);
     unsigned k = cell->bc_n++;
-    cell->bc_p50[k] = bt_median(c->cl_lat, n);
-    cell->bc_p90[k] = bt_quantile(c->cl_lat, n, 0.90);
-    cell->bc_p99[k] = bt_quantile(c->cl_lat, n, 0.99);
+    cell->bc_p50[k] = tool_median(c->cl_lat, n);
+    cell->bc_p90[k] = tool_quantile(c->cl_lat, n, 0.90);
+    cell->bc_p99[k] = tool_quantile(c->cl_lat, n, 0.99);
     cell->bc_gbps[k] = NAN;
     cell->bc_iters += n;
-    bt_verbose(o, "%s/%s pingpong %llu: %zu rounds, p50 %.2f us",
-               r->br_transport, r->br_backend_name, (unsigned long long)size, n,
-               cell->bc_p50[k]);
+    tool_verbose(o->bo_verbose, NULL,
+                 "%s/%s pingpong %llu: %zu rounds, p50 %.2f us",
+                 r->br_transport, r->br_backend_name, (unsigned long long)size,
+                 n, cell->bc_p50[k]);
     return true;
 }
 
+// A stream run of tool_stream_measure.
+typedef struct bt_stream_ctx {
+    bt_run *ss_run;
+    bt_client *ss_client;
+    uint64_t ss_size;
+} bt_stream_ctx;
+
 static bool
-bt_stream_once(bt_run *r, bt_client *c, uint64_t size, uint64_t count,
-               double *secs_p)
+bt_stream_once(void *arg, uint64_t count, double *secs_p)
 {
-    c->cl_size = size;
+    bt_stream_ctx *s = arg;
+    bt_client *c = s->ss_client;
+    c->cl_size = s->ss_size;
     c->cl_count = count;
-    c->cl_window = r->br_opts->bo_window;
+    c->cl_window = s->ss_run->br_opts->bo_window;
     bt_client_start_stream(c);
-    if (!bt_wait(r, c, "stream", size)) {
+    if (!bt_wait(s->ss_run, c, "stream", s->ss_size)) {
         return false;
     }
     *secs_p = (double)(c->cl_s_t1 - c->cl_s_t0) / 1e9;
@@ -668,38 +568,21 @@ static bool
 bt_stream(bt_run *r, bt_client *c, uint64_t size, bt_cell *cell)
 {
     const bt_opts *o = r->br_opts;
-    uint64_t w = o->bo_window;
-    uint64_t lo = 2 * w > 16 ? 2 * w : 16;
-    uint64_t hi = o->bo_iters > lo ? o->bo_iters : lo;
-    // Warm-up (untimed), which also estimates the message rate so that the
-    // measured run fills about the budget.
-    double secs = 0;
-    uint64_t count = 2 * w;
-    if (!bt_stream_once(r, c, size, count, &secs)) {
+    bt_stream_ctx s = {.ss_run = r, .ss_client = c, .ss_size = size};
+    uint64_t count;
+    double secs;
+    if (!tool_stream_measure(o->bo_window, o->bo_iters, o->bo_budget,
+                             bt_stream_once, &s, &count, &secs)) {
         return false;
-    }
-    for (int attempt = 0;; attempt++) {
-        double per_msg = secs / (double)count;
-        double want = per_msg > 0 ? o->bo_budget / per_msg : (double)hi;
-        count = want < (double)lo   ? lo
-                : want > (double)hi ? hi
-                                    : (uint64_t)want;
-        if (!bt_stream_once(r, c, size, count, &secs)) {
-            return false;
-        }
-        // A run far shorter than the budget (the warm-up estimate was
-        // pessimistic) is repeated with a better estimate, twice at most.
-        if (attempt >= 2 || count >= hi || secs >= o->bo_budget / 2) {
-            break;
-        }
     }
     unsigned k = cell->bc_n++;
     cell->bc_p50[k] = cell->bc_p90[k] = cell->bc_p99[k] = NAN;
     cell->bc_gbps[k] = (double)count * (double)size / secs / 1e9;
     cell->bc_iters += count;
-    bt_verbose(o, "%s/%s stream %llu: %llu messages in %.3f s, %.3f GB/s",
-               r->br_transport, r->br_backend_name, (unsigned long long)size,
-               (unsigned long long)count, secs, cell->bc_gbps[k]);
+    tool_verbose(o->bo_verbose, NULL,
+                 "%s/%s stream %llu: %llu messages in %.3f s, %.3f GB/s",
+                 r->br_transport, r->br_backend_name, (unsigned long long)size,
+                 (unsigned long long)count, secs, cell->bc_gbps[k]);
     return true;
 }
 
@@ -768,11 +651,11 @@ bt_run_rep(bt_run *r, bt_cell *cells, bt_idle_result *idle)
     bool ok = bt_read_addr(r, pfd[0], addr, sizeof(addr));
     close(pfd[0]);
     if (!ok) {
-        bt_reap(pid, 1000, true);
+        tool_reap(pid, 1000, true);
         return false;
     }
-    bt_verbose(o, "%s/%s: server %d listens on %s", r->br_transport,
-               r->br_backend_name, (int)pid, addr);
+    tool_verbose(o->bo_verbose, NULL, "%s/%s: server %d listens on %s",
+                 r->br_transport, r->br_backend_name, (int)pid, addr);
 
     tp_config cfg = o->bo_cfg;
     cfg.io_backend = r->br_backend;
@@ -840,8 +723,8 @@ out:
         // Kill the server first: pending operations then fail fast on
         // both sides, and a hung teardown is cut short by the alarm.
         kill(pid, SIGKILL);
-        signal(SIGALRM, bt_alarm_handler);
-        alarm((unsigned)o->bo_stall_s + 10);
+        tool_install_teardown_alarm("bench transport",
+                                    (unsigned)o->bo_stall_s + 10);
     }
     if (conn != NULL) {
         if (!ok && cl_inited) {
@@ -857,7 +740,7 @@ out:
     if (loop != NULL) {
         tp__loop_destroy(loop);
     }
-    int status = bt_reap(pid, ok ? 5000 : 0, !ok);
+    int status = tool_reap(pid, ok ? 5000 : 0, !ok);
     if (ok && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
         if (status != -1 && WIFSIGNALED(status)) {
             snprintf(r->br_err, sizeof(r->br_err),
@@ -896,26 +779,16 @@ bt_print_header(const bt_opts *o)
 }
 
 static void
-bt_fmt_num(char *buf, size_t len, double v, int prec)
-{
-    if (isfinite(v)) {
-        snprintf(buf, len, "%.*f", prec, v);
-    } else {
-        snprintf(buf, len, "-");
-    }
-}
-
-static void
 bt_print_cell(const bt_opts *o, const char *tr, const char *be,
               const char *test, uint64_t size, bt_cell *cell)
 {
     if (cell->bc_n == 0) {
         return;
     }
-    double p50 = bt_median(cell->bc_p50, cell->bc_n);
-    double p90 = bt_median(cell->bc_p90, cell->bc_n);
-    double p99 = bt_median(cell->bc_p99, cell->bc_n);
-    double gbps = bt_median(cell->bc_gbps, cell->bc_n);
+    double p50 = tool_median(cell->bc_p50, cell->bc_n);
+    double p90 = tool_median(cell->bc_p90, cell->bc_n);
+    double p99 = tool_median(cell->bc_p99, cell->bc_n);
+    double gbps = tool_median(cell->bc_gbps, cell->bc_n);
     if (o->bo_json) {
         printf("{\"bench\":\"transport\",\"transport\":");
         tool_json_str(stdout, tr);
@@ -934,10 +807,10 @@ bt_print_cell(const bt_opts *o, const char *tr, const char *be,
     } else {
         char sz[32], a[32], b[32], c[32], d[32];
         tool_format_size(size, sz, sizeof(sz));
-        bt_fmt_num(a, sizeof(a), p50, 2);
-        bt_fmt_num(b, sizeof(b), p90, 2);
-        bt_fmt_num(c, sizeof(c), p99, 2);
-        bt_fmt_num(d, sizeof(d), gbps, 3);
+        tool_fmt_num(a, sizeof(a), p50, 2);
+        tool_fmt_num(b, sizeof(b), p90, 2);
+        tool_fmt_num(c, sizeof(c), p99, 2);
+        tool_fmt_num(d, sizeof(d), gbps, 3);
         printf("%-9s  %-7s  %-8s  %5s  %10s  %10s  %10s  %8s  %8llu\n", tr, be,
                test, sz, a, b, c, d, (unsigned long long)cell->bc_iters);
     }
@@ -948,8 +821,8 @@ static void
 bt_print_idle(const bt_opts *o, const char *tr, const char *be, double *client,
               double *server, double secs)
 {
-    double cp = bt_median(client, o->bo_reps);
-    double sp = bt_median(server, o->bo_reps);
+    double cp = tool_median(client, o->bo_reps);
+    double sp = tool_median(server, o->bo_reps);
     if (o->bo_json) {
         printf("{\"bench\":\"transport\",\"transport\":");
         tool_json_str(stdout, tr);
@@ -964,8 +837,8 @@ bt_print_idle(const bt_opts *o, const char *tr, const char *be, double *client,
         printf("}\n");
     } else {
         char a[32], b[32];
-        bt_fmt_num(a, sizeof(a), cp, 2);
-        bt_fmt_num(b, sizeof(b), sp, 2);
+        tool_fmt_num(a, sizeof(a), cp, 2);
+        tool_fmt_num(b, sizeof(b), sp, 2);
         printf("%-9s  %-7s  %-5s  %8.2f  %11s  %11s\n", tr, be, "idle", secs, a,
                b);
     }
@@ -1021,8 +894,9 @@ tool_bench_transport_main(int argc, char **argv)
             double idle_secs = 0;
             for (unsigned rep = 0; rep < o.bo_reps && ok; rep++) {
                 bt_idle_result idle = {0};
-                bt_verbose(&o, "%s/%s: repetition %u of %u", r.br_transport,
-                           r.br_backend_name, rep + 1, o.bo_reps);
+                tool_verbose(o.bo_verbose, NULL, "%s/%s: repetition %u of %u",
+                             r.br_transport, r.br_backend_name, rep + 1,
+                             o.bo_reps);
                 ok = bt_run_rep(&r, cells, &idle);
                 idle_client[rep] = idle.bi_client_pct;
                 idle_server[rep] = idle.bi_server_pct;

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* tool.h - shared helpers of the tpipe command: subcommand entry points,
- * argument parsing, JSON string output and aligned tables. */
+ * argument parsing, JSON string output, aligned tables and the benchmarks'
+ * statistics and server-child plumbing. */
 #ifndef TP_TOOLS_TOOL_H
 #define TP_TOOLS_TOOL_H
 
@@ -8,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/types.h>
 
 // Exit statuses of every subcommand.
 #define TOOL_EXIT_OK    0
@@ -62,5 +64,56 @@ void tool_table_init(tool_table *t, size_t ncols);
 void tool_table_add(tool_table *t, const char *const *cells);
 void tool_table_print(const tool_table *t, FILE *f);
 void tool_table_fini(tool_table *t);
+
+// ---- shared by the benchmarks (bench_transport.c, bench_pipe.c) ----
+
+// qsort comparator for doubles, ascending.
+int tool_cmp_double(const void *a, const void *b);
+// Median of @v (sorts @v); NAN when @n is 0.
+double tool_median(double *v, size_t n);
+// Nearest-rank quantile @q of @v, which is sorted; NAN when @n is 0.
+double tool_quantile(const double *v, size_t n, double q);
+// Formats @v with @prec decimals, or "-" when it is not finite.
+void tool_fmt_num(char *buf, size_t len, double v, int prec);
+
+// If @on, prints "tpipe: <prefix>: <message>\n" to stderr ("tpipe:
+// <message>\n" when @prefix is NULL).
+void tool_verbose(bool on, const char *prefix, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+// Results of tool_read_line.
+typedef enum tool_line_status {
+    TOOL_LINE_OK,      // a line (or @len - 1 bytes) was read
+    TOOL_LINE_TIMEOUT, // @deadline_ns passed first
+    TOOL_LINE_EOF,     // the writer closed (or read failed) first
+    TOOL_LINE_ERROR,   // poll failed; @why says how
+} tool_line_status;
+
+// Reads one line from @fd into @buf (NUL-terminated, the newline dropped),
+// waiting until @deadline_ns (a tp__now_ns() value). On TOOL_LINE_ERROR
+// writes the reason to @why; on TIMEOUT and EOF the caller words it.
+tool_line_status tool_read_line(int fd, uint64_t deadline_ns, char *buf,
+                                size_t len, char *why, size_t why_len);
+
+// Waits for the child @pid; kills it first if @kill_now, or if it does not
+// exit within @grace_ms. Returns its wait status (or -1).
+int tool_reap(pid_t pid, int grace_ms, bool kill_now);
+
+// Last resort during teardown after a failure: operations that do not
+// complete on close must not hang the tool forever. Arms SIGALRM in
+// @seconds; it prints "tpipe: <what>: teardown after an error hung;
+// exiting\n" and exits with TOOL_EXIT_FAIL. Cancel with alarm(0).
+void tool_install_teardown_alarm(const char *what, unsigned seconds);
+
+// Sizes a stream measurement to fill about @budget seconds. @run sends
+// @count messages and stores the seconds they took (false on failure). An
+// untimed warm-up of 2W messages (@window W) estimates the rate; measured
+// runs then have between max(2W, 16) and max(@iters, that) messages, and a
+// run far shorter than the budget (the estimate was pessimistic) is
+// repeated with a better estimate, twice at most. Stores the last run's
+// count and seconds.
+bool tool_stream_measure(uint64_t window, uint64_t iters, double budget,
+                         bool (*run)(void *arg, uint64_t count, double *secs_p),
+                         void *arg, uint64_t *count_p, double *secs_p);
 
 #endif

@@ -1,14 +1,19 @@
 // SPDX-License-Identifier: Apache-2.0
-// util.c - argument parsing, JSON output and aligned tables for the tpipe
-// command.
+// util.c - argument parsing, JSON output, aligned tables and the
+// benchmarks' shared helpers for the tpipe command.
 
 #include <errno.h>
 #include <math.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include "core/platform.h"
 #include "tool.h"
 
 void
@@ -259,4 +264,186 @@ tool_cpu_ns(void)
                1000000000u +
            ((uint64_t)ru.ru_utime.tv_usec + (uint64_t)ru.ru_stime.tv_usec) *
                1000u;
+}
+
+// ---- shared by the benchmarks
+// ------------------------------------------------
+
+int
+tool_cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double
+tool_median(double *v, size_t n)
+{
+    if (n == 0) {
+        return NAN;
+    }
+    qsort(v, n, sizeof(double), tool_cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double
+tool_quantile(const double *v, size_t n, double q)
+{
+    if (n == 0) {
+        return NAN;
+    }
+    size_t i = (size_t)(q * (double)(n - 1) + 0.5);
+    return v[i < n ? i : n - 1];
+}
+
+void
+tool_fmt_num(char *buf, size_t len, double v, int prec)
+{
+    if (isfinite(v)) {
+        snprintf(buf, len, "%.*f", prec, v);
+    } else {
+        snprintf(buf, len, "-");
+    }
+}
+
+void
+tool_verbose(bool on, const char *prefix, const char *fmt, ...)
+{
+    if (!on) {
+        return;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("tpipe: ", stderr);
+    if (prefix != NULL) {
+        fprintf(stderr, "%s: ", prefix);
+    }
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+tool_line_status
+tool_read_line(int fd, uint64_t deadline_ns, char *buf, size_t len, char *why,
+               size_t why_len)
+{
+    size_t got = 0;
+    while (got < len - 1 && memchr(buf, '\n', got) == NULL) {
+        uint64_t now = tp__now_ns();
+        if (now >= deadline_ns) {
+            return TOOL_LINE_TIMEOUT;
+        }
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        int pr = poll(&pfd, 1, (int)((deadline_ns - now) / 1000000u) + 1);
+        if (pr < 0 && errno != EINTR) {
+            snprintf(why, why_len, "poll: %s", strerror(errno));
+            return TOOL_LINE_ERROR;
+        }
+        if (pr <= 0) {
+            continue;
+        }
+        ssize_t n = read(fd, buf + got, len - 1 - got);
+        if (n < 0 && errno == EINTR) {
+            continue;
+        }
+        if (n <= 0) {
+            return TOOL_LINE_EOF;
+        }
+        got += (size_t)n;
+    }
+    buf[got] = '\0';
+    char *nl = strchr(buf, '\n');
+    if (nl != NULL) {
+        *nl = '\0';
+    }
+    return TOOL_LINE_OK;
+}
+
+int
+tool_reap(pid_t pid, int grace_ms, bool kill_now)
+{
+    int status = -1;
+    if (kill_now) {
+        kill(pid, SIGKILL);
+    }
+    for (int waited = 0;; waited += 10) {
+        pid_t w = waitpid(pid, &status, WNOHANG);
+        if (w == pid) {
+            return status;
+        }
+        if (w < 0 && errno != EINTR) {
+            return -1;
+        }
+        if (waited >= grace_ms) {
+            kill(pid, SIGKILL);
+            while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+            }
+            return status;
+        }
+        usleep(10000);
+    }
+}
+
+// The teardown alarm's message, built before the alarm is armed.
+static char tool_alarm_msg[160];
+static size_t tool_alarm_len;
+
+static void
+tool_alarm_handler(int sig)
+{
+    (void)sig;
+    if (write(2, tool_alarm_msg, tool_alarm_len) < 0) {
+        // Nothing more to do.
+    }
+    _exit(TOOL_EXIT_FAIL);
+}
+
+void
+tool_install_teardown_alarm(const char *what, unsigned seconds)
+{
+    alarm(0); // a pending one must not see the message half rewritten
+    int n =
+        snprintf(tool_alarm_msg, sizeof(tool_alarm_msg),
+                 "tpipe: %s: teardown after an error hung; exiting\n", what);
+    tool_alarm_len = n < 0 ? 0
+                     : (size_t)n < sizeof(tool_alarm_msg)
+                         ? (size_t)n
+                         : sizeof(tool_alarm_msg) - 1;
+    signal(SIGALRM, tool_alarm_handler);
+    alarm(seconds);
+}
+
+bool
+tool_stream_measure(uint64_t window, uint64_t iters, double budget,
+                    bool (*run)(void *arg, uint64_t count, double *secs_p),
+                    void *arg, uint64_t *count_p, double *secs_p)
+{
+    uint64_t w = window;
+    uint64_t lo = 2 * w > 16 ? 2 * w : 16;
+    uint64_t hi = iters > lo ? iters : lo;
+    // Warm-up (untimed), which also estimates the message rate so that the
+    // measured run fills about the budget.
+    double secs = 0;
+    uint64_t count = 2 * w;
+    if (!run(arg, count, &secs)) {
+        return false;
+    }
+    for (int attempt = 0;; attempt++) {
+        double per_msg = secs / (double)count;
+        double want = per_msg > 0 ? budget / per_msg : (double)hi;
+        count = want < (double)lo   ? lo
+                : want > (double)hi ? hi
+                                    : (uint64_t)want;
+        if (!run(arg, count, &secs)) {
+            return false;
+        }
+        // A run far shorter than the budget (the warm-up estimate was
+        // pessimistic) is repeated with a better estimate, twice at most.
+        if (attempt >= 2 || count >= hi || secs >= budget / 2) {
+            break;
+        }
+    }
+    *count_p = count;
+    *secs_p = secs;
+    return true;
 }
