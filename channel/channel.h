@@ -4,11 +4,12 @@
  * static const tp_channel_ops listed in channel/registry.c.
  *
  * The pipe owns the control flow. For each message it writes, it calls
- * `send` once per tensor of nonzero length, in tensor order, before the
+ * `send` once per tensor longer than inline_max (basic: none), in tensor
+ * order, before the
  * descriptor is encoded: the channel fills op->co_info (bytes carried in
  * the descriptor for that tensor) and starts moving the bytes. For each
  * message it reads, after the user supplied the destination buffers, it
- * calls `recv` once per tensor of nonzero length with the info from the
+ * calls `recv` once per such tensor with the info from the
  * descriptor. Both sides see the same sequence of calls, so a channel may
  * derive placement (which lane) from its own counters.
  *
@@ -80,6 +81,10 @@ typedef struct tp_channel_ops {
     // The tensor bytes go on the pipe's own connection, right after the
     // payloads (basic): send/recv are then not called.
     bool inline_data;
+    // Optional: tensors up to this many bytes go on the pipe's connection
+    // like basic's (small tensors gain nothing from the channel's path).
+    // Must be part of the domain descriptor: both ends must agree.
+    uint64_t (*inline_max)(const tp_config *cfg);
     // Extra connections the pipe opens for an instance: on the pipe's
     // transport, or (lanes) one per lane on the context's lane transports.
     unsigned (*nconns)(const tp_config *cfg, bool *lanes_p);

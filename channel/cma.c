@@ -26,7 +26,7 @@
 // others on the copy pool.
 #define CMA_INLINE_COPY (256u * 1024u)
 #define CMA_LOOP_PART   (4u * 1024u * 1024u)
-#define CMA_SPLIT 2u
+#define CMA_SPLIT       2u
 
 typedef struct cma_copy {
     tp_chan *cc_ch;

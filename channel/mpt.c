@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // mpt.c - the mpt channel: tensor bytes over N lanes, each a tcp
-// connection served by its own loop thread. A tensor below mpt_split_min
+// connection served by its own loop thread. A tensor up to mpt_inline_max
+// goes on the pipe's own connection (a lane's thread hops only add
+// latency to it); one below mpt_split_min
 // travels whole on one lane (round robin); a larger one is cut into N
 // contiguous pieces, one per lane. Both ends make the same calls in the
 // same order, so each derives the placement from its own counter and
@@ -50,8 +52,15 @@ static tp_status
 mpt_domain(const tp_config *cfg, char *buf, size_t len, tp_error **err_p)
 {
     (void)err_p;
-    snprintf(buf, len, "mpt:split=%lld", (long long)cfg->mpt_split_min);
+    snprintf(buf, len, "mpt:split=%lld:inline=%lld",
+             (long long)cfg->mpt_split_min, (long long)cfg->mpt_inline_max);
     return TP_OK;
+}
+
+static uint64_t
+mpt_inline_max(const tp_config *cfg)
+{
+    return (uint64_t)cfg->mpt_inline_max;
 }
 
 static tp_status
@@ -188,6 +197,7 @@ const tp_channel_ops tp__channel_mpt_ops = {
     .nconns = mpt_nconns,
     .is_viable = mpt_is_viable,
     .domain = mpt_domain,
+    .inline_max = mpt_inline_max,
     .create = mpt_create,
     .send = mpt_send,
     .recv = mpt_recv,

@@ -230,8 +230,7 @@ xth_recv(tp_chan *ch, tp_chan_op *op)
         tp__task_init(&e->e_rtask[1], xth_copy_task1, e);
         if (tp__pool_submit(ch->x_env.ce_pool, &e->e_rtask[1]) == TP_OK) {
             if (op->co_len / 2 > XTH_LOOP_HALF &&
-                tp__pool_submit(ch->x_env.ce_pool, &e->e_rtask[0]) ==
-                    TP_OK) {
+                tp__pool_submit(ch->x_env.ce_pool, &e->e_rtask[0]) == TP_OK) {
                 return; // completes from the pool
             }
             xth_copy_half(e, 0); // the last half done completes

@@ -8,6 +8,7 @@
 #include "loop_int.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -450,6 +451,7 @@ loop_spin(tp_loop *l)
     while (!atomic_load_explicit(&l->l_stop, memory_order_relaxed)) {
         uint64_t budget = l->l_spin_ns;
         bool progress = false;
+        round++;
         if (l->l_pollers != NULL) {
             uint64_t poll_spin = 0;
             progress = loop_poll_all(l, &poll_spin);
@@ -458,7 +460,7 @@ loop_spin(tp_loop *l)
         if (budget == 0) {
             return;
         }
-        if (l->l_pollers == NULL || (++round & 63) == 0) {
+        if (l->l_pollers == NULL || (round & 63) == 0) {
             if (l->l_be->wait(l, 0) > 0) {
                 progress = true;
             }
@@ -475,6 +477,10 @@ loop_spin(tp_loop *l)
             last_progress = now;
         } else if (now - last_progress >= budget) {
             return;
+        } else if ((round & 7) == 0) {
+            // Give the core away if another thread can use it (the peer's
+            // loop, a lane copying): returns at once on an idle core.
+            sched_yield();
         }
         tp__cpu_relax();
     }

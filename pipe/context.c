@@ -197,13 +197,19 @@ ctx_setup_transports(tp_context *ctx, const tp_context_options *o)
 static tp_status
 ctx_setup_lanes(tp_context *ctx, unsigned nlanes, char *why, size_t why_len)
 {
+    // Lane loops move bulk bytes only (small tensors go on the pipe's
+    // connection): they sleep at once instead of spinning, which on a busy
+    // host leaves the cores to the copies (tcp+mpt 1M stream: 4.3 GB/s
+    // without the spin, 3.7 with 50 us; 1M round trip 451 vs 552 us).
+    tp_config lane_cfg = ctx->x_cfg;
+    lane_cfg.loop_spin_us = 0;
     for (unsigned i = 0; i < nlanes; i++) {
         char name[16];
         snprintf(name, sizeof(name), "lane%u", i);
         tp_error *err = NULL;
-        if (tp__loop_create(&ctx->x_cfg, name, &ctx->x_lane_loops[i], &err) !=
+        if (tp__loop_create(&lane_cfg, name, &ctx->x_lane_loops[i], &err) !=
                 TP_OK ||
-            tp__transport_create("tcp", ctx->x_lane_loops[i], &ctx->x_cfg,
+            tp__transport_create("tcp", ctx->x_lane_loops[i], &lane_cfg,
                                  &ctx->x_lane_tr[i], &err) != TP_OK) {
             snprintf(why, why_len, "lane %u failed to start: %s", i,
                      tp_error_message(err));

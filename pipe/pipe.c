@@ -1124,6 +1124,10 @@ pipe_ready(tp_pipe *p)
         tp_error_unref(err);
         return;
     }
+    p->p_inline_max = p->p_chops->inline_data ? UINT64_MAX
+                      : p->p_chops->inline_max != NULL
+                          ? p->p_chops->inline_max(&ctx->x_cfg)
+                          : 0;
     tp__aio_init(&p->p_raio, pipe_raio_cb, p);
     p->p_state = PIPE_READY;
     pipe_log_report(p);
@@ -1273,10 +1277,11 @@ wop_start(tp_pipe *p, pipe_wop *w, tp_error **err_p)
     const tp_message *m = w->w_msg;
     w->w_seq = p->p_wseq++;
     w->w_started = true;
-    bool inl = p->p_chops->inline_data;
+    // Tensors up to p_inline_max follow the payloads on the connection.
+    const uint64_t inl = p->p_inline_max;
     unsigned nchan = 0;
     for (uint32_t i = 0; i < m->ntensors; i++) {
-        nchan += (!inl && m->tensors[i].len > 0);
+        nchan += (m->tensors[i].len > inl);
     }
     if (m->ntensors > 0) {
         w->w_infos = tp__zalloc(m->ntensors * sizeof(*w->w_infos));
@@ -1300,8 +1305,8 @@ wop_start(tp_pipe *p, pipe_wop *w, tp_error **err_p)
         ncoal++;
     }
     unsigned k = 0;
-    for (uint32_t i = 0; i < m->ntensors && !inl; i++) {
-        if (m->tensors[i].len == 0) {
+    for (uint32_t i = 0; i < m->ntensors; i++) {
+        if (m->tensors[i].len <= inl) {
             continue;
         }
         tp_chan_op *op = &w->w_ops[k++];
@@ -1320,7 +1325,7 @@ wop_start(tp_pipe *p, pipe_wop *w, tp_error **err_p)
     uint64_t dlen = tp__desc_size(m, w->w_infos);
     w->w_hdr_len = TP_FRAME_HDR_LEN + dlen + coal;
     w->w_hdr = tp__alloc(w->w_hdr_len);
-    unsigned niovs = 1 + (m->npayloads - ncoal) + (inl ? m->ntensors : 0);
+    unsigned niovs = 1 + (m->npayloads - ncoal) + m->ntensors;
     w->w_iovs = tp__alloc(niovs * sizeof(*w->w_iovs));
     if (w->w_hdr == NULL || w->w_iovs == NULL) {
         return tp__error_set(err_p, TP_ENOMEM, "write: out of memory");
@@ -1346,8 +1351,8 @@ wop_start(tp_pipe *p, pipe_wop *w, tp_error **err_p)
             w->w_iovs[n++] = (tp_iov){m->payloads[i].data, m->payloads[i].len};
         }
     }
-    for (uint32_t i = 0; inl && i < m->ntensors; i++) {
-        if (m->tensors[i].len > 0) {
+    for (uint32_t i = 0; i < m->ntensors; i++) {
+        if (m->tensors[i].len > 0 && m->tensors[i].len <= inl) {
             w->w_iovs[n++] = (tp_iov){m->tensors[i].data, m->tensors[i].len};
         }
     }
@@ -1814,7 +1819,7 @@ pipe_read_start(void *obj, tp_aio *aio)
     r->r_infos = p->p_rinfos;
     p->p_rinfos = NULL;
     r->r_seq = p->p_rseq++;
-    bool inl = p->p_chops->inline_data;
+    const uint64_t inl = p->p_inline_max;
     // Buffers the caller left NULL: ours.
     for (uint32_t k = 0; k < 2; k++) {
         tp_msg_buf *bufs = k ? m->tensors : m->payloads;
@@ -1833,8 +1838,8 @@ pipe_read_start(void *obj, tp_aio *aio)
             }
         }
     }
-    unsigned niovs = m->npayloads + (inl ? m->ntensors : 0);
-    unsigned nchan = inl ? 0 : m->ntensors;
+    unsigned niovs = m->npayloads + m->ntensors;
+    unsigned nchan = m->ntensors;
     r->r_iovs = niovs ? tp__alloc(niovs * sizeof(*r->r_iovs)) : NULL;
     r->r_ops = nchan ? tp__zalloc(nchan * sizeof(*r->r_ops)) : NULL;
     tp__list_append(&p->p_reads, r);
@@ -1848,8 +1853,8 @@ pipe_read_start(void *obj, tp_aio *aio)
             r->r_iovs[n++] = (tp_iov){m->payloads[i].data, m->payloads[i].len};
         }
     }
-    for (uint32_t i = 0; inl && i < m->ntensors; i++) {
-        if (m->tensors[i].len > 0) {
+    for (uint32_t i = 0; i < m->ntensors; i++) {
+        if (m->tensors[i].len > 0 && m->tensors[i].len <= inl) {
             r->r_iovs[n++] = (tp_iov){m->tensors[i].data, m->tensors[i].len};
         }
     }
@@ -1863,8 +1868,8 @@ pipe_read_start(void *obj, tp_aio *aio)
         p->p_rstate = RD_IDLE;
     }
     unsigned k = 0;
-    for (uint32_t i = 0; !inl && i < m->ntensors; i++) {
-        if (m->tensors[i].len == 0) {
+    for (uint32_t i = 0; i < m->ntensors; i++) {
+        if (m->tensors[i].len <= inl) {
             continue;
         }
         tp_chan_op *op = &r->r_ops[k++];

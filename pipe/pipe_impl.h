@@ -183,6 +183,7 @@ struct tp_pipe {
     ctx_backend *p_tr;
     ctx_backend *p_ch;
     const tp_channel_ops *p_chops;
+    uint64_t p_inline_max; // tensors up to this size go on p_conn
     tp_chan *p_chan;
     tp_conn *p_conn; // main connection
     tp_conn **p_extra;

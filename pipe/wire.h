@@ -104,7 +104,8 @@ typedef struct tp__answer_conn {
 typedef struct tp__answer {
     bool a_accepted;
     char a_ctxname[TP_WIRE_MAX_CTXNAME + 1];
-    char a_reason[TP_WIRE_MAX_REASON + 1]; // why refused; when accepted: notes on the other choices
+    char a_reason[TP_WIRE_MAX_REASON +
+                  1]; // why refused; when accepted: notes on the other choices
     char a_transport[TP_WIRE_MAX_NAME + 1];
     char a_transport_addr[TP_WIRE_MAX_ADDR + 1];
     uint64_t a_transport_reg_id;
