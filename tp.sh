@@ -3,7 +3,7 @@
 # tp.sh - build and check tpipe with one command.
 #
 #   ./tp.sh demo [ARGS...]  install missing packages, build, then run
-#                           `build/tools/tpipe bench transport ARGS...`
+#                           `build/tools/tpipe bench pipe ARGS...`
 #   ./tp.sh test            what CI runs (.ci/run): build with -Werror, unit
 #                           tests, ASan+UBSan tests, TSan tests, format check
 #   ./tp.sh format          clang-format -i every tracked .c/.h file
@@ -245,13 +245,13 @@ cmd_demo() {
         die "build failed"
     local tool=build/tools/tpipe
     [ -x "$tool" ] || die "$tool was not built (is tools/tpipe.c there?)"
-    # The demo: a two-process benchmark on the best local transport (shm
-    # when it works here, else tcp), every loop backend, 64 B to 64 MiB.
-    # Arguments replace the default (e.g. ./tp.sh demo --transport all).
-    [ $# -gt 0 ] || set -- --transport best
+    # The demo: pipes between two processes (xth: two contexts in one
+    # process) for every transport+channel combination that works here,
+    # 64 B to 64 MiB, round trips and streaming. Arguments replace the
+    # default (e.g. ./tp.sh demo --transport shm --channel cma).
     "$tool" info | sed -n '1,40p'
-    say "== $tool bench transport $*"
-    exec "$tool" bench transport "$@"
+    say "== $tool bench pipe $*"
+    exec "$tool" bench pipe "$@"
 }
 
 cmd_test() {

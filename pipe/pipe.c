@@ -103,6 +103,7 @@ tp__pipe_new(tp_context *ctx)
     atomic_init(&p->p_holds, 2); // the user's, and "live in the context"
     atomic_init(&p->p_urefs, 1);
     atomic_init(&p->p_ctx_dead, false);
+    atomic_init(&p->p_close_posted, false);
     atomic_init(&p->p_pub_state, PIPE_HS);
     p->p_state = PIPE_HS;
     tp__timer_init(&p->p_hs_timer, pipe_hs_timeout, p);
@@ -1188,15 +1189,8 @@ pipe_flush_writes(tp_pipe *p)
         }
         tp__aio_finish(w->w_user, err, 0);
         // w_aio's callback may be running now: free after it returns.
-        tp_task *t = tp__alloc(sizeof(*t));
-        if (t != NULL) {
-            tp__task_init(t, wop_free_task, w);
-            // Reuse: free the task along with the wop.
-            tp__loop_post_fn(p->p_ctx->x_loop, wop_free_task, w);
-            tp__free(t);
-        } else {
-            tp__loop_post_fn(p->p_ctx->x_loop, wop_free_task, w);
-        }
+        tp__task_init(&w->w_free_task, wop_free_task, w);
+        tp__loop_defer(p->p_ctx->x_loop, &w->w_free_task);
     }
     pipe_check_drained(p);
 }
@@ -1407,7 +1401,8 @@ pipe_write_cancel(tp_aio *aio, void *arg, tp_status reason)
     tp__list_remove(&p->p_writes, w);
     tp__aio_finish_status(aio, reason, "pipe to %s: write %s", p->p_peer,
                           reason == TP_ETIMEDOUT ? "timed out" : "canceled");
-    tp__loop_post_fn(p->p_ctx->x_loop, wop_free_task, w);
+    tp__task_init(&w->w_free_task, wop_free_task, w);
+    tp__loop_defer(p->p_ctx->x_loop, &w->w_free_task);
     pipe_check_drained(p);
 }
 
@@ -1531,7 +1526,8 @@ pipe_flush_reads(tp_pipe *p)
         }
         tp_error *err = failed ? tp_error_ref(p->p_err) : NULL;
         tp__aio_finish(r->r_user, err, 0);
-        tp__loop_post_fn(p->p_ctx->x_loop, rop_free_task, r);
+        tp__task_init(&r->r_free_task, rop_free_task, r);
+        tp__loop_defer(p->p_ctx->x_loop, &r->r_free_task);
     }
     pipe_check_drained(p);
 }
@@ -1980,8 +1976,14 @@ tp_pipe_close(tp_pipe *p)
         atomic_load_explicit(&p->p_ctx_dead, memory_order_acquire)) {
         return;
     }
+    // One close task per pipe: later calls find it posted.
+    if (atomic_exchange_explicit(&p->p_close_posted, true,
+                                 memory_order_acq_rel)) {
+        return;
+    }
     atomic_fetch_add_explicit(&p->p_holds, 1, memory_order_relaxed);
-    tp__loop_post_fn(p->p_ctx->x_loop, pipe_close_task, p);
+    tp__task_init(&p->p_uclose_task, pipe_close_task, p);
+    tp__loop_post(p->p_ctx->x_loop, &p->p_uclose_task);
 }
 
 tp_pipe *

@@ -131,6 +131,7 @@ typedef struct pipe_wop {
     bool w_started; // bytes may have moved
     bool w_done;
     tp_error *w_err;
+    tp_task w_free_task;
 } pipe_wop;
 
 // A read (step 2) in flight.
@@ -152,6 +153,7 @@ typedef struct pipe_rop {
     unsigned r_ops_pending;
     bool r_done;
     tp_error *r_err;
+    tp_task r_free_task;
 } pipe_rop;
 
 enum {
@@ -219,7 +221,9 @@ struct tp_pipe {
     _Atomic int p_holds;     // user hold + live hold + posted tasks
     _Atomic int p_urefs;     // user references
     _Atomic bool p_ctx_dead; // the context is gone: no posting
-    tp_task p_close_task;
+    tp_task p_close_task;        // frees the drained pipe
+    tp_task p_uclose_task;       // tp_pipe_close
+    _Atomic bool p_close_posted; // p_uclose_task is queued or ran
     tp_mtx p_mtx; // p_ready_cv waiters
     tp_cv p_cv;
     _Atomic int p_pub_state; // p_state published for tp_pipe_wait_ready
