@@ -200,14 +200,13 @@ ctx_setup_lanes(tp_context *ctx, unsigned nlanes, char *why, size_t why_len)
     // Lane loops spin like the others: the spin yields its core whenever
     // another thread can run (core/loop.c), so it costs the copies little
     // (tcp+mpt 1M round trip: 133 us spinning, 376 us sleeping at once).
-    tp_config lane_cfg = ctx->x_cfg;
     for (unsigned i = 0; i < nlanes; i++) {
         char name[16];
         snprintf(name, sizeof(name), "lane%u", i);
         tp_error *err = NULL;
-        if (tp__loop_create(&lane_cfg, name, &ctx->x_lane_loops[i], &err) !=
+        if (tp__loop_create(&ctx->x_cfg, name, &ctx->x_lane_loops[i], &err) !=
                 TP_OK ||
-            tp__transport_create("tcp", ctx->x_lane_loops[i], &lane_cfg,
+            tp__transport_create("tcp", ctx->x_lane_loops[i], &ctx->x_cfg,
                                  &ctx->x_lane_tr[i], &err) != TP_OK) {
             snprintf(why, why_len, "lane %u failed to start: %s", i,
                      tp_error_message(err));

@@ -217,14 +217,14 @@ struct tp_pipe {
     uint64_t p_rseq;
     pipe_rop *p_rcursor; // the read whose inline bytes are being read
     // lifetime
-    int p_busy;              // internal ops in flight (loop thread)
-    _Atomic int p_holds;     // user hold + live hold + posted tasks
-    _Atomic int p_urefs;     // user references
-    _Atomic bool p_ctx_dead; // the context is gone: no posting
+    int p_busy;                  // internal ops in flight (loop thread)
+    _Atomic int p_holds;         // user hold + live hold + posted tasks
+    _Atomic int p_urefs;         // user references
+    _Atomic bool p_ctx_dead;     // the context is gone: no posting
     tp_task p_close_task;        // frees the drained pipe
     tp_task p_uclose_task;       // tp_pipe_close
     _Atomic bool p_close_posted; // p_uclose_task is queued or ran
-    tp_mtx p_mtx; // p_ready_cv waiters
+    tp_mtx p_mtx;                // p_ready_cv waiters
     tp_cv p_cv;
     _Atomic int p_pub_state; // p_state published for tp_pipe_wait_ready
 };
