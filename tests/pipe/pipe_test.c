@@ -131,27 +131,42 @@ pair_close(pair *pr)
     tp_context_destroy(pr->a);
 }
 
+// A pattern that differs per byte offset and per seed, 8 bytes per step
+// (xorshift64), so 256 MiB tensors fill and check quickly.
+static uint64_t
+pattern_word(uint64_t i, uint32_t seed)
+{
+    uint64_t x = (i + 1) * 0x9e3779b97f4a7c15ull ^ ((uint64_t)seed << 32);
+    x ^= x >> 31;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 29;
+    return x;
+}
+
 static void
 fill(uint8_t *p, uint64_t n, uint32_t seed)
 {
-    uint32_t x = seed * 2654435761u + 1;
-    for (uint64_t i = 0; i < n; i++) {
-        x = x * 1103515245u + 12345u;
-        p[i] = (uint8_t)(x >> 16);
+    uint64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w = pattern_word(i / 8, seed);
+        memcpy(p + i, &w, 8);
     }
+    uint64_t w = pattern_word(i / 8, seed);
+    memcpy(p + i, &w, n - i);
 }
 
 static bool
 check_fill(const uint8_t *p, uint64_t n, uint32_t seed)
 {
-    uint32_t x = seed * 2654435761u + 1;
-    for (uint64_t i = 0; i < n; i++) {
-        x = x * 1103515245u + 12345u;
-        if (p[i] != (uint8_t)(x >> 16)) {
+    uint64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w = pattern_word(i / 8, seed);
+        if (memcmp(p + i, &w, 8) != 0) {
             return false;
         }
     }
-    return true;
+    uint64_t w = pattern_word(i / 8, seed);
+    return memcmp(p + i, &w, n - i) == 0;
 }
 
 // A message with @np payloads and @nt tensors of the given sizes, filled.
@@ -323,6 +338,37 @@ test_shapes(void)
             op_fini(&w);
             free_sent(m);
         }
+    }
+    pair_close(&pr);
+}
+
+// Many payloads and tensors in one message: more buffers than one
+// connection operation carries (8 iovs), a mix of sizes on the channel
+// and inline.
+static void
+test_many_parts(void)
+{
+    pair pr;
+    pair_open(&pr);
+    enum { NP = 40, NT = 30 };
+    uint64_t psz[NP], tsz[NT];
+    for (int i = 0; i < NP; i++) {
+        psz[i] = (i % 5 == 0) ? 0 : (uint64_t)(i * 997 % 70000);
+    }
+    for (int i = 0; i < NT; i++) {
+        tsz[i] = (i % 4 == 0) ? 0 : (i % 7 == 0) ? (uint64_t)(300000 + i)
+                                                  : (uint64_t)(i * 31);
+    }
+    for (int k = 0; k < 3; k++) {
+        tp_message *m = make_msg(NP, psz, NT, tsz, (uint32_t)k + 70);
+        op w;
+        op_init(&w, WAIT_MS);
+        tp_pipe_write(pr.pb, m, w.aio);
+        recv_check(pr.pa, NP, psz, NT, tsz, (uint32_t)k + 70);
+        op_wait(&w, WAIT_MS);
+        TP_CHECK_OK(tp_aio_status(w.aio), tp_aio_error(w.aio));
+        op_fini(&w);
+        free_sent(m);
     }
     pair_close(&pr);
 }
@@ -807,6 +853,7 @@ static const tp_test_case cases[] = {
     TP_TEST_CASE(test_negotiates_pair),
     TP_TEST_CASE_T(test_shapes, 60),
     TP_TEST_CASE_T(test_ordering, 60),
+    TP_TEST_CASE_T(test_many_parts, 60),
     TP_TEST_CASE(test_close_pending),
     TP_TEST_CASE(test_read_timeout_keeps_pipe),
     TP_TEST_CASE(test_destroy_with_pending),
