@@ -373,6 +373,27 @@ test_many_parts(void)
     pair_close(&pr);
 }
 
+// The largest size of the suite within one process (xth's only way),
+// with a payload beside it.
+static void
+test_256mib_in_process(void)
+{
+    pair pr;
+    pair_open(&pr);
+    uint64_t psz[1] = {1000};
+    uint64_t tsz[2] = {256u << 20, 5};
+    tp_message *m = make_msg(1, psz, 2, tsz, 80);
+    op w;
+    op_init(&w, WAIT_MS);
+    tp_pipe_write(pr.pb, m, w.aio);
+    recv_check(pr.pa, 1, psz, 2, tsz, 80);
+    op_wait(&w, WAIT_MS);
+    TP_CHECK_OK(tp_aio_status(w.aio), tp_aio_error(w.aio));
+    op_fini(&w);
+    free_sent(m);
+    pair_close(&pr);
+}
+
 // Many writes in flight at once complete in order and arrive in order.
 static void
 test_ordering(void)
@@ -854,6 +875,7 @@ static const tp_test_case cases[] = {
     TP_TEST_CASE_T(test_shapes, 60),
     TP_TEST_CASE_T(test_ordering, 60),
     TP_TEST_CASE_T(test_many_parts, 60),
+    TP_TEST_CASE_T(test_256mib_in_process, 120),
     TP_TEST_CASE(test_close_pending),
     TP_TEST_CASE(test_read_timeout_keeps_pipe),
     TP_TEST_CASE(test_destroy_with_pending),
