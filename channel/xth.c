@@ -11,7 +11,6 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/random.h>
 #include <unistd.h>
 
 #include "channel.h"
@@ -71,11 +70,8 @@ xth_domain(const tp_config *cfg, char *buf, size_t len, tp_error **err_p)
     (void)cfg;
     (void)err_p;
     pthread_mutex_lock(&xth_mtx);
-    while (xth_secret == 0) {
-        if (getrandom(&xth_secret, sizeof(xth_secret), GRND_NONBLOCK) !=
-            (ssize_t)sizeof(xth_secret)) {
-            xth_secret = tp__now_ns() ^ (uint64_t)(uintptr_t)&xth_secret;
-        }
+    if (xth_secret == 0) {
+        xth_secret = tp__random_u64();
     }
     uint64_t s = xth_secret;
     pthread_mutex_unlock(&xth_mtx);
@@ -122,13 +118,8 @@ xth_send(tp_chan *ch, tp_chan_op *op)
     e->e_op = op;
     e->e_loop = ch->x_env.ce_loop;
     e->e_ch = ch;
+    e->e_token = tp__random_u64();
     pthread_mutex_lock(&xth_mtx);
-    do {
-        if (getrandom(&e->e_token, sizeof(e->e_token), GRND_NONBLOCK) !=
-            (ssize_t)sizeof(e->e_token)) {
-            e->e_token = tp__now_ns() * 0x9e3779b97f4a7c15ull;
-        }
-    } while (e->e_token == 0);
     e->e_next = xth_table;
     xth_table = e;
     pthread_mutex_unlock(&xth_mtx);

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 void
 tp__assert_fail(const char *expr, const char *file, int line)
@@ -95,4 +96,17 @@ tp__thread_set_name(const char *name)
     char buf[16];
     snprintf(buf, sizeof(buf), "%s", name);
     pthread_setname_np(pthread_self(), buf);
+}
+
+uint64_t
+tp__random_u64(void)
+{
+    uint64_t v = 0;
+    while (v == 0) {
+        if (getrandom(&v, sizeof(v), GRND_NONBLOCK) != (ssize_t)sizeof(v)) {
+            // Only before the pool is initialised, early at boot.
+            v = tp__now_ns() * 0x9e3779b97f4a7c15ull ^ (uint64_t)(uintptr_t)&v;
+        }
+    }
+    return v;
 }

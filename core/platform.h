@@ -67,6 +67,10 @@ tp__deadline_after_ms(int64_t timeout_ms)
     return tp__now_ns() + (uint64_t)timeout_ms * 1000000u;
 }
 
+// A random nonzero 64-bit number from getrandom (time and address bits if
+// the kernel's pool is not ready yet). For ids a peer must not guess.
+uint64_t tp__random_u64(void);
+
 static inline void
 tp__cpu_relax(void)
 {

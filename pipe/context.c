@@ -7,7 +7,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <unistd.h>
 
 #include "core/alloc.h"
@@ -111,16 +110,8 @@ ctx_allowed(const char *allow, const char *deny, const char *name,
 uint64_t
 tp__ctx_reg_id(void)
 {
-    uint64_t v = 0;
-    while (v == 0) {
-        if (getrandom(&v, sizeof(v), GRND_NONBLOCK) != (ssize_t)sizeof(v)) {
-            // getrandom can only fail before the pool is initialised;
-            // mix time and address bits then (ids only match joins, a
-            // guess costs the guesser a closed connection).
-            v = tp__now_ns() * 0x9e3779b97f4a7c15ull ^ (uint64_t)(uintptr_t)&v;
-        }
-    }
-    return v;
+    // Ids only match joins: a guess costs the guesser a closed connection.
+    return tp__random_u64();
 }
 
 // ---- objects the context waits for -----------------------------------------

@@ -27,7 +27,6 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
-#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -1600,11 +1599,7 @@ shm_listen(tp_transport *t, tp_listener *base, const char *addr,
     }
     for (int attempt = 0;; attempt++) {
         if (pick) {
-            uint32_t rnd = 0;
-            if ((size_t)getrandom(&rnd, sizeof(rnd), GRND_NONBLOCK) !=
-                sizeof(rnd)) {
-                rnd = (uint32_t)(tp__now_ns() ^ (uintptr_t)l);
-            }
+            uint32_t rnd = (uint32_t)tp__random_u64();
             snprintf(name, sizeof(name), "tpipe-%d-%u-%08x", (int)getpid(),
                      atomic_fetch_add_explicit(&shm_name_counter, 1,
                                                memory_order_relaxed),
