@@ -403,27 +403,38 @@ test_bad_brochures(void)
     tp_context_destroy(a);
 }
 
+// A raw tcp listener (@srv, *tl_p) and a pipe of a new context "bob"
+// (*b_p, *p_p) connected to it; srv->c is the accepted connection.
+static void
+raw_server(raw *srv, tp_listener **tl_p, tp_context **b_p, tp_pipe **p_p)
+{
+    raw_init(srv);
+    tp_error *err = NULL;
+    TP_CHECK_OK(tp__transport_listen(srv->t, "tcp://127.0.0.1:0", tl_p, &err),
+                err);
+    *b_p = ctx_new("bob", "tcp", "basic");
+    TP_CHECK_OK(tp_context_connect(*b_p, tp__listener_addr(*tl_p), p_p, &err),
+                err);
+    op acc;
+    op_init(&acc, WAIT_MS);
+    tp__listener_accept(*tl_p, acc.aio);
+    op_wait(&acc, WAIT_MS);
+    TP_CHECK_OK(tp_aio_status(acc.aio), tp_aio_error(acc.aio));
+    srv->c = tp_aio_get_output(acc.aio, 0);
+    op_fini(&acc);
+}
+
 // A listener that answers with garbage: the connecting pipe fails with a
 // protocol error naming the address.
 static void
 test_bad_answer(void)
 {
     raw srv;
-    raw_init(&srv);
     tp_listener *tl = NULL;
-    tp_error *err = NULL;
-    TP_CHECK_OK(tp__transport_listen(srv.t, "tcp://127.0.0.1:0", &tl, &err),
-                err);
-    tp_context *b = ctx_new("bob", "tcp", "basic");
+    tp_context *b = NULL;
     tp_pipe *p = NULL;
-    TP_CHECK_OK(tp_context_connect(b, tp__listener_addr(tl), &p, &err), err);
-    op acc;
-    op_init(&acc, WAIT_MS);
-    tp__listener_accept(tl, acc.aio);
-    op_wait(&acc, WAIT_MS);
-    TP_CHECK_OK(tp_aio_status(acc.aio), tp_aio_error(acc.aio));
-    srv.c = tp_aio_get_output(acc.aio, 0);
-    op_fini(&acc);
+    tp_error *err = NULL;
+    raw_server(&srv, &tl, &b, &p);
     uint8_t hdr[TP_FRAME_HDR_LEN];
     raw_io(&srv, false, hdr, sizeof(hdr), NULL);
     tp__frame_hdr h;
@@ -450,20 +461,11 @@ test_silent_listener(void)
 {
     setenv("TP_HANDSHAKE_TIMEOUT_MS", "300", 1);
     raw srv;
-    raw_init(&srv);
     tp_listener *tl = NULL;
-    tp_error *err = NULL;
-    TP_CHECK_OK(tp__transport_listen(srv.t, "tcp://127.0.0.1:0", &tl, &err),
-                err);
-    tp_context *b = ctx_new("bob", "tcp", "basic");
+    tp_context *b = NULL;
     tp_pipe *p = NULL;
-    TP_CHECK_OK(tp_context_connect(b, tp__listener_addr(tl), &p, &err), err);
-    op acc;
-    op_init(&acc, WAIT_MS);
-    tp__listener_accept(tl, acc.aio);
-    op_wait(&acc, WAIT_MS);
-    srv.c = tp_aio_get_output(acc.aio, 0);
-    op_fini(&acc);
+    tp_error *err = NULL;
+    raw_server(&srv, &tl, &b, &p);
     uint64_t t0 = tp__now_ns();
     TP_CHECK_EQ(tp_pipe_wait_ready(p, WAIT_MS, &err), TP_ETIMEDOUT);
     TP_CHECK((tp__now_ns() - t0) / 1000000u < 15000);

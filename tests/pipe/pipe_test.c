@@ -328,14 +328,8 @@ test_shapes(void)
             tp_pipe *rx = dir ? pr.pb : pr.pa;
             tp_message *m = make_msg(shapes[k].np, shapes[k].psz, shapes[k].nt,
                                      shapes[k].tsz, k + 1);
-            op w;
-            op_init(&w, WAIT_MS);
-            tp_pipe_write(tx, m, w.aio);
-            recv_check(rx, shapes[k].np, shapes[k].psz, shapes[k].nt,
-                       shapes[k].tsz, k + 1);
-            op_wait(&w, WAIT_MS);
-            TP_CHECK_OK(tp_aio_status(w.aio), tp_aio_error(w.aio));
-            op_fini(&w);
+            send_recv(tx, rx, m, shapes[k].np, shapes[k].psz, shapes[k].nt,
+                      shapes[k].tsz, k + 1);
             free_sent(m);
         }
     }
@@ -356,18 +350,13 @@ test_many_parts(void)
         psz[i] = (i % 5 == 0) ? 0 : (uint64_t)(i * 997 % 70000);
     }
     for (int i = 0; i < NT; i++) {
-        tsz[i] = (i % 4 == 0) ? 0 : (i % 7 == 0) ? (uint64_t)(300000 + i)
-                                                  : (uint64_t)(i * 31);
+        tsz[i] = (i % 4 == 0)   ? 0
+                 : (i % 7 == 0) ? (uint64_t)(300000 + i)
+                                : (uint64_t)(i * 31);
     }
     for (int k = 0; k < 3; k++) {
         tp_message *m = make_msg(NP, psz, NT, tsz, (uint32_t)k + 70);
-        op w;
-        op_init(&w, WAIT_MS);
-        tp_pipe_write(pr.pb, m, w.aio);
-        recv_check(pr.pa, NP, psz, NT, tsz, (uint32_t)k + 70);
-        op_wait(&w, WAIT_MS);
-        TP_CHECK_OK(tp_aio_status(w.aio), tp_aio_error(w.aio));
-        op_fini(&w);
+        send_recv(pr.pb, pr.pa, m, NP, psz, NT, tsz, (uint32_t)k + 70);
         free_sent(m);
     }
     pair_close(&pr);
@@ -383,13 +372,7 @@ test_256mib_in_process(void)
     uint64_t psz[1] = {1000};
     uint64_t tsz[2] = {256u << 20, 5};
     tp_message *m = make_msg(1, psz, 2, tsz, 80);
-    op w;
-    op_init(&w, WAIT_MS);
-    tp_pipe_write(pr.pb, m, w.aio);
-    recv_check(pr.pa, 1, psz, 2, tsz, 80);
-    op_wait(&w, WAIT_MS);
-    TP_CHECK_OK(tp_aio_status(w.aio), tp_aio_error(w.aio));
-    op_fini(&w);
+    send_recv(pr.pb, pr.pa, m, 1, psz, 2, tsz, 80);
     free_sent(m);
     pair_close(&pr);
 }
@@ -494,13 +477,7 @@ test_read_timeout_keeps_pipe(void)
     op_fini(&rd);
     uint64_t sz = 1000;
     tp_message *m = make_msg(0, NULL, 1, &sz, 3);
-    op w;
-    op_init(&w, WAIT_MS);
-    tp_pipe_write(pr.pb, m, w.aio);
-    recv_check(pr.pa, 0, NULL, 1, &sz, 3);
-    op_wait(&w, WAIT_MS);
-    TP_CHECK_OK(tp_aio_status(w.aio), tp_aio_error(w.aio));
-    op_fini(&w);
+    send_recv(pr.pb, pr.pa, m, 0, NULL, 1, &sz, 3);
     free_sent(m);
     pair_close(&pr);
 }
@@ -739,13 +716,7 @@ test_cross_process_echo(void)
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
         uint64_t psz[1] = {33};
         tp_message *m = make_msg(1, psz, 1, &sizes[i], (uint32_t)i + 1);
-        op w;
-        op_init(&w, WAIT_MS);
-        tp_pipe_write(p, m, w.aio);
-        recv_check(p, 1, psz, 1, &sizes[i], (uint32_t)i + 1);
-        op_wait(&w, WAIT_MS);
-        TP_CHECK_OK(tp_aio_status(w.aio), tp_aio_error(w.aio));
-        op_fini(&w);
+        send_recv(p, p, m, 1, psz, 1, &sizes[i], (uint32_t)i + 1);
         free_sent(m);
     }
     tp_pipe_unref(p);
