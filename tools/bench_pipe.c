@@ -29,27 +29,23 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <tpipe/pipe.h>
 
+#include "bench_common.h"
 #include "bench_peer.h"
 #include "channel/channel.h"
 #include "core/config.h"
 #include "core/platform.h"
 #include "tool.h"
 
-#define BP_MAX_SIZES    32
 #define BP_MAX_NAMES    8
 #define BP_MAX_COMBOS   32
 #define BP_MAX_PAYLOADS 64u
 #define BP_MAX_PAYLOAD  (64u << 20)
-
-static const char *const bp_default_sizes = "64,4K,64K,1M,16M,64M";
 
 // One transport/channel combination.
 typedef struct bp_combo {
@@ -62,6 +58,7 @@ typedef struct bp_combo {
 } bp_combo;
 
 typedef struct bp_opts {
+    bench_opts bo_com; // the options bench transport has too
     const char *bo_transports[BP_MAX_NAMES];
     size_t bo_ntransports;
     bool bo_all_transports;
@@ -70,31 +67,11 @@ typedef struct bp_opts {
     bool bo_all_channels;
     bp_combo bo_combos[BP_MAX_COMBOS];
     size_t bo_ncombos;
-    uint64_t bo_sizes[BP_MAX_SIZES];
-    size_t bo_nsizes;
-    uint64_t bo_max_size;
-    bool bo_pingpong;
-    bool bo_stream;
-    uint64_t bo_iters;
-    double bo_budget;
-    unsigned bo_window;
-    unsigned bo_reps;
     uint32_t bo_npayloads;
     uint64_t bo_payload_size;
     int bo_lanes;
-    bool bo_json;
     const char *bo_plot;
-    double bo_stall_s;
-    bool bo_verbose;
-    tp_config bo_cfg; // from the environment
 } bp_opts;
-
-// One measurement's results over the repetitions.
-typedef struct bp_cell {
-    double *pc_p50, *pc_p90, *pc_p99, *pc_gbps;
-    uint64_t pc_iters; // summed over repetitions
-    unsigned pc_n;
-} bp_cell;
 
 // What a combination produced, for the output and the plot.
 typedef struct bp_result {
@@ -166,42 +143,10 @@ bp_usage(FILE *f)
         "\"payload_size\":0,\"p50_us\":..,\"p90_us\":..,\n"
         "  \"p99_us\":..,\"gbps\":null,\"iters\":..,\"reps\":1}\n"
         "(latency fields null for stream, gbps null for pingpong).\n",
-        bp_default_sizes, BT_MIN_SIZE, BP_MAX_PAYLOADS, BT_MAX_WINDOW);
+        BENCH_DEFAULT_SIZES, BT_MIN_SIZE, BP_MAX_PAYLOADS, BT_MAX_WINDOW);
 }
 
 // ---- options ---------------------------------------------------------------
-
-static bool
-bp_parse_sizes(const char *list, bp_opts *o)
-{
-    char buf[512];
-    snprintf(buf, sizeof(buf), "%s", list);
-    o->bo_nsizes = 0;
-    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok != NULL;
-         tok = strtok_r(NULL, ",", &save)) {
-        uint64_t v;
-        if (!tool_parse_size(tok, &v)) {
-            tool_err("bench pipe: bad size \"%s\"", tok);
-            return false;
-        }
-        if (v < BT_MIN_SIZE) {
-            tool_err("bench pipe: size %s is below the minimum of %u bytes",
-                     tok, BT_MIN_SIZE);
-            return false;
-        }
-        if (o->bo_nsizes == BP_MAX_SIZES) {
-            tool_err("bench pipe: at most %d sizes", BP_MAX_SIZES);
-            return false;
-        }
-        o->bo_sizes[o->bo_nsizes++] = v;
-        o->bo_max_size = v > o->bo_max_size ? v : o->bo_max_size;
-    }
-    if (o->bo_nsizes == 0) {
-        tool_err("bench pipe: --sizes is empty");
-        return false;
-    }
-    return true;
-}
 
 // Splits a comma list into @names (pointers into @buf).
 static bool
@@ -351,14 +296,9 @@ static int
 bp_parse_args(int argc, char **argv, bp_opts *o)
 {
     const char *transports = "all", *channels = "all";
-    const char *sizes = bp_default_sizes, *test = "all";
     memset(o, 0, sizeof(*o));
-    o->bo_iters = 1000000;
-    o->bo_budget = 0.5;
-    o->bo_window = 4;
-    o->bo_reps = 1;
+    bench_opts_init(&o->bo_com, "bench pipe", "bench pipe");
     o->bo_payload_size = 64;
-    o->bo_stall_s = 30.0;
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
         bool bad = false;
@@ -367,51 +307,14 @@ bp_parse_args(int argc, char **argv, bp_opts *o)
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
             bp_usage(stdout);
             return TOOL_EXIT_OK;
-        } else if (strcmp(a, "--json") == 0) {
-            o->bo_json = true;
-        } else if (strcmp(a, "-v") == 0 || strcmp(a, "--verbose") == 0) {
-            o->bo_verbose = true;
+        } else if (bench_opts_arg(&o->bo_com, argc, argv, &i, &bad)) {
+            // A common option.
         } else if (tool_opt_value(argc, argv, &i, "--transport", &v, &bad)) {
             transports = v;
         } else if (tool_opt_value(argc, argv, &i, "--channel", &v, &bad)) {
             channels = v;
-        } else if (tool_opt_value(argc, argv, &i, "--sizes", &v, &bad)) {
-            sizes = v;
-        } else if (tool_opt_value(argc, argv, &i, "--test", &v, &bad)) {
-            test = v;
         } else if (tool_opt_value(argc, argv, &i, "--plot", &v, &bad)) {
             o->bo_plot = v;
-        } else if (tool_opt_value(argc, argv, &i, "--iters", &v, &bad)) {
-            if (!bad &&
-                (!tool_parse_u64(v, &o->bo_iters) || o->bo_iters < 10)) {
-                tool_err("bench pipe: --iters needs a number >= 10");
-                bad = true;
-            }
-        } else if (tool_opt_value(argc, argv, &i, "--budget", &v, &bad)) {
-            if (!bad && !tool_parse_double(v, &o->bo_budget)) {
-                tool_err("bench pipe: bad --budget \"%s\"", v);
-                bad = true;
-            }
-        } else if (tool_opt_value(argc, argv, &i, "--stall-timeout", &v,
-                                  &bad)) {
-            if (!bad &&
-                (!tool_parse_double(v, &o->bo_stall_s) || o->bo_stall_s <= 0)) {
-                tool_err("bench pipe: bad --stall-timeout \"%s\"", v);
-                bad = true;
-            }
-        } else if (tool_opt_value(argc, argv, &i, "--window", &v, &bad)) {
-            if (!bad &&
-                (!tool_parse_u64(v, &u) || u < 1 || u > BT_MAX_WINDOW)) {
-                tool_err("bench pipe: --window must be 1..%u", BT_MAX_WINDOW);
-                bad = true;
-            }
-            o->bo_window = (unsigned)u;
-        } else if (tool_opt_value(argc, argv, &i, "--reps", &v, &bad)) {
-            if (!bad && (!tool_parse_u64(v, &u) || u < 1 || u > 1000)) {
-                tool_err("bench pipe: --reps must be 1..1000");
-                bad = true;
-            }
-            o->bo_reps = (unsigned)u;
         } else if (tool_opt_value(argc, argv, &i, "--payloads", &v, &bad)) {
             if (!bad && (!tool_parse_u64(v, &u) || u > BP_MAX_PAYLOADS)) {
                 tool_err("bench pipe: --payloads must be 0..%u",
@@ -441,29 +344,15 @@ bp_parse_args(int argc, char **argv, bp_opts *o)
             return TOOL_EXIT_USAGE;
         }
     }
-    if (strcmp(test, "all") == 0 || strcmp(test, "both") == 0) {
-        o->bo_pingpong = o->bo_stream = true;
-    } else if (strcmp(test, "pingpong") == 0) {
-        o->bo_pingpong = true;
-    } else if (strcmp(test, "stream") == 0) {
-        o->bo_stream = true;
-    } else {
-        tool_err("bench pipe: unknown test \"%s\" (pingpong, stream, all)",
-                 test);
+    if (!bench_opts_test(&o->bo_com)) {
         return TOOL_EXIT_USAGE;
     }
-    if (o->bo_plot != NULL && !o->bo_stream) {
+    if (o->bo_plot != NULL && !o->bo_com.bo_stream) {
         tool_err("bench pipe: --plot draws the stream test: use --test "
                  "stream or all");
         return TOOL_EXIT_USAGE;
     }
-    tp_error *err = NULL;
-    if (tp__config_load(&o->bo_cfg, &err) != TP_OK) {
-        tool_err("%s", tp_error_message(err));
-        tp_error_unref(err);
-        return TOOL_EXIT_USAGE;
-    }
-    if (!bp_parse_sizes(sizes, o) || !bp_parse_transports(transports, o) ||
+    if (!bench_opts_finish(&o->bo_com) || !bp_parse_transports(transports, o) ||
         !bp_parse_channels(channels, o)) {
         return TOOL_EXIT_USAGE;
     }
@@ -552,9 +441,9 @@ bp_server_init(bp_server *s, const bp_opts *o, tp_pipe_listener *l)
     bt_sync_init(&s->sv_sync);
     s->sv_opts = o;
     s->sv_listener = l;
-    s->sv_nslots = o->bo_window + 1;
+    s->sv_nslots = o->bo_com.bo_window + 1;
     s->sv_slots = calloc(s->sv_nslots, sizeof(bp_slot));
-    int64_t tmo = (int64_t)(o->bo_stall_s * 2000);
+    int64_t tmo = (int64_t)(o->bo_com.bo_stall_s * 2000);
     if (s->sv_slots == NULL ||
         tp_aio_create(bp_srv_accept_cb, s, &s->sv_accept) != TP_OK ||
         tp_aio_create(bp_srv_desc_cb, s, &s->sv_desc) != TP_OK) {
@@ -570,7 +459,7 @@ bp_server_init(bp_server *s, const bp_opts *o, tp_pipe_listener *l)
         }
         tp_aio_set_timeout(sl->ss_rd, tmo);
         tp_aio_set_timeout(sl->ss_wr, tmo);
-        sl->ss_buf = bt_buf_alloc(o->bo_max_size);
+        sl->ss_buf = bt_buf_alloc(o->bo_com.bo_max_size);
         if (sl->ss_buf == NULL) {
             return false;
         }
@@ -634,7 +523,7 @@ bp_srv_desc_cb(void *arg)
     bool ok = strchr("PSAQ", op) != NULL && m->ntensors <= 1 &&
               m->npayloads <= o->bo_npayloads;
     for (uint32_t i = 0; ok && i < m->ntensors; i++) {
-        ok = m->tensors[i].len <= o->bo_max_size;
+        ok = m->tensors[i].len <= o->bo_com.bo_max_size;
     }
     for (uint32_t i = 0; ok && i < m->npayloads; i++) {
         ok = m->payloads[i].len <= o->bo_payload_size;
@@ -808,7 +697,8 @@ bp_server_setup(const bp_opts *o, const bp_combo *c, tp_context **ctx_p,
     // Buffers before the client connects: touching them takes a while.
     if (!bp_server_init(s, o, l)) {
         snprintf(why, why_len, "out of memory for %u buffers of %llu bytes",
-                 o->bo_window + 1, (unsigned long long)o->bo_max_size);
+                 o->bo_com.bo_window + 1,
+                 (unsigned long long)o->bo_com.bo_max_size);
         return BP_FAIL;
     }
     tp_pipe_listener_accept(l, s->sv_accept);
@@ -833,13 +723,8 @@ bp_server_teardown(tp_context *ctx, bp_server *s)
 
 // The forked server: never returns.
 static void
-bp_server_child(const bp_opts *o, const bp_combo *c, int wfd, pid_t parent)
+bp_server_child(const bp_opts *o, const bp_combo *c, int wfd)
 {
-    // Die with the parent, whatever happens to it.
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) {
-        _exit(1);
-    }
     static bp_server srv;
     tp_context *ctx = NULL;
     char url[512], why[1024], msg[1600];
@@ -855,7 +740,7 @@ bp_server_child(const bp_opts *o, const bp_combo *c, int wfd, pid_t parent)
     close(wfd);
     // The client drives; the server only notices a dead client (the pipe
     // fails) or one that stopped talking.
-    uint64_t stall = (uint64_t)(o->bo_stall_s * 2e9);
+    uint64_t stall = (uint64_t)(o->bo_com.bo_stall_s * 2e9);
     int wrc = bt_sync_wait(&srv.sv_sync, stall);
     if (wrc != 0) {
         fprintf(stderr, "tpipe: bench pipe server (%s): %s\n", c->bc_label,
@@ -952,11 +837,11 @@ bp_client_init(bp_client *c, const bp_opts *o, tp_pipe *p)
     tp__mtx_init(&c->cl_mtx);
     c->cl_opts = o;
     c->cl_pipe = p;
-    int64_t tmo = (int64_t)(o->bo_stall_s * 1000);
+    int64_t tmo = (int64_t)(o->bo_com.bo_stall_s * 1000);
     uint32_t np = o->bo_npayloads;
-    c->cl_sbuf = bt_buf_alloc(o->bo_max_size);
-    c->cl_rbuf = bt_buf_alloc(o->bo_max_size);
-    c->cl_lat = calloc(o->bo_iters, sizeof(double));
+    c->cl_sbuf = bt_buf_alloc(o->bo_com.bo_max_size);
+    c->cl_rbuf = bt_buf_alloc(o->bo_com.bo_max_size);
+    c->cl_lat = calloc(o->bo_com.bo_iters, sizeof(double));
     if (c->cl_sbuf == NULL || c->cl_rbuf == NULL || c->cl_lat == NULL ||
         tp_aio_create(bp_cl_desc_cb, c, &c->cl_desc) != TP_OK ||
         tp_aio_create(bp_cl_rd_cb, c, &c->cl_rd) != TP_OK) {
@@ -1208,29 +1093,8 @@ typedef struct bp_run {
 static bool
 bp_wait(bp_run *r, bp_client *c, const char *what, uint64_t size)
 {
-    int rc =
-        bt_sync_wait(&c->cl_sync, (uint64_t)(r->pr_opts->bo_stall_s * 1e9));
-    if (rc == 0) {
-        return true;
-    }
-    char where[96];
-    if (size > 0) {
-        char sz[32];
-        tool_format_size(size, sz, sizeof(sz));
-        snprintf(where, sizeof(where), "%s, size %s (%llu bytes)", what, sz,
-                 (unsigned long long)size);
-    } else {
-        snprintf(where, sizeof(where), "%s", what);
-    }
-    if (rc == -2) {
-        snprintf(r->pr_err, sizeof(r->pr_err),
-                 "%s: stalled, no progress for %g s", where,
-                 r->pr_opts->bo_stall_s);
-    } else {
-        snprintf(r->pr_err, sizeof(r->pr_err), "%s: %s", where,
-                 c->cl_sync.bs_msg);
-    }
-    return false;
+    return bench_wait(&c->cl_sync, &r->pr_opts->bo_com, what, size, r->pr_err,
+                      sizeof(r->pr_err));
 }
 
 static void
@@ -1259,30 +1123,20 @@ bp_start(bp_client *c, int mode)
 }
 
 static bool
-bp_pingpong(bp_run *r, bp_client *c, uint64_t size, bp_cell *cell)
+bp_pingpong(bp_run *r, bp_client *c, uint64_t size, bench_cell *cell)
 {
     const bp_opts *o = r->pr_opts;
     c->cl_size = size;
     c->cl_warm = size >= (16u << 20) ? 2 : 20;
     c->cl_min_iters = 10;
-    c->cl_max_iters = o->bo_iters;
-    c->cl_budget_ns = (uint64_t)(o->bo_budget * 1e9);
+    c->cl_max_iters = o->bo_com.bo_iters;
+    c->cl_budget_ns = (uint64_t)(o->bo_com.bo_budget * 1e9);
     bp_start(c, BP_MODE_PING);
     if (!bp_wait(r, c, "pingpong", size)) {
         return false;
     }
-    size_t n = (size_t)c->cl_nlat;
-    qsort(c->cl_lat, n, sizeof(double), tool_cmp_double);
-    unsigned k = cell->pc_n++;
-    cell->pc_p50[k] = tool_median(c->cl_lat, n);
-    cell->pc_p90[k] = tool_quantile(c->cl_lat, n, 0.90);
-    cell->pc_p99[k] = tool_quantile(c->cl_lat, n, 0.99);
-    cell->pc_gbps[k] = NAN;
-    cell->pc_iters += n;
-    tool_verbose(o->bo_verbose, "bench pipe",
-                 "%s pingpong %llu: %zu rounds, p50 %.2f us",
-                 r->pr_combo->bc_label, (unsigned long long)size, n,
-                 cell->pc_p50[k]);
+    bench_cell_pingpong(&o->bo_com, r->pr_combo->bc_label, size, c->cl_lat,
+                        (size_t)c->cl_nlat, cell);
     return true;
 }
 
@@ -1300,7 +1154,7 @@ bp_stream_once(void *arg, uint64_t count, double *secs_p)
     bp_client *c = s->ss_client;
     c->cl_size = s->ss_size;
     c->cl_count = count;
-    c->cl_window = s->ss_run->pr_opts->bo_window;
+    c->cl_window = s->ss_run->pr_opts->bo_com.bo_window;
     bp_start(c, BP_MODE_STREAM);
     if (!bp_wait(s->ss_run, c, "stream", s->ss_size)) {
         return false;
@@ -1312,34 +1166,21 @@ bp_stream_once(void *arg, uint64_t count, double *secs_p)
 // As bench transport (tool_stream_measure): an untimed warm-up of 2W
 // messages estimates the rate; the measured run then fills the budget.
 static bool
-bp_stream(bp_run *r, bp_client *c, uint64_t size, bp_cell *cell)
+bp_stream(bp_run *r, bp_client *c, uint64_t size, bench_cell *cell)
 {
     const bp_opts *o = r->pr_opts;
     bp_stream_ctx s = {.ss_run = r, .ss_client = c, .ss_size = size};
-    uint64_t count;
-    double secs;
-    if (!tool_stream_measure(o->bo_window, o->bo_iters, o->bo_budget,
-                             bp_stream_once, &s, &count, &secs)) {
-        return false;
-    }
     double bytes =
         (double)size + (double)o->bo_npayloads * (double)o->bo_payload_size;
-    unsigned k = cell->pc_n++;
-    cell->pc_p50[k] = cell->pc_p90[k] = cell->pc_p99[k] = NAN;
-    cell->pc_gbps[k] = (double)count * bytes / secs / 1e9;
-    cell->pc_iters += count;
-    tool_verbose(o->bo_verbose, "bench pipe",
-                 "%s stream %llu: %llu messages in %.3f s, %.3f GB/s",
-                 r->pr_combo->bc_label, (unsigned long long)size,
-                 (unsigned long long)count, secs, cell->pc_gbps[k]);
-    return true;
+    return bench_stream(&o->bo_com, r->pr_combo->bc_label, size, bytes,
+                        bp_stream_once, &s, cell);
 }
 
 // Connects, checks the negotiated combination, measures every size and
 // test. Returns BP_SKIP (with pr_err) when the pipe did not negotiate the
 // combination asked for.
 static bp_outcome
-bp_client_run(bp_run *r, const char *url, bp_cell *cells)
+bp_client_run(bp_run *r, const char *url, bench_cell *cells)
 {
     const bp_opts *o = r->pr_opts;
     const bp_combo *cb = r->pr_combo;
@@ -1360,7 +1201,8 @@ bp_client_run(bp_run *r, const char *url, bp_cell *cells)
         out = BP_SKIP;
         goto done;
     }
-    if (tp_pipe_wait_ready(p, (int64_t)(o->bo_stall_s * 1000), &err) != TP_OK) {
+    if (tp_pipe_wait_ready(p, (int64_t)(o->bo_com.bo_stall_s * 1000), &err) !=
+        TP_OK) {
         char *rep = tp_context_report(ctx);
         bp_flatten(rep);
         snprintf(r->pr_err, sizeof(r->pr_err),
@@ -1388,7 +1230,7 @@ bp_client_run(bp_run *r, const char *url, bp_cell *cells)
             out = BP_SKIP;
             goto done;
         }
-        tool_verbose(o->bo_verbose, "bench pipe",
+        tool_verbose(o->bo_com.bo_verbose, "bench pipe",
                      "%s: connected to %s over %s+%s", cb->bc_label, url, tr,
                      ch);
     }
@@ -1397,13 +1239,13 @@ bp_client_run(bp_run *r, const char *url, bp_cell *cells)
         snprintf(r->pr_err, sizeof(r->pr_err), "out of memory");
         goto done;
     }
-    for (size_t i = 0; i < o->bo_nsizes; i++) {
-        uint64_t size = o->bo_sizes[i];
-        if (o->bo_pingpong && !bp_pingpong(r, &cl, size, &cells[i])) {
+    for (size_t i = 0; i < o->bo_com.bo_nsizes; i++) {
+        uint64_t size = o->bo_com.bo_sizes[i];
+        if (o->bo_com.bo_pingpong && !bp_pingpong(r, &cl, size, &cells[i])) {
             goto done;
         }
-        if (o->bo_stream &&
-            !bp_stream(r, &cl, size, &cells[o->bo_nsizes + i])) {
+        if (o->bo_com.bo_stream &&
+            !bp_stream(r, &cl, size, &cells[o->bo_com.bo_nsizes + i])) {
             goto done;
         }
     }
@@ -1416,7 +1258,8 @@ done:
     if (out == BP_FAIL) {
         // A pipe that does not complete its operations on close must not
         // hang the tool.
-        tool_install_teardown_alarm("bench pipe", (unsigned)o->bo_stall_s + 10);
+        tool_install_teardown_alarm("bench pipe",
+                                    (unsigned)o->bo_com.bo_stall_s + 10);
     }
     if (p != NULL) {
         tp_pipe_close(p);
@@ -1431,7 +1274,7 @@ done:
 
 // Both contexts in this process (xth).
 static bp_outcome
-bp_run_inproc(bp_run *r, bp_cell *cells)
+bp_run_inproc(bp_run *r, bench_cell *cells)
 {
     const bp_opts *o = r->pr_opts;
     static bp_server srv;
@@ -1443,7 +1286,7 @@ bp_run_inproc(bp_run *r, bp_cell *cells)
         out = bp_client_run(r, url, cells);
     }
     if (out == BP_OK) {
-        int rc = bt_sync_wait(&srv.sv_sync, (uint64_t)(o->bo_stall_s * 1e9));
+        int rc = bt_sync_wait(&srv.sv_sync, bench_stall_ns(&o->bo_com));
         if (rc != 0) {
             snprintf(r->pr_err, sizeof(r->pr_err), "server: %s",
                      rc == -2 ? "no progress" : srv.sv_sync.bs_msg);
@@ -1451,7 +1294,8 @@ bp_run_inproc(bp_run *r, bp_cell *cells)
         }
     }
     if (out == BP_FAIL) {
-        tool_install_teardown_alarm("bench pipe", (unsigned)o->bo_stall_s + 10);
+        tool_install_teardown_alarm("bench pipe",
+                                    (unsigned)o->bo_com.bo_stall_s + 10);
     }
     bp_server_teardown(sctx, &srv);
     alarm(0);
@@ -1459,36 +1303,24 @@ bp_run_inproc(bp_run *r, bp_cell *cells)
 }
 
 static bp_outcome
-bp_run_rep(bp_run *r, bp_cell *cells)
+bp_run_rep(bp_run *r, bench_cell *cells)
 {
     const bp_opts *o = r->pr_opts;
     if (r->pr_combo->bc_inproc) {
         return bp_run_inproc(r, cells);
     }
-    int pfd[2];
-    if (pipe(pfd) != 0) {
-        snprintf(r->pr_err, sizeof(r->pr_err), "pipe: %s", strerror(errno));
-        return BP_FAIL;
-    }
-    fflush(stdout);
-    fflush(stderr);
-    pid_t parent = getpid();
-    pid_t pid = fork();
+    int fd;
+    pid_t pid = bench_fork_server(&fd, r->pr_err, sizeof(r->pr_err));
     if (pid < 0) {
-        snprintf(r->pr_err, sizeof(r->pr_err), "fork: %s", strerror(errno));
-        close(pfd[0]);
-        close(pfd[1]);
         return BP_FAIL;
     }
     if (pid == 0) {
-        close(pfd[0]);
-        bp_server_child(o, r->pr_combo, pfd[1], parent);
+        bp_server_child(o, r->pr_combo, fd);
     }
-    close(pfd[1]);
     char line[1600];
-    int64_t tmo = (int64_t)(o->bo_stall_s * 1000);
+    int64_t tmo = (int64_t)(o->bo_com.bo_stall_s * 1000);
     tool_line_status ls =
-        tool_read_line(pfd[0], tp__deadline_after_ms(tmo), line, sizeof(line),
+        tool_read_line(fd, tp__deadline_after_ms(tmo), line, sizeof(line),
                        r->pr_err, sizeof(r->pr_err));
     if (ls == TOOL_LINE_TIMEOUT) {
         snprintf(r->pr_err, sizeof(r->pr_err),
@@ -1498,7 +1330,7 @@ bp_run_rep(bp_run *r, bp_cell *cells)
                  "server exited before reporting its URL");
     }
     bool got = ls == TOOL_LINE_OK;
-    close(pfd[0]);
+    close(fd);
     if (!got || strncmp(line, "OK ", 3) != 0) {
         bp_outcome out = BP_FAIL;
         if (got) {
@@ -1510,21 +1342,13 @@ bp_run_rep(bp_run *r, bp_cell *cells)
         tool_reap(pid, 1000, !got);
         return out;
     }
-    tool_verbose(o->bo_verbose, "bench pipe", "%s: server %d listens on %s",
-                 r->pr_combo->bc_label, (int)pid, line + 3);
+    tool_verbose(o->bo_com.bo_verbose, "bench pipe",
+                 "%s: server %d listens on %s", r->pr_combo->bc_label, (int)pid,
+                 line + 3);
     bp_outcome out = bp_client_run(r, line + 3, cells);
     // After a skip or a failure the server has nothing left to do.
-    int status = tool_reap(pid, out == BP_OK ? 5000 : 0, out != BP_OK);
-    if (out == BP_OK && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
-        if (status != -1 && WIFSIGNALED(status)) {
-            snprintf(r->pr_err, sizeof(r->pr_err),
-                     "server %d killed by signal %d", (int)pid,
-                     WTERMSIG(status));
-        } else {
-            snprintf(r->pr_err, sizeof(r->pr_err),
-                     "server %d exited with status %d", (int)pid,
-                     status == -1 ? -1 : WEXITSTATUS(status));
-        }
+    if (!bench_reap_server(pid, out == BP_OK, r->pr_err, sizeof(r->pr_err)) &&
+        out == BP_OK) {
         out = BP_FAIL;
     }
     alarm(0);
@@ -1647,59 +1471,42 @@ out:
 static void
 bp_print_header(const bp_opts *o)
 {
-    if (o->bo_json) {
+    if (o->bo_com.bo_json) {
         return;
     }
-    printf("%-9s  %-7s  %-6s  %-8s  %5s  %10s  %10s  %10s  %8s  %8s\n",
-           "transport", "channel", "mode", "test", "size", "p50_us", "p90_us",
-           "p99_us", "GB/s", "iters");
+    printf("%-9s  %-7s  %-6s  %-8s  ", "transport", "channel", "mode", "test");
+    bench_print_header_stats();
     fflush(stdout);
 }
 
 // Prints one cell; returns the median GB/s.
 static double
 bp_print_cell(const bp_opts *o, const bp_combo *cb, const char *tr,
-              const char *test, uint64_t size, bp_cell *cell)
+              const char *test, uint64_t size, bench_cell *cell)
 {
-    if (cell->pc_n == 0) {
+    bench_medians m;
+    if (!bench_cell_medians(cell, &m)) {
         return NAN;
     }
     const char *mode = cb->bc_inproc ? "thread" : "proc";
-    double p50 = tool_median(cell->pc_p50, cell->pc_n);
-    double p90 = tool_median(cell->pc_p90, cell->pc_n);
-    double p99 = tool_median(cell->pc_p99, cell->pc_n);
-    double gbps = tool_median(cell->pc_gbps, cell->pc_n);
-    if (o->bo_json) {
+    if (o->bo_com.bo_json) {
         printf("{\"bench\":\"pipe\",\"transport\":");
         tool_json_str(stdout, tr);
         printf(",\"channel\":");
         tool_json_str(stdout, cb->bc_channel);
         printf(",\"mode\":\"%s\",\"test\":\"%s\",\"size\":%llu,"
-               "\"payloads\":%u,\"payload_size\":%llu,\"p50_us\":",
+               "\"payloads\":%u,\"payload_size\":%llu,",
                mode, test, (unsigned long long)size, o->bo_npayloads,
                (unsigned long long)o->bo_payload_size);
-        tool_json_num(stdout, p50);
-        printf(",\"p90_us\":");
-        tool_json_num(stdout, p90);
-        printf(",\"p99_us\":");
-        tool_json_num(stdout, p99);
-        printf(",\"gbps\":");
-        tool_json_num(stdout, gbps);
+        bench_print_json_stats(&m);
         printf(",\"iters\":%llu,\"reps\":%u}\n",
-               (unsigned long long)cell->pc_iters, cell->pc_n);
+               (unsigned long long)cell->bc_iters, cell->bc_n);
     } else {
-        char sz[32], a[32], b[32], c[32], d[32];
-        tool_format_size(size, sz, sizeof(sz));
-        tool_fmt_num(a, sizeof(a), p50, 2);
-        tool_fmt_num(b, sizeof(b), p90, 2);
-        tool_fmt_num(c, sizeof(c), p99, 2);
-        tool_fmt_num(d, sizeof(d), gbps, 3);
-        printf("%-9s  %-7s  %-6s  %-8s  %5s  %10s  %10s  %10s  %8s  %8llu\n",
-               tr, cb->bc_channel, mode, test, sz, a, b, c, d,
-               (unsigned long long)cell->pc_iters);
+        printf("%-9s  %-7s  %-6s  %-8s  ", tr, cb->bc_channel, mode, test);
+        bench_print_row_stats(size, &m, cell->bc_iters);
     }
     fflush(stdout);
-    return gbps;
+    return m.bm_gbps;
 }
 
 static const char *const bp_colors[] = {
@@ -1729,10 +1536,10 @@ bp_write_svg(const bp_opts *o, const bp_result *res, size_t nres,
     }
     const double W = 900, H = 540, L = 70, R = 210, T = 40, B = 60;
     const double pw = W - L - R, ph = H - T - B;
-    uint64_t smin = o->bo_sizes[0], smax = o->bo_sizes[0];
-    for (size_t i = 0; i < o->bo_nsizes; i++) {
-        smin = o->bo_sizes[i] < smin ? o->bo_sizes[i] : smin;
-        smax = o->bo_sizes[i] > smax ? o->bo_sizes[i] : smax;
+    uint64_t smin = o->bo_com.bo_sizes[0], smax = o->bo_com.bo_sizes[0];
+    for (size_t i = 0; i < o->bo_com.bo_nsizes; i++) {
+        smin = o->bo_com.bo_sizes[i] < smin ? o->bo_com.bo_sizes[i] : smin;
+        smax = o->bo_com.bo_sizes[i] > smax ? o->bo_com.bo_sizes[i] : smax;
     }
     double x0 = floor(log2((double)smin)), x1 = ceil(log2((double)smax));
     if (x1 <= x0) {
@@ -1741,7 +1548,7 @@ bp_write_svg(const bp_opts *o, const bp_result *res, size_t nres,
     }
     double ymax = 0;
     for (size_t k = 0; k < nres; k++) {
-        for (size_t i = 0; res[k].pr_ok && i < o->bo_nsizes; i++) {
+        for (size_t i = 0; res[k].pr_ok && i < o->bo_com.bo_nsizes; i++) {
             double v = res[k].pr_stream_gbps[i];
             ymax = isfinite(v) && v > ymax ? v : ymax;
         }
@@ -1764,8 +1571,8 @@ bp_write_svg(const bp_opts *o, const bp_result *res, size_t nres,
             "<text x=\"%.1f\" y=\"22\" font-size=\"15\" "
             "text-anchor=\"middle\">tpipe bench pipe: stream, one tensor "
             "per message (median of %u rep%s, window %u)</text>\n",
-            W, H, W, H, L + pw / 2, o->bo_reps, o->bo_reps == 1 ? "" : "s",
-            o->bo_window);
+            W, H, W, H, L + pw / 2, o->bo_com.bo_reps,
+            o->bo_com.bo_reps == 1 ? "" : "s", o->bo_com.bo_window);
     // Grid, ticks and labels.
     fprintf(f, "<g stroke=\"#ddd\" stroke-width=\"1\">\n");
     for (double y = 0; y <= ymax + ystep / 2; y += ystep) {
@@ -1831,23 +1638,23 @@ bp_write_svg(const bp_opts *o, const bp_result *res, size_t nres,
                 "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" "
                 "points=\"",
                 col);
-        for (size_t i = 0; i < o->bo_nsizes; i++) {
+        for (size_t i = 0; i < o->bo_com.bo_nsizes; i++) {
             double v = res[k].pr_stream_gbps[i];
             if (isfinite(v)) {
-                fprintf(f, "%.1f,%.1f ", BP_X(o->bo_sizes[i]), BP_Y(v));
+                fprintf(f, "%.1f,%.1f ", BP_X(o->bo_com.bo_sizes[i]), BP_Y(v));
             }
         }
         fprintf(f, "\"/>\n");
-        for (size_t i = 0; i < o->bo_nsizes; i++) {
+        for (size_t i = 0; i < o->bo_com.bo_nsizes; i++) {
             double v = res[k].pr_stream_gbps[i];
             if (isfinite(v)) {
                 fprintf(f,
                         "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" "
                         "fill=\"%s\"><title>%s+%s %llu B: %.3f "
                         "GB/s</title></circle>\n",
-                        BP_X(o->bo_sizes[i]), BP_Y(v), col, res[k].pr_transport,
-                        res[k].pr_combo->bc_channel,
-                        (unsigned long long)o->bo_sizes[i], v);
+                        BP_X(o->bo_com.bo_sizes[i]), BP_Y(v), col,
+                        res[k].pr_transport, res[k].pr_combo->bc_channel,
+                        (unsigned long long)o->bo_com.bo_sizes[i], v);
             }
         }
         fprintf(f,
@@ -1890,11 +1697,11 @@ tool_bench_pipe_main(int argc, char **argv)
     // A write to a dead peer must be an error, not a signal.
     signal(SIGPIPE, SIG_IGN);
 
-    size_t ncells = 2 * o.bo_nsizes;
-    bp_cell *cells = calloc(ncells, sizeof(*cells));
-    double *vals = calloc(ncells * 4 * o.bo_reps, sizeof(double));
+    size_t ncells = 2 * o.bo_com.bo_nsizes;
+    bench_cell *cells = calloc(ncells, sizeof(*cells));
+    double *vals = calloc(ncells * 4 * o.bo_com.bo_reps, sizeof(double));
     bp_result *res = calloc(o.bo_ncombos, sizeof(*res));
-    double *gbps = calloc(o.bo_ncombos * o.bo_nsizes, sizeof(double));
+    double *gbps = calloc(o.bo_ncombos * o.bo_com.bo_nsizes, sizeof(double));
     if (cells == NULL || vals == NULL || res == NULL || gbps == NULL) {
         tool_err("out of memory");
         free(cells);
@@ -1910,42 +1717,37 @@ tool_bench_pipe_main(int argc, char **argv)
         const bp_combo *cb = &o.bo_combos[ci];
         bp_result *pr = &res[ci];
         pr->pr_combo = cb;
-        pr->pr_stream_gbps = gbps + ci * o.bo_nsizes;
-        for (size_t i = 0; i < o.bo_nsizes; i++) {
+        pr->pr_stream_gbps = gbps + ci * o.bo_com.bo_nsizes;
+        for (size_t i = 0; i < o.bo_com.bo_nsizes; i++) {
             pr->pr_stream_gbps[i] = NAN;
         }
         // A transport that cannot work here is skipped before forking.
         char why[256] = "";
         const tp_transport_ops *ops = tp__transport_find(cb->bc_connect);
-        if (ops != NULL && !ops->is_viable(&o.bo_cfg, why, sizeof(why))) {
+        if (ops != NULL &&
+            !ops->is_viable(&o.bo_com.bo_cfg, why, sizeof(why))) {
             fprintf(stderr,
                     "tpipe: bench pipe: skipping %s: transport %s: %s\n",
                     cb->bc_label, cb->bc_connect, why);
             continue;
         }
         const tp_channel_ops *chops = tp__channel_find(cb->bc_channel);
-        if (chops != NULL && !chops->is_viable(&o.bo_cfg, why, sizeof(why))) {
+        if (chops != NULL &&
+            !chops->is_viable(&o.bo_com.bo_cfg, why, sizeof(why))) {
             fprintf(stderr, "tpipe: bench pipe: skipping %s: channel %s: %s\n",
                     cb->bc_label, cb->bc_channel, why);
             continue;
         }
-        for (size_t k = 0; k < ncells; k++) {
-            double *base = vals + k * 4 * o.bo_reps;
-            cells[k] = (bp_cell){
-                .pc_p50 = base,
-                .pc_p90 = base + o.bo_reps,
-                .pc_p99 = base + 2 * o.bo_reps,
-                .pc_gbps = base + 3 * o.bo_reps,
-            };
-        }
+        bench_cells_reset(cells, ncells, vals, o.bo_com.bo_reps);
         static bp_run r;
         memset(&r, 0, sizeof(r));
         r.pr_opts = &o;
         r.pr_combo = cb;
         bp_outcome out = BP_OK;
-        for (unsigned rep = 0; rep < o.bo_reps && out == BP_OK; rep++) {
-            tool_verbose(o.bo_verbose, "bench pipe", "%s: repetition %u of %u",
-                         cb->bc_label, rep + 1, o.bo_reps);
+        for (unsigned rep = 0; rep < o.bo_com.bo_reps && out == BP_OK; rep++) {
+            tool_verbose(o.bo_com.bo_verbose, "bench pipe",
+                         "%s: repetition %u of %u", cb->bc_label, rep + 1,
+                         o.bo_com.bo_reps);
             out = bp_run_rep(&r, cells);
         }
         if (out == BP_SKIP) {
@@ -1965,10 +1767,11 @@ tool_bench_pipe_main(int argc, char **argv)
         snprintf(pr->pr_transport, sizeof(pr->pr_transport), "%s",
                  r.pr_transport);
         for (int test = 0; test < 2; test++) {
-            for (size_t i = 0; i < o.bo_nsizes; i++) {
-                double g = bp_print_cell(
-                    &o, cb, r.pr_transport, test == 0 ? "pingpong" : "stream",
-                    o.bo_sizes[i], &cells[test * o.bo_nsizes + i]);
+            for (size_t i = 0; i < o.bo_com.bo_nsizes; i++) {
+                double g = bp_print_cell(&o, cb, r.pr_transport,
+                                         test == 0 ? "pingpong" : "stream",
+                                         o.bo_com.bo_sizes[i],
+                                         &cells[test * o.bo_com.bo_nsizes + i]);
                 if (test == 1) {
                     pr->pr_stream_gbps[i] = g;
                 }
@@ -1987,10 +1790,11 @@ tool_bench_pipe_main(int argc, char **argv)
             char a[32], b[32];
             tool_fmt_num(a, sizeof(a), mc, 2);
             tool_fmt_num(b, sizeof(b), tc, 2);
-            fprintf(o.bo_json ? stderr : stdout,
+            fprintf(o.bo_com.bo_json ? stderr : stdout,
                     "%sceilings: memcpy %s GB/s, loopback TCP %s GB/s; plot "
                     "written to %s\n",
-                    o.bo_json ? "tpipe: bench pipe: " : "", a, b, o.bo_plot);
+                    o.bo_com.bo_json ? "tpipe: bench pipe: " : "", a, b,
+                    o.bo_plot);
         }
     }
     if (measured == 0 && !failed) {

@@ -15,50 +15,27 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/resource.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_common.h"
 #include "bench_peer.h"
 #include "core/config.h"
 #include "tool.h"
 
-#define BT_MAX_SIZES      32
 #define BT_MAX_TRANSPORTS 8
 
 typedef struct bt_opts {
+    bench_opts bo_com; // the options bench pipe has too
     const char *bo_transports[BT_MAX_TRANSPORTS];
     size_t bo_ntransports;
     int64_t bo_backends[2];
     size_t bo_nbackends;
-    uint64_t bo_sizes[BT_MAX_SIZES];
-    size_t bo_nsizes;
-    uint64_t bo_max_size;
-    bool bo_pingpong;
-    bool bo_stream;
-    uint64_t bo_iters;
-    double bo_budget;
-    unsigned bo_window;
-    bool bo_json;
-    unsigned bo_reps;
     bool bo_idle;
     double bo_idle_s;
-    double bo_stall_s;
     const char *bo_addr;
-    bool bo_verbose;
-    tp_config bo_cfg; // from the environment
 } bt_opts;
-
-// One measurement's results over the repetitions.
-typedef struct bt_cell {
-    double *bc_p50, *bc_p90, *bc_p99, *bc_gbps;
-    uint64_t bc_iters; // summed over repetitions
-    unsigned bc_n;
-} bt_cell;
-
-static const char *const bt_default_sizes = "64,4K,64K,1M,16M,64M";
 
 static void
 bt_usage(FILE *f)
@@ -116,42 +93,10 @@ bt_usage(FILE *f)
         "  \"test\":\"pingpong\",\"size\":64,\"p50_us\":..,\"p90_us\":..,"
         "\"p99_us\":..,\"gbps\":null}\n"
         "(latency fields null for stream, gbps null for pingpong).\n",
-        bt_default_sizes, BT_MIN_SIZE, BT_MAX_WINDOW);
+        BENCH_DEFAULT_SIZES, BT_MIN_SIZE, BT_MAX_WINDOW);
 }
 
 // ---- options ---------------------------------------------------------------
-
-static bool
-bt_parse_sizes(const char *list, bt_opts *o)
-{
-    char buf[512];
-    snprintf(buf, sizeof(buf), "%s", list);
-    o->bo_nsizes = 0;
-    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok != NULL;
-         tok = strtok_r(NULL, ",", &save)) {
-        uint64_t v;
-        if (!tool_parse_size(tok, &v)) {
-            tool_err("bench transport: bad size \"%s\"", tok);
-            return false;
-        }
-        if (v < BT_MIN_SIZE) {
-            tool_err("bench transport: size %s is below the minimum of %u "
-                     "bytes",
-                     tok, BT_MIN_SIZE);
-            return false;
-        }
-        if (o->bo_nsizes == BT_MAX_SIZES) {
-            tool_err("bench transport: at most %d sizes", BT_MAX_SIZES);
-            return false;
-        }
-        o->bo_sizes[o->bo_nsizes++] = v;
-    }
-    if (o->bo_nsizes == 0) {
-        tool_err("bench transport: --sizes is empty");
-        return false;
-    }
-    return true;
-}
 
 static bool
 bt_parse_transports(const char *list, bt_opts *o)
@@ -165,12 +110,12 @@ bt_parse_transports(const char *list, bt_opts *o)
         // only the first viable one.
         for (size_t i = 0; i < n && i < BT_MAX_TRANSPORTS; i++) {
             char why[256] = "";
-            if (all[i]->is_viable(&o->bo_cfg, why, sizeof(why))) {
+            if (all[i]->is_viable(&o->bo_com.bo_cfg, why, sizeof(why))) {
                 o->bo_transports[o->bo_ntransports++] = all[i]->name;
                 if (best) {
                     break;
                 }
-            } else if (o->bo_verbose || !o->bo_json) {
+            } else if (o->bo_com.bo_verbose || !o->bo_com.bo_json) {
                 fprintf(stderr, "tpipe: skipping transport %s: %s\n",
                         all[i]->name, why);
             }
@@ -187,7 +132,7 @@ bt_parse_transports(const char *list, bt_opts *o)
             return false;
         }
         char why[256] = "";
-        if (!ops->is_viable(&o->bo_cfg, why, sizeof(why))) {
+        if (!ops->is_viable(&o->bo_com.bo_cfg, why, sizeof(why))) {
             tool_err("bench transport: transport %s is not viable here: %s",
                      tok, why);
             return false;
@@ -209,7 +154,7 @@ bt_parse_backends(const char *list, bt_opts *o)
         o->bo_backends[o->bo_nbackends++] = TP_IO_BACKEND_EPOLL;
         if (uring) {
             o->bo_backends[o->bo_nbackends++] = TP_IO_BACKEND_URING;
-        } else if (o->bo_verbose || !o->bo_json) {
+        } else if (o->bo_com.bo_verbose || !o->bo_com.bo_json) {
             fprintf(stderr, "tpipe: skipping loop backend uring: %s\n", why);
         }
         return true;
@@ -247,14 +192,9 @@ static int
 bt_parse_args(int argc, char **argv, bt_opts *o)
 {
     const char *transports = "all", *backends = "all";
-    const char *sizes = bt_default_sizes, *test = "all";
     memset(o, 0, sizeof(*o));
-    o->bo_iters = 1000000;
-    o->bo_budget = 0.5;
-    o->bo_window = 4;
-    o->bo_reps = 1;
+    bench_opts_init(&o->bo_com, "bench transport", NULL);
     o->bo_idle_s = 2.0;
-    o->bo_stall_s = 30.0;
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
         bool bad = false;
@@ -262,61 +202,21 @@ bt_parse_args(int argc, char **argv, bt_opts *o)
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
             bt_usage(stdout);
             return TOOL_EXIT_OK;
-        } else if (strcmp(a, "--json") == 0) {
-            o->bo_json = true;
+        } else if (bench_opts_arg(&o->bo_com, argc, argv, &i, &bad)) {
+            // A common option.
         } else if (strcmp(a, "--idle-cpu") == 0) {
             o->bo_idle = true;
-        } else if (strcmp(a, "-v") == 0 || strcmp(a, "--verbose") == 0) {
-            o->bo_verbose = true;
         } else if (tool_opt_value(argc, argv, &i, "--transport", &v, &bad)) {
             transports = v;
         } else if (tool_opt_value(argc, argv, &i, "--backend", &v, &bad)) {
             backends = v;
-        } else if (tool_opt_value(argc, argv, &i, "--sizes", &v, &bad)) {
-            sizes = v;
-        } else if (tool_opt_value(argc, argv, &i, "--test", &v, &bad)) {
-            test = v;
         } else if (tool_opt_value(argc, argv, &i, "--addr", &v, &bad)) {
             o->bo_addr = v;
-        } else if (tool_opt_value(argc, argv, &i, "--iters", &v, &bad)) {
-            if (!bad &&
-                (!tool_parse_u64(v, &o->bo_iters) || o->bo_iters < 10)) {
-                tool_err("bench transport: --iters needs a number >= 10");
-                bad = true;
-            }
-        } else if (tool_opt_value(argc, argv, &i, "--budget", &v, &bad)) {
-            if (!bad && !tool_parse_double(v, &o->bo_budget)) {
-                tool_err("bench transport: bad --budget \"%s\"", v);
-                bad = true;
-            }
         } else if (tool_opt_value(argc, argv, &i, "--idle-seconds", &v, &bad)) {
             if (!bad && !tool_parse_double(v, &o->bo_idle_s)) {
                 tool_err("bench transport: bad --idle-seconds \"%s\"", v);
                 bad = true;
             }
-        } else if (tool_opt_value(argc, argv, &i, "--stall-timeout", &v,
-                                  &bad)) {
-            if (!bad &&
-                (!tool_parse_double(v, &o->bo_stall_s) || o->bo_stall_s <= 0)) {
-                tool_err("bench transport: bad --stall-timeout \"%s\"", v);
-                bad = true;
-            }
-        } else if (tool_opt_value(argc, argv, &i, "--window", &v, &bad)) {
-            uint64_t w = 0;
-            if (!bad &&
-                (!tool_parse_u64(v, &w) || w < 1 || w > BT_MAX_WINDOW)) {
-                tool_err("bench transport: --window must be 1..%u",
-                         BT_MAX_WINDOW);
-                bad = true;
-            }
-            o->bo_window = (unsigned)w;
-        } else if (tool_opt_value(argc, argv, &i, "--reps", &v, &bad)) {
-            uint64_t r = 0;
-            if (!bad && (!tool_parse_u64(v, &r) || r < 1 || r > 1000)) {
-                tool_err("bench transport: --reps must be 1..1000");
-                bad = true;
-            }
-            o->bo_reps = (unsigned)r;
         } else {
             tool_err("bench transport: unknown option \"%s\"", a);
             bad = true;
@@ -326,25 +226,8 @@ bt_parse_args(int argc, char **argv, bt_opts *o)
             return TOOL_EXIT_USAGE;
         }
     }
-    if (strcmp(test, "all") == 0 || strcmp(test, "both") == 0) {
-        o->bo_pingpong = o->bo_stream = true;
-    } else if (strcmp(test, "pingpong") == 0) {
-        o->bo_pingpong = true;
-    } else if (strcmp(test, "stream") == 0) {
-        o->bo_stream = true;
-    } else {
-        tool_err("bench transport: unknown test \"%s\" (pingpong, stream, "
-                 "all)",
-                 test);
-        return TOOL_EXIT_USAGE;
-    }
-    tp_error *err = NULL;
-    if (tp__config_load(&o->bo_cfg, &err) != TP_OK) {
-        tool_err("%s", tp_error_message(err));
-        tp_error_unref(err);
-        return TOOL_EXIT_USAGE;
-    }
-    if (!bt_parse_sizes(sizes, o) || !bt_parse_transports(transports, o) ||
+    if (!bench_opts_test(&o->bo_com) || !bench_opts_finish(&o->bo_com) ||
+        !bt_parse_transports(transports, o) ||
         !bt_parse_backends(backends, o)) {
         return TOOL_EXIT_USAGE;
     }
@@ -352,13 +235,8 @@ bt_parse_args(int argc, char **argv, bt_opts *o)
         tool_err("bench transport: no viable transport");
         return TOOL_EXIT_FAIL;
     }
-    for (size_t i = 0; i < o->bo_nsizes; i++) {
-        if (o->bo_sizes[i] > o->bo_max_size) {
-            o->bo_max_size = o->bo_sizes[i];
-        }
-    }
     if (o->bo_idle) {
-        o->bo_max_size = BT_MIN_SIZE;
+        o->bo_com.bo_max_size = BT_MIN_SIZE;
     }
     return -1;
 }
@@ -370,27 +248,17 @@ typedef struct bt_run {
     const char *br_transport;
     int64_t br_backend;
     const char *br_backend_name;
+    char br_label[48]; // "transport/backend"
     char br_err[1200];
 } bt_run;
 
-static uint64_t
-bt_stall_ns(const bt_opts *o)
-{
-    return (uint64_t)(o->bo_stall_s * 1e9);
-}
-
 // The forked server: never returns.
 static void
-bt_server_child(const bt_run *r, int wfd, pid_t parent)
+bt_server_child(const bt_run *r, int wfd)
 {
-    // Die with the parent, whatever happens to it.
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) {
-        _exit(1);
-    }
     const bt_opts *o = r->br_opts;
     char msg[1200];
-    tp_config cfg = o->bo_cfg;
+    tp_config cfg = o->bo_com.bo_cfg;
     cfg.io_backend = r->br_backend;
     tp_loop *loop = NULL;
     tp_transport *t = NULL;
@@ -415,11 +283,11 @@ bt_server_child(const bt_run *r, int wfd, pid_t parent)
     // Buffers first (touching them takes a while for large sizes), so
     // that the client's first measurement does not wait for them.
     static bt_server srv; // large: keep it off the stack
-    unsigned nbufs = o->bo_window + 1;
-    if (bt_server_init(&srv, loop, l, o->bo_max_size, nbufs) != 0) {
+    unsigned nbufs = o->bo_com.bo_window + 1;
+    if (bt_server_init(&srv, loop, l, o->bo_com.bo_max_size, nbufs) != 0) {
         int n = snprintf(msg, sizeof(msg),
                          "ERR out of memory for %u buffers of %llu bytes\n",
-                         nbufs, (unsigned long long)o->bo_max_size);
+                         nbufs, (unsigned long long)o->bo_com.bo_max_size);
         if (write(wfd, msg, (size_t)n) < 0) {
             // The parent reports a missing address anyway.
         }
@@ -433,7 +301,8 @@ bt_server_child(const bt_run *r, int wfd, pid_t parent)
     close(wfd);
     // The client drives; the server only needs to notice a dead client
     // (the transport reports it) or a client that stopped talking.
-    uint64_t stall = bt_stall_ns(o) * 2 + (uint64_t)(o->bo_idle_s * 1e9);
+    uint64_t stall =
+        bench_stall_ns(&o->bo_com) * 2 + (uint64_t)(o->bo_idle_s * 1e9);
     int rc = bt_sync_wait(&srv.sv_sync, stall);
     if (rc != 0) {
         fprintf(stderr, "tpipe: bench server (%s/%s): %s\n", r->br_transport,
@@ -455,7 +324,7 @@ static bool
 bt_read_addr(bt_run *r, int rfd, char *addr, size_t len)
 {
     char buf[1200];
-    uint64_t deadline = tp__now_ns() + bt_stall_ns(r->br_opts);
+    uint64_t deadline = tp__now_ns() + bench_stall_ns(&r->br_opts->bo_com);
     switch (tool_read_line(rfd, deadline, buf, sizeof(buf), r->br_err,
                            sizeof(r->br_err))) {
     case TOOL_LINE_OK:
@@ -463,7 +332,7 @@ bt_read_addr(bt_run *r, int rfd, char *addr, size_t len)
     case TOOL_LINE_TIMEOUT:
         snprintf(r->br_err, sizeof(r->br_err),
                  "server did not report its address within %.0f s",
-                 r->br_opts->bo_stall_s);
+                 r->br_opts->bo_com.bo_stall_s);
         return false;
     case TOOL_LINE_EOF:
         snprintf(r->br_err, sizeof(r->br_err),
@@ -489,55 +358,25 @@ bt_read_addr(bt_run *r, int rfd, char *addr, size_t len)
 static bool
 bt_wait(bt_run *r, bt_client *c, const char *what, uint64_t size)
 {
-    int rc = bt_sync_wait(&c->cl_sync, bt_stall_ns(r->br_opts));
-    if (rc == 0) {
-        return true;
-    }
-    char where[96];
-    if (size > 0) {
-        char sz[32];
-        tool_format_size(size, sz, sizeof(sz));
-        snprintf(where, sizeof(where), "%s, size %s (%llu bytes)", what, sz,
-                 (unsigned long long)size);
-    } else {
-        snprintf(where, sizeof(where), "%s", what);
-    }
-    if (rc == -2) {
-        snprintf(r->br_err, sizeof(r->br_err),
-                 "%s: stalled, no progress for %g s", where,
-                 r->br_opts->bo_stall_s);
-    } else {
-        snprintf(r->br_err, sizeof(r->br_err), "%s: %s", where,
-                 c->cl_sync.bs_msg);
-    }
-    return false;
+    return bench_wait(&c->cl_sync, &r->br_opts->bo_com, what, size, r->br_err,
+                      sizeof(r->br_err));
 }
 
 static bool
-bt_pingpong(bt_run *r, bt_client *c, uint64_t size, bt_cell *cell)
+bt_pingpong(bt_run *r, bt_client *c, uint64_t size, bench_cell *cell)
 {
     const bt_opts *o = r->br_opts;
     c->cl_size = size;
     c->cl_warm = size >= (16u << 20) ? 2 : 20;
     c->cl_min_iters = 10;
-    c->cl_max_iters = o->bo_iters;
-    c->cl_budget_ns = (uint64_t)(o->bo_budget * 1e9);
+    c->cl_max_iters = o->bo_com.bo_iters;
+    c->cl_budget_ns = (uint64_t)(o->bo_com.bo_budget * 1e9);
     bt_client_start_pingpong(c);
     if (!bt_wait(r, c, "pingpong", size)) {
         return false;
     }
-    size_t n = (size_t)c->cl_nlat;
-    qsort(c->cl_lat, n, sizeof(double), tool_cmp_double);
-    unsigned k = cell->bc_n++;
-    cell->bc_p50[k] = tool_median(c->cl_lat, n);
-    cell->bc_p90[k] = tool_quantile(c->cl_lat, n, 0.90);
-    cell->bc_p99[k] = tool_quantile(c->cl_lat, n, 0.99);
-    cell->bc_gbps[k] = NAN;
-    cell->bc_iters += n;
-    tool_verbose(o->bo_verbose, NULL,
-                 "%s/%s pingpong %llu: %zu rounds, p50 %.2f us",
-                 r->br_transport, r->br_backend_name, (unsigned long long)size,
-                 n, cell->bc_p50[k]);
+    bench_cell_pingpong(&o->bo_com, r->br_label, size, c->cl_lat,
+                        (size_t)c->cl_nlat, cell);
     return true;
 }
 
@@ -555,7 +394,7 @@ bt_stream_once(void *arg, uint64_t count, double *secs_p)
     bt_client *c = s->ss_client;
     c->cl_size = s->ss_size;
     c->cl_count = count;
-    c->cl_window = s->ss_run->br_opts->bo_window;
+    c->cl_window = s->ss_run->br_opts->bo_com.bo_window;
     bt_client_start_stream(c);
     if (!bt_wait(s->ss_run, c, "stream", s->ss_size)) {
         return false;
@@ -565,25 +404,12 @@ bt_stream_once(void *arg, uint64_t count, double *secs_p)
 }
 
 static bool
-bt_stream(bt_run *r, bt_client *c, uint64_t size, bt_cell *cell)
+bt_stream(bt_run *r, bt_client *c, uint64_t size, bench_cell *cell)
 {
     const bt_opts *o = r->br_opts;
     bt_stream_ctx s = {.ss_run = r, .ss_client = c, .ss_size = size};
-    uint64_t count;
-    double secs;
-    if (!tool_stream_measure(o->bo_window, o->bo_iters, o->bo_budget,
-                             bt_stream_once, &s, &count, &secs)) {
-        return false;
-    }
-    unsigned k = cell->bc_n++;
-    cell->bc_p50[k] = cell->bc_p90[k] = cell->bc_p99[k] = NAN;
-    cell->bc_gbps[k] = (double)count * (double)size / secs / 1e9;
-    cell->bc_iters += count;
-    tool_verbose(o->bo_verbose, NULL,
-                 "%s/%s stream %llu: %llu messages in %.3f s, %.3f GB/s",
-                 r->br_transport, r->br_backend_name, (unsigned long long)size,
-                 (unsigned long long)count, secs, cell->bc_gbps[k]);
-    return true;
+    return bench_stream(&o->bo_com, r->br_label, size, (double)size,
+                        bt_stream_once, &s, cell);
 }
 
 typedef struct bt_idle_result {
@@ -623,41 +449,29 @@ bt_idle(bt_run *r, bt_client *c, bt_idle_result *res)
 // Runs every measurement of one repetition on one connection. Cells are
 // [test][size]: test 0 pingpong, 1 stream.
 static bool
-bt_run_rep(bt_run *r, bt_cell *cells, bt_idle_result *idle)
+bt_run_rep(bt_run *r, bench_cell *cells, bt_idle_result *idle)
 {
     const bt_opts *o = r->br_opts;
-    int pfd[2];
-    if (pipe(pfd) != 0) {
-        snprintf(r->br_err, sizeof(r->br_err), "pipe: %s", strerror(errno));
-        return false;
-    }
-    fflush(stdout);
-    fflush(stderr);
-    pid_t parent = getpid();
-    pid_t pid = fork();
+    int fd;
+    pid_t pid = bench_fork_server(&fd, r->br_err, sizeof(r->br_err));
     if (pid < 0) {
-        snprintf(r->br_err, sizeof(r->br_err), "fork: %s", strerror(errno));
-        close(pfd[0]);
-        close(pfd[1]);
         return false;
     }
     if (pid == 0) {
-        close(pfd[0]);
-        bt_server_child(r, pfd[1], parent);
+        bt_server_child(r, fd);
     }
-    close(pfd[1]);
 
     char addr[512];
-    bool ok = bt_read_addr(r, pfd[0], addr, sizeof(addr));
-    close(pfd[0]);
+    bool ok = bt_read_addr(r, fd, addr, sizeof(addr));
+    close(fd);
     if (!ok) {
         tool_reap(pid, 1000, true);
         return false;
     }
-    tool_verbose(o->bo_verbose, NULL, "%s/%s: server %d listens on %s",
-                 r->br_transport, r->br_backend_name, (int)pid, addr);
+    tool_verbose(o->bo_com.bo_verbose, NULL, "%s: server %d listens on %s",
+                 r->br_label, (int)pid, addr);
 
-    tp_config cfg = o->bo_cfg;
+    tp_config cfg = o->bo_com.bo_cfg;
     cfg.io_backend = r->br_backend;
     tp_loop *loop = NULL;
     tp_transport *t = NULL;
@@ -675,7 +489,7 @@ bt_run_rep(bt_run *r, bt_cell *cells, bt_idle_result *idle)
     {
         tp_aio con;
         tp__aio_init(&con, NULL, NULL);
-        tp_aio_set_timeout(&con, (int64_t)(o->bo_stall_s * 1000));
+        tp_aio_set_timeout(&con, (int64_t)(o->bo_com.bo_stall_s * 1000));
         tp__transport_connect(t, addr, &con);
         tp_aio_wait(&con);
         if (tp_aio_error(&con) != NULL) {
@@ -689,7 +503,8 @@ bt_run_rep(bt_run *r, bt_cell *cells, bt_idle_result *idle)
             goto out;
         }
     }
-    if (bt_client_init(&cl, loop, conn, o->bo_max_size, o->bo_iters) != 0) {
+    if (bt_client_init(&cl, loop, conn, o->bo_com.bo_max_size,
+                       o->bo_com.bo_iters) != 0) {
         cl_inited = true;
         snprintf(r->br_err, sizeof(r->br_err), "out of memory");
         goto out;
@@ -701,13 +516,14 @@ bt_run_rep(bt_run *r, bt_cell *cells, bt_idle_result *idle)
             goto out;
         }
     } else {
-        for (size_t i = 0; i < o->bo_nsizes; i++) {
-            uint64_t size = o->bo_sizes[i];
-            if (o->bo_pingpong && !bt_pingpong(r, &cl, size, &cells[i])) {
+        for (size_t i = 0; i < o->bo_com.bo_nsizes; i++) {
+            uint64_t size = o->bo_com.bo_sizes[i];
+            if (o->bo_com.bo_pingpong &&
+                !bt_pingpong(r, &cl, size, &cells[i])) {
                 goto out;
             }
-            if (o->bo_stream &&
-                !bt_stream(r, &cl, size, &cells[o->bo_nsizes + i])) {
+            if (o->bo_com.bo_stream &&
+                !bt_stream(r, &cl, size, &cells[o->bo_com.bo_nsizes + i])) {
                 goto out;
             }
         }
@@ -724,7 +540,7 @@ out:
         // both sides, and a hung teardown is cut short by the alarm.
         kill(pid, SIGKILL);
         tool_install_teardown_alarm("bench transport",
-                                    (unsigned)o->bo_stall_s + 10);
+                                    (unsigned)o->bo_com.bo_stall_s + 10);
     }
     if (conn != NULL) {
         if (!ok && cl_inited) {
@@ -740,19 +556,7 @@ out:
     if (loop != NULL) {
         tp__loop_destroy(loop);
     }
-    int status = tool_reap(pid, ok ? 5000 : 0, !ok);
-    if (ok && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
-        if (status != -1 && WIFSIGNALED(status)) {
-            snprintf(r->br_err, sizeof(r->br_err),
-                     "server %d killed by signal %d", (int)pid,
-                     WTERMSIG(status));
-        } else {
-            snprintf(r->br_err, sizeof(r->br_err),
-                     "server %d exited with status %d", (int)pid,
-                     status == -1 ? -1 : WEXITSTATUS(status));
-        }
-        ok = false;
-    }
+    ok = bench_reap_server(pid, ok, r->br_err, sizeof(r->br_err));
     if (!ok) {
         alarm(0);
     }
@@ -764,55 +568,39 @@ out:
 static void
 bt_print_header(const bt_opts *o)
 {
-    if (o->bo_json) {
+    if (o->bo_com.bo_json) {
         return;
     }
     if (o->bo_idle) {
         printf("%-9s  %-7s  %-5s  %8s  %11s  %11s\n", "transport", "backend",
                "test", "seconds", "client_cpu%", "server_cpu%");
     } else {
-        printf("%-9s  %-7s  %-8s  %5s  %10s  %10s  %10s  %8s  %8s\n",
-               "transport", "backend", "test", "size", "p50_us", "p90_us",
-               "p99_us", "GB/s", "iters");
+        printf("%-9s  %-7s  %-8s  ", "transport", "backend", "test");
+        bench_print_header_stats();
     }
     fflush(stdout);
 }
 
 static void
 bt_print_cell(const bt_opts *o, const char *tr, const char *be,
-              const char *test, uint64_t size, bt_cell *cell)
+              const char *test, uint64_t size, bench_cell *cell)
 {
-    if (cell->bc_n == 0) {
+    bench_medians m;
+    if (!bench_cell_medians(cell, &m)) {
         return;
     }
-    double p50 = tool_median(cell->bc_p50, cell->bc_n);
-    double p90 = tool_median(cell->bc_p90, cell->bc_n);
-    double p99 = tool_median(cell->bc_p99, cell->bc_n);
-    double gbps = tool_median(cell->bc_gbps, cell->bc_n);
-    if (o->bo_json) {
+    if (o->bo_com.bo_json) {
         printf("{\"bench\":\"transport\",\"transport\":");
         tool_json_str(stdout, tr);
         printf(",\"backend\":");
         tool_json_str(stdout, be);
-        printf(",\"test\":\"%s\",\"size\":%llu,\"p50_us\":", test,
+        printf(",\"test\":\"%s\",\"size\":%llu,", test,
                (unsigned long long)size);
-        tool_json_num(stdout, p50);
-        printf(",\"p90_us\":");
-        tool_json_num(stdout, p90);
-        printf(",\"p99_us\":");
-        tool_json_num(stdout, p99);
-        printf(",\"gbps\":");
-        tool_json_num(stdout, gbps);
+        bench_print_json_stats(&m);
         printf("}\n");
     } else {
-        char sz[32], a[32], b[32], c[32], d[32];
-        tool_format_size(size, sz, sizeof(sz));
-        tool_fmt_num(a, sizeof(a), p50, 2);
-        tool_fmt_num(b, sizeof(b), p90, 2);
-        tool_fmt_num(c, sizeof(c), p99, 2);
-        tool_fmt_num(d, sizeof(d), gbps, 3);
-        printf("%-9s  %-7s  %-8s  %5s  %10s  %10s  %10s  %8s  %8llu\n", tr, be,
-               test, sz, a, b, c, d, (unsigned long long)cell->bc_iters);
+        printf("%-9s  %-7s  %-8s  ", tr, be, test);
+        bench_print_row_stats(size, &m, cell->bc_iters);
     }
     fflush(stdout);
 }
@@ -821,9 +609,9 @@ static void
 bt_print_idle(const bt_opts *o, const char *tr, const char *be, double *client,
               double *server, double secs)
 {
-    double cp = tool_median(client, o->bo_reps);
-    double sp = tool_median(server, o->bo_reps);
-    if (o->bo_json) {
+    double cp = tool_median(client, o->bo_com.bo_reps);
+    double sp = tool_median(server, o->bo_com.bo_reps);
+    if (o->bo_com.bo_json) {
         printf("{\"bench\":\"transport\",\"transport\":");
         tool_json_str(stdout, tr);
         printf(",\"backend\":");
@@ -858,18 +646,18 @@ tool_bench_transport_main(int argc, char **argv)
     // A write to a dead peer must be an error, not a signal.
     signal(SIGPIPE, SIG_IGN);
 
-    size_t ncells = 2 * o.bo_nsizes;
-    bt_cell *cells = calloc(ncells, sizeof(*cells));
-    double *vals =
-        calloc(ncells * 4 * o.bo_reps + 2 * o.bo_reps, sizeof(double));
+    size_t ncells = 2 * o.bo_com.bo_nsizes;
+    bench_cell *cells = calloc(ncells, sizeof(*cells));
+    double *vals = calloc(ncells * 4 * o.bo_com.bo_reps + 2 * o.bo_com.bo_reps,
+                          sizeof(double));
     if (cells == NULL || vals == NULL) {
         tool_err("out of memory");
         free(cells);
         free(vals);
         return TOOL_EXIT_FAIL;
     }
-    double *idle_client = vals + ncells * 4 * o.bo_reps;
-    double *idle_server = idle_client + o.bo_reps;
+    double *idle_client = vals + ncells * 4 * o.bo_com.bo_reps;
+    double *idle_server = idle_client + o.bo_com.bo_reps;
 
     bt_print_header(&o);
     int status = TOOL_EXIT_OK;
@@ -881,22 +669,16 @@ tool_bench_transport_main(int argc, char **argv)
                 .br_backend = o.bo_backends[bi],
                 .br_backend_name = tp__io_backend_name(o.bo_backends[bi]),
             };
-            for (size_t k = 0; k < ncells; k++) {
-                double *base = vals + k * 4 * o.bo_reps;
-                cells[k] = (bt_cell){
-                    .bc_p50 = base,
-                    .bc_p90 = base + o.bo_reps,
-                    .bc_p99 = base + 2 * o.bo_reps,
-                    .bc_gbps = base + 3 * o.bo_reps,
-                };
-            }
+            snprintf(r.br_label, sizeof(r.br_label), "%s/%s", r.br_transport,
+                     r.br_backend_name);
+            bench_cells_reset(cells, ncells, vals, o.bo_com.bo_reps);
             bool ok = true;
             double idle_secs = 0;
-            for (unsigned rep = 0; rep < o.bo_reps && ok; rep++) {
+            for (unsigned rep = 0; rep < o.bo_com.bo_reps && ok; rep++) {
                 bt_idle_result idle = {0};
-                tool_verbose(o.bo_verbose, NULL, "%s/%s: repetition %u of %u",
-                             r.br_transport, r.br_backend_name, rep + 1,
-                             o.bo_reps);
+                tool_verbose(o.bo_com.bo_verbose, NULL,
+                             "%s: repetition %u of %u", r.br_label, rep + 1,
+                             o.bo_com.bo_reps);
                 ok = bt_run_rep(&r, cells, &idle);
                 idle_client[rep] = idle.bi_client_pct;
                 idle_server[rep] = idle.bi_server_pct;
@@ -904,8 +686,7 @@ tool_bench_transport_main(int argc, char **argv)
             }
             if (!ok) {
                 fflush(stdout);
-                tool_err("bench transport: %s/%s: %s", r.br_transport,
-                         r.br_backend_name, r.br_err);
+                tool_err("bench transport: %s: %s", r.br_label, r.br_err);
                 status = TOOL_EXIT_FAIL;
                 continue;
             }
@@ -915,11 +696,11 @@ tool_bench_transport_main(int argc, char **argv)
                 continue;
             }
             for (int test = 0; test < 2; test++) {
-                for (size_t i = 0; i < o.bo_nsizes; i++) {
+                for (size_t i = 0; i < o.bo_com.bo_nsizes; i++) {
                     bt_print_cell(&o, r.br_transport, r.br_backend_name,
                                   test == 0 ? "pingpong" : "stream",
-                                  o.bo_sizes[i],
-                                  &cells[test * o.bo_nsizes + i]);
+                                  o.bo_com.bo_sizes[i],
+                                  &cells[test * o.bo_com.bo_nsizes + i]);
                 }
             }
         }

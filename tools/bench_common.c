@@ -1,0 +1,328 @@
+// SPDX-License-Identifier: Apache-2.0
+// bench_common.c - what `tpipe bench transport` and `tpipe bench pipe`
+// share (bench_common.h).
+
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "bench_common.h"
+#include "tool.h"
+
+// ---- options ---------------------------------------------------------------
+
+void
+bench_opts_init(bench_opts *o, const char *what, const char *vprefix)
+{
+    memset(o, 0, sizeof(*o));
+    o->bo_what = what;
+    o->bo_vprefix = vprefix;
+    o->bo_sizes_arg = BENCH_DEFAULT_SIZES;
+    o->bo_test_arg = "all";
+    o->bo_iters = 1000000;
+    o->bo_budget = 0.5;
+    o->bo_window = 4;
+    o->bo_reps = 1;
+    o->bo_stall_s = 30.0;
+}
+
+bool
+bench_opts_arg(bench_opts *o, int argc, char **argv, int *i, bool *bad_p)
+{
+    const char *a = argv[*i], *v = NULL, *what = o->bo_what;
+    uint64_t u = 0;
+    if (strcmp(a, "--json") == 0) {
+        o->bo_json = true;
+    } else if (strcmp(a, "-v") == 0 || strcmp(a, "--verbose") == 0) {
+        o->bo_verbose = true;
+    } else if (tool_opt_value(argc, argv, i, "--sizes", &v, bad_p)) {
+        o->bo_sizes_arg = v;
+    } else if (tool_opt_value(argc, argv, i, "--test", &v, bad_p)) {
+        o->bo_test_arg = v;
+    } else if (tool_opt_value(argc, argv, i, "--iters", &v, bad_p)) {
+        if (!*bad_p && (!tool_parse_u64(v, &o->bo_iters) || o->bo_iters < 10)) {
+            tool_err("%s: --iters needs a number >= 10", what);
+            *bad_p = true;
+        }
+    } else if (tool_opt_value(argc, argv, i, "--budget", &v, bad_p)) {
+        if (!*bad_p && !tool_parse_double(v, &o->bo_budget)) {
+            tool_err("%s: bad --budget \"%s\"", what, v);
+            *bad_p = true;
+        }
+    } else if (tool_opt_value(argc, argv, i, "--stall-timeout", &v, bad_p)) {
+        if (!*bad_p &&
+            (!tool_parse_double(v, &o->bo_stall_s) || o->bo_stall_s <= 0)) {
+            tool_err("%s: bad --stall-timeout \"%s\"", what, v);
+            *bad_p = true;
+        }
+    } else if (tool_opt_value(argc, argv, i, "--window", &v, bad_p)) {
+        if (!*bad_p && (!tool_parse_u64(v, &u) || u < 1 || u > BT_MAX_WINDOW)) {
+            tool_err("%s: --window must be 1..%u", what, BT_MAX_WINDOW);
+            *bad_p = true;
+        }
+        o->bo_window = (unsigned)u;
+    } else if (tool_opt_value(argc, argv, i, "--reps", &v, bad_p)) {
+        if (!*bad_p && (!tool_parse_u64(v, &u) || u < 1 || u > 1000)) {
+            tool_err("%s: --reps must be 1..1000", what);
+            *bad_p = true;
+        }
+        o->bo_reps = (unsigned)u;
+    } else {
+        return false;
+    }
+    return true;
+}
+
+bool
+bench_opts_test(bench_opts *o)
+{
+    const char *test = o->bo_test_arg;
+    if (strcmp(test, "all") == 0 || strcmp(test, "both") == 0) {
+        o->bo_pingpong = o->bo_stream = true;
+    } else if (strcmp(test, "pingpong") == 0) {
+        o->bo_pingpong = true;
+    } else if (strcmp(test, "stream") == 0) {
+        o->bo_stream = true;
+    } else {
+        tool_err("%s: unknown test \"%s\" (pingpong, stream, all)", o->bo_what,
+                 test);
+        return false;
+    }
+    return true;
+}
+
+static bool
+bench_parse_sizes(bench_opts *o)
+{
+    const char *what = o->bo_what;
+    char buf[512];
+    snprintf(buf, sizeof(buf), "%s", o->bo_sizes_arg);
+    o->bo_nsizes = 0;
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok != NULL;
+         tok = strtok_r(NULL, ",", &save)) {
+        uint64_t v;
+        if (!tool_parse_size(tok, &v)) {
+            tool_err("%s: bad size \"%s\"", what, tok);
+            return false;
+        }
+        if (v < BT_MIN_SIZE) {
+            tool_err("%s: size %s is below the minimum of %u bytes", what, tok,
+                     BT_MIN_SIZE);
+            return false;
+        }
+        if (o->bo_nsizes == BENCH_MAX_SIZES) {
+            tool_err("%s: at most %d sizes", what, BENCH_MAX_SIZES);
+            return false;
+        }
+        o->bo_sizes[o->bo_nsizes++] = v;
+        o->bo_max_size = v > o->bo_max_size ? v : o->bo_max_size;
+    }
+    if (o->bo_nsizes == 0) {
+        tool_err("%s: --sizes is empty", what);
+        return false;
+    }
+    return true;
+}
+
+bool
+bench_opts_finish(bench_opts *o)
+{
+    tp_error *err = NULL;
+    if (tp__config_load(&o->bo_cfg, &err) != TP_OK) {
+        tool_err("%s", tp_error_message(err));
+        tp_error_unref(err);
+        return false;
+    }
+    return bench_parse_sizes(o);
+}
+
+uint64_t
+bench_stall_ns(const bench_opts *o)
+{
+    return (uint64_t)(o->bo_stall_s * 1e9);
+}
+
+// ---- the server child ------------------------------------------------------
+
+pid_t
+bench_fork_server(int *fd_p, char *err, size_t err_len)
+{
+    int pfd[2];
+    if (pipe(pfd) != 0) {
+        snprintf(err, err_len, "pipe: %s", strerror(errno));
+        return -1;
+    }
+    fflush(stdout);
+    fflush(stderr);
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0) {
+        snprintf(err, err_len, "fork: %s", strerror(errno));
+        close(pfd[0]);
+        close(pfd[1]);
+        return -1;
+    }
+    if (pid == 0) {
+        close(pfd[0]);
+        // Die with the parent, whatever happens to it.
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent) {
+            _exit(1);
+        }
+        *fd_p = pfd[1];
+        return 0;
+    }
+    close(pfd[1]);
+    *fd_p = pfd[0];
+    return pid;
+}
+
+bool
+bench_reap_server(pid_t pid, bool ok, char *err, size_t err_len)
+{
+    int status = tool_reap(pid, ok ? 5000 : 0, !ok);
+    if (!ok || (WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+        return ok;
+    }
+    if (status != -1 && WIFSIGNALED(status)) {
+        snprintf(err, err_len, "server %d killed by signal %d", (int)pid,
+                 WTERMSIG(status));
+    } else {
+        snprintf(err, err_len, "server %d exited with status %d", (int)pid,
+                 status == -1 ? -1 : WEXITSTATUS(status));
+    }
+    return false;
+}
+
+bool
+bench_wait(bt_sync *s, const bench_opts *o, const char *what, uint64_t size,
+           char *err, size_t err_len)
+{
+    int rc = bt_sync_wait(s, bench_stall_ns(o));
+    if (rc == 0) {
+        return true;
+    }
+    char where[96];
+    if (size > 0) {
+        char sz[32];
+        tool_format_size(size, sz, sizeof(sz));
+        snprintf(where, sizeof(where), "%s, size %s (%llu bytes)", what, sz,
+                 (unsigned long long)size);
+    } else {
+        snprintf(where, sizeof(where), "%s", what);
+    }
+    if (rc == -2) {
+        snprintf(err, err_len, "%s: stalled, no progress for %g s", where,
+                 o->bo_stall_s);
+    } else {
+        snprintf(err, err_len, "%s: %s", where, s->bs_msg);
+    }
+    return false;
+}
+
+// ---- results ---------------------------------------------------------------
+
+void
+bench_cells_reset(bench_cell *cells, size_t ncells, double *vals, unsigned reps)
+{
+    for (size_t k = 0; k < ncells; k++) {
+        double *base = vals + k * 4 * reps;
+        cells[k] = (bench_cell){
+            .bc_p50 = base,
+            .bc_p90 = base + reps,
+            .bc_p99 = base + 2 * reps,
+            .bc_gbps = base + 3 * reps,
+        };
+    }
+}
+
+void
+bench_cell_pingpong(const bench_opts *o, const char *label, uint64_t size,
+                    double *lat, size_t n, bench_cell *cell)
+{
+    qsort(lat, n, sizeof(double), tool_cmp_double);
+    unsigned k = cell->bc_n++;
+    cell->bc_p50[k] = tool_median(lat, n);
+    cell->bc_p90[k] = tool_quantile(lat, n, 0.90);
+    cell->bc_p99[k] = tool_quantile(lat, n, 0.99);
+    cell->bc_gbps[k] = NAN;
+    cell->bc_iters += n;
+    tool_verbose(o->bo_verbose, o->bo_vprefix,
+                 "%s pingpong %llu: %zu rounds, p50 %.2f us", label,
+                 (unsigned long long)size, n, cell->bc_p50[k]);
+}
+
+bool
+bench_stream(const bench_opts *o, const char *label, uint64_t size,
+             double bytes,
+             bool (*run)(void *arg, uint64_t count, double *secs_p), void *arg,
+             bench_cell *cell)
+{
+    uint64_t count;
+    double secs;
+    if (!tool_stream_measure(o->bo_window, o->bo_iters, o->bo_budget, run, arg,
+                             &count, &secs)) {
+        return false;
+    }
+    unsigned k = cell->bc_n++;
+    cell->bc_p50[k] = cell->bc_p90[k] = cell->bc_p99[k] = NAN;
+    cell->bc_gbps[k] = (double)count * bytes / secs / 1e9;
+    cell->bc_iters += count;
+    tool_verbose(o->bo_verbose, o->bo_vprefix,
+                 "%s stream %llu: %llu messages in %.3f s, %.3f GB/s", label,
+                 (unsigned long long)size, (unsigned long long)count, secs,
+                 cell->bc_gbps[k]);
+    return true;
+}
+
+bool
+bench_cell_medians(bench_cell *cell, bench_medians *m)
+{
+    if (cell->bc_n == 0) {
+        return false;
+    }
+    m->bm_p50 = tool_median(cell->bc_p50, cell->bc_n);
+    m->bm_p90 = tool_median(cell->bc_p90, cell->bc_n);
+    m->bm_p99 = tool_median(cell->bc_p99, cell->bc_n);
+    m->bm_gbps = tool_median(cell->bc_gbps, cell->bc_n);
+    return true;
+}
+
+void
+bench_print_header_stats(void)
+{
+    printf("%5s  %10s  %10s  %10s  %8s  %8s\n", "size", "p50_us", "p90_us",
+           "p99_us", "GB/s", "iters");
+}
+
+void
+bench_print_row_stats(uint64_t size, const bench_medians *m, uint64_t iters)
+{
+    char sz[32], a[32], b[32], c[32], d[32];
+    tool_format_size(size, sz, sizeof(sz));
+    tool_fmt_num(a, sizeof(a), m->bm_p50, 2);
+    tool_fmt_num(b, sizeof(b), m->bm_p90, 2);
+    tool_fmt_num(c, sizeof(c), m->bm_p99, 2);
+    tool_fmt_num(d, sizeof(d), m->bm_gbps, 3);
+    printf("%5s  %10s  %10s  %10s  %8s  %8llu\n", sz, a, b, c, d,
+           (unsigned long long)iters);
+}
+
+void
+bench_print_json_stats(const bench_medians *m)
+{
+    printf("\"p50_us\":");
+    tool_json_num(stdout, m->bm_p50);
+    printf(",\"p90_us\":");
+    tool_json_num(stdout, m->bm_p90);
+    printf(",\"p99_us\":");
+    tool_json_num(stdout, m->bm_p99);
+    printf(",\"gbps\":");
+    tool_json_num(stdout, m->bm_gbps);
+}

@@ -1,0 +1,111 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* bench_common.h - what `tpipe bench transport` and `tpipe bench pipe`
+ * share: their common options, the forked server child's plumbing, the
+ * stall-bounded wait for a measurement, and the per-cell results and their
+ * output. */
+#ifndef TP_TOOLS_BENCH_COMMON_H
+#define TP_TOOLS_BENCH_COMMON_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "bench_peer.h"
+#include "core/config.h"
+
+#define BENCH_MAX_SIZES 32
+
+// The default of --sizes.
+#define BENCH_DEFAULT_SIZES "64,4K,64K,1M,16M,64M"
+
+// The options both benchmarks take: --sizes, --test, --iters, --budget,
+// --window, --reps, --json, --stall-timeout, -v.
+typedef struct bench_opts {
+    const char *bo_what;    // "bench transport": prefixes error messages
+    const char *bo_vprefix; // tool_verbose's prefix of progress lines
+    const char *bo_sizes_arg;
+    const char *bo_test_arg;
+    uint64_t bo_sizes[BENCH_MAX_SIZES];
+    size_t bo_nsizes;
+    uint64_t bo_max_size;
+    bool bo_pingpong;
+    bool bo_stream;
+    uint64_t bo_iters;
+    double bo_budget;
+    unsigned bo_window;
+    unsigned bo_reps;
+    bool bo_json;
+    double bo_stall_s;
+    bool bo_verbose;
+    tp_config bo_cfg; // from the environment
+} bench_opts;
+
+// Sets the defaults.
+void bench_opts_init(bench_opts *o, const char *what, const char *vprefix);
+// If argv[*i] is one of the common options, consumes it (and its value,
+// advancing *i) and returns true; a bad value is reported and *bad_p set.
+bool bench_opts_arg(bench_opts *o, int argc, char **argv, int *i, bool *bad_p);
+// After the arguments: resolves --test. False after reporting.
+bool bench_opts_test(bench_opts *o);
+// Then: loads bo_cfg from the environment and parses --sizes (setting
+// bo_max_size). False after reporting.
+bool bench_opts_finish(bench_opts *o);
+
+// The stall timeout in ns.
+uint64_t bench_stall_ns(const bench_opts *o);
+
+// Forks the server child, with a pipe(2) for it to report on. In the
+// child (return 0) *fd_p is the pipe's write end, and the child is set to
+// die with this process. In this process returns the child's pid with the
+// read end in *fd_p, or -1 with "pipe: ..." or "fork: ..." in @err.
+pid_t bench_fork_server(int *fd_p, char *err, size_t err_len);
+
+// Reaps the server child @pid (at once, killing it, unless @ok). Returns
+// whether @ok and the server exited with status 0; when @ok but the server
+// failed, writes how to @err.
+bool bench_reap_server(pid_t pid, bool ok, char *err, size_t err_len);
+
+// Waits for the measurement on @s; on failure writes "<what>[, size S
+// (N bytes)]: <why>" to @err (the size part when @size is not 0).
+bool bench_wait(bt_sync *s, const bench_opts *o, const char *what,
+                uint64_t size, char *err, size_t err_len);
+
+// One measurement's results over the repetitions.
+typedef struct bench_cell {
+    double *bc_p50, *bc_p90, *bc_p99, *bc_gbps;
+    uint64_t bc_iters; // summed over repetitions
+    unsigned bc_n;
+} bench_cell;
+
+// Points @ncells cells at @vals (4 * @reps values each) and clears them.
+void bench_cells_reset(bench_cell *cells, size_t ncells, double *vals,
+                       unsigned reps);
+// Records a ping-pong of @n round trips (@lat, in us; sorted here) as the
+// cell's next repetition, with a progress line about @label.
+void bench_cell_pingpong(const bench_opts *o, const char *label, uint64_t size,
+                         double *lat, size_t n, bench_cell *cell);
+// Measures a stream of messages of @size (@bytes on the wire) with
+// tool_stream_measure(@run, @arg) and records it as the cell's next
+// repetition, with a progress line about @label. False when @run failed.
+bool bench_stream(const bench_opts *o, const char *label, uint64_t size,
+                  double bytes,
+                  bool (*run)(void *arg, uint64_t count, double *secs_p),
+                  void *arg, bench_cell *cell);
+
+// A cell's medians over its repetitions.
+typedef struct bench_medians {
+    double bm_p50, bm_p90, bm_p99, bm_gbps;
+} bench_medians;
+
+// False when the cell has no repetitions.
+bool bench_cell_medians(bench_cell *cell, bench_medians *m);
+// The table's last columns: the header ("size  p50_us ... iters\n"), and
+// a cell's row.
+void bench_print_header_stats(void);
+void bench_print_row_stats(uint64_t size, const bench_medians *m,
+                           uint64_t iters);
+// The JSON fields "p50_us":..,"p90_us":..,"p99_us":..,"gbps":..
+void bench_print_json_stats(const bench_medians *m);
+
+#endif
