@@ -146,6 +146,9 @@ pattern_word(uint64_t i, uint32_t seed)
 static void
 fill(uint8_t *p, uint64_t n, uint32_t seed)
 {
+    if (n == 0) {
+        return; // p may be NULL
+    }
     uint64_t i = 0;
     for (; i + 8 <= n; i += 8) {
         uint64_t w = pattern_word(i / 8, seed);
@@ -158,6 +161,9 @@ fill(uint8_t *p, uint64_t n, uint32_t seed)
 static bool
 check_fill(const uint8_t *p, uint64_t n, uint32_t seed)
 {
+    if (n == 0) {
+        return true;
+    }
     uint64_t i = 0;
     for (; i + 8 <= n; i += 8) {
         uint64_t w = pattern_word(i / 8, seed);
