@@ -114,12 +114,13 @@ static const config_entry config_table[] = {
     {
         .ce_name = "tcp_sndbuf",
         .ce_env = "TP_TCP_SNDBUF",
-        // 2M (both buffers): on loopback, smaller buffers keep the bytes in
+        // 1M (both buffers): on loopback, smaller buffers keep the bytes in
         // cache between the two kernel copies (64 MiB stream: 256K 3.0,
-        // 1M 2.8, 2M 2.6, 4M 2.45, autotuning 2.47 GB/s) but below 2M a
-        // 1 MiB message no longer fits one window. Raise it for links whose
+        // 1M 2.8-2.95, 2M 2.55-2.6, 4M 2.45, autotuning 2.47 GB/s; 64 MiB
+        // round trip 41-43 ms with 1M, 49-51 with 2M; 1 MiB round trips
+        // the same within noise). Raise it for links whose
         // bandwidth-delay product is larger.
-        .ce_def = "2M",
+        .ce_def = "1M",
         .ce_doc = "SO_SNDBUF of tcp connections in bytes (0: kernel default)",
         .ce_type = CONFIG_SIZE,
         CONFIG_FIELD(tcp_sndbuf),
@@ -129,7 +130,7 @@ static const config_entry config_table[] = {
     {
         .ce_name = "tcp_rcvbuf",
         .ce_env = "TP_TCP_RCVBUF",
-        .ce_def = "2M",
+        .ce_def = "1M",
         .ce_doc = "SO_RCVBUF of tcp connections in bytes (0: kernel default)",
         .ce_type = CONFIG_SIZE,
         CONFIG_FIELD(tcp_rcvbuf),
@@ -295,6 +296,28 @@ static const config_entry config_table[] = {
         CONFIG_FIELD(pipe_max_buf_bytes),
         .ce_min = 0,
         .ce_max = 1024 * CONFIG_GIB,
+    },
+    {
+        .ce_name = "store_timeout_ms",
+        .ce_env = "TP_STORE_TIMEOUT_MS",
+        // 5 min: PyTorch's default store timeout for rendezvous.
+        .ce_def = "300000",
+        .ce_doc = "default deadline of store operations and of connecting "
+                  "to the store, in ms",
+        .ce_type = CONFIG_MS,
+        CONFIG_FIELD(store_timeout_ms),
+        .ce_min = 1,
+        .ce_max = CONFIG_DAY_MS,
+    },
+    {
+        .ce_name = "store_max_value",
+        .ce_env = "TP_STORE_MAX_VALUE",
+        .ce_def = "64M",
+        .ce_doc = "largest value the store accepts, in bytes",
+        .ce_type = CONFIG_SIZE,
+        CONFIG_FIELD(store_max_value),
+        .ce_min = 1,
+        .ce_max = CONFIG_GIB,
     },
 };
 

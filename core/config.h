@@ -39,6 +39,8 @@ typedef struct tp_config {
     int64_t pipe_max_payloads;    // TP_PIPE_MAX_PAYLOADS
     int64_t pipe_max_tensors;     // TP_PIPE_MAX_TENSORS
     int64_t pipe_max_buf_bytes;   // TP_PIPE_MAX_BUF_BYTES
+    int64_t store_timeout_ms;     // TP_STORE_TIMEOUT_MS
+    int64_t store_max_value;      // TP_STORE_MAX_VALUE bytes
 } tp_config;
 
 // Fills @cfg with defaults, then applies TP_* environment variables.

@@ -32,6 +32,8 @@ static const char *const all_env[] = {
     "TP_PIPE_MAX_PAYLOADS",
     "TP_PIPE_MAX_TENSORS",
     "TP_PIPE_MAX_BUF_BYTES",
+    "TP_STORE_TIMEOUT_MS",
+    "TP_STORE_MAX_VALUE",
 };
 
 // Start every case from a clean environment, whatever ctest inherited.
@@ -50,8 +52,8 @@ check_defaults(const tp_config *cfg)
     TP_CHECK_EQ(cfg->io_backend, TP_IO_BACKEND_AUTO);
     TP_CHECK(strcmp(cfg->socket_ifname, "") == 0);
     TP_CHECK(strcmp(cfg->socket_addr, "") == 0);
-    TP_CHECK_EQ(cfg->tcp_sndbuf, 2 << 20);
-    TP_CHECK_EQ(cfg->tcp_rcvbuf, 2 << 20);
+    TP_CHECK_EQ(cfg->tcp_sndbuf, 1 << 20);
+    TP_CHECK_EQ(cfg->tcp_rcvbuf, 1 << 20);
     TP_CHECK_EQ(cfg->connect_timeout_ms, 10000);
     TP_CHECK_EQ(cfg->handshake_timeout_ms, 5000);
     TP_CHECK_EQ(cfg->shm_ring_size, 512 << 10);
@@ -65,6 +67,8 @@ check_defaults(const tp_config *cfg)
     TP_CHECK_EQ(cfg->pipe_max_payloads, 1024);
     TP_CHECK_EQ(cfg->pipe_max_tensors, 1024);
     TP_CHECK_EQ(cfg->pipe_max_buf_bytes, (int64_t)64 << 30);
+    TP_CHECK_EQ(cfg->store_timeout_ms, 300000);
+    TP_CHECK_EQ(cfg->store_max_value, 64 << 20);
 }
 
 static void
