@@ -21,6 +21,10 @@ tpipe_usage(FILE *f)
           "                               bandwidth per transport and loop "
           "backend\n"
           "                               (tpipe bench transport --help)\n"
+          "  store --port P [--host H]    a standalone tcp rendezvous store "
+          "server\n"
+          "                               (until SIGINT/SIGTERM; prints its "
+          "address)\n"
           "\n"
           "options:\n"
           "  -h, --help                   this text\n"
@@ -58,6 +62,9 @@ main(int argc, char **argv)
     }
     if (strcmp(cmd, "bench") == 0) {
         return tool_bench_main(argc - 1, argv + 1);
+    }
+    if (strcmp(cmd, "store") == 0) {
+        return tool_store_main(argc - 1, argv + 1);
     }
     tool_err("unknown command \"%s\" (try tpipe --help)", cmd);
     return TOOL_EXIT_USAGE;

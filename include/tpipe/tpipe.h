@@ -11,6 +11,7 @@
 #include <tpipe/future.h>
 #include <tpipe/tensor.h>
 #include <tpipe/autograd.h>
+#include <tpipe/store.h>
 
 #ifdef __cplusplus
 extern "C" {

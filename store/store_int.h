@@ -1,0 +1,142 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* store_int.h (internal) - the backend contract of the store, the
+ * in-memory key-value engine shared by the mem backend and the tcp server,
+ * and the tcp wire format (docs/store.md). */
+#ifndef TP_STORE_INT_H
+#define TP_STORE_INT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <tpipe/store.h>
+
+#include "core/error.h"
+#include "core/platform.h"
+
+// ---- the engine: keys and values in memory, with waiters ----
+
+typedef struct tp__kv_entry {
+    char *e_key;
+    uint8_t *e_val; // e_len bytes + a NUL
+    size_t e_len;
+} tp__kv_entry;
+
+typedef struct tp__kv {
+    tp_mtx kv_mtx;
+    tp_cv kv_cv; // broadcast on every set and on close
+    tp__kv_entry *kv_ents;
+    size_t kv_n;
+    size_t kv_cap;
+    bool kv_closed;
+} tp__kv;
+
+void tp__kv_init(tp__kv *kv);
+void tp__kv_fini(tp__kv *kv);
+// Wakes every waiter; they fail with TP_ECLOSED.
+void tp__kv_close(tp__kv *kv);
+
+// Every call returns bare messages ("key not set"); the caller adds the
+// store address, operation and rank. @deadline_ns: tp__now_ns() value or
+// UINT64_MAX. Returned values are malloc'ed, with a NUL after them.
+tp_status tp__kv_set(tp__kv *kv, const char *key, const void *val, size_t len,
+                     tp_error **err_p);
+tp_status tp__kv_get(tp__kv *kv, const char *key, uint64_t deadline_ns,
+                     uint8_t **val_p, size_t *len_p, tp_error **err_p);
+tp_status tp__kv_add(tp__kv *kv, const char *key, int64_t delta,
+                     int64_t *value_p, tp_error **err_p);
+tp_status tp__kv_wait(tp__kv *kv, const char *const *keys, size_t n,
+                      uint64_t deadline_ns, tp_error **err_p);
+tp_status tp__kv_compare_set(tp__kv *kv, const char *key, const void *exp,
+                             size_t elen, const void *des, size_t dlen,
+                             uint8_t **val_p, size_t *len_p, tp_error **err_p);
+tp_status tp__kv_delete(tp__kv *kv, const char *key, bool *deleted_p);
+int64_t tp__kv_num_keys(tp__kv *kv);
+
+// Shared helpers of the engine and the file backend.
+// Parses a decimal int64 of @len bytes; false if it is not one.
+bool tp__kv_parse_i64(const uint8_t *v, size_t len, int64_t *out_p);
+// A malloc'ed copy of @len bytes + NUL; NULL on OOM.
+uint8_t *tp__kv_dup(const void *v, size_t len);
+
+// ---- backends ----
+
+typedef struct tp__store_ops {
+    // Every member blocks until done or @deadline_ns; @timeout_ms is the
+    // same deadline as a relative time (0: none), for the wire. Errors are
+    // bare ("key not set"); store.c adds the context.
+    tp_status (*so_set)(void *impl, const char *key, const void *val,
+                        size_t len, int64_t timeout_ms, uint64_t deadline_ns,
+                        tp_error **err_p);
+    tp_status (*so_get)(void *impl, const char *key, int64_t timeout_ms,
+                        uint64_t deadline_ns, uint8_t **val_p, size_t *len_p,
+                        tp_error **err_p);
+    tp_status (*so_add)(void *impl, const char *key, int64_t delta,
+                        int64_t timeout_ms, uint64_t deadline_ns,
+                        int64_t *value_p, tp_error **err_p);
+    tp_status (*so_wait)(void *impl, const char *const *keys, size_t n,
+                         int64_t timeout_ms, uint64_t deadline_ns,
+                         tp_error **err_p);
+    tp_status (*so_compare_set)(void *impl, const char *key, const void *exp,
+                                size_t elen, const void *des, size_t dlen,
+                                int64_t timeout_ms, uint64_t deadline_ns,
+                                uint8_t **val_p, size_t *len_p,
+                                tp_error **err_p);
+    tp_status (*so_delete)(void *impl, const char *key, int64_t timeout_ms,
+                           uint64_t deadline_ns, bool *deleted_p,
+                           tp_error **err_p);
+    tp_status (*so_num_keys)(void *impl, int64_t timeout_ms,
+                             uint64_t deadline_ns, int64_t *n_p,
+                             tp_error **err_p);
+    // Frees @impl (and stops what it runs). Never NULL.
+    void (*so_close)(void *impl);
+} tp__store_ops;
+
+// mem://NAME
+tp_status tp__store_mem_open(const char *name, void **impl_p, tp_error **err_p);
+extern const tp__store_ops tp__store_mem_ops;
+
+// file:///PATH
+tp_status tp__store_file_open(const char *path, int64_t max_value,
+                              void **impl_p, tp_error **err_p);
+extern const tp__store_ops tp__store_file_ops;
+
+// tcp client: connects to @addr ("tcp://H:P"), retrying until
+// @deadline_ns. @srv (may be NULL) is a server this client owns and stops
+// on close.
+tp_status tp__store_tcp_open(const char *addr, int64_t max_value,
+                             uint64_t deadline_ns, tp_store_server *srv,
+                             void **impl_p, tp_error **err_p);
+extern const tp__store_ops tp__store_tcp_ops;
+
+// Rank, world size and local rank (-1 if unknown) from RANK/WORLD_SIZE/
+// LOCAL_RANK, else SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID, else
+// OMPI_COMM_WORLD_RANK/_SIZE/_LOCAL_RANK. TP_EINVAL if none or malformed.
+tp_status tp__store_env_ranks(int *rank_p, int *world_p, int *local_p,
+                              tp_error **err_p);
+
+// ---- tcp wire format (little-endian; docs/store.md) ----
+
+#define TP_STORE_MAGIC    0x31545354u // "TST1" in memory order
+#define TP_STORE_HDR_LEN  16          // magic u32, op u8, pad[3], timeout u64
+#define TP_STORE_RHDR_LEN 8           // magic u32, status u8, pad[3]
+#define TP_STORE_MAX_WAIT 4096        // keys in one wait request
+#define TP_STORE_MAX_MSG  1024        // bytes of an error text in a reply
+
+enum {
+    TP_STORE_OP_SET = 1,
+    TP_STORE_OP_GET = 2,
+    TP_STORE_OP_ADD = 3,
+    TP_STORE_OP_WAIT = 4,
+    TP_STORE_OP_CAS = 5,
+    TP_STORE_OP_DELETE = 6,
+    TP_STORE_OP_NUM_KEYS = 7,
+};
+
+// Reply statuses.
+enum {
+    TP_STORE_R_OK = 0,
+    TP_STORE_R_TIMEOUT = 1, // + text
+    TP_STORE_R_ERROR = 2,   // + i32 tp_status + text
+};
+
+#endif
