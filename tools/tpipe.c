@@ -25,6 +25,10 @@ tpipe_usage(FILE *f)
           "server\n"
           "                               (until SIGINT/SIGTERM; prints its "
           "address)\n"
+          "  run -n N [--] PROGRAM ARGS   start N local ranks (RANK, "
+          "WORLD_SIZE, MASTER_*)\n"
+          "                               with rank-prefixed output "
+          "(tpipe run --help)\n"
           "\n"
           "options:\n"
           "  -h, --help                   this text\n"
@@ -65,6 +69,9 @@ main(int argc, char **argv)
     }
     if (strcmp(cmd, "store") == 0) {
         return tool_store_main(argc - 1, argv + 1);
+    }
+    if (strcmp(cmd, "run") == 0) {
+        return tool_run_main(argc - 1, argv + 1);
     }
     tool_err("unknown command \"%s\" (try tpipe --help)", cmd);
     return TOOL_EXIT_USAGE;

@@ -1,0 +1,78 @@
+#!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
+# `tpipe run`: rank environment, "[rank] " prefixes on stdout and stderr
+# (a last line without newline too), a failing rank's status stops the
+# others within the grace, 128+signal, exec failure 127, bad -n 2.
+set -eu
+TPIPE=$1
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+fail() { echo "FAIL: $*"; for f in "$out"/*; do echo "== $f"; cat "$f"; done; exit 1; }
+
+# 1. Environment and prefixes.
+"$TPIPE" run -n 3 -- sh -c 'echo "env $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT"; echo "err of $RANK" >&2; printf "tail $RANK"' \
+    >"$out/o" 2>"$out/e" || fail "run -n 3 exited $?"
+for r in 0 1 2; do
+    grep -q "^\[$r\] env $r 3 $r 3 127\.0\.0\.1 [0-9][0-9]*\$" "$out/o" || fail "rank $r env line"
+    grep -qx "\[$r\] tail $r" "$out/o" || fail "rank $r partial last line"
+    grep -qx "\[$r\] err of $r" "$out/e" || fail "rank $r stderr line"
+done
+[ "$(grep -c ' env ' "$out/o")" = 3 ] || fail "expected 3 env lines"
+[ "$(awk '/ env /{print $NF}' "$out/o" | sort -u | wc -l)" = 1 ] || fail "MASTER_PORT differs"
+grep -q ' env ' "$out/e" && fail "stdout line on stderr"
+# A fixed port and address are passed through.
+"$TPIPE" run -n 1 --master-addr localhost --master-port 29500 sh -c 'echo "$MASTER_ADDR:$MASTER_PORT"' >"$out/o2" 2>&1 \
+    || fail "fixed port"
+grep -qx '\[0\] localhost:29500' "$out/o2" || fail "fixed port output"
+
+# 2. Rank 1 exits 3: the others (sleeping 30 s) are stopped within the grace.
+start=$(date +%s)
+st=0
+"$TPIPE" run -n 3 --grace 1 sh -c '[ "$RANK" = 1 ] && exit 3; exec sleep 30' >"$out/f" 2>&1 || st=$?
+elapsed=$(( $(date +%s) - start ))
+[ "$st" = 3 ] || fail "failing rank: exit $st, want 3"
+[ "$elapsed" -lt 10 ] || fail "failing rank: took ${elapsed}s"
+# Even a rank ignoring SIGTERM is killed after the grace.
+start=$(date +%s)
+st=0
+"$TPIPE" run -n 2 --grace 1 sh -c 'trap "" TERM; [ "$RANK" = 0 ] && exit 5; while :; do sleep 1; done' >"$out/f2" 2>&1 || st=$?
+elapsed=$(( $(date +%s) - start ))
+[ "$st" = 5 ] || fail "TERM-ignoring rank: exit $st, want 5"
+[ "$elapsed" -lt 10 ] || fail "TERM-ignoring rank: took ${elapsed}s"
+
+# 3. A rank killed by SIGKILL: 128 + 9.
+st=0
+"$TPIPE" run -n 2 --grace 1 sh -c '[ "$RANK" = 0 ] && kill -9 $$; exec sleep 30' >"$out/k" 2>&1 || st=$?
+[ "$st" = 137 ] || fail "SIGKILLed rank: exit $st, want 137"
+
+# 4. A missing program: 127 and the message, through the prefixed stderr.
+st=0
+"$TPIPE" run -n 2 /nonexistent/tpipe-no-such-prog >"$out/m" 2>&1 || st=$?
+[ "$st" = 127 ] || fail "missing program: exit $st, want 127"
+grep -q '^\[0\] tpipe: run: cannot execute "/nonexistent/tpipe-no-such-prog": No such file or directory$' "$out/m" \
+    || fail "missing program message"
+
+# 5. Usage errors: 2.
+for n in 0 1025 x -1; do
+    st=0
+    "$TPIPE" run -n "$n" true >"$out/u" 2>&1 || st=$?
+    [ "$st" = 2 ] || fail "-n $n: exit $st, want 2"
+done
+st=0
+"$TPIPE" run -n 2 >"$out/u" 2>&1 || st=$?
+[ "$st" = 2 ] || fail "no program: exit $st, want 2"
+
+# 6. --timeout: exit 124.
+st=0
+"$TPIPE" run -n 2 --grace 1 --timeout 0.5 sleep 30 >"$out/t" 2>&1 || st=$?
+[ "$st" = 124 ] || fail "--timeout: exit $st, want 124"
+
+# 7. SIGTERM to the launcher is forwarded: the ranks die of it (143).
+"$TPIPE" run -n 2 --grace 1 sleep 30 >"$out/s" 2>&1 &
+lpid=$!
+sleep 0.3
+kill -TERM "$lpid"
+st=0
+wait "$lpid" || st=$?
+[ "$st" = 143 ] || fail "forwarded SIGTERM: exit $st, want 143"
+echo "tpipe run ok"
