@@ -195,17 +195,21 @@ xth_recv(tp_chan *ch, tp_chan_op *op)
     }
     tp__task_init(&op->co_task, xth_recv_done_task, op);
     if (e == NULL || e->e_op->co_len != op->co_len) {
+        // No entry: the sender's pipe closed and took its tensors back (or
+        // the token is bad); the pipe's own error usually says more.
         op->co_err = tp__error_new(
-            TP_EPROTO, 0, NULL,
-            "xth: pipe to %s: protocol error: tensor %u of message %" PRIu64
-            " names %s",
+            e == NULL ? TP_ECONNRESET : TP_EPROTO, 0, NULL,
+            "xth: pipe to %s: tensor %u of message %" PRIu64 " %s",
             ch->x_env.ce_peer, op->co_index, op->co_seq,
-            e == NULL ? "no buffer of this process"
-                      : "a buffer of another length");
+            e == NULL ? "is no longer offered by the sender (its pipe "
+                        "closed, or the token is bad)"
+                      : "has another length than its descriptor said "
+                        "(protocol error)");
         if (e != NULL) {
             e->e_err = tp__error_new(
                 TP_EPROTO, 0, NULL,
-                "xth: the receiver expected %" PRIu64 " bytes", op->co_len);
+                "xth: pipe to %s: the receiver expected %" PRIu64 " bytes",
+                e->e_ch->x_env.ce_peer, op->co_len);
             tp__task_init(&e->e_task, xth_send_done_task, e);
             tp__loop_post(e->e_loop, &e->e_task);
         }

@@ -381,6 +381,7 @@ ctx_destroy_parts(tp_context *ctx)
 }
 
 static void listener_close(tp_pipe_listener *pl);
+static void pl_maybe_free(tp_pipe_listener *pl);
 
 static void
 ctx_close_all_task(void *arg)
@@ -392,6 +393,7 @@ ctx_close_all_task(void *arg)
         tp__list_remove(&ctx->x_listeners, pl);
         pl->pl_destroy_req = true;
         listener_close(pl);
+        pl_maybe_free(pl); // nothing in flight: nothing else would free it
     }
     // Pending first frames: closing the conn fails their read.
     for (pending_conn *pc = tp__list_first(&ctx->x_pending); pc != NULL;
@@ -505,9 +507,10 @@ pl_arm(pl_tl *tl)
 static void
 pl_maybe_free(tp_pipe_listener *pl)
 {
-    if (!pl->pl_destroy_req || pl->pl_busy > 0) {
+    if (!pl->pl_destroy_req || pl->pl_busy > 0 || pl->pl_free_queued) {
         return;
     }
+    pl->pl_free_queued = true;
     tp_context *ctx = pl->pl_ctx;
     tp__loop_defer(ctx->x_loop, &pl->pl_destroy_task);
 }

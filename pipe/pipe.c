@@ -63,6 +63,7 @@ enum {
 
 static void pipe_ready(tp_pipe *p);
 static void pipe_hs_timeout(tp_timer *t, void *arg);
+static void pipe_raio_cb(void *arg);
 static void pipe_write_pump(tp_pipe *p);
 static void pipe_read_pump(tp_pipe *p);
 static void pipe_check_drained(tp_pipe *p);
@@ -107,6 +108,7 @@ tp__pipe_new(tp_context *ctx)
     atomic_init(&p->p_pub_state, PIPE_HS);
     p->p_state = PIPE_HS;
     tp__timer_init(&p->p_hs_timer, pipe_hs_timeout, p);
+    tp__aio_init(&p->p_raio, pipe_raio_cb, p);
     tp__ctx_obj_add(ctx);
     tp__list_append(&ctx->x_pipes, p);
     return p;
@@ -620,7 +622,6 @@ bool
 tp__pipe_join(tp_context *ctx, uint64_t reg_id, uint16_t index, tp_conn *conn,
               bool lane, unsigned lane_idx)
 {
-    (void)lane_idx;
     for (tp_pipe *p = tp__list_first(&ctx->x_pipes); p != NULL;
          p = tp__list_next(&ctx->x_pipes, p)) {
         if (p->p_state != PIPE_HS || !p->p_listener_side) {
@@ -637,6 +638,16 @@ tp__pipe_join(tp_context *ctx, uint64_t reg_id, uint16_t index, tp_conn *conn,
             for (unsigned i = 0; i < p->p_nextra && !found; i++) {
                 found = p->p_reg_extra[i] == reg_id && i == index &&
                         p->p_extra[i] == NULL;
+            }
+            // A lane's join must come in on that lane's listener, any
+            // other extra connection on the pipe's transport (its loop is
+            // the one the channel runs on).
+            bool lanes = false;
+            p->p_chops->nconns(&ctx->x_cfg, &lanes);
+            if (found && (lanes ? (!lane || lane_idx != index)
+                                : (lane || conn->c_transport !=
+                                               p->p_tr->cb_transport))) {
+                found = false;
             }
             if (!found) {
                 continue;
@@ -668,10 +679,24 @@ static void
 hs_cb(void *arg)
 {
     tp_pipe *p = arg;
-    pipe_busy_done(p);
+    tp_pipe_hs *hs = p->p_hs;
     if (p->p_state != PIPE_HS) {
+        // Failed meanwhile: a connection that came in anyway is closed
+        // here and released with the pipe.
+        if (tp_aio_status(&hs->h_aio) == TP_OK &&
+            (hs->h_step == HS_CONNECT || hs->h_step == HS_MAIN_CONNECT)) {
+            tp_conn *c = tp_aio_get_output(&hs->h_aio, 0);
+            if (hs->h_step == HS_CONNECT) {
+                hs->h_conn0 = c;
+            } else {
+                hs->h_main = c;
+            }
+            tp__conn_close(c);
+        }
+        pipe_busy_done(p);
         return;
     }
+    pipe_busy_done(p);
     hs_step(p);
 }
 
@@ -703,10 +728,17 @@ hs_extra_task(void *arg)
     hs_extra *he = arg;
     tp_pipe_hs *hs = he->he_hs;
     tp_pipe *p = hs->h_pipe;
-    pipe_busy_done(p);
     if (p->p_state != PIPE_HS) {
+        // Failed meanwhile: keep a connection that came in anyway so the
+        // pipe releases it (pipe_free_task), and close it now.
+        if (he->he_step == 0 && tp_aio_status(&he->he_aio) == TP_OK) {
+            he->he_conn = tp_aio_get_output(&he->he_aio, 0);
+            tp__conn_close(he->he_conn);
+        }
+        pipe_busy_done(p);
         return;
     }
+    pipe_busy_done(p);
     if (tp_aio_status(&he->he_aio) != TP_OK) {
         char what[96];
         snprintf(what, sizeof(what), "%s connection %u of channel %s",
@@ -917,7 +949,7 @@ hs_step(tp_pipe *p)
         hs_submit_read(p, hs->h_conn0, hs->h_hdr, TP_FRAME_HDR_LEN);
         return;
     case HS_ANS_HDR: {
-        tp__frame_hdr h;
+        tp__frame_hdr h = {0};
         if (tp__frame_hdr_decode(hs->h_hdr, &h, &err) != TP_OK ||
             h.fh_type != TP_FRAME_ANSWER ||
             h.fh_body_len > TP_WIRE_MAX_HANDSHAKE) {
@@ -1129,7 +1161,6 @@ pipe_ready(tp_pipe *p)
                       : p->p_chops->inline_max != NULL
                           ? p->p_chops->inline_max(&ctx->x_cfg)
                           : 0;
-    tp__aio_init(&p->p_raio, pipe_raio_cb, p);
     p->p_state = PIPE_READY;
     pipe_log_report(p);
     pipe_publish_state(p);
@@ -1254,10 +1285,9 @@ wop_chan_done(tp_chan_op *op, tp_error *err)
     tp_pipe *p = w->w_pipe;
     w->w_ops_pending--;
     if (err != NULL && p->p_state != PIPE_FAILED) {
-        tp__pipe_fail(p, err);
-    } else {
-        tp_error_unref(err);
+        tp__pipe_fail(p, pipe_err(p, tp_error_status(err), err, "channel"));
     }
+    tp_error_unref(err);
     wop_check(w);
     pipe_busy_done(p);
     pipe_flush_writes(p);
@@ -1591,10 +1621,9 @@ rop_chan_done(tp_chan_op *op, tp_error *err)
     tp_pipe *p = r->r_pipe;
     r->r_ops_pending--;
     if (err != NULL && p->p_state != PIPE_FAILED) {
-        tp__pipe_fail(p, err);
-    } else {
-        tp_error_unref(err);
+        tp__pipe_fail(p, pipe_err(p, tp_error_status(err), err, "channel"));
     }
+    tp_error_unref(err);
     rop_check(r);
     pipe_busy_done(p);
     pipe_flush_reads(p);
@@ -1652,6 +1681,7 @@ pipe_raio_step(tp_pipe *p)
         return;
     }
     tp_error *err = NULL;
+    p->p_rdesc_reason = 0; // bytes came: a cancel that raced them is moot
     if (p->p_rstate == RD_HDR) {
         tp__frame_hdr h;
         uint64_t max = tp__desc_max_size(&p->p_ctx->x_limits);
@@ -1685,7 +1715,10 @@ pipe_raio_step(tp_pipe *p)
     tp__chan_info *infos = NULL;
     if (tp__desc_decode(p->p_rbody, p->p_rbody_len, &p->p_ctx->x_limits, &msg,
                         &infos, &err) != TP_OK) {
-        tp__pipe_fail(p, pipe_err(p, TP_EPROTO, err, "protocol error"));
+        tp_status dst = tp_error_status(err);
+        tp__pipe_fail(p, pipe_err(p, dst, err,
+                                  dst == TP_ENOMEM ? "read: out of memory"
+                                                   : "protocol error"));
         tp_error_unref(err);
         return;
     }

@@ -90,6 +90,7 @@ struct tp_pipe_listener {
     bool pl_closed;
     int pl_busy; // accept aios + handshakes in flight referencing pl
     bool pl_destroy_req;
+    bool pl_free_queued; // pl_destroy_task deferred
     tp_task pl_destroy_task;
 };
 
