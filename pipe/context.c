@@ -4,6 +4,7 @@
 // accepted connection (a brochure starts a pipe, a join completes one).
 
 #include <ctype.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,28 +18,49 @@
 
 // ---- names, allow and deny lists --------------------------------------------
 
-// True if @name is in the comma-separated @list (blanks around names ok).
+// Next name of a comma-separated list (blanks around names ignored):
+// false at the end, else *tok_p / *len_p and *p_p moved past it.
+static bool
+ctx_list_next(const char **p_p, const char **tok_p, size_t *len_p)
+{
+    const char *p = *p_p;
+    while (*p == ',' || isspace((unsigned char)*p)) {
+        p++;
+    }
+    if (*p == '\0') {
+        *p_p = p;
+        return false;
+    }
+    const char *e = p;
+    while (*e != '\0' && *e != ',') {
+        e++;
+    }
+    const char *t = e;
+    while (t > p && isspace((unsigned char)t[-1])) {
+        t--;
+    }
+    *tok_p = p;
+    *len_p = (size_t)(t - p);
+    *p_p = e;
+    return true;
+}
+
+static bool
+ctx_tok_is(const char *tok, size_t len, const char *name)
+{
+    return strlen(name) == len && strncmp(tok, name, len) == 0;
+}
+
+// True if @name is in the comma-separated @list.
 static bool
 ctx_list_has(const char *list, const char *name)
 {
-    size_t n = strlen(name);
-    const char *p = list;
-    while (p != NULL && *p != '\0') {
-        while (*p == ',' || isspace((unsigned char)*p)) {
-            p++;
-        }
-        const char *e = p;
-        while (*e != '\0' && *e != ',') {
-            e++;
-        }
-        const char *t = e;
-        while (t > p && isspace((unsigned char)t[-1])) {
-            t--;
-        }
-        if ((size_t)(t - p) == n && strncmp(p, name, n) == 0) {
+    const char *p = list, *tok;
+    size_t len;
+    while (p != NULL && ctx_list_next(&p, &tok, &len)) {
+        if (ctx_tok_is(tok, len, name)) {
             return true;
         }
-        p = e;
     }
     return false;
 }
@@ -49,43 +71,24 @@ static tp_status
 ctx_check_list(const char *what, const char *list, const char *const *known,
                size_t n, tp_error **err_p)
 {
-    if (list == NULL) {
-        return TP_OK;
-    }
-    const char *p = list;
-    while (*p != '\0') {
-        while (*p == ',' || isspace((unsigned char)*p)) {
-            p++;
-        }
-        if (*p == '\0') {
-            break;
-        }
-        const char *e = p;
-        while (*e != '\0' && *e != ',') {
-            e++;
-        }
-        const char *t = e;
-        while (t > p && isspace((unsigned char)t[-1])) {
-            t--;
-        }
+    const char *p = list, *tok;
+    size_t len;
+    while (p != NULL && ctx_list_next(&p, &tok, &len)) {
         bool found = false;
         for (size_t i = 0; i < n && !found; i++) {
-            found = strlen(known[i]) == (size_t)(t - p) &&
-                    strncmp(known[i], p, (size_t)(t - p)) == 0;
+            found = ctx_tok_is(tok, len, known[i]);
         }
         if (!found) {
             char names[256] = "";
             for (size_t i = 0; i < n; i++) {
-                size_t used = strlen(names);
-                snprintf(names + used, sizeof(names) - used, "%s%s",
-                         i ? ", " : "", known[i]);
+                tp__report_add(names, sizeof(names), "%s%s", i ? ", " : "",
+                               known[i]);
             }
             return tp__error_set(err_p, TP_EINVAL,
                                  "context options: unknown %s \"%.*s\" in "
                                  "\"%s\" (known: %s)",
-                                 what, (int)(t - p), p, list, names);
+                                 what, (int)len, tok, list, names);
         }
-        p = e;
     }
     return TP_OK;
 }
@@ -107,11 +110,17 @@ ctx_allowed(const char *allow, const char *deny, const char *name,
     return true;
 }
 
-uint64_t
-tp__ctx_reg_id(void)
+void
+tp__report_add(char *buf, size_t cap, const char *fmt, ...)
 {
-    // Ids only match joins: a guess costs the guesser a closed connection.
-    return tp__random_u64();
+    size_t len = strlen(buf);
+    if (len + 1 >= cap) {
+        return;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf + len, cap - len, fmt, ap);
+    va_end(ap);
 }
 
 // ---- objects the context waits for -----------------------------------------
@@ -449,7 +458,7 @@ tp_context_name(const tp_context *ctx)
 char *
 tp_context_report(const tp_context *ctx)
 {
-    size_t cap = 4096, len = 0;
+    size_t cap = 4096;
     char *out = malloc(cap);
     if (out == NULL) {
         return NULL;
@@ -464,24 +473,18 @@ tp_context_report(const tp_context *ctx)
     for (size_t g = 0; g < 2; g++) {
         for (size_t i = 0; i < groups[g].n; i++) {
             const ctx_backend *b = &groups[g].b[i];
-            int w = snprintf(out + len, cap - len, "%s %s: %s%s%s%s\n",
-                             groups[g].kind, b->cb_name,
-                             b->cb_used ? "usable, priority " : b->cb_why,
-                             b->cb_used ? "" : "", b->cb_used ? "" : "", "");
-            if (w > 0 && (size_t)w < cap - len) {
-                len += (size_t)w;
-            }
             if (b->cb_used) {
-                w = snprintf(out + len - 1, cap - len + 1,
-                             "%zu, domain \"%s\"\n", i + 1, b->cb_domain);
-                if (w > 0 && (size_t)w < cap - len + 1) {
-                    len += (size_t)w - 1;
-                }
+                tp__report_add(out, cap,
+                               "%s %s: usable, priority %zu, domain \"%s\"\n",
+                               groups[g].kind, b->cb_name, i + 1, b->cb_domain);
+            } else {
+                tp__report_add(out, cap, "%s %s: %s\n", groups[g].kind,
+                               b->cb_name, b->cb_why);
             }
         }
     }
     if (ctx->x_nlanes > 0) {
-        snprintf(out + len, cap - len, "mpt lanes: %u\n", ctx->x_nlanes);
+        tp__report_add(out, cap, "mpt lanes: %u\n", ctx->x_nlanes);
     }
     return out;
 }

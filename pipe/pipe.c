@@ -259,22 +259,6 @@ pipe_check_drained(tp_pipe *p)
 // ---- reports
 // -----------------------------------------------------------------
 
-static void report_add(char *buf, size_t cap, const char *fmt, ...)
-    TP_PRINTF(3, 4);
-
-static void
-report_add(char *buf, size_t cap, const char *fmt, ...)
-{
-    size_t len = strlen(buf);
-    if (len + 1 >= cap) {
-        return;
-    }
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf + len, cap - len, fmt, ap);
-    va_end(ap);
-}
-
 static void
 pipe_log_report(tp_pipe *p)
 {
@@ -295,12 +279,6 @@ brochure_find(const tp__brochure_entry *e, size_t n, const char *name)
     return NULL;
 }
 
-static bool
-transport_is_network(const char *name)
-{
-    return strcmp(name, "shm") != 0;
-}
-
 // Picks the transport and channel for brochure @b; fills p_report and the
 // compact notes sent to the peer. Returns false with @why if none fits.
 static bool
@@ -317,32 +295,35 @@ pipe_choose(tp_pipe *p, tp_pipe_listener *pl, const tp__brochure *b,
             brochure_find(b->b_transports, b->b_ntransports, t->cb_name);
         const char *addr = tp_pipe_listener_addr(pl, t->cb_name);
         if (!t->cb_used) {
-            report_add(rep, cap, "transport %s: %s\n", t->cb_name, t->cb_why);
+            tp__report_add(rep, cap, "transport %s: %s\n", t->cb_name,
+                           t->cb_why);
         } else if (p->p_tr != NULL) {
-            report_add(rep, cap,
-                       "transport %s: usable, lower priority than "
-                       "%s\n",
-                       t->cb_name, p->p_tr->cb_name);
-            report_add(notes, notes_len, "%s: lower priority; ", t->cb_name);
+            tp__report_add(rep, cap,
+                           "transport %s: usable, lower priority than "
+                           "%s\n",
+                           t->cb_name, p->p_tr->cb_name);
+            tp__report_add(notes, notes_len, "%s: lower priority; ",
+                           t->cb_name);
         } else if (e == NULL) {
-            report_add(rep, cap,
-                       "transport %s: the peer does not offer it "
-                       "(not registered, allowed or viable there)\n",
-                       t->cb_name);
+            tp__report_add(rep, cap,
+                           "transport %s: the peer does not offer it "
+                           "(not registered, allowed or viable there)\n",
+                           t->cb_name);
         } else if (strcmp(e->be_domain, t->cb_domain) != 0) {
-            report_add(rep, cap,
-                       "transport %s: domain descriptors differ "
-                       "(ours \"%s\", peer's \"%s\")\n",
-                       t->cb_name, t->cb_domain, e->be_domain);
-            report_add(notes, notes_len, "%s: domains differ; ", t->cb_name);
+            tp__report_add(rep, cap,
+                           "transport %s: domain descriptors differ "
+                           "(ours \"%s\", peer's \"%s\")\n",
+                           t->cb_name, t->cb_domain, e->be_domain);
+            tp__report_add(notes, notes_len, "%s: domains differ; ",
+                           t->cb_name);
         } else if (addr == NULL) {
-            report_add(rep, cap,
-                       "transport %s: this listener does not listen "
-                       "on it\n",
-                       t->cb_name);
+            tp__report_add(rep, cap,
+                           "transport %s: this listener does not listen "
+                           "on it\n",
+                           t->cb_name);
         } else {
             p->p_tr = t;
-            report_add(rep, cap, "transport %s: chosen\n", t->cb_name);
+            tp__report_add(rep, cap, "transport %s: chosen\n", t->cb_name);
         }
     }
     if (p->p_tr == NULL) {
@@ -358,37 +339,39 @@ pipe_choose(tp_pipe *p, tp_pipe_listener *pl, const tp__brochure *b,
             c->cb_channel_ops->nconns(&ctx->x_cfg, &lanes);
         }
         if (!c->cb_used) {
-            report_add(rep, cap, "channel %s: %s\n", c->cb_name, c->cb_why);
+            tp__report_add(rep, cap, "channel %s: %s\n", c->cb_name, c->cb_why);
         } else if (p->p_ch != NULL) {
-            report_add(rep, cap,
-                       "channel %s: usable, lower priority than "
-                       "%s\n",
-                       c->cb_name, p->p_ch->cb_name);
-            report_add(notes, notes_len, "%s: lower priority; ", c->cb_name);
+            tp__report_add(rep, cap,
+                           "channel %s: usable, lower priority than "
+                           "%s\n",
+                           c->cb_name, p->p_ch->cb_name);
+            tp__report_add(notes, notes_len, "%s: lower priority; ",
+                           c->cb_name);
         } else if (e == NULL) {
-            report_add(rep, cap,
-                       "channel %s: the peer does not offer it "
-                       "(not registered, allowed or viable there)\n",
-                       c->cb_name);
+            tp__report_add(rep, cap,
+                           "channel %s: the peer does not offer it "
+                           "(not registered, allowed or viable there)\n",
+                           c->cb_name);
         } else if (strcmp(e->be_domain, c->cb_domain) != 0) {
-            report_add(rep, cap,
-                       "channel %s: domain descriptors differ "
-                       "(ours \"%s\", peer's \"%s\")\n",
-                       c->cb_name, c->cb_domain, e->be_domain);
-            report_add(notes, notes_len, "%s: domains differ; ", c->cb_name);
-        } else if (lanes && !transport_is_network(p->p_tr->cb_name)) {
-            report_add(rep, cap,
-                       "channel %s: not over transport %s (same-host "
-                       "memory beats tcp lanes)\n",
-                       c->cb_name, p->p_tr->cb_name);
-            report_add(notes, notes_len, "%s: not over %s; ", c->cb_name,
-                       p->p_tr->cb_name);
+            tp__report_add(rep, cap,
+                           "channel %s: domain descriptors differ "
+                           "(ours \"%s\", peer's \"%s\")\n",
+                           c->cb_name, c->cb_domain, e->be_domain);
+            tp__report_add(notes, notes_len, "%s: domains differ; ",
+                           c->cb_name);
+        } else if (lanes && p->p_tr->cb_transport->t_ops->same_host) {
+            tp__report_add(rep, cap,
+                           "channel %s: not over transport %s (same-host "
+                           "memory beats tcp lanes)\n",
+                           c->cb_name, p->p_tr->cb_name);
+            tp__report_add(notes, notes_len, "%s: not over %s; ", c->cb_name,
+                           p->p_tr->cb_name);
         } else if (lanes && pl->pl_nlanes == 0) {
-            report_add(rep, cap, "channel %s: this listener has no lanes\n",
-                       c->cb_name);
+            tp__report_add(rep, cap, "channel %s: this listener has no lanes\n",
+                           c->cb_name);
         } else {
             p->p_ch = c;
-            report_add(rep, cap, "channel %s: chosen\n", c->cb_name);
+            tp__report_add(rep, cap, "channel %s: chosen\n", c->cb_name);
         }
     }
     if (p->p_ch == NULL) {
@@ -554,10 +537,10 @@ tp__pipe_accept_brochure(tp_context *ctx, tp_pipe_listener *pl, tp_conn *conn,
         char lines[TP_REPORT_LEN];
         snprintf(lines, sizeof(lines), "%s", p->p_report);
         p->p_report[0] = '\0';
-        report_add(p->p_report, sizeof(p->p_report),
-                   "pipe from %s: transport %s, channel %s\n", p->p_peer,
-                   p->p_tr->cb_name, p->p_ch->cb_name);
-        report_add(p->p_report, sizeof(p->p_report), "%s", lines);
+        tp__report_add(p->p_report, sizeof(p->p_report),
+                       "pipe from %s: transport %s, channel %s\n", p->p_peer,
+                       p->p_tr->cb_name, p->p_ch->cb_name);
+        tp__report_add(p->p_report, sizeof(p->p_report), "%s", lines);
     }
     p->p_chops = p->p_ch->cb_channel_ops;
     a->a_accepted = true;
@@ -567,7 +550,7 @@ tp__pipe_accept_brochure(tp_context *ctx, tp_pipe_listener *pl, tp_conn *conn,
         a->a_transport_reg_id = 0;
         p->p_conn = conn;
     } else {
-        p->p_reg_main = tp__ctx_reg_id();
+        p->p_reg_main = tp__random_u64();
         a->a_transport_reg_id = p->p_reg_main;
         snprintf(a->a_transport_addr, sizeof(a->a_transport_addr), "%s",
                  tp_pipe_listener_addr(pl, p->p_tr->cb_name));
@@ -596,7 +579,7 @@ tp__pipe_accept_brochure(tp_context *ctx, tp_pipe_listener *pl, tp_conn *conn,
     }
     a->a_nconns = (uint16_t)n;
     for (unsigned i = 0; i < n; i++) {
-        p->p_reg_extra[i] = tp__ctx_reg_id();
+        p->p_reg_extra[i] = tp__random_u64();
         a->a_conns[i].ac_reg_id = p->p_reg_extra[i];
         snprintf(a->a_conns[i].ac_addr, sizeof(a->a_conns[i].ac_addr), "%s",
                  lanes ? tp__listener_lane_addr(pl, i)
@@ -844,10 +827,11 @@ hs_connector_report(tp_pipe *p)
         for (size_t i = 0; i < g[k].n; i++) {
             ctx_backend *b = &g[k].b[i];
             if (!b->cb_used) {
-                report_add(rep, cap, "%s %s: %s\n", g[k].kind, b->cb_name,
-                           b->cb_why);
+                tp__report_add(rep, cap, "%s %s: %s\n", g[k].kind, b->cb_name,
+                               b->cb_why);
             } else if (strcmp(b->cb_name, g[k].chosen) == 0) {
-                report_add(rep, cap, "%s %s: chosen\n", g[k].kind, b->cb_name);
+                tp__report_add(rep, cap, "%s %s: chosen\n", g[k].kind,
+                               b->cb_name);
             } else {
                 // The peer's note for it ("tcp: lower priority; ...").
                 char key[TP_WIRE_MAX_NAME + 3];
@@ -856,14 +840,14 @@ hs_connector_report(tp_pipe *p)
                 if (note != NULL) {
                     note += strlen(key);
                     int n = (int)strcspn(note, ";");
-                    report_add(rep, cap,
-                               "%s %s: not chosen by the peer: %.*s\n",
-                               g[k].kind, b->cb_name, n, note);
+                    tp__report_add(rep, cap,
+                                   "%s %s: not chosen by the peer: %.*s\n",
+                                   g[k].kind, b->cb_name, n, note);
                 } else {
-                    report_add(rep, cap,
-                               "%s %s: not chosen by the peer (it does not "
-                               "offer it)\n",
-                               g[k].kind, b->cb_name);
+                    tp__report_add(rep, cap,
+                                   "%s %s: not chosen by the peer (it does not "
+                                   "offer it)\n",
+                                   g[k].kind, b->cb_name);
                 }
             }
         }
@@ -874,7 +858,8 @@ hs_connector_report(tp_pipe *p)
                (a->a_reason[n - 1] == ' ' || a->a_reason[n - 1] == ';')) {
             a->a_reason[--n] = '\0';
         }
-        report_add(rep, cap, "peer %s notes: %s\n", a->a_ctxname, a->a_reason);
+        tp__report_add(rep, cap, "peer %s notes: %s\n", a->a_ctxname,
+                       a->a_reason);
     }
 }
 

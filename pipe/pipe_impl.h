@@ -235,7 +235,9 @@ struct tp_pipe {
 tp_pipe *tp__pipe_new(tp_context *ctx);
 void tp__ctx_obj_add(tp_context *ctx);
 void tp__ctx_obj_done(tp_context *ctx);
-uint64_t tp__ctx_reg_id(void);
+// Appends to the NUL-terminated @buf of @cap bytes (truncating).
+void tp__report_add(char *buf, size_t cap, const char *fmt, ...)
+    TP_PRINTF(3, 4);
 ctx_backend *tp__ctx_transport(tp_context *ctx, const char *name);
 // Loop thread: a pipe accepted by @pl finished its handshake.
 void tp__listener_pipe_ready(tp_pipe_listener *pl, tp_pipe *p);

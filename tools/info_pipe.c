@@ -11,6 +11,7 @@
 #include <tpipe/pipe.h>
 
 #include "tool.h"
+#include "transport/transport.h"
 
 static tp_context *
 info_pipe_ctx(const char *name, const char *transports, const char *channels)
@@ -81,9 +82,10 @@ tool_info_listen(const char *url, int64_t timeout_ms, long count,
         return TOOL_EXIT_FAIL;
     }
     printf("listening:");
-    static const char *const names[] = {"shm", "tcp", "ibv", "ucx"};
-    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
-        const char *a = tp_pipe_listener_addr(l, names[i]);
+    size_t ntr = 0;
+    const tp_transport_ops *const *reg = tp__transport_registry(&ntr);
+    for (size_t i = 0; i < ntr; i++) {
+        const char *a = tp_pipe_listener_addr(l, reg[i]->name);
         if (a != NULL) {
             printf(" %s", a);
         }

@@ -1845,6 +1845,7 @@ shm_ctx_fini(tp_transport *t)
 const tp_transport_ops tp__transport_shm_ops = {
     .abi_version = TP_TRANSPORT_ABI_V1,
     .name = "shm",
+    .same_host = true,
     .ctx_size = 0,
     .listener_size = sizeof(shm_listener),
     .conn_size = sizeof(shm_conn),

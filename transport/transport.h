@@ -48,6 +48,9 @@ typedef struct tp_conn tp_conn;
 typedef struct tp_transport_ops {
     uint32_t abi_version; // TP_TRANSPORT_ABI_V1
     const char *name;     // "tcp", "shm"
+    // Reaches only peers on the same host through memory (shm): channels
+    // that add network lanes (mpt) are pointless over it.
+    bool same_host;
     size_t ctx_size;      // private bytes allocated after tp_transport
     size_t listener_size; // bytes of the backend listener (embeds tp_listener)
     size_t conn_size;     // bytes of the backend conn (embeds tp_conn)
