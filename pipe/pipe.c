@@ -1195,6 +1195,9 @@ pipe_flush_writes(tp_pipe *p)
         if (failed && !idle) {
             break;
         }
+        if (p->p_wnext == w) {
+            p->p_wnext = tp__list_next(&p->p_writes, w);
+        }
         tp__list_remove(&p->p_writes, w);
         if (p->p_wcursor == w) {
             p->p_wcursor = NULL;
@@ -1375,18 +1378,9 @@ pipe_write_pump(tp_pipe *p)
     if (p->p_state != PIPE_READY) {
         return;
     }
-    while (p->p_wcursor == NULL) {
-        pipe_wop *w = NULL;
-        for (pipe_wop *x = tp__list_first(&p->p_writes); x != NULL;
-             x = tp__list_next(&p->p_writes, x)) {
-            if (!x->w_started) {
-                w = x;
-                break;
-            }
-        }
-        if (w == NULL) {
-            return;
-        }
+    while (p->p_wcursor == NULL && p->p_wnext != NULL) {
+        pipe_wop *w = p->p_wnext;
+        p->p_wnext = tp__list_next(&p->p_writes, w);
         tp_error *err = NULL;
         if (wop_start(p, w, &err) != TP_OK) {
             tp__pipe_fail(p, pipe_err(p, tp_error_status(err), err, "write"));
@@ -1412,6 +1406,9 @@ pipe_write_cancel(tp_aio *aio, void *arg, tp_status reason)
                  reason == TP_ETIMEDOUT ? "timed out" : "canceled");
         tp__pipe_fail(p, pipe_err(p, reason, NULL, what));
         return;
+    }
+    if (p->p_wnext == w) {
+        p->p_wnext = tp__list_next(&p->p_writes, w);
     }
     tp__list_remove(&p->p_writes, w);
     tp__aio_finish_status(aio, reason, "pipe to %s: write %s", p->p_peer,
@@ -1496,6 +1493,9 @@ pipe_write_start(void *obj, tp_aio *aio)
         return;
     }
     tp__list_append(&p->p_writes, w);
+    if (p->p_wnext == NULL) {
+        p->p_wnext = w;
+    }
     pipe_write_pump(p);
 }
 

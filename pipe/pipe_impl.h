@@ -201,6 +201,7 @@ struct tp_pipe {
     // writes
     tp_list p_writes;    // pipe_wop, in order
     pipe_wop *p_wcursor; // the write whose main-conn groups are being sent
+    pipe_wop *p_wnext;   // the first write not started yet (NULL: none)
     uint64_t p_wseq;
     // reads
     tp_list p_rdesc; // tp_aio waiting for a descriptor (a_node)

@@ -1127,10 +1127,10 @@ hello_rejected_by_listener(void)
     tp_log_set_handler(NULL, NULL);
 }
 
-// A connect to something that answers with the wrong bytes fails with
-// TP_EPROTO naming the address.
-static void
-hello_rejected_by_connect(void)
+// A plain listening socket on 127.0.0.1, port 0 (not a tpipe listener):
+// its fd, with its URL in @addr and its port in *port_p.
+static int
+raw_listen_lo(char *addr, size_t len, unsigned *port_p)
 {
     int lfd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in sin = {0};
@@ -1140,8 +1140,19 @@ hello_rejected_by_connect(void)
     TP_CHECK(listen(lfd, 4) == 0);
     socklen_t sl = sizeof(sin);
     TP_CHECK(getsockname(lfd, (struct sockaddr *)&sin, &sl) == 0);
+    *port_p = ntohs(sin.sin_port);
+    snprintf(addr, len, "tcp://127.0.0.1:%u", *port_p);
+    return lfd;
+}
+
+// A connect to something that answers with the wrong bytes fails with
+// TP_EPROTO naming the address.
+static void
+hello_rejected_by_connect(void)
+{
     char addr[64];
-    snprintf(addr, sizeof(addr), "tcp://127.0.0.1:%u", ntohs(sin.sin_port));
+    unsigned port;
+    int lfd = raw_listen_lo(addr, sizeof(addr), &port);
 
     env e;
     env_init(&e);
@@ -1156,7 +1167,7 @@ hello_rejected_by_connect(void)
     TP_CHECK(tp_aio_get_output(o.aio, 0) == NULL);
     char want[128];
     snprintf(want, sizeof(want), "tcp: connect to 127.0.0.1:%u: bad hello",
-             ntohs(sin.sin_port));
+             port);
     TP_CHECK_STR_CONTAINS(tp_error_message(tp_aio_error(o.aio)), want);
     op_fini(&o);
     // A connect whose hello never comes obeys the aio timeout.
@@ -1178,16 +1189,9 @@ hello_rejected_by_connect(void)
 static void
 connect_timeout_default(void)
 {
-    int lfd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sin = {0};
-    sin.sin_family = AF_INET;
-    sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    TP_CHECK(bind(lfd, (struct sockaddr *)&sin, sizeof(sin)) == 0);
-    TP_CHECK(listen(lfd, 4) == 0);
-    socklen_t sl = sizeof(sin);
-    TP_CHECK(getsockname(lfd, (struct sockaddr *)&sin, &sl) == 0);
     char addr[64];
-    snprintf(addr, sizeof(addr), "tcp://127.0.0.1:%u", ntohs(sin.sin_port));
+    unsigned port;
+    int lfd = raw_listen_lo(addr, sizeof(addr), &port);
     tp_config cfg;
     base_cfg(&cfg);
     cfg.connect_timeout_ms = 150;
@@ -1206,7 +1210,7 @@ connect_timeout_default(void)
     snprintf(want, sizeof(want),
              "tcp: connect to 127.0.0.1:%u: timed out after 150 ms (during "
              "the handshake)",
-             ntohs(sin.sin_port));
+             port);
     TP_CHECK_STR_CONTAINS(tp_error_message(tp_aio_error(o.aio)), want);
     op_fini(&o);
     close(lfd);
