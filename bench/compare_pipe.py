@@ -15,49 +15,21 @@ per matching combination and size: our median, TensorPipe's median over
 its reps, and ours/TP. Exit status 0 even when we are slower (a report,
 not a test).
 """
-import json
 import statistics
 import sys
+
+from benchlib import read_json_lines, read_peer_lines
 
 TR_MAP = {"tcp": "uv", "shm": "shm"}
 
 
 def load_ours(path):
-    rows = []
-    try:
-        f = open(path)
-    except OSError:
-        return rows
-    with f:
-        for line in f:
-            line = line.strip()
-            if not line.startswith("{"):
-                continue
-            try:
-                o = json.loads(line)
-            except ValueError:
-                continue
-            if o.get("bench") == "pipe":
-                rows.append(o)
-    return rows
+    return read_json_lines(path, bench="pipe")
 
 
 def load_tp(path):
     """[(kv dict)] of the TP lines."""
-    recs = []
-    try:
-        f = open(path)
-    except OSError:
-        return recs
-    with f:
-        for line in f:
-            parts = line.split()
-            if len(parts) < 2 or not parts[0].startswith("rep=") or \
-                    parts[1] != "TP":
-                continue
-            kv = dict(p.split("=", 1) for p in parts[2:] if "=" in p)
-            recs.append(kv)
-    return recs
+    return [kv for tag, kv in read_peer_lines(path) if tag == "TP"]
 
 
 def tp_median(recs, transport, channel, mode, test, size, field):

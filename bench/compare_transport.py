@@ -12,44 +12,19 @@ the median over R repetitions). PEERS_RAW.txt: run_all.sh's raw.txt, lines
 --json`. Prints markdown tables on stdout; exit status 0 even when a
 target is missed (this is a report, not a test).
 """
-import json
 import statistics
 import sys
 
+from benchlib import read_json_lines, read_peer_lines
+
 
 def load_ours(path):
-    rows = []
-    with open(path) as f:
-        for line in f:
-            line = line.strip()
-            if not line.startswith("{"):
-                continue
-            try:
-                rows.append(json.loads(line))
-            except ValueError:
-                pass
-    return rows
+    return read_json_lines(path)
 
 
 def load_peers(path):
-    """{(tag, frozenset of selected key=value)): [values over reps]}"""
-    recs = []
-    try:
-        f = open(path)
-    except OSError:
-        return recs
-    with f:
-        for line in f:
-            parts = line.split()
-            if len(parts) < 2 or not parts[0].startswith("rep="):
-                continue
-            kv = {}
-            for p in parts[2:]:
-                if "=" in p:
-                    k, v = p.split("=", 1)
-                    kv[k] = v
-            recs.append((parts[1], kv))
-    return recs
+    """[(tag, {key: value})] of the peers' lines."""
+    return read_peer_lines(path)
 
 
 def peer_median(recs, tag, field, **match):

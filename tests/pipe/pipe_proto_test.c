@@ -424,6 +424,15 @@ raw_server(raw *srv, tp_listener **tl_p, tp_context **b_p, tp_pipe **p_p)
     op_fini(&acc);
 }
 
+static void
+raw_server_close(raw *srv, tp_listener *tl, tp_context *b, tp_pipe *p)
+{
+    tp_pipe_unref(p);
+    tp_context_destroy(b);
+    tp__listener_destroy(tl);
+    raw_fini(srv);
+}
+
 // A listener that answers with garbage: the connecting pipe fails with a
 // protocol error naming the address.
 static void
@@ -449,10 +458,7 @@ test_bad_answer(void)
     TP_CHECK_STR_CONTAINS(tp_error_message(err), "127.0.0.1");
     TP_CHECK_STR_CONTAINS(tp_error_message(err), "answer");
     tp_error_unref(err);
-    tp_pipe_unref(p);
-    tp_context_destroy(b);
-    tp__listener_destroy(tl);
-    raw_fini(&srv);
+    raw_server_close(&srv, tl, b, p);
 }
 
 // A handshake that never gets its answer times out, naming the peer.
@@ -472,10 +478,7 @@ test_silent_listener(void)
     TP_CHECK_STR_CONTAINS(tp_error_message(err), "TP_HANDSHAKE_TIMEOUT_MS");
     TP_CHECK_STR_CONTAINS(tp_error_message(err), "127.0.0.1");
     tp_error_unref(err);
-    tp_pipe_unref(p);
-    tp_context_destroy(b);
-    tp__listener_destroy(tl);
-    raw_fini(&srv);
+    raw_server_close(&srv, tl, b, p);
 }
 
 // Both ends can use shm and tcp: connecting to the tcp URL ends on shm
