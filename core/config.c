@@ -319,6 +319,50 @@ static const config_entry config_table[] = {
         .ce_min = 1,
         .ce_max = CONFIG_GIB,
     },
+    {
+        .ce_name = "num_worker_threads",
+        .ce_env = "TP_NUM_WORKER_THREADS",
+        // PyTorch's TensorPipeRpcBackendOptions default.
+        .ce_def = "16",
+        .ce_doc = "threads of an RPC agent that run handlers and the "
+                  "callbacks of RPC futures",
+        .ce_type = CONFIG_INT,
+        CONFIG_FIELD(num_worker_threads),
+        .ce_min = 1,
+        .ce_max = TP_POOL_MAX_THREADS,
+        .ce_unit = "threads",
+    },
+    {
+        .ce_name = "rpc_timeout_ms",
+        .ce_env = "TP_RPC_TIMEOUT_MS",
+        // PyTorch's default rpc_timeout: 60 s.
+        .ce_def = "60000",
+        .ce_doc = "default deadline of an RPC, in ms (0: none)",
+        .ce_type = CONFIG_MS,
+        CONFIG_FIELD(rpc_timeout_ms),
+        .ce_min = 0,
+        .ce_max = CONFIG_DAY_MS,
+    },
+    {
+        .ce_name = "rpc_init_timeout_ms",
+        .ce_env = "TP_RPC_INIT_TIMEOUT_MS",
+        .ce_def = "60000",
+        .ce_doc = "deadline of tp_rpc_init (every worker joins), in ms",
+        .ce_type = CONFIG_MS,
+        CONFIG_FIELD(rpc_init_timeout_ms),
+        .ce_min = 1,
+        .ce_max = CONFIG_DAY_MS,
+    },
+    {
+        .ce_name = "rpc_shutdown_timeout_ms",
+        .ce_env = "TP_RPC_SHUTDOWN_TIMEOUT_MS",
+        .ce_def = "60000",
+        .ce_doc = "deadline of a graceful tp_rpc_shutdown, in ms",
+        .ce_type = CONFIG_MS,
+        CONFIG_FIELD(rpc_shutdown_timeout_ms),
+        .ce_min = 1,
+        .ce_max = CONFIG_DAY_MS,
+    },
 };
 
 // Renders @v with the largest K, M or G suffix that divides it exactly.

@@ -41,6 +41,10 @@ typedef struct tp_config {
     int64_t pipe_max_buf_bytes;   // TP_PIPE_MAX_BUF_BYTES
     int64_t store_timeout_ms;     // TP_STORE_TIMEOUT_MS
     int64_t store_max_value;      // TP_STORE_MAX_VALUE bytes
+    int64_t num_worker_threads;   // TP_NUM_WORKER_THREADS (agent handlers)
+    int64_t rpc_timeout_ms;       // TP_RPC_TIMEOUT_MS, 0 = none
+    int64_t rpc_init_timeout_ms;  // TP_RPC_INIT_TIMEOUT_MS
+    int64_t rpc_shutdown_timeout_ms; // TP_RPC_SHUTDOWN_TIMEOUT_MS
 } tp_config;
 
 // Fills @cfg with defaults, then applies TP_* environment variables.

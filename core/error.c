@@ -128,6 +128,16 @@ tp__error_new(tp_status st, int errnum, const tp_error *cause, const char *fmt,
     return err;
 }
 
+tp_error *
+tp_error_create(tp_status st, const tp_error *cause, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    tp_error *err = error_vnew(st, 0, cause, NULL, fmt, ap);
+    va_end(ap);
+    return err;
+}
+
 tp_status
 tp__error_set(tp_error **err_p, tp_status st, const char *fmt, ...)
 {

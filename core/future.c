@@ -18,6 +18,7 @@
 #include "alloc.h"
 #include "error.h"
 #include "platform.h"
+#include "pool.h"
 
 typedef struct future_cb {
     struct future_cb *fc_next;
@@ -38,6 +39,8 @@ struct tp_future {
     bool f_draining;  // the resolver is running callbacks
     future_cb *f_cbs; // pending callbacks, FIFO
     future_cb **f_cbs_tail;
+    tp_pool *f_pool; // if set, callbacks run there (tp__future_set_pool)
+    tp_task f_task;  // the pool task that drains the callbacks
 };
 
 tp_status
@@ -117,6 +120,25 @@ future_drain_unlock(tp_future *f)
     }
 }
 
+// Pool task: drains the callbacks of a future resolved on another thread.
+static void
+future_drain_task(void *arg)
+{
+    tp_future *f = arg;
+
+    tp__mtx_lock(&f->f_mtx);
+    future_drain_unlock(f);
+    tp_future_unref(f);
+}
+
+void
+tp__future_set_pool(tp_future *f, tp_pool *pool)
+{
+    tp__mtx_lock(&f->f_mtx);
+    f->f_pool = pool;
+    tp__mtx_unlock(&f->f_mtx);
+}
+
 // Resolves @f with @value/@free_fn or @err (already referenced for the
 // future). Returns TP_EINVAL, taking nothing, if already resolved.
 static tp_status
@@ -141,6 +163,16 @@ future_resolve(tp_future *f, void *value, tp_future_free_fn free_fn,
     // the future alive until the list is drained.
     tp_future_ref(f);
     f->f_draining = true;
+    // A future bound to a pool runs its callbacks there (user code must not
+    // run on the loop thread that resolved it). If the pool no longer
+    // takes work, they run here.
+    if (f->f_pool != NULL && !tp__pool_on_thread(f->f_pool)) {
+        tp__task_init(&f->f_task, future_drain_task, f);
+        if (tp__pool_submit(f->f_pool, &f->f_task) == TP_OK) {
+            tp__mtx_unlock(&f->f_mtx);
+            return TP_OK;
+        }
+    }
     future_drain_unlock(f);
     tp_future_unref(f);
     return TP_OK;

@@ -1,11 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 // pool.c - a fixed-size thread pool: one mutex, one FIFO of tp_task, one
-// condition variable that idle workers sleep on (no spinning).
+// condition variable that idle workers sleep on. Optionally (set_spin_us)
+// one idle worker at a time polls the queue length for a while before it
+// sleeps, so back-to-back tasks (RPC handlers) start without a wake-up.
 //
 // Locks: only p_mtx. Tasks run with no lock held.
 
 #include "pool.h"
 
+#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -22,9 +25,15 @@ struct tp_pool {
     tp_cv p_cv;      // signaled when a task is queued or the pool closes
     tp_task *p_head; // FIFO linked through t_next
     tp_task *p_tail;
-    bool p_closed;  // no new submissions
-    int p_idle;     // workers waiting on p_cv
-    int p_nthreads; // workers started
+    bool p_closed;              // no new submissions
+    int p_idle;                 // workers waiting on p_cv
+    int p_nthreads;             // workers started
+    int p_busy;                 // workers running a task
+    bool p_spinning;            // a worker is polling p_queued
+    _Atomic unsigned p_queued;  // tasks in the FIFO, for the spinner
+    _Atomic bool p_closed_flag; // p_closed, for the spinner
+    uint64_t p_spin_ns;         // 0: never spin
+    tp_cv p_idle_cv;            // signaled when p_busy drops to 0
     pool_worker *p_workers;
     char p_name[32];
 };
@@ -32,6 +41,36 @@ struct tp_pool {
 // The pool whose worker is the calling thread, for tp__pool_on_thread and
 // the destroy-from-own-thread assertion. Not an error channel.
 static _Thread_local const tp_pool *pool_current;
+
+// Polls p_queued for up to p_spin_ns with p_mtx released. Called with
+// p_mtx held and no other spinner; returns with it held. Submitters do not
+// signal while a worker spins (it sees the count), so the spinner clears
+// p_spinning only after retaking the lock, where it rechecks the queue.
+static void
+pool_spin_locked(tp_pool *pool)
+{
+    pool->p_spinning = true;
+    tp__mtx_unlock(&pool->p_mtx);
+    uint64_t end = tp__now_ns() + pool->p_spin_ns;
+    for (unsigned round = 1;; round++) {
+        if (atomic_load_explicit(&pool->p_queued, memory_order_relaxed) > 0 ||
+            atomic_load_explicit(&pool->p_closed_flag, memory_order_relaxed)) {
+            break;
+        }
+        if ((round & 7) == 0) {
+            // On a machine with few cores the thread that would submit
+            // the next task may need this one.
+            sched_yield();
+            if (tp__now_ns() >= end) {
+                break;
+            }
+        } else {
+            tp__cpu_relax();
+        }
+    }
+    tp__mtx_lock(&pool->p_mtx);
+    pool->p_spinning = false;
+}
 
 static void *
 pool_worker_main(void *arg)
@@ -46,7 +85,14 @@ pool_worker_main(void *arg)
 
     tp__mtx_lock(&pool->p_mtx);
     for (;;) {
+        // One spin per task run: a worker that spun in vain sleeps.
+        bool spun = false;
         while (pool->p_head == NULL && !pool->p_closed) {
+            if (pool->p_spin_ns > 0 && !pool->p_spinning && !spun) {
+                pool_spin_locked(pool);
+                spun = true;
+                continue; // recheck under the lock
+            }
             pool->p_idle++;
             tp__cv_wait(&pool->p_cv, &pool->p_mtx);
             pool->p_idle--;
@@ -58,14 +104,23 @@ pool_worker_main(void *arg)
         pool->p_head = task->t_next;
         if (pool->p_head == NULL) {
             pool->p_tail = NULL;
+        } else if (pool->p_idle > 0 && !pool->p_spinning) {
+            // More work than this worker: a spinner would have taken it,
+            // without one wake a sleeper.
+            tp__cv_signal(&pool->p_cv);
         }
+        atomic_fetch_sub_explicit(&pool->p_queued, 1, memory_order_relaxed);
         task->t_next = NULL;
+        pool->p_busy++;
         // Read the task before running it: it may free its own storage.
         tp_task_fn fn = task->t_fn;
         void *fn_arg = task->t_arg;
         tp__mtx_unlock(&pool->p_mtx);
         fn(fn_arg);
         tp__mtx_lock(&pool->p_mtx);
+        if (--pool->p_busy == 0 && pool->p_head == NULL) {
+            tp__cv_broadcast(&pool->p_idle_cv);
+        }
     }
     tp__mtx_unlock(&pool->p_mtx);
     pool_current = NULL;
@@ -86,6 +141,7 @@ pool_join(tp_pool *pool, int n)
 static void
 pool_free(tp_pool *pool)
 {
+    tp__cv_fini(&pool->p_idle_cv);
     tp__cv_fini(&pool->p_cv);
     tp__mtx_fini(&pool->p_mtx);
     tp__free(pool->p_workers);
@@ -114,6 +170,9 @@ tp__pool_create(int nthreads, const char *name, tp_pool **pool_p,
     }
     tp__mtx_init(&pool->p_mtx);
     tp__cv_init(&pool->p_cv);
+    tp__cv_init(&pool->p_idle_cv);
+    atomic_init(&pool->p_queued, 0);
+    atomic_init(&pool->p_closed_flag, false);
     snprintf(pool->p_name, sizeof(pool->p_name), "%s", name);
 
     for (int i = 0; i < nthreads; i++) {
@@ -157,7 +216,8 @@ tp__pool_submit(tp_pool *pool, tp_task *task)
         pool->p_head = task;
     }
     pool->p_tail = task;
-    if (pool->p_idle > 0) {
+    atomic_fetch_add_explicit(&pool->p_queued, 1, memory_order_relaxed);
+    if (pool->p_idle > 0 && !pool->p_spinning) {
         tp__cv_signal(&pool->p_cv);
     }
     tp__mtx_unlock(&pool->p_mtx);
@@ -203,6 +263,7 @@ tp__pool_close(tp_pool *pool)
 {
     tp__mtx_lock(&pool->p_mtx);
     pool->p_closed = true;
+    atomic_store_explicit(&pool->p_closed_flag, true, memory_order_relaxed);
     // Idle workers wake up, run what is left and exit.
     tp__cv_broadcast(&pool->p_cv);
     tp__mtx_unlock(&pool->p_mtx);
@@ -219,6 +280,31 @@ tp__pool_destroy(tp_pool *pool)
     pool_join(pool, pool->p_nthreads);
     TP_ASSERT(pool->p_head == NULL);
     pool_free(pool);
+}
+
+void
+tp__pool_set_spin_us(tp_pool *pool, int64_t spin_us)
+{
+    tp__mtx_lock(&pool->p_mtx);
+    pool->p_spin_ns = spin_us > 0 ? (uint64_t)spin_us * 1000u : 0;
+    tp__mtx_unlock(&pool->p_mtx);
+}
+
+bool
+tp__pool_wait_idle(tp_pool *pool, uint64_t deadline_ns)
+{
+    TP_ASSERT(!tp__pool_on_thread(pool));
+    bool idle = true;
+    tp__mtx_lock(&pool->p_mtx);
+    while (pool->p_busy > 0 || pool->p_head != NULL) {
+        if (!tp__cv_wait_until(&pool->p_idle_cv, &pool->p_mtx, deadline_ns) &&
+            (pool->p_busy > 0 || pool->p_head != NULL)) {
+            idle = false;
+            break;
+        }
+    }
+    tp__mtx_unlock(&pool->p_mtx);
+    return idle;
 }
 
 bool

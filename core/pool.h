@@ -51,4 +51,21 @@ void tp__pool_destroy(tp_pool *pool);
 // True if the caller runs on one of @pool's threads.
 bool tp__pool_on_thread(const tp_pool *pool);
 
+// Idle workers poll the queue for @spin_us microseconds before sleeping
+// (at most one worker spins at a time, yielding the CPU between polls), so
+// a task submitted soon after the last one starts without a thread wake-up
+// (~40 us on a VM). 0 (the default) = sleep at once. Before any submit.
+void tp__pool_set_spin_us(tp_pool *pool, int64_t spin_us);
+
+// Waits until no task is queued or running, at most until @deadline_ns
+// (a tp__now_ns() value). Returns false at the deadline. Not from a pool
+// thread.
+bool tp__pool_wait_idle(tp_pool *pool, uint64_t deadline_ns);
+
+// Futures (future.c): callbacks of @f, when it is resolved on a thread
+// that is not one of @pool's, run on @pool instead of on the resolving
+// thread (and inline if @pool no longer takes work).
+struct tp_future;
+void tp__future_set_pool(struct tp_future *f, tp_pool *pool);
+
 #endif

@@ -68,6 +68,16 @@ TP_API const tp_error *tp_error_cause(const tp_error *err);
 TP_API tp_error *tp_error_ref(const tp_error *err);
 /** tp_error_unref - drop a reference; NULL is fine. Never blocks. */
 TP_API void tp_error_unref(tp_error *err);
+/**
+ * tp_error_create - a new error (refcount 1) with status @st and the
+ * printf-style message @fmt; @cause (may be NULL) is referenced and its
+ * message appended after ": ". Never NULL: on out-of-memory it returns a
+ * static TP_ENOMEM error (refcounting it is a no-op). For handlers and
+ * futures of user code (rpc.h).
+ */
+TP_API tp_error *tp_error_create(tp_status st, const tp_error *cause,
+                                 const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 /** tp_status_name - "TP_ECONNRESET" etc.; a static string, never NULL. */
 TP_API const char *tp_status_name(tp_status s);
 /** tp_status_describe - a short lowercase description of @s. */

@@ -12,6 +12,7 @@
 #include <tpipe/tensor.h>
 #include <tpipe/autograd.h>
 #include <tpipe/store.h>
+#include <tpipe/rpc.h>
 
 #ifdef __cplusplus
 extern "C" {

@@ -34,6 +34,10 @@ static const char *const all_env[] = {
     "TP_PIPE_MAX_BUF_BYTES",
     "TP_STORE_TIMEOUT_MS",
     "TP_STORE_MAX_VALUE",
+    "TP_NUM_WORKER_THREADS",
+    "TP_RPC_TIMEOUT_MS",
+    "TP_RPC_INIT_TIMEOUT_MS",
+    "TP_RPC_SHUTDOWN_TIMEOUT_MS",
 };
 
 // Start every case from a clean environment, whatever ctest inherited.
@@ -69,6 +73,10 @@ check_defaults(const tp_config *cfg)
     TP_CHECK_EQ(cfg->pipe_max_buf_bytes, (int64_t)64 << 30);
     TP_CHECK_EQ(cfg->store_timeout_ms, 300000);
     TP_CHECK_EQ(cfg->store_max_value, 64 << 20);
+    TP_CHECK_EQ(cfg->num_worker_threads, 16);
+    TP_CHECK_EQ(cfg->rpc_timeout_ms, 60000);
+    TP_CHECK_EQ(cfg->rpc_init_timeout_ms, 60000);
+    TP_CHECK_EQ(cfg->rpc_shutdown_timeout_ms, 60000);
 }
 
 static void

@@ -1,0 +1,60 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* agent_int.h (internal) - what the agent's files share: the args object,
+ * the function registry, the builtins, and hooks for tests. */
+#ifndef TP_AGENT_INT_H
+#define TP_AGENT_INT_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <tpipe/pipe.h>
+#include <tpipe/rpc.h>
+
+#include "core/error.h"
+
+/* Arguments or a result: bytes + contiguous CPU tensors. The bytes are
+ * either owned (malloc) or borrowed from a received message (a_msg, freed
+ * with the args). Immutable once given to a call. */
+struct tp_args {
+    _Atomic long a_refs;
+    const void *a_bytes;
+    size_t a_len;
+    void *a_owned;     /* freed with the args (a copy of the bytes) */
+    tp_message *a_msg; /* a received message whose payload holds a_bytes */
+    tp_tensor **a_tensors;
+    size_t a_ntensors;
+    size_t a_cap;
+};
+
+/* Args with room for @ntensors tensors and no bytes. */
+tp_status ag_args_create_empty(size_t ntensors, tp_args **args_p);
+/* Appends @t without a contiguity check (taking the reference). */
+void ag_args_push_tensor(tp_args *args, tp_tensor *t);
+/* Sum of the bytes and tensor bytes. */
+uint64_t ag_args_nbytes(const tp_args *args);
+/* A copy whose tensors have their own storage (calls to self). */
+tp_status ag_args_clone(const tp_args *in, tp_args **out_p, tp_error **err_p);
+
+/* A registered function. Entries are never freed (process lifetime). */
+typedef struct ag_fn {
+    uint64_t fn_id; /* XXH3-64 of the name */
+    char fn_name[TP_RPC_MAX_FN_NAME + 1];
+    tp_rpc_fn fn_sync;
+    tp_rpc_async_fn fn_async;
+    void *fn_arg;
+} ag_fn;
+
+/* The function with @id, NULL if none; registers the builtins first. */
+const ag_fn *ag_registry_find(uint64_t id);
+/* Registers "tp.noop", "tp.echo", "tp.add" once (builtins.c). */
+void ag_builtins_register(void);
+/* For ag_builtins_register, which runs inside the registry's
+ * pthread_once and must not re-enter it. */
+tp_status ag_registry_add_builtin(const char *name, tp_rpc_fn fn);
+
+/* For tests: the URL of the agent's listener (its best transport). */
+const char *tp__agent_listen_url(const tp_agent *a);
+
+#endif

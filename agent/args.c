@@ -1,0 +1,187 @@
+// SPDX-License-Identifier: Apache-2.0
+// args.c - arguments and results of calls: opaque bytes + tensors.
+
+#include "agent_int.h"
+
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/platform.h"
+
+tp_status
+ag_args_create_empty(size_t ntensors, tp_args **args_p)
+{
+    tp_args *a = tp__zalloc(sizeof(*a));
+    if (a == NULL) {
+        return TP_ENOMEM;
+    }
+    atomic_init(&a->a_refs, 1);
+    if (ntensors > 0) {
+        a->a_tensors = tp__zalloc(ntensors * sizeof(tp_tensor *));
+        if (a->a_tensors == NULL) {
+            tp__free(a);
+            return TP_ENOMEM;
+        }
+        a->a_cap = ntensors;
+    }
+    *args_p = a;
+    return TP_OK;
+}
+
+tp_status
+tp_args_create(const void *bytes, size_t len, tp_args **args_p)
+{
+    if (args_p == NULL || (bytes == NULL && len > 0)) {
+        return TP_EINVAL;
+    }
+    tp_args *a;
+    tp_status st = ag_args_create_empty(0, &a);
+    if (st != TP_OK) {
+        return st;
+    }
+    if (len > 0) {
+        a->a_owned = tp__alloc(len);
+        if (a->a_owned == NULL) {
+            tp__free(a);
+            return TP_ENOMEM;
+        }
+        memcpy(a->a_owned, bytes, len);
+        a->a_bytes = a->a_owned;
+        a->a_len = len;
+    }
+    *args_p = a;
+    return TP_OK;
+}
+
+void
+ag_args_push_tensor(tp_args *args, tp_tensor *t)
+{
+    TP_ASSERT(args->a_ntensors < args->a_cap);
+    args->a_tensors[args->a_ntensors++] = t;
+}
+
+tp_status
+tp_args_add_tensor(tp_args *args, tp_tensor *t)
+{
+    if (args == NULL || t == NULL || args->a_ntensors >= TP_RPC_MAX_TENSORS) {
+        return TP_EINVAL;
+    }
+    if (tp_tensor_device(t).type != TP_DEVICE_CPU) {
+        return TP_ENOTSUP;
+    }
+    if (args->a_ntensors == args->a_cap) {
+        size_t cap = args->a_cap == 0 ? 4 : args->a_cap * 2;
+        tp_tensor **nt = tp__realloc(args->a_tensors, cap * sizeof(*nt));
+        if (nt == NULL) {
+            return TP_ENOMEM;
+        }
+        args->a_tensors = nt;
+        args->a_cap = cap;
+    }
+    // A view is sent as the contiguous bytes it covers (a copy); a
+    // contiguous tensor goes straight from its storage into the pipe.
+    tp_tensor *c;
+    tp_status st = tp_tensor_contiguous(t, &c, NULL);
+    if (st != TP_OK) {
+        return st;
+    }
+    ag_args_push_tensor(args, c);
+    return TP_OK;
+}
+
+tp_args *
+tp_args_ref(tp_args *args)
+{
+    atomic_fetch_add_explicit(&args->a_refs, 1, memory_order_relaxed);
+    return args;
+}
+
+void
+tp_args_unref(tp_args *args)
+{
+    if (args == NULL || atomic_fetch_sub_explicit(&args->a_refs, 1,
+                                                  memory_order_acq_rel) != 1) {
+        return;
+    }
+    for (size_t i = 0; i < args->a_ntensors; i++) {
+        tp_tensor_unref(args->a_tensors[i]);
+    }
+    tp__free(args->a_tensors);
+    tp__free(args->a_owned);
+    tp_message_destroy(args->a_msg);
+    tp__free(args);
+}
+
+const void *
+tp_args_bytes(const tp_args *args, size_t *len_p)
+{
+    if (len_p != NULL) {
+        *len_p = args != NULL ? args->a_len : 0;
+    }
+    return args != NULL ? args->a_bytes : NULL;
+}
+
+size_t
+tp_args_ntensors(const tp_args *args)
+{
+    return args != NULL ? args->a_ntensors : 0;
+}
+
+tp_tensor *
+tp_args_tensor(const tp_args *args, size_t i)
+{
+    if (args == NULL || i >= args->a_ntensors) {
+        return NULL;
+    }
+    return args->a_tensors[i];
+}
+
+uint64_t
+ag_args_nbytes(const tp_args *args)
+{
+    if (args == NULL) {
+        return 0;
+    }
+    uint64_t n = args->a_len;
+    for (size_t i = 0; i < args->a_ntensors; i++) {
+        n += tp_tensor_nbytes(args->a_tensors[i]);
+    }
+    return n;
+}
+
+tp_status
+ag_args_clone(const tp_args *in, tp_args **out_p, tp_error **err_p)
+{
+    tp_args *out;
+    size_t nt = in != NULL ? in->a_ntensors : 0;
+    tp_status st = ag_args_create_empty(nt, &out);
+    if (st != TP_OK) {
+        return tp__error_set(err_p, st, "copying rpc arguments: out of memory");
+    }
+    if (in == NULL) {
+        *out_p = out;
+        return TP_OK;
+    }
+    if (in->a_len > 0) {
+        out->a_owned = tp__alloc(in->a_len);
+        if (out->a_owned == NULL) {
+            tp_args_unref(out);
+            return tp__error_set(err_p, TP_ENOMEM,
+                                 "copying rpc arguments: out of memory");
+        }
+        memcpy(out->a_owned, in->a_bytes, in->a_len);
+        out->a_bytes = out->a_owned;
+        out->a_len = in->a_len;
+    }
+    for (size_t i = 0; i < nt; i++) {
+        tp_tensor *c;
+        st = tp_tensor_clone(in->a_tensors[i], &c, err_p);
+        if (st != TP_OK) {
+            tp_args_unref(out);
+            return st;
+        }
+        ag_args_push_tensor(out, c);
+    }
+    *out_p = out;
+    return TP_OK;
+}

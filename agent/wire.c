@@ -1,0 +1,239 @@
+// SPDX-License-Identifier: Apache-2.0
+// wire.c - encoding and checking the agent's message metadata (wire.h).
+// Everything decoded here comes from the network: every count, length,
+// dtype and size is checked before it is used.
+
+#include "wire.h"
+
+#include <string.h>
+
+#include "agent_int.h"
+#include "core/wire.h"
+
+#define AG_TMETA_FIXED 8
+
+bool
+ag_fn_name_valid(const char *name, size_t len)
+{
+    if (len == 0 || len > TP_RPC_MAX_FN_NAME) {
+        return false;
+    }
+    for (size_t i = 0; i < len; i++) {
+        char c = name[i];
+        bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                  (c >= '0' && c <= '9') || c == '_' || c == '-' || c == '.' ||
+                  c == ':' || c == '/';
+        if (!ok) {
+            return false;
+        }
+    }
+    return true;
+}
+
+size_t
+ag_wire_size(size_t fn_name_len, size_t ext_len, const tp_args *args)
+{
+    size_t n = AG_WIRE_HDR + fn_name_len + ext_len;
+    if (args != NULL) {
+        for (size_t i = 0; i < args->a_ntensors; i++) {
+            n += AG_TMETA_FIXED +
+                 8u * (size_t)tp_tensor_ndim(args->a_tensors[i]);
+        }
+    }
+    return n;
+}
+
+void
+ag_wire_encode(uint8_t *buf, const ag_hdr *h, const tp_args *args)
+{
+    uint32_t nt = args != NULL ? (uint32_t)args->a_ntensors : 0;
+
+    tp__put_u32le(buf, AG_WIRE_MAGIC);
+    buf[4] = AG_WIRE_VERSION;
+    buf[5] = (uint8_t)h->h_kind;
+    tp__put_u16le(buf + 6, h->h_fn_name_len);
+    tp__put_u64le(buf + 8, h->h_call_id);
+    tp__put_u64le(buf + 16, h->h_fn_id);
+    tp__put_u32le(buf + 24, (uint32_t)h->h_status);
+    tp__put_u32le(buf + 28, nt);
+    tp__put_u32le(buf + 32, h->h_ext_len);
+    tp__put_u32le(buf + 36, h->h_src_rank);
+    uint8_t *p = buf + AG_WIRE_HDR;
+    if (h->h_fn_name_len > 0) {
+        memcpy(p, h->h_fn_name, h->h_fn_name_len);
+        p += h->h_fn_name_len;
+    }
+    if (h->h_ext_len > 0) {
+        memcpy(p, h->h_ext, h->h_ext_len);
+        p += h->h_ext_len;
+    }
+    for (uint32_t i = 0; i < nt; i++) {
+        const tp_tensor *t = args->a_tensors[i];
+        int nd = tp_tensor_ndim(t);
+        const int64_t *shape = tp_tensor_shape(t);
+        p[0] = (uint8_t)tp_tensor_dtype(t);
+        p[1] = (uint8_t)nd;
+        memset(p + 2, 0, 6);
+        p += AG_TMETA_FIXED;
+        for (int d = 0; d < nd; d++) {
+            tp__put_u64le(p, (uint64_t)shape[d]);
+            p += 8;
+        }
+    }
+}
+
+tp_status
+ag_wire_decode(const uint8_t *buf, size_t len, uint32_t npayloads,
+               uint32_t ntensors, const uint64_t *tensor_lens, ag_hdr *h,
+               ag_tensor_meta *metas, tp_error **err_p)
+{
+    if (len < AG_WIRE_HDR) {
+        return tp__error_set(err_p, TP_EPROTO,
+                             "rpc message of %zu bytes, shorter than the "
+                             "%d-byte header",
+                             len, AG_WIRE_HDR);
+    }
+    uint32_t magic = tp__get_u32le(buf);
+    if (magic != AG_WIRE_MAGIC) {
+        return tp__error_set(err_p, TP_EPROTO,
+                             "not an rpc message (magic 0x%08x)", magic);
+    }
+    if (buf[4] != AG_WIRE_VERSION) {
+        return tp__error_set(err_p, TP_EPROTO,
+                             "rpc message version %u, this agent speaks %d",
+                             buf[4], AG_WIRE_VERSION);
+    }
+    memset(h, 0, sizeof(*h));
+    unsigned kind = buf[5];
+    if (kind < AG_KIND_REQUEST || kind > AG_KIND_ERROR) {
+        return tp__error_set(err_p, TP_EPROTO, "unknown rpc message kind %u",
+                             kind);
+    }
+    h->h_kind = (ag_kind)kind;
+    h->h_fn_name_len = tp__get_u16le(buf + 6);
+    h->h_call_id = tp__get_u64le(buf + 8);
+    h->h_fn_id = tp__get_u64le(buf + 16);
+    h->h_status = (int32_t)tp__get_u32le(buf + 24);
+    h->h_ntensors = tp__get_u32le(buf + 28);
+    h->h_ext_len = tp__get_u32le(buf + 32);
+    h->h_src_rank = tp__get_u32le(buf + 36);
+
+    if (h->h_ntensors != ntensors) {
+        return tp__error_set(err_p, TP_EPROTO,
+                             "rpc message describes %u tensors, carries %u",
+                             h->h_ntensors, ntensors);
+    }
+    if (ntensors > TP_RPC_MAX_TENSORS) {
+        return tp__error_set(err_p, TP_EPROTO,
+                             "rpc message with %u tensors (at most %d)",
+                             ntensors, TP_RPC_MAX_TENSORS);
+    }
+    if (npayloads > 1) {
+        return tp__error_set(err_p, TP_EPROTO,
+                             "rpc message with %u payloads (at most 1)",
+                             npayloads);
+    }
+    if (h->h_ext_len > AG_WIRE_MAX_EXT) {
+        return tp__error_set(err_p, TP_EPROTO,
+                             "rpc message extension of %u bytes (at most %d)",
+                             h->h_ext_len, AG_WIRE_MAX_EXT);
+    }
+    if (h->h_kind == AG_KIND_REQUEST) {
+        if (!ag_fn_name_valid(
+                (const char *)buf + AG_WIRE_HDR,
+                TP_MIN(h->h_fn_name_len, (size_t)(len - AG_WIRE_HDR)))) {
+            return tp__error_set(err_p, TP_EPROTO,
+                                 "rpc request with a malformed function "
+                                 "name (%u bytes)",
+                                 h->h_fn_name_len);
+        }
+    } else if (h->h_fn_name_len != 0) {
+        return tp__error_set(err_p, TP_EPROTO,
+                             "rpc reply with a function name");
+    }
+    if (h->h_kind == AG_KIND_ERROR) {
+        if (h->h_status >= 0 || h->h_status < -1000) {
+            return tp__error_set(err_p, TP_EPROTO,
+                                 "rpc error reply with status %d",
+                                 (int)h->h_status);
+        }
+        if (ntensors != 0) {
+            return tp__error_set(err_p, TP_EPROTO,
+                                 "rpc error reply with tensors");
+        }
+    } else if (h->h_status != 0) {
+        return tp__error_set(err_p, TP_EPROTO,
+                             "rpc message of kind %u with status %d", kind,
+                             (int)h->h_status);
+    }
+
+    size_t off = AG_WIRE_HDR;
+    if ((size_t)h->h_fn_name_len > len - off) {
+        goto truncated;
+    }
+    h->h_fn_name = (const char *)buf + off;
+    off += h->h_fn_name_len;
+    if ((size_t)h->h_ext_len > len - off) {
+        goto truncated;
+    }
+    h->h_ext = buf + off;
+    off += h->h_ext_len;
+    for (uint32_t i = 0; i < ntensors; i++) {
+        if (len - off < AG_TMETA_FIXED) {
+            goto truncated;
+        }
+        ag_tensor_meta *m = &metas[i];
+        unsigned dt = buf[off];
+        unsigned nd = buf[off + 1];
+        off += AG_TMETA_FIXED;
+        if (dt >= TP_DTYPE_COUNT) {
+            return tp__error_set(err_p, TP_EPROTO,
+                                 "rpc tensor %u: unknown dtype %u", i, dt);
+        }
+        if (nd > TP_TENSOR_MAX_DIMS) {
+            return tp__error_set(err_p, TP_EPROTO,
+                                 "rpc tensor %u: %u dims (at most %d)", i, nd,
+                                 TP_TENSOR_MAX_DIMS);
+        }
+        if (len - off < 8u * nd) {
+            goto truncated;
+        }
+        m->tm_dtype = (tp_dtype)dt;
+        m->tm_ndim = (int)nd;
+        uint64_t nbytes = tp_dtype_size(m->tm_dtype);
+        for (unsigned d = 0; d < nd; d++) {
+            uint64_t sz = tp__get_u64le(buf + off);
+            off += 8;
+            if (sz > (uint64_t)INT64_MAX) {
+                return tp__error_set(err_p, TP_EPROTO,
+                                     "rpc tensor %u: negative size in dim %u",
+                                     i, d);
+            }
+            if (sz != 0 && nbytes > UINT64_MAX / sz) {
+                return tp__error_set(err_p, TP_EPROTO,
+                                     "rpc tensor %u: shape overflows", i);
+            }
+            nbytes *= sz;
+            m->tm_shape[d] = (int64_t)sz;
+        }
+        if (nbytes != tensor_lens[i]) {
+            return tp__error_set(err_p, TP_EPROTO,
+                                 "rpc tensor %u: shape says %llu bytes, the "
+                                 "message carries %llu",
+                                 i, (unsigned long long)nbytes,
+                                 (unsigned long long)tensor_lens[i]);
+        }
+        m->tm_nbytes = nbytes;
+    }
+    if (off != len) {
+        return tp__error_set(err_p, TP_EPROTO,
+                             "rpc message has %zu bytes after its last "
+                             "field",
+                             len - off);
+    }
+    return TP_OK;
+
+truncated:
+    return tp__error_set(err_p, TP_EPROTO, "rpc message truncated (%zu bytes)",
+                         len);
+}
