@@ -205,7 +205,7 @@ ctest_fuzz() {
 
 build_fuzz() {
     configure build-fuzz "${FUZZ_OPTS[@]}" &&
-        cmake --build build-fuzz -j"$JOBS" --target fuzz_desc fuzz_brochure \
+        cmake --build build-fuzz -j"$JOBS" --target fuzz_desc fuzz_brochure fuzz_rpc \
             fuzz_handshake
 }
 

@@ -185,6 +185,13 @@ ag_wire_decode(const uint8_t *buf, size_t len, uint32_t npayloads,
         ag_tensor_meta *m = &metas[i];
         unsigned dt = buf[off];
         unsigned nd = buf[off + 1];
+        for (unsigned k = 2; k < AG_TMETA_FIXED; k++) {
+            if (buf[off + k] != 0) {
+                return tp__error_set(err_p, TP_EPROTO,
+                                     "rpc tensor %u: reserved bytes not zero",
+                                     i);
+            }
+        }
         off += AG_TMETA_FIXED;
         if (dt >= TP_DTYPE_COUNT) {
             return tp__error_set(err_p, TP_EPROTO,
