@@ -1161,19 +1161,13 @@ agent_accept_cb(void *arg)
     }
 }
 
-// With a_mtx held: the outgoing connection to @p, connecting if needed.
-// The pipe connects in the background; writes queue until it is ready.
-static ag_conn *
-conn_get_locked(tp_agent *a, ag_peer *p, tp_error **err_p)
+// The URL to dial for @p: the first of a transport this context has (tcp
+// before shm: a tcp connection between two processes of one host moves to
+// shm in the handshake when both allow it). NULL if none.
+static const char *
+peer_pick_url(const tp_agent *a, const ag_peer *p)
 {
-    if (p->p_out != NULL) {
-        return p->p_out;
-    }
-    // The first URL of a transport this context has (tcp before shm: a
-    // tcp connection between two processes of one host moves to shm in
-    // the handshake when both allow it).
-    const char *url = NULL;
-    for (int i = 0; i < p->p_nurls && url == NULL; i++) {
+    for (int i = 0; i < p->p_nurls; i++) {
         const char *u = p->p_urls[i];
         const char *colon = strchr(u, ':');
         char scheme[16];
@@ -1184,9 +1178,19 @@ conn_get_locked(tp_agent *a, ag_peer *p, tp_error **err_p)
         memcpy(scheme, u, n);
         scheme[n] = '\0';
         if (tp_pipe_listener_addr(a->a_listener, scheme) != NULL) {
-            url = u;
+            return u;
         }
     }
+    return NULL;
+}
+
+// A new outgoing connection to @p (no lock held: tp_context_connect waits
+// for the loop thread, whose callbacks take a_mtx). The pipe connects in
+// the background; writes queue until it is ready.
+static ag_conn *
+conn_connect(tp_agent *a, ag_peer *p, tp_error **err_p)
+{
+    const char *url = peer_pick_url(a, p);
     if (url == NULL) {
         tp__error_set(err_p, TP_EUNREACHABLE,
                       "no transport in common with %s (rank %d): it "
@@ -1209,11 +1213,42 @@ conn_get_locked(tp_agent *a, ag_peer *p, tp_error **err_p)
     }
     c->c_peer = p;
     snprintf(c->c_url, sizeof(c->c_url), "%s", url);
+    return c;
+}
+
+// Called with a_mtx held; returns with it held (it may drop it to
+// connect). The outgoing connection to @p, or NULL with *@err_p. A new
+// connection starts reading replies before it is returned.
+static ag_conn *
+conn_get_locked(tp_agent *a, ag_peer *p, tp_error **err_p)
+{
+    if (p->p_out != NULL) {
+        return p->p_out;
+    }
+    tp__mtx_unlock(&a->a_mtx);
+    ag_conn *c = conn_connect(a, p, err_p);
+    tp__mtx_lock(&a->a_mtx);
+    if (c == NULL) {
+        return NULL;
+    }
+    if (p->p_out != NULL || a->a_state == AG_CLOSED) {
+        // Another thread connected meanwhile (or we shut down): ours goes.
+        ag_conn *mine = c;
+        tp__mtx_unlock(&a->a_mtx);
+        tp_pipe_close(mine->c_pipe);
+        conn_free(mine);
+        tp__mtx_lock(&a->a_mtx);
+        if (a->a_state == AG_CLOSED || p->p_out == NULL) {
+            tp__error_set(err_p, TP_ECLOSED, "the agent is shut down");
+            return NULL;
+        }
+        return p->p_out;
+    }
     c->c_next = a->a_conns;
     a->a_conns = c;
     p->p_out = c;
     // Reading replies starts now (queued until the pipe is ready); the
-    // pipe call does not run callbacks inline.
+    // submission posts to the loop and never runs a callback inline.
     conn_read_next(c);
     return c;
 }
@@ -1455,6 +1490,9 @@ agent_call(tp_agent *a, ag_peer *p, const char *fn_name, const tp_args *in,
     }
     ag_wslot *w = NULL;
     if (!self) {
+        // Counted before the connection may be made (unlocked): shutdown
+        // keeps the context until every such thread is out.
+        atomic_fetch_add_explicit(&a->a_writers, 1, memory_order_acquire);
         ag_conn *conn = conn_get_locked(a, p, &err);
         if (conn != NULL) {
             w = slot_get_locked(conn);
@@ -1464,6 +1502,7 @@ agent_call(tp_agent *a, ag_peer *p, const char *fn_name, const tp_args *in,
         }
         if (w == NULL) {
             tp__mtx_unlock(&a->a_mtx);
+            atomic_fetch_sub_explicit(&a->a_writers, 1, memory_order_release);
             tp_status st = tp_error_status(err);
             tp_error *e = tp__error_new(st, 0, err,
                                         "rpc \"%s\" from %s to %s "
@@ -1476,7 +1515,6 @@ agent_call(tp_agent *a, ag_peer *p, const char *fn_name, const tp_args *in,
         }
         c->c_conn = conn;
         p->p_stats.s_bytes_sent += ag_args_nbytes(in);
-        atomic_fetch_add_explicit(&a->a_writers, 1, memory_order_acquire);
     }
     c->c_start_ns = tp__now_ns();
     c->c_deadline_ns =
