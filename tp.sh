@@ -245,13 +245,19 @@ cmd_demo() {
         die "build failed"
     local tool=build/tools/tpipe
     [ -x "$tool" ] || die "$tool was not built (is tools/tpipe.c there?)"
-    # The demo: pipes between two processes (xth: two contexts in one
-    # process) for every transport+channel combination that works here,
-    # 64 B to 64 MiB, round trips and streaming. Arguments replace the
-    # default (e.g. ./tp.sh demo --transport shm --channel cma).
+    local demo=build/examples/rpc_demo
+    [ -x "$demo" ] || die "$demo was not built (is examples/rpc_demo.c there?)"
+    # The demo: an RPC job of 4 local processes started by the launcher
+    # (each worker calls its neighbour: echo, a registered function, calls
+    # in flight, an unknown function; counters; graceful shutdown), then
+    # the RPC benchmark between two processes (no-op round trips, tensor
+    # echo 64 B..64 MiB, async throughput, init time; shm and tcp).
+    # Arguments go to tpipe bench rpc (e.g. ./tp.sh demo --transport tcp).
     "$tool" info | sed -n '1,40p'
-    say "== $tool bench pipe $*"
-    exec "$tool" bench pipe "$@"
+    say "== $tool run -n 4 $demo"
+    "$tool" run -n 4 --timeout 120 -- "$demo" || die "the RPC demo failed"
+    say "== $tool bench rpc $*"
+    exec "$tool" bench rpc "$@"
 }
 
 cmd_test() {

@@ -2466,6 +2466,9 @@ tp_rpc_get_debug_info(const tp_agent *a)
     for (int r = 0; r < a->a_world; r++) {
         tp_rpc_peer_stats s;
         stats_fill_locked(a, &a->a_peers[r], &s);
+        if (r == a->a_rank && s.calls_sent == 0) {
+            continue; // this worker, no calls to self
+        }
         DI_ADD("peer %s (rank %d): sent %" PRIu64 " calls, received %" PRIu64
                ", bytes out %" PRIu64 " in %" PRIu64 ", errors %" PRIu64
                " (timeouts %" PRIu64 "), pending %" PRIu64

@@ -15,7 +15,9 @@ bench_usage(FILE *f)
           "               (tpipe bench transport --help)\n"
           "  pipe         pipe messages per transport and channel, between "
           "two\n"
-          "               processes (tpipe bench pipe --help)\n",
+          "               processes (tpipe bench pipe --help)\n"
+          "  rpc          RPC agent calls between two worker processes\n"
+          "               (tpipe bench rpc --help)\n",
           f);
 }
 
@@ -37,6 +39,9 @@ tool_bench_main(int argc, char **argv)
     if (strcmp(what, "pipe") == 0) {
         return tool_bench_pipe_main(argc - 1, argv + 1);
     }
-    tool_err("unknown benchmark \"%s\" (known: transport, pipe)", what);
+    if (strcmp(what, "rpc") == 0) {
+        return tool_bench_rpc_main(argc - 1, argv + 1);
+    }
+    tool_err("unknown benchmark \"%s\" (known: transport, pipe, rpc)", what);
     return TOOL_EXIT_USAGE;
 }

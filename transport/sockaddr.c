@@ -384,7 +384,12 @@ tp__sockaddr_format(const tp_sockaddr *sa, char *buf, size_t len)
         snprintf(buf, len, "?");
         return;
     }
-    snprintf(buf, len, "%s:%u", host, (unsigned)tp__sockaddr_port(sa));
+    // A buffer too small for "host:port" gets a truncated text (used in
+    // messages only); the check keeps gcc's -Wformat-truncation quiet.
+    int n = snprintf(buf, len, "%s:%u", host, (unsigned)tp__sockaddr_port(sa));
+    if (n < 0 && len > 0) {
+        buf[0] = '\0';
+    }
 }
 
 void

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# run_rpc.sh - `tpipe bench rpc` beside PyTorch's RPC (TensorPipe agent):
+# runs
+#   tpipe bench rpc --json --reps 3 --transport shm
+#   tpipe bench rpc --json --reps 3 --transport tcp --channel basic
+#   bash ../shared/peers/run_all.sh rpc        (torch_rpc_bench.py: PyTorch
+#                                               defaults, then uv+basic)
+# in the same session, then prints a markdown comparison with the RPC
+# issue's targets (compare_rpc.py): noop shm <-> PyTorch default, noop tcp
+# <-> uv+basic, tensor echo 64 MiB, rpc_async calls/s (64 in flight), init.
+#
+#   bash bench/run_rpc.sh                     # everything (~2-4 min + apt)
+#   REPS=5 bash bench/run_rpc.sh
+#   SKIP_PEERS=1 bash bench/run_rpc.sh        # ours only
+#   TP_ARGS="--test noop,async" bash bench/run_rpc.sh
+#
+# Env: TPIPE (the tpipe binary; default: built into $BUILD_DIR),
+#      BUILD_DIR (default <repo>/build-bench), REPS (3), PEERS (sections;
+#      default "rpc"), OUT (default $BUILD_DIR/bench-results/rpc-<UTC
+#      stamp>), TP_ARGS (extra arguments for both tpipe bench rpc runs),
+#      SAVE (default 1: also copy the report to bench/results/rpc-<stamp>.md;
+#      0: don't).
+# Writes $OUT/{ours.jsonl,ours.log,peers/raw.txt,report.md,*.log}.
+set -u
+HERE=$(cd "$(dirname "$0")" && pwd)
+REPO=$(cd "$HERE/.." && pwd)
+PEERS_DIR=${PEERS_DIR:-$REPO/../shared/peers}
+BUILD_DIR=${BUILD_DIR:-$REPO/build-bench}
+REPS=${REPS:-3}
+PEERS=${PEERS:-rpc}
+SAVE=${SAVE:-1}
+STAMP=$(date -u +%Y%m%d-%H%M%S)
+OUT=${OUT:-$BUILD_DIR/bench-results/rpc-$STAMP}
+# shellcheck source=bench/common.sh
+. "$HERE/common.sh"
+mkdir -p "$OUT"
+log "results in $OUT"
+rc=0
+# Other jobs on the 2 cores distort cross-process latencies badly: note it.
+LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
+
+# The same configurations as the peer: PyTorch's default (shm, every
+# channel: cma between two local processes) and uv+basic.
+ARGS="--json --reps $REPS"
+RUNS="--transport=shm|--transport=tcp --channel=basic"
+: >"$OUT/ours.jsonl"
+: >"$OUT/ours.log"
+IFS='|' read -r -a RUN_LIST <<<"$RUNS"
+for run in "${RUN_LIST[@]}"; do
+  log "tpipe bench rpc $ARGS $run ${TP_ARGS:-}"
+  # shellcheck disable=SC2086
+  "$TPIPE" bench rpc $ARGS $run ${TP_ARGS:-} >>"$OUT/ours.jsonl" \
+    2>>"$OUT/ours.log" ||
+    { log "tpipe bench rpc $run failed (exit $?), see $OUT/ours.log"; rc=1; }
+done
+[ -s "$OUT/ours.log" ] && sed 's/^/  /' "$OUT/ours.log" >&2
+
+mkdir -p "$OUT/peers"
+if [ -z "${SKIP_PEERS:-}" ]; then
+  log "peers: bash $PEERS_DIR/run_all.sh $PEERS"
+  # shellcheck disable=SC2086
+  OUT=$OUT/peers REPS=$REPS bash "$PEERS_DIR/run_all.sh" $PEERS \
+    >"$OUT/peers.log" 2>&1 ||
+    { log "run_all.sh failed, see $OUT/peers.log"; rc=1; }
+  [ -s "$OUT/peers/failures.txt" ] &&
+    { log "peer failures:"; cat "$OUT/peers/failures.txt" >&2; }
+fi
+touch "$OUT/peers/raw.txt"
+
+{
+  echo "## tpipe bench rpc vs PyTorch RPC ($(date -u +%Y-%m-%dT%H:%M:%SZ), $(nproc) CPUs, $(uname -r))"
+  echo
+  echo "tpipe: \`$TPIPE bench rpc $ARGS\` with \`--transport shm\` and with \`--transport tcp --channel basic\` ${TP_ARGS:+and \`$TP_ARGS\` }(median of $REPS repetitions, each a fresh pair of processes);"
+  echo "PyTorch: \`run_all.sh $PEERS\` (torch_rpc_bench.py, TensorPipe agent, REPS=$REPS, median over reps), same session."
+  echo "Load average before / after: $LOAD0 / $(cut -d' ' -f1-3 /proc/loadavg) (anything else running skews the round trips)."
+  echo
+  "$PY" "$HERE/compare_rpc.py" "$OUT/ours.jsonl" "$OUT/peers/raw.txt"
+} >"$OUT/report.md"
+cat "$OUT/report.md"
+log "report: $OUT/report.md"
+if [ "$SAVE" = 1 ]; then
+  SAVED=$HERE/results/rpc-$(date -u +%Y%m%d-%H%M).md
+  mkdir -p "$HERE/results" && cp "$OUT/report.md" "$SAVED" &&
+    log "saved: $SAVED"
+fi
+exit $rc
