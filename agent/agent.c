@@ -1642,7 +1642,9 @@ tp_rpc_wait(tp_future *f, int64_t timeout_ms, tp_args **out_p, tp_error **err_p)
         }
         uint64_t end = tp__now_ns() + (uint64_t)sns;
         for (unsigned round = 1; !tp_future_is_done(f); round++) {
-            if ((round & 7) == 0) {
+            // At once first: the loop thread that must send the request
+            // may be waiting for this core.
+            if (round == 1 || (round & 7) == 0) {
                 sched_yield();
                 if (tp__now_ns() >= end) {
                     break;

@@ -27,6 +27,7 @@ struct tp_pool {
     tp_task *p_tail;
     bool p_closed;              // no new submissions
     int p_idle;                 // workers waiting on p_cv
+    int p_waking;               // signaled workers that have not run yet
     int p_nthreads;             // workers started
     int p_busy;                 // workers running a task
     bool p_spinning;            // a worker is polling p_queued
@@ -57,9 +58,10 @@ pool_spin_locked(tp_pool *pool)
             atomic_load_explicit(&pool->p_closed_flag, memory_order_relaxed)) {
             break;
         }
-        if ((round & 7) == 0) {
+        if (round == 1 || (round & 7) == 0) {
             // On a machine with few cores the thread that would submit
-            // the next task may need this one.
+            // the next task may need this one (at once: the task that just
+            // ended usually handed work to another thread).
             sched_yield();
             if (tp__now_ns() >= end) {
                 break;
@@ -70,6 +72,21 @@ pool_spin_locked(tp_pool *pool)
     }
     tp__mtx_lock(&pool->p_mtx);
     pool->p_spinning = false;
+}
+
+// Wakes a sleeping worker for queued work, unless a spinner will take it
+// or a worker already woken has not started yet: one wake-up in flight at
+// a time, each woken worker waking the next if work is still queued. A
+// burst of short tasks then wakes a few workers, not all of them (each
+// wake-up is a futex call on the submitting thread and a context switch).
+static void
+pool_wake_one_locked(tp_pool *pool)
+{
+    if (pool->p_idle > pool->p_waking && !pool->p_spinning &&
+        pool->p_waking == 0) {
+        pool->p_waking++;
+        tp__cv_signal(&pool->p_cv);
+    }
 }
 
 static void *
@@ -96,6 +113,9 @@ pool_worker_main(void *arg)
             pool->p_idle++;
             tp__cv_wait(&pool->p_cv, &pool->p_mtx);
             pool->p_idle--;
+            if (pool->p_waking > 0) {
+                pool->p_waking--;
+            }
         }
         tp_task *task = pool->p_head;
         if (task == NULL) {
@@ -104,10 +124,10 @@ pool_worker_main(void *arg)
         pool->p_head = task->t_next;
         if (pool->p_head == NULL) {
             pool->p_tail = NULL;
-        } else if (pool->p_idle > 0 && !pool->p_spinning) {
+        } else {
             // More work than this worker: a spinner would have taken it,
             // without one wake a sleeper.
-            tp__cv_signal(&pool->p_cv);
+            pool_wake_one_locked(pool);
         }
         atomic_fetch_sub_explicit(&pool->p_queued, 1, memory_order_relaxed);
         task->t_next = NULL;
@@ -217,9 +237,7 @@ tp__pool_submit(tp_pool *pool, tp_task *task)
     }
     pool->p_tail = task;
     atomic_fetch_add_explicit(&pool->p_queued, 1, memory_order_relaxed);
-    if (pool->p_idle > 0 && !pool->p_spinning) {
-        tp__cv_signal(&pool->p_cv);
-    }
+    pool_wake_one_locked(pool);
     tp__mtx_unlock(&pool->p_mtx);
     return TP_OK;
 }
