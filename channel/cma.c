@@ -74,11 +74,33 @@ cma_is_viable(const tp_config *cfg, char *why, size_t why_len)
     return tp__cma_viable(why, why_len);
 }
 
+// The inline size is part of the domain: both ends must agree on which
+// tensors travel on the pipe's connection.
 static tp_status
 cma_domain(const tp_config *cfg, char *buf, size_t len, tp_error **err_p)
 {
-    (void)cfg;
-    return tp__cma_domain(buf, len, err_p);
+    tp_status st = tp__cma_domain(buf, len, err_p);
+    if (st != TP_OK) {
+        return st;
+    }
+    size_t n = strlen(buf);
+    int m = snprintf(buf + n, len - n, ":inline=%lld",
+                     (long long)cfg->cma_inline_max);
+    if (m < 0 || (size_t)m >= len - n) {
+        return tp__error_set(err_p, TP_EINTERNAL,
+                             "cma: domain descriptor longer than %zu bytes",
+                             len);
+    }
+    return TP_OK;
+}
+
+// Tensors up to TP_CMA_INLINE_MAX follow the payloads on the pipe's
+// connection: for small ones a process_vm_readv and its ack cost more
+// than the bytes.
+static uint64_t
+cma_inline_max(const tp_config *cfg)
+{
+    return (uint64_t)cfg->cma_inline_max;
 }
 
 static void cma_read_acks(tp_chan *ch);
@@ -422,6 +444,7 @@ const tp_channel_ops tp__channel_cma_ops = {
     .nconns = cma_nconns,
     .is_viable = cma_is_viable,
     .domain = cma_domain,
+    .inline_max = cma_inline_max,
     .create = cma_create,
     .send = cma_send,
     .recv = cma_recv,

@@ -256,6 +256,19 @@ static const config_entry config_table[] = {
         .ce_max = CONFIG_GIB,
     },
     {
+        .ce_name = "cma_inline_max",
+        .ce_env = "TP_CMA_INLINE_MAX",
+        // 16K: below it a process_vm_readv plus its ack on the ack
+        // connection costs more than copying through the connection.
+        .ce_def = "16K",
+        .ce_doc = "cma tensors up to this size travel on the pipe's own "
+                  "connection instead of being read by the peer",
+        .ce_type = CONFIG_SIZE,
+        CONFIG_FIELD(cma_inline_max),
+        .ce_min = 0,
+        .ce_max = CONFIG_GIB,
+    },
+    {
         .ce_name = "pipe_max_metadata",
         .ce_env = "TP_PIPE_MAX_METADATA",
         .ce_def = "64M",

@@ -35,6 +35,7 @@ typedef struct tp_config {
     int64_t mpt_lanes;            // TP_MPT_LANES
     int64_t mpt_split_min;        // TP_MPT_SPLIT_MIN bytes
     int64_t mpt_inline_max;       // TP_MPT_INLINE_MAX bytes
+    int64_t cma_inline_max;       // TP_CMA_INLINE_MAX bytes
     int64_t pipe_max_metadata;    // TP_PIPE_MAX_METADATA bytes
     int64_t pipe_max_payloads;    // TP_PIPE_MAX_PAYLOADS
     int64_t pipe_max_tensors;     // TP_PIPE_MAX_TENSORS

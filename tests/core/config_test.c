@@ -28,6 +28,7 @@ static const char *const all_env[] = {
     "TP_MPT_LANES",
     "TP_MPT_SPLIT_MIN",
     "TP_MPT_INLINE_MAX",
+    "TP_CMA_INLINE_MAX",
     "TP_PIPE_MAX_METADATA",
     "TP_PIPE_MAX_PAYLOADS",
     "TP_PIPE_MAX_TENSORS",
@@ -67,6 +68,7 @@ check_defaults(const tp_config *cfg)
     TP_CHECK_EQ(cfg->mpt_lanes, 2);
     TP_CHECK_EQ(cfg->mpt_split_min, 256 << 10);
     TP_CHECK_EQ(cfg->mpt_inline_max, 64 << 10);
+    TP_CHECK_EQ(cfg->cma_inline_max, 16 << 10);
     TP_CHECK_EQ(cfg->pipe_max_metadata, 64 << 20);
     TP_CHECK_EQ(cfg->pipe_max_payloads, 1024);
     TP_CHECK_EQ(cfg->pipe_max_tensors, 1024);
