@@ -2211,11 +2211,15 @@ tp_rpc_init(const char *name, int rank, int world_size,
         goto fail;
     }
     a->a_timer_started = true;
-    tp_pipe_listener_accept(a->a_listener, a->a_accept_aio);
     st = rendezvous(a, deadline, err_p);
     if (st != TP_OK) {
         goto fail;
     }
+    // Accepting starts once every worker's record is known: a worker that
+    // finished its rendezvous first may already call us; its pipe waits in
+    // the listener's ready queue until then (the handshake is done by the
+    // context), so requests never see a half-filled peer table.
+    tp_pipe_listener_accept(a->a_listener, a->a_accept_aio);
     TP_LOG_INFO("TP-RPC-INIT",
                 "rpc %s: rank %d of %d, listening on %s, store %s", name, rank,
                 world_size, a->a_listen_url, tp_store_addr(a->a_store));

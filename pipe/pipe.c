@@ -231,7 +231,9 @@ pipe_free_task(void *arg)
     }
     tp__aio_fini(&p->p_raio);
     tp__free(p->p_rbody);
-    tp_message_destroy(p->p_rmsg);
+    // p_rmsg, a descriptor delivered whose tp_pipe_read never came, is the
+    // caller's (tp_pipe_read_descriptor gave it away): not freed here.
+    p->p_rmsg = NULL;
     tp__free(p->p_rinfos);
     atomic_store_explicit(&p->p_ctx_dead, true, memory_order_release);
     if (p->p_pl != NULL) {
