@@ -99,6 +99,8 @@ typedef struct ag_wslot {
     uint8_t *w_meta;
     size_t w_meta_cap;
     tp_args *w_args; // referenced until the write completes
+    ag_kind w_kind;  // what the message is
+    uint64_t w_call_id;
     uint8_t w_meta_inline[AG_META_INLINE];
 } ag_wslot;
 
@@ -706,11 +708,18 @@ slot_fill(ag_wslot *w, const ag_hdr *h, tp_args *args, const char *errmsg)
     w->w_msg.tensors = nt > 0 ? w->w_tbufs : NULL;
     w->w_msg.ntensors = nt;
     w->w_args = args;
+    w->w_kind = h->h_kind;
+    w->w_call_id = h->h_call_id;
     return TP_OK;
 }
 
-// Loop thread: a write completed. Its slot goes back to the connection;
-// a failure fails the connection (and every call pending on it).
+static void write_failed_locally(ag_conn *c, ag_kind kind, uint64_t call_id,
+                                 const tp_error *err);
+
+// Loop thread: a write completed. Its slot goes back to the connection.
+// A connection-scope failure fails the connection (and every call pending
+// on it); an operation-scope one (the message broke a pipe limit, memory)
+// fails only that message's call.
 static void
 slot_write_cb(void *arg)
 {
@@ -719,6 +728,8 @@ slot_write_cb(void *arg)
     tp_agent *a = c->c_agent;
     tp_args *args = w->w_args;
     w->w_args = NULL;
+    ag_kind kind = w->w_kind;
+    uint64_t call_id = w->w_call_id;
     tp_error *err = tp_error_ref(tp_aio_error(w->w_aio));
 
     tp__mtx_lock(&a->a_mtx);
@@ -727,7 +738,11 @@ slot_write_cb(void *arg)
     tp__mtx_unlock(&a->a_mtx);
     tp_args_unref(args);
     if (err != NULL) {
-        conn_fail(c, err);
+        if (TP_STATUS_IS_CONN(tp_error_status(err))) {
+            conn_fail(c, err);
+        } else {
+            write_failed_locally(c, kind, call_id, err);
+        }
         tp_error_unref(err);
     }
 }
@@ -1238,8 +1253,16 @@ conn_get_locked(tp_agent *a, ag_peer *p, tp_error **err_p)
         tp_pipe_close(mine->c_pipe);
         conn_free(mine);
         tp__mtx_lock(&a->a_mtx);
-        if (a->a_state == AG_CLOSED || p->p_out == NULL) {
+        if (a->a_state == AG_CLOSED) {
             tp__error_set(err_p, TP_ECLOSED, "the agent is shut down");
+            return NULL;
+        }
+        if (p->p_out == NULL) {
+            // The other thread's connection failed meanwhile.
+            tp__error_set(err_p, TP_ECONNRESET,
+                          "the connection to %s (rank %d) failed while this "
+                          "call was connecting",
+                          p->p_info.name, p->p_info.rank);
             return NULL;
         }
         return p->p_out;
@@ -1271,6 +1294,10 @@ req_reply(ag_req *r, tp_args *result, const tp_error *err)
         if (call != NULL) {
             tp_error *e = NULL;
             if (err != NULL) {
+                // As for a remote caller: the call's own connection is
+                // fine, a handler's connection- or context-scope status
+                // arrives as TP_EIO.
+                st = (st < 0 && st > -20) ? st : TP_EIO;
                 e = tp__error_new(st, 0, NULL, "rpc \"%s\" on %s (rank %d): %s",
                                   call->c_fn_name, agent_name(a), a->a_rank,
                                   tp_error_message(err));
@@ -1342,6 +1369,56 @@ out:
     tp_agent *ag = r->r_agent;
     tp__free(r);
     agent_unref(ag);
+}
+
+// Loop thread: a message could not be sent for a reason of its own (a
+// pipe limit, memory). A request fails its call; a result is replaced by
+// an error reply, so the caller learns why instead of waiting for its
+// deadline; a failed error reply is only logged.
+static void
+write_failed_locally(ag_conn *c, ag_kind kind, uint64_t call_id,
+                     const tp_error *err)
+{
+    tp_agent *a = c->c_agent;
+    char who[AG_MAX_URL + 160];
+    conn_describe(c, who, sizeof(who));
+    if (kind == AG_KIND_REQUEST) {
+        tp_status st = tp_error_status(err);
+        tp__mtx_lock(&a->a_mtx);
+        ag_call *call = pending_take_locked(a, call_id, c, st);
+        tp__mtx_unlock(&a->a_mtx);
+        if (call != NULL) {
+            call_finish(call, NULL,
+                        tp__error_new(st, 0, err,
+                                      "rpc \"%s\" from %s to %s: sending "
+                                      "the request",
+                                      call->c_fn_name, agent_name(a), who));
+        }
+        return;
+    }
+    if (kind == AG_KIND_ERROR) {
+        TP_LOG_WARN("TP-RPC-REPLY",
+                    "rpc %s: could not send the error reply to call %" PRIu64
+                    " of %s: %s",
+                    agent_name(a), call_id, who, tp_error_message(err));
+        return;
+    }
+    ag_req *r = tp__zalloc(sizeof(*r));
+    if (r == NULL) {
+        TP_LOG_ERROR("TP-RPC-REPLY",
+                     "rpc %s: could not send the reply to call %" PRIu64
+                     " of %s: %s (and no memory to say so)",
+                     agent_name(a), call_id, who, tp_error_message(err));
+        return;
+    }
+    atomic_fetch_add_explicit(&a->a_refs, 1, memory_order_relaxed);
+    r->r_agent = a;
+    r->r_conn = c;
+    r->r_call_id = call_id;
+    tp_error *e = tp__error_new(tp_error_status(err), 0, err,
+                                "%s could not send the result", agent_name(a));
+    req_reply(r, NULL, e);
+    tp_error_unref(e);
 }
 
 // Future callback of an async handler (on the thread that resolved it).
@@ -1454,11 +1531,14 @@ agent_call(tp_agent *a, ag_peer *p, const char *fn_name, const tp_args *in,
         tp__free(c);
         return future_failed(tp__error_nomem());
     }
-    tp__future_set_pool(c->c_fut, a->a_pool);
     memcpy(c->c_fn_name, fn_name, fnlen + 1);
     c->c_peer = p;
     c->c_timeout_ms = agent_timeout(a, timeout_ms);
-    c->c_id = atomic_fetch_add_explicit(&a->a_next_id, 1, memory_order_relaxed);
+    // The call may end (and be freed) as soon as it is in the table: its
+    // id is kept here for what follows.
+    const uint64_t id =
+        atomic_fetch_add_explicit(&a->a_next_id, 1, memory_order_relaxed);
+    c->c_id = id;
     tp_future *result = tp_future_ref(c->c_fut);
     bool self = p == a->a_self;
 
@@ -1488,11 +1568,16 @@ agent_call(tp_agent *a, ag_peer *p, const char *fn_name, const tp_args *in,
                                   fn_name, agent_name(a), p->p_info.name));
         return result;
     }
+    // Bound to the pool under the lock: a_pool is stable while the agent
+    // is not closed.
+    tp__future_set_pool(c->c_fut, a->a_pool);
+    tp_pool *pool = a->a_pool;
+    // Counted before the connection may be made (unlocked) or the pool
+    // used: shutdown keeps the context and the pool until every such
+    // thread is out.
+    atomic_fetch_add_explicit(&a->a_writers, 1, memory_order_acquire);
     ag_wslot *w = NULL;
     if (!self) {
-        // Counted before the connection may be made (unlocked): shutdown
-        // keeps the context until every such thread is out.
-        atomic_fetch_add_explicit(&a->a_writers, 1, memory_order_acquire);
         ag_conn *conn = conn_get_locked(a, p, &err);
         if (conn != NULL) {
             w = slot_get_locked(conn);
@@ -1517,10 +1602,8 @@ agent_call(tp_agent *a, ag_peer *p, const char *fn_name, const tp_args *in,
         p->p_stats.s_bytes_sent += ag_args_nbytes(in);
     }
     c->c_start_ns = tp__now_ns();
-    c->c_deadline_ns =
-        c->c_timeout_ms > 0
-            ? c->c_start_ns + (uint64_t)c->c_timeout_ms * 1000000u
-            : UINT64_MAX;
+    // tp__deadline_after_ms saturates (a huge timeout means none).
+    c->c_deadline_ns = tp__deadline_after_ms(c->c_timeout_ms);
     pending_insert_locked(a, c);
     if (self) {
         a->a_self->p_stats.s_calls_received++;
@@ -1534,24 +1617,25 @@ agent_call(tp_agent *a, ag_peer *p, const char *fn_name, const tp_args *in,
         atomic_fetch_add_explicit(&a->a_refs, 1, memory_order_relaxed);
         r->r_agent = a;
         r->r_caller = a->a_self;
-        r->r_call_id = c->c_id;
+        r->r_call_id = id;
         r->r_fn_id = tp__hash64(fn_name, fnlen);
         r->r_args = copy;
         memcpy(r->r_fn_name, fn_name, fnlen + 1);
         tp__task_init(&r->r_task, req_run, r);
-        if (tp__pool_submit(a->a_pool, &r->r_task) != TP_OK) {
+        if (tp__pool_submit(pool, &r->r_task) != TP_OK) {
             tp_error *e =
                 tp__error_new(TP_ECLOSED, 0, NULL, "the agent is shut down");
             req_reply(r, NULL, e);
             tp_error_unref(e);
         }
+        atomic_fetch_sub_explicit(&a->a_writers, 1, memory_order_release);
         return result;
     }
 
     ag_hdr h;
     memset(&h, 0, sizeof(h));
     h.h_kind = AG_KIND_REQUEST;
-    h.h_call_id = c->c_id;
+    h.h_call_id = id;
     h.h_fn_id = tp__hash64(fn_name, fnlen);
     h.h_fn_name = fn_name;
     h.h_fn_name_len = (uint16_t)fnlen;
@@ -1669,8 +1753,16 @@ rpc_sync_wait(tp_agent *a, tp_future *f, int64_t timeout_ms, tp_args **out_p,
     // The call ends by itself at its deadline (the timer thread); the
     // wait's own deadline is only a backstop.
     int64_t t = agent_timeout(a, timeout_ms);
-    int64_t wait_ms = t > 0 ? t + AG_SYNC_GRACE_MS : 0;
+    int64_t wait_ms =
+        t > 0 && t < INT64_MAX - AG_SYNC_GRACE_MS ? t + AG_SYNC_GRACE_MS : 0;
     tp_status st = tp_rpc_wait(f, wait_ms, out_p, err_p);
+    if (st == TP_ETIMEDOUT && !tp_future_is_done(f)) {
+        // Only if the timer thread failed to end the call: say so.
+        tp__error_wrap(err_p, st,
+                       "rpc from %s: the call did not end %d ms after its "
+                       "%lld ms deadline",
+                       agent_name(a), AG_SYNC_GRACE_MS, (long long)t);
+    }
     tp_future_unref(f);
     return st;
 }
@@ -1823,8 +1915,8 @@ rendezvous(tp_agent *a, uint64_t deadline, tp_error **err_p)
         n += snprintf(val + n, sizeof(val) - (size_t)n, "%s\n", me->p_urls[i]);
     }
     worker_key(key, sizeof(key), a->a_rank);
-    int64_t left = (int64_t)((deadline - tp__now_ns()) / 1000000u) + 1;
-    tp_status st = tp_store_set(a->a_store, key, val, (size_t)n, left, err_p);
+    tp_status st =
+        tp_store_set(a->a_store, key, val, (size_t)n, ms_left(deadline), err_p);
     if (st != TP_OK) {
         return tp__error_wrap(err_p, st, "rpc init of %s (rank %d)",
                               agent_name(a), a->a_rank);
@@ -1834,8 +1926,7 @@ rendezvous(tp_agent *a, uint64_t deadline, tp_error **err_p)
             continue;
         }
         worker_key(key, sizeof(key), r);
-        uint64_t now = tp__now_ns();
-        left = now >= deadline ? 1 : (int64_t)((deadline - now) / 1000000u) + 1;
+        int64_t left = ms_left(deadline);
         void *v = NULL;
         size_t vlen = 0;
         tp_error *err = NULL;
