@@ -31,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <tpipe/pipe.h>
@@ -79,8 +80,9 @@ typedef struct ag_peer {
     tp_worker_info p_info;
     char p_urls[AG_MAX_URLS][AG_MAX_URL];
     int p_nurls;
-    ag_conn *p_out;   // outgoing connection, NULL until a call needs it
-    ag_call *p_calls; // pending calls to this peer (c_pnext list)
+    ag_conn *p_out;    // outgoing connection, NULL until a call needs it
+    ag_call *p_calls;  // pending calls to this peer (c_pnext list)
+    bool p_sd_missing; // did not arrive in the last shutdown round
     ag_stats p_stats;
 } ag_peer;
 
@@ -106,6 +108,9 @@ typedef struct ag_wslot {
 
 struct ag_conn {
     ag_conn *c_next; // the agent's list of every connection
+    // Operations in flight on it (reads, writes) and requests whose reply
+    // goes on it; a failed connection is freed when this is 0.
+    _Atomic long c_ops;
     tp_agent *c_agent;
     tp_pipe *c_pipe;
     bool c_outgoing;
@@ -184,6 +189,7 @@ struct tp_agent {
     ag_peer *a_peers; // by rank
     ag_peer *a_self;
     tp_store *a_store;
+    char a_prefix[48]; // "tp.rpc/<generation>/": this job's store keys
     tp_context *a_ctx;
     tp_pipe_listener *a_listener;
     tp_aio *a_accept_aio;
@@ -581,6 +587,23 @@ timer_main(void *arg)
                 next = TP_MIN(next, tc->t_head->c_deadline_ns);
             }
         }
+        // Classes whose calls all ended go (callers passing a different
+        // timeout each time must not make the list grow); while there are
+        // many, the thread also wakes each second to sweep them.
+        size_t nclasses = 0;
+        for (ag_tclass **tp = &a->a_tclasses; *tp != NULL;) {
+            ag_tclass *tc = *tp;
+            if (tc->t_head == NULL) {
+                *tp = tc->t_next;
+                tp__free(tc);
+            } else {
+                nclasses++;
+                tp = &tc->t_next;
+            }
+        }
+        if (nclasses > 16) {
+            next = TP_MIN(next, now + 1000000000u);
+        }
         if (expired != NULL) {
             tp__mtx_unlock(&a->a_mtx);
             while (expired != NULL) {
@@ -721,9 +744,8 @@ static void write_failed_locally(ag_conn *c, ag_kind kind, uint64_t call_id,
 // on it); an operation-scope one (the message broke a pipe limit, memory)
 // fails only that message's call.
 static void
-slot_write_cb(void *arg)
+slot_write_step(ag_wslot *w)
 {
-    ag_wslot *w = arg;
     ag_conn *c = w->w_conn;
     tp_agent *a = c->c_agent;
     tp_args *args = w->w_args;
@@ -747,11 +769,27 @@ slot_write_cb(void *arg)
     }
 }
 
+static void
+conn_op_done(ag_conn *c)
+{
+    atomic_fetch_sub_explicit(&c->c_ops, 1, memory_order_release);
+}
+
+static void
+slot_write_cb(void *arg)
+{
+    ag_wslot *w = arg;
+    ag_conn *c = w->w_conn;
+    slot_write_step(w);
+    conn_op_done(c);
+}
+
 // Any thread: writes the message of @w, taken from its connection's free
 // list by a caller that counted itself in a_writers.
 static void
 slot_submit(ag_wslot *w)
 {
+    atomic_fetch_add_explicit(&w->w_conn->c_ops, 1, memory_order_relaxed);
     tp_pipe_write(w->w_conn->c_pipe, &w->w_msg, w->w_aio);
 }
 
@@ -767,6 +805,7 @@ conn_create(tp_agent *a, tp_pipe *pipe, bool outgoing)
     if (c == NULL) {
         return NULL;
     }
+    atomic_init(&c->c_ops, 0);
     c->c_agent = a;
     c->c_pipe = pipe;
     c->c_outgoing = outgoing;
@@ -884,15 +923,15 @@ conn_protocol_error(ag_conn *c, tp_error *err)
 static void
 conn_read_next(ag_conn *c)
 {
+    atomic_fetch_add_explicit(&c->c_ops, 1, memory_order_relaxed);
     tp_pipe_read_descriptor(c->c_pipe, c->c_daio);
 }
 
 // Loop thread: a descriptor arrived. Check it, allocate the tensors the
 // message carries and read the rest.
 static void
-conn_desc_cb(void *arg)
+conn_desc_step(ag_conn *c)
 {
-    ag_conn *c = arg;
     const tp_error *aerr = tp_aio_error(c->c_daio);
     if (aerr != NULL) {
         conn_fail(c, aerr);
@@ -982,7 +1021,16 @@ conn_desc_cb(void *arg)
         msg->tensors[i].data = m->tm_nbytes > 0 ? tp_tensor_data(t) : NULL;
     }
     c->c_rargs = args;
+    atomic_fetch_add_explicit(&c->c_ops, 1, memory_order_relaxed);
     tp_pipe_read(c->c_pipe, msg, c->c_raio);
+}
+
+static void
+conn_desc_cb(void *arg)
+{
+    ag_conn *c = arg;
+    conn_desc_step(c);
+    conn_op_done(c);
 }
 
 static void req_run(void *arg);
@@ -1027,6 +1075,7 @@ conn_dispatch_request(ag_conn *c, const ag_hdr *h, tp_args *args)
         return;
     }
     atomic_fetch_add_explicit(&a->a_refs, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&c->c_ops, 1, memory_order_relaxed);
     r->r_agent = a;
     r->r_conn = c;
     r->r_caller = caller;
@@ -1040,6 +1089,7 @@ conn_dispatch_request(ag_conn *c, const ag_hdr *h, tp_args *args)
         // Shutting down: the caller's call fails with our pipe's close.
         tp_args_unref(args);
         tp__free(r);
+        conn_op_done(c);
         agent_unref(a);
     }
 }
@@ -1085,9 +1135,8 @@ conn_dispatch_reply(ag_conn *c, const ag_hdr *h, tp_args *args)
 
 // Loop thread: the rest of a message arrived.
 static void
-conn_read_cb(void *arg)
+conn_read_step(ag_conn *c)
 {
-    ag_conn *c = arg;
     tp_message *msg = c->c_rmsg;
     tp_args *args = c->c_rargs;
     c->c_rmsg = NULL;
@@ -1140,6 +1189,14 @@ conn_read_cb(void *arg)
     if (!failed) {
         conn_read_next(c);
     }
+}
+
+static void
+conn_read_cb(void *arg)
+{
+    ag_conn *c = arg;
+    conn_read_step(c);
+    conn_op_done(c);
 }
 
 // Loop thread: a peer connected to us.
@@ -1240,7 +1297,27 @@ conn_get_locked(tp_agent *a, ag_peer *p, tp_error **err_p)
     if (p->p_out != NULL) {
         return p->p_out;
     }
+    // Connecting is rare: a good time to free failed connections that
+    // nothing uses any more (a peer that restarts or keeps failing must
+    // not make the agent grow).
+    ag_conn *dead = NULL;
+    for (ag_conn **cp = &a->a_conns; *cp != NULL;) {
+        ag_conn *x = *cp;
+        if (x->c_failed &&
+            atomic_load_explicit(&x->c_ops, memory_order_acquire) == 0) {
+            *cp = x->c_next;
+            x->c_next = dead;
+            dead = x;
+        } else {
+            cp = &x->c_next;
+        }
+    }
     tp__mtx_unlock(&a->a_mtx);
+    while (dead != NULL) {
+        ag_conn *x = dead;
+        dead = x->c_next;
+        conn_free(x);
+    }
     ag_conn *c = conn_connect(a, p, err_p);
     tp__mtx_lock(&a->a_mtx);
     if (c == NULL) {
@@ -1367,6 +1444,9 @@ req_reply(ag_req *r, tp_args *result, const tp_error *err)
 out:
     tp_args_unref(r->r_args);
     tp_agent *ag = r->r_agent;
+    if (r->r_conn != NULL) {
+        conn_op_done(r->r_conn);
+    }
     tp__free(r);
     agent_unref(ag);
 }
@@ -1412,6 +1492,7 @@ write_failed_locally(ag_conn *c, ag_kind kind, uint64_t call_id,
         return;
     }
     atomic_fetch_add_explicit(&a->a_refs, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&c->c_ops, 1, memory_order_relaxed);
     r->r_agent = a;
     r->r_conn = c;
     r->r_call_id = call_id;
@@ -1830,6 +1911,19 @@ tp__agent_listen_url(const tp_agent *a)
     return a->a_listen_url;
 }
 
+size_t
+tp__agent_nconns(const tp_agent *a)
+{
+    tp_agent *ma = (tp_agent *)a;
+    size_t n = 0;
+    tp__mtx_lock(&ma->a_mtx);
+    for (const ag_conn *c = a->a_conns; c != NULL; c = c->c_next) {
+        n++;
+    }
+    tp__mtx_unlock(&ma->a_mtx);
+    return n;
+}
+
 // ---- rendezvous ------------------------------------------------------------
 
 // Milliseconds until @deadline, at least 1 (a store timeout of 0 would
@@ -1841,11 +1935,11 @@ ms_left(uint64_t deadline)
     return now >= deadline ? 1 : (int64_t)((deadline - now) / 1000000u) + 1;
 }
 
-// "tp.rpc/worker/<rank>" = "<name>\n<world>\n<url>\n<url>..."
+// "<prefix>worker/<rank>" = "<name>\n<world>\n<url>\n<url>..."
 static void
-worker_key(char *buf, size_t len, int rank)
+worker_key(const tp_agent *a, char *buf, size_t len, int rank)
 {
-    snprintf(buf, len, AG_KEY_PREFIX "worker/%d", rank);
+    snprintf(buf, len, "%sworker/%d", a->a_prefix, rank);
 }
 
 static tp_status
@@ -1907,15 +2001,27 @@ bad:
 static tp_status
 rendezvous(tp_agent *a, uint64_t deadline, tp_error **err_p)
 {
-    char key[64];
+    char key[128];
     char val[AG_MAX_URL * AG_MAX_URLS + TP_RPC_MAX_NAME + 64];
     ag_peer *me = a->a_self;
+    // A store may outlive a job (a file, a standalone server): each job's
+    // keys get their own generation, counted by the joins so far (every
+    // job of world_size workers adds world_size).
+    int64_t joins = 0;
+    tp_status st = tp_store_add(a->a_store, AG_KEY_PREFIX "joins", 1,
+                                ms_left(deadline), &joins, err_p);
+    if (st != TP_OK) {
+        return tp__error_wrap(err_p, st, "rpc init of %s (rank %d)",
+                              agent_name(a), a->a_rank);
+    }
+    snprintf(a->a_prefix, sizeof(a->a_prefix), AG_KEY_PREFIX "%lld/",
+             (long long)((joins - 1) / a->a_world));
     int n = snprintf(val, sizeof(val), "%s\n%d\n", me->p_info.name, a->a_world);
     for (int i = 0; i < me->p_nurls; i++) {
         n += snprintf(val + n, sizeof(val) - (size_t)n, "%s\n", me->p_urls[i]);
     }
-    worker_key(key, sizeof(key), a->a_rank);
-    tp_status st =
+    worker_key(a, key, sizeof(key), a->a_rank);
+    st =
         tp_store_set(a->a_store, key, val, (size_t)n, ms_left(deadline), err_p);
     if (st != TP_OK) {
         return tp__error_wrap(err_p, st, "rpc init of %s (rank %d)",
@@ -1925,7 +2031,7 @@ rendezvous(tp_agent *a, uint64_t deadline, tp_error **err_p)
         if (r == a->a_rank) {
             continue;
         }
-        worker_key(key, sizeof(key), r);
+        worker_key(a, key, sizeof(key), r);
         int64_t left = ms_left(deadline);
         void *v = NULL;
         size_t vlen = 0;
@@ -1941,7 +2047,7 @@ rendezvous(tp_agent *a, uint64_t deadline, tp_error **err_p)
                     if (m == a->a_rank) {
                         continue;
                     }
-                    worker_key(key, sizeof(key), m);
+                    worker_key(a, key, sizeof(key), m);
                     void *mv = NULL;
                     size_t ml;
                     tp_error *me2 = NULL;
@@ -1998,12 +2104,12 @@ rendezvous(tp_agent *a, uint64_t deadline, tp_error **err_p)
     }
     // Rank 0 hosts the store: it keeps it up until every rank has read
     // the records, so that each fails with this message, not a reset.
-    snprintf(key, sizeof(key), AG_KEY_PREFIX "read/%d", a->a_rank);
+    snprintf(key, sizeof(key), "%sread/%d", a->a_prefix, a->a_rank);
     tp_error *e = NULL;
     if (tp_store_set(a->a_store, key, "1", 1, ms_left(deadline), &e) == TP_OK &&
         a->a_rank == 0) {
         for (int r = 1; r < a->a_world; r++) {
-            snprintf(key, sizeof(key), AG_KEY_PREFIX "read/%d", r);
+            snprintf(key, sizeof(key), "%sread/%d", a->a_prefix, r);
             const char *keys[1] = {key};
             if (tp_store_wait(a->a_store, keys, 1, ms_left(deadline), &e) !=
                 TP_OK) {
@@ -2125,6 +2231,27 @@ agent_unref(tp_agent *a)
     }
 }
 
+// Waits (bounded) until no thread is inside a pipe call for the agent.
+// False if one still is after AG_TEARDOWN_MS (its loop is stuck): the
+// context is then left alive rather than freed under it.
+static bool
+agent_wait_writers(tp_agent *a)
+{
+    uint64_t deadline = tp__deadline_after_ms(AG_TEARDOWN_MS);
+    while (atomic_load_explicit(&a->a_writers, memory_order_acquire) > 0) {
+        if (tp__now_ns() >= deadline) {
+            TP_LOG_ERROR("TP-RPC-SHUTDOWN",
+                         "rpc %s: a thread is still inside a pipe call %d ms "
+                         "after shutdown; leaving the pipes",
+                         agent_name(a), AG_TEARDOWN_MS);
+            return false;
+        }
+        struct timespec ts = {0, 1000000}; // 1 ms
+        nanosleep(&ts, NULL);
+    }
+    return true;
+}
+
 // Stops everything: pending calls fail with @why (borrowed, may be NULL
 // for a generic message), pipes close, timer, pool and context end. Then
 // drops the user's reference.
@@ -2161,9 +2288,7 @@ agent_teardown(tp_agent *a, const char *why)
     }
     // Threads that passed the state check are inside a pipe call; the
     // pipes must outlive it.
-    while (atomic_load_explicit(&a->a_writers, memory_order_acquire) > 0) {
-        sched_yield();
-    }
+    bool writers_out = agent_wait_writers(a);
     if (a->a_timer_started) {
         pthread_join(a->a_timer, NULL);
         a->a_timer_started = false;
@@ -2195,10 +2320,8 @@ agent_teardown(tp_agent *a, const char *why)
     }
     // Handlers that finished after the pool stopped may still write:
     // wait for them before the pipes go.
-    while (atomic_load_explicit(&a->a_writers, memory_order_acquire) > 0) {
-        sched_yield();
-    }
-    if (a->a_ctx != NULL && !a->a_pool_leaked) {
+    writers_out = writers_out && agent_wait_writers(a);
+    if (a->a_ctx != NULL && !a->a_pool_leaked && writers_out) {
         tp_context_destroy(a->a_ctx);
         a->a_ctx = NULL;
     }
@@ -2339,13 +2462,13 @@ static tp_status
 shutdown_round(tp_agent *a, int round, uint64_t deadline, uint64_t *pending_p,
                uint64_t *activity_p, tp_error **err_p)
 {
-    char key[96];
+    char key[128];
     char val[64];
     tp__mtx_lock(&a->a_mtx);
     uint64_t pend = a->a_npending, act = a->a_activity;
     tp__mtx_unlock(&a->a_mtx);
     int n = snprintf(val, sizeof(val), "%" PRIu64 " %" PRIu64, pend, act);
-    snprintf(key, sizeof(key), AG_KEY_PREFIX "shutdown/%d/%d", round,
+    snprintf(key, sizeof(key), "%sshutdown/%d/%d", a->a_prefix, round,
              a->a_rank);
     tp_status st =
         tp_store_set(a->a_store, key, val, (size_t)n, ms_left(deadline), err_p);
@@ -2354,18 +2477,41 @@ shutdown_round(tp_agent *a, int round, uint64_t deadline, uint64_t *pending_p,
     }
     uint64_t sp = 0, sa = 0;
     for (int r = 0; r < a->a_world; r++) {
-        snprintf(key, sizeof(key), AG_KEY_PREFIX "shutdown/%d/%d", round, r);
+        snprintf(key, sizeof(key), "%sshutdown/%d/%d", a->a_prefix, round, r);
         void *v = NULL;
         size_t len = 0;
         tp_error *err = NULL;
         st = tp_store_get(a->a_store, key, ms_left(deadline), &v, &len, &err);
         if (st != TP_OK) {
             if (st == TP_ETIMEDOUT) {
+                // Name every worker still missing in this round.
+                char missing[512];
+                size_t off = 0;
+                missing[0] = '\0';
+                for (int m = r; m < a->a_world; m++) {
+                    snprintf(key, sizeof(key), "%sshutdown/%d/%d", a->a_prefix,
+                             round, m);
+                    void *mv = NULL;
+                    size_t ml;
+                    tp_error *e2 = NULL;
+                    if (m > r && tp_store_get(a->a_store, key, 1, &mv, &ml,
+                                              &e2) == TP_OK) {
+                        free(mv);
+                        continue;
+                    }
+                    tp_error_unref(e2);
+                    a->a_peers[m].p_sd_missing = true;
+                    if (off < sizeof(missing) - TP_RPC_MAX_NAME - 32) {
+                        off += (size_t)snprintf(
+                            missing + off, sizeof(missing) - off,
+                            "%s%s (rank %d)", off > 0 ? ", " : "",
+                            a->a_peers[m].p_info.name, m);
+                    }
+                }
                 tp__error_set(err_p, TP_ETIMEDOUT,
-                              "waited %lld ms for %s (rank %d) to call "
-                              "shutdown",
-                              (long long)a->a_opts.shutdown_timeout_ms,
-                              a->a_peers[r].p_info.name, r);
+                              "waited %lld ms for %s to %s shutdown",
+                              (long long)a->a_opts.shutdown_timeout_ms, missing,
+                              round == 0 ? "call" : "finish a round of");
                 tp_error_unref(err);
             } else if (err_p != NULL) {
                 *err_p = err;
@@ -2452,19 +2598,29 @@ tp_rpc_shutdown(tp_agent *a, bool graceful, tp_error **err_p)
                                : "the agent was shut down (not graceful) "
                                  "before the reply");
     // The store server lives in rank 0's process: rank 0 closes it after
-    // every rank said it is done with it (graceful only; bounded).
-    if (graceful && st == TP_OK) {
-        char key[64];
-        snprintf(key, sizeof(key), AG_KEY_PREFIX "exit/%d", a->a_rank);
+    // every rank that took part in the shutdown said it is done with it
+    // (graceful only; bounded). When the agreement failed, the others may
+    // still be waiting for their own deadline: rank 0 gives them one more
+    // shutdown timeout, so they fail with their own timeout naming the
+    // missing worker rather than with a closed store.
+    if (graceful) {
+        char key[128];
+        uint64_t exit_deadline =
+            st == TP_OK ? deadline
+                        : tp__deadline_after_ms(a->a_opts.shutdown_timeout_ms);
+        snprintf(key, sizeof(key), "%sexit/%d", a->a_prefix, a->a_rank);
         tp_error *e = NULL;
-        if (tp_store_set(a->a_store, key, "1", 1, ms_left(deadline), &e) ==
+        if (tp_store_set(a->a_store, key, "1", 1, ms_left(exit_deadline), &e) ==
                 TP_OK &&
             a->a_rank == 0) {
             for (int r = 1; r < a->a_world; r++) {
-                snprintf(key, sizeof(key), AG_KEY_PREFIX "exit/%d", r);
+                if (a->a_peers[r].p_sd_missing) {
+                    continue;
+                }
+                snprintf(key, sizeof(key), "%sexit/%d", a->a_prefix, r);
                 const char *keys[1] = {key};
-                if (tp_store_wait(a->a_store, keys, 1, ms_left(deadline), &e) !=
-                    TP_OK) {
+                if (tp_store_wait(a->a_store, keys, 1, ms_left(exit_deadline),
+                                  &e) != TP_OK) {
                     break;
                 }
             }

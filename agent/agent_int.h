@@ -56,5 +56,7 @@ tp_status ag_registry_add_builtin(const char *name, tp_rpc_fn fn);
 
 /* For tests: the URL of the agent's listener (its best transport). */
 const char *tp__agent_listen_url(const tp_agent *a);
+/* For tests: the connections the agent holds (live and not yet freed). */
+size_t tp__agent_nconns(const tp_agent *a);
 
 #endif

@@ -2151,6 +2151,19 @@ worker_killed(int rank, int world, const char *url, void *arg)
               (long long)(now_ms() - t1));
     tp_error_unref(err);
     err = NULL;
+    // Calling the dead worker again and again makes a connection each
+    // time, which fails: the failed ones are freed, not kept.
+    for (int i = 0; i < 50; i++) {
+        st = tp_rpc_sync(a, "bravo", "tp.noop", NULL, WAIT_MS, NULL, &err);
+        TP_CHECKF(st != TP_OK && st != TP_ETIMEDOUT,
+                  "call %d to the dead bravo: %s (%s)", i, tp_status_name(st),
+                  tp_error_message(err));
+        tp_error_unref(err);
+        err = NULL;
+    }
+    size_t nconns = tp__agent_nconns(a);
+    TP_CHECKF(nconns <= 6, "%zu connections kept after 50 failed calls",
+              nconns);
     tp_args_unref(in);
     tp_rpc_peer_stats ps;
     TP_CHECK_OK(tp_rpc_get_peer_stats(a, 1, &ps), NULL);
