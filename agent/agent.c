@@ -26,7 +26,6 @@
 
 #include <inttypes.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -230,18 +229,7 @@ agent_name(const tp_agent *a)
 static bool
 worker_name_valid(const char *name, size_t len)
 {
-    if (len == 0 || len > TP_RPC_MAX_NAME) {
-        return false;
-    }
-    for (size_t i = 0; i < len; i++) {
-        char c = name[i];
-        bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-                  (c >= '0' && c <= '9') || c == '_' || c == '-' || c == ':';
-        if (!ok) {
-            return false;
-        }
-    }
-    return true;
+    return ag_name_valid(name, len, TP_RPC_MAX_NAME, "_-:");
 }
 
 static int64_t
@@ -1781,6 +1769,12 @@ tp_rpc_async_rank(tp_agent *a, int to, const char *fn_name, const tp_args *in,
     return agent_call(a, &a->a_peers[to], fn_name, in, timeout_ms);
 }
 
+static bool
+future_done(void *arg)
+{
+    return tp_future_is_done(arg);
+}
+
 tp_status
 tp_rpc_wait(tp_future *f, int64_t timeout_ms, tp_args **out_p, tp_error **err_p)
 {
@@ -1805,19 +1799,7 @@ tp_rpc_wait(tp_future *f, int64_t timeout_ms, tp_args **out_p, tp_error **err_p)
             sns = cfg.loop_spin_us * 1000;
             atomic_store_explicit(&spin_ns, sns, memory_order_relaxed);
         }
-        uint64_t end = tp__now_ns() + (uint64_t)sns;
-        for (unsigned round = 1; !tp_future_is_done(f); round++) {
-            // At once first: the loop thread that must send the request
-            // may be waiting for this core.
-            if (round == 1 || (round & 7) == 0) {
-                sched_yield();
-                if (tp__now_ns() >= end) {
-                    break;
-                }
-            } else {
-                tp__cpu_relax();
-            }
-        }
+        tp__spin_until(future_done, f, (uint64_t)sns);
     }
     tp_status st = tp_future_wait(f, timeout_ms, err_p);
     if (st == TP_OK && out_p != NULL) {

@@ -13,21 +13,27 @@
 #define AG_TMETA_FIXED 8
 
 bool
-ag_fn_name_valid(const char *name, size_t len)
+ag_name_valid(const char *name, size_t len, size_t max, const char *extra)
 {
-    if (len == 0 || len > TP_RPC_MAX_FN_NAME) {
+    if (len == 0 || len > max) {
         return false;
     }
     for (size_t i = 0; i < len; i++) {
         char c = name[i];
         bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-                  (c >= '0' && c <= '9') || c == '_' || c == '-' || c == '.' ||
-                  c == ':' || c == '/';
+                  (c >= '0' && c <= '9') ||
+                  (c != '\0' && strchr(extra, c) != NULL);
         if (!ok) {
             return false;
         }
     }
     return true;
+}
+
+bool
+ag_fn_name_valid(const char *name, size_t len)
+{
+    return ag_name_valid(name, len, TP_RPC_MAX_FN_NAME, "_-.:/");
 }
 
 size_t

@@ -71,6 +71,8 @@ void ag_wire_encode(uint8_t *buf, const ag_hdr *h, const tp_args *args);
 tp_status ag_wire_decode(const uint8_t *buf, size_t len, uint32_t npayloads,
                          uint32_t ntensors, const uint64_t *tensor_lens,
                          ag_hdr *h, ag_tensor_meta *metas, tp_error **err_p);
+/* True if @name is 1..@max bytes of letters, digits and @extra. */
+bool ag_name_valid(const char *name, size_t len, size_t max, const char *extra);
 /* Checks a function name (1..TP_RPC_MAX_FN_NAME of [A-Za-z0-9_.:/-]). */
 bool ag_fn_name_valid(const char *name, size_t len);
 

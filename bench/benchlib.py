@@ -41,3 +41,19 @@ def read_peer_lines(path):
             kv = dict(p.split("=", 1) for p in parts[2:] if "=" in p)
             recs.append((parts[1], kv))
     return recs
+
+
+def fmt(v):
+    """A number for a report cell: '-' for None, thousands spaced, about 3
+    significant digits."""
+    if v is None:
+        return "-"
+    if abs(v) >= 1000:
+        return "{:,.0f}".format(v).replace(",", " ")
+    if abs(v) >= 100:
+        return "%.0f" % v
+    if abs(v) >= 10:
+        return "%.1f" % v
+    if abs(v) >= 0.1 or v == 0:
+        return "%.2f" % v
+    return "%.2g" % v

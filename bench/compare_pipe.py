@@ -18,7 +18,7 @@ not a test).
 import statistics
 import sys
 
-from benchlib import read_json_lines, read_peer_lines
+from benchlib import fmt, read_json_lines, read_peer_lines
 
 TR_MAP = {"tcp": "uv", "shm": "shm"}
 
@@ -44,18 +44,6 @@ def tp_median(recs, transport, channel, mode, test, size, field):
         except (KeyError, ValueError):
             pass
     return (statistics.median(vals), len(vals)) if vals else (None, 0)
-
-
-def fmt(v):
-    if v is None:
-        return "-"
-    if abs(v) >= 100:
-        return "%.0f" % v
-    if abs(v) >= 10:
-        return "%.1f" % v
-    if abs(v) >= 0.1 or v == 0:
-        return "%.2f" % v
-    return "%.2g" % v
 
 
 def size_str(n):

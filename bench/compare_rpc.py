@@ -24,7 +24,7 @@ not a test).
 import statistics
 import sys
 
-from benchlib import read_json_lines, read_peer_lines
+from benchlib import fmt, read_json_lines, read_peer_lines
 
 # Our transport -> PyTorch's (transports, channels) of torch_rpc_bench.py.
 PEER_CFG = {"shm": ("default", "default"), "tcp": ("uv", "basic")}
@@ -47,20 +47,6 @@ ROWS = (
     ("init, 2 workers (worker0)", "init", 0, "p50_us", 1e-3, "init_rpc",
      "seconds", 1e3, "ms", True, {"shm": (20, "<= 20 ms")}),
 )
-
-
-def fmt(v):
-    if v is None:
-        return "-"
-    if abs(v) >= 1000:
-        return "{:,.0f}".format(v).replace(",", " ")
-    if abs(v) >= 100:
-        return "%.0f" % v
-    if abs(v) >= 10:
-        return "%.1f" % v
-    if abs(v) >= 0.1 or v == 0:
-        return "%.2f" % v
-    return "%.2g" % v
 
 
 def ours_value(rows, transport, test, size, field, scale):
@@ -118,7 +104,7 @@ def main(argv):
                 ok = "-"
             elif v is None:
                 ok = "not measured"
-                met.append((title, tr, False))
+                met.append((title, tr, None))
             else:
                 hit = v <= target if lower else v >= target
                 ok = "met" if hit else "**not met**"
@@ -132,8 +118,9 @@ def main(argv):
     if met:
         print("Targets met: %d of %d (%s)." % (
             sum(1 for _, _, h in met if h), len(met),
-            ", ".join("%s %s: %s" % (t, tr, "met" if h else "NOT met")
-                      for t, tr, h in met)))
+            ", ".join("%s %s: %s" % (
+                t, tr, "not measured" if h is None else
+                "met" if h else "NOT met") for t, tr, h in met)))
     if not matched and ours:
         print("(no matching PyTorch rows: run `bash ../shared/peers/"
               "run_all.sh rpc` in the same session)")

@@ -22,20 +22,11 @@
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
-PEERS_DIR=${PEERS_DIR:-$REPO/../shared/peers}
-BUILD_DIR=${BUILD_DIR:-$REPO/build-bench}
-REPS=${REPS:-3}
+BENCH=pipe
 PEERS=${PEERS:-tp}
 LANES=${LANES:-2}
-STAMP=$(date -u +%Y%m%d-%H%M%S)
-OUT=${OUT:-$BUILD_DIR/bench-results/pipe-$STAMP}
 # shellcheck source=bench/common.sh
 . "$HERE/common.sh"
-mkdir -p "$OUT"
-log "results in $OUT"
-rc=0
-# Other jobs on the 2 cores distort cross-process latencies badly: note it.
-LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
 
 ARGS="--json --reps $REPS --lanes $LANES --plot $OUT/pipe.svg ${TP_ARGS:-}"
 log "tpipe bench pipe $ARGS"
@@ -44,17 +35,7 @@ log "tpipe bench pipe $ARGS"
   { log "tpipe bench pipe failed (exit $?), see $OUT/ours.log"; rc=1; }
 [ -s "$OUT/ours.log" ] && sed 's/^/  /' "$OUT/ours.log" >&2
 
-mkdir -p "$OUT/peers"
-if [ -z "${SKIP_PEERS:-}" ]; then
-  log "peers: bash $PEERS_DIR/run_all.sh $PEERS"
-  # shellcheck disable=SC2086
-  OUT=$OUT/peers REPS=$REPS bash "$PEERS_DIR/run_all.sh" $PEERS \
-    >"$OUT/peers.log" 2>&1 ||
-    { log "run_all.sh failed, see $OUT/peers.log"; rc=1; }
-  [ -s "$OUT/peers/failures.txt" ] &&
-    { log "peer failures:"; cat "$OUT/peers/failures.txt" >&2; }
-fi
-touch "$OUT/peers/raw.txt"
+run_peers
 
 {
   echo "## tpipe bench pipe vs TensorPipe ($(date -u +%Y-%m-%dT%H:%M:%SZ), $(nproc) CPUs, $(uname -r))"

@@ -25,20 +25,11 @@
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
-PEERS_DIR=${PEERS_DIR:-$REPO/../shared/peers}
-BUILD_DIR=${BUILD_DIR:-$REPO/build-bench}
-REPS=${REPS:-3}
+BENCH=rpc
 PEERS=${PEERS:-rpc}
 SAVE=${SAVE:-1}
-STAMP=$(date -u +%Y%m%d-%H%M%S)
-OUT=${OUT:-$BUILD_DIR/bench-results/rpc-$STAMP}
 # shellcheck source=bench/common.sh
 . "$HERE/common.sh"
-mkdir -p "$OUT"
-log "results in $OUT"
-rc=0
-# Other jobs on the 2 cores distort cross-process latencies badly: note it.
-LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # The same configurations as the peer: PyTorch's default (shm, every
 # channel: cma between two local processes) and uv+basic.
@@ -56,17 +47,7 @@ for run in "${RUN_LIST[@]}"; do
 done
 [ -s "$OUT/ours.log" ] && sed 's/^/  /' "$OUT/ours.log" >&2
 
-mkdir -p "$OUT/peers"
-if [ -z "${SKIP_PEERS:-}" ]; then
-  log "peers: bash $PEERS_DIR/run_all.sh $PEERS"
-  # shellcheck disable=SC2086
-  OUT=$OUT/peers REPS=$REPS bash "$PEERS_DIR/run_all.sh" $PEERS \
-    >"$OUT/peers.log" 2>&1 ||
-    { log "run_all.sh failed, see $OUT/peers.log"; rc=1; }
-  [ -s "$OUT/peers/failures.txt" ] &&
-    { log "peer failures:"; cat "$OUT/peers/failures.txt" >&2; }
-fi
-touch "$OUT/peers/raw.txt"
+run_peers
 
 {
   echo "## tpipe bench rpc vs PyTorch RPC ($(date -u +%Y-%m-%dT%H:%M:%SZ), $(nproc) CPUs, $(uname -r))"

@@ -23,17 +23,10 @@
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
-PEERS_DIR=${PEERS_DIR:-$REPO/../shared/peers}
-BUILD_DIR=${BUILD_DIR:-$REPO/build-bench}
-REPS=${REPS:-3}
+BENCH=transport
 PEERS=${PEERS:-sock memcpy iperf3}
-STAMP=$(date -u +%Y%m%d-%H%M%S)
-OUT=${OUT:-$BUILD_DIR/bench-results/transport-$STAMP}
 # shellcheck source=bench/common.sh
 . "$HERE/common.sh"
-mkdir -p "$OUT"
-log "results in $OUT"
-rc=0
 
 log "tpipe bench transport --json --reps $REPS ${TP_ARGS:-}"
 # shellcheck disable=SC2086
@@ -46,17 +39,7 @@ log "tpipe bench transport --idle-cpu --json"
   >"$OUT/idle.jsonl" 2>"$OUT/idle.log" ||
   { log "idle measurement failed (exit $?), see $OUT/idle.log"; rc=1; }
 
-mkdir -p "$OUT/peers"
-if [ -z "${SKIP_PEERS:-}" ]; then
-  log "peers: bash $PEERS_DIR/run_all.sh $PEERS"
-  # shellcheck disable=SC2086
-  OUT=$OUT/peers REPS=$REPS bash "$PEERS_DIR/run_all.sh" $PEERS \
-    >"$OUT/peers.log" 2>&1 ||
-    { log "run_all.sh failed, see $OUT/peers.log"; rc=1; }
-  [ -s "$OUT/peers/failures.txt" ] &&
-    { log "peer failures:"; cat "$OUT/peers/failures.txt" >&2; }
-fi
-touch "$OUT/peers/raw.txt"
+run_peers
 
 {
   echo "## tpipe bench transport vs peers ($(date -u +%Y-%m-%dT%H:%M:%SZ), $(nproc) CPUs, $(uname -r))"

@@ -4,6 +4,7 @@
 #include "platform.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -119,4 +120,23 @@ tp__random_u64(void)
         }
     }
     return v;
+}
+
+bool
+tp__spin_until(bool (*done)(void *arg), void *arg, uint64_t spin_ns)
+{
+    uint64_t end = tp__now_ns() + spin_ns;
+    for (unsigned round = 1;; round++) {
+        if (done(arg)) {
+            return true;
+        }
+        if (round == 1 || (round & 7) == 0) {
+            sched_yield();
+            if (tp__now_ns() >= end) {
+                return done(arg);
+            }
+        } else {
+            tp__cpu_relax();
+        }
+    }
 }

@@ -67,6 +67,13 @@ tp__deadline_after_ms(int64_t timeout_ms)
     return tp__now_ns() + (uint64_t)timeout_ms * 1000000u;
 }
 
+// Polls @done(@arg) for up to @spin_ns, yielding the CPU at the first
+// round (the caller usually just handed work to another thread, which may
+// need this core) and every 8 rounds after. Returns true once @done is
+// true, false when the time is up. For the spin-then-sleep waits of the
+// pool and of RPC futures (the loop's own spin is in loop.c).
+bool tp__spin_until(bool (*done)(void *arg), void *arg, uint64_t spin_ns);
+
 // A random nonzero 64-bit number from getrandom (time and address bits if
 // the kernel's pool is not ready yet). For ids a peer must not guess.
 uint64_t tp__random_u64(void);

@@ -8,7 +8,6 @@
 
 #include "pool.h"
 
-#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -43,6 +42,14 @@ struct tp_pool {
 // the destroy-from-own-thread assertion. Not an error channel.
 static _Thread_local const tp_pool *pool_current;
 
+static bool
+pool_has_work(void *arg)
+{
+    tp_pool *pool = arg;
+    return atomic_load_explicit(&pool->p_queued, memory_order_relaxed) > 0 ||
+           atomic_load_explicit(&pool->p_closed_flag, memory_order_relaxed);
+}
+
 // Polls p_queued for up to p_spin_ns with p_mtx released. Called with
 // p_mtx held and no other spinner; returns with it held. Submitters do not
 // signal while a worker spins (it sees the count), so the spinner clears
@@ -52,24 +59,7 @@ pool_spin_locked(tp_pool *pool)
 {
     pool->p_spinning = true;
     tp__mtx_unlock(&pool->p_mtx);
-    uint64_t end = tp__now_ns() + pool->p_spin_ns;
-    for (unsigned round = 1;; round++) {
-        if (atomic_load_explicit(&pool->p_queued, memory_order_relaxed) > 0 ||
-            atomic_load_explicit(&pool->p_closed_flag, memory_order_relaxed)) {
-            break;
-        }
-        if (round == 1 || (round & 7) == 0) {
-            // On a machine with few cores the thread that would submit
-            // the next task may need this one (at once: the task that just
-            // ended usually handed work to another thread).
-            sched_yield();
-            if (tp__now_ns() >= end) {
-                break;
-            }
-        } else {
-            tp__cpu_relax();
-        }
-    }
+    tp__spin_until(pool_has_work, pool, pool->p_spin_ns);
     tp__mtx_lock(&pool->p_mtx);
     pool->p_spinning = false;
 }

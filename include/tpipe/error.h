@@ -41,6 +41,12 @@ typedef enum tp_status {
     TP_EDEVICE = -41,
 } tp_status;
 
+/**
+ * TP_TIMEOUT_DEFAULT - as a timeout_ms: use the object's default timeout
+ * (the store's, the agent's rpc_timeout_ms). 0 means no limit.
+ */
+#define TP_TIMEOUT_DEFAULT (-1)
+
 /** TP_STATUS_IS_CONN - true if @s means the connection is dead. */
 #define TP_STATUS_IS_CONN(s) ((s) <= -20 && (s) > -40)
 

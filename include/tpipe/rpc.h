@@ -57,11 +57,6 @@
 extern "C" {
 #endif
 
-#ifndef TP_TIMEOUT_DEFAULT
-/** TP_TIMEOUT_DEFAULT - use the object's default timeout. */
-#define TP_TIMEOUT_DEFAULT (-1)
-#endif
-
 /** TP_RPC_MAX_NAME - the longest worker name, in bytes (without the NUL). */
 #define TP_RPC_MAX_NAME 127
 /** TP_RPC_MAX_FN_NAME - the longest function name, in bytes. */

@@ -57,11 +57,6 @@
 extern "C" {
 #endif
 
-#ifndef TP_TIMEOUT_DEFAULT
-/** TP_TIMEOUT_DEFAULT - use the object's default timeout. */
-#define TP_TIMEOUT_DEFAULT (-1)
-#endif
-
 /** TP_STORE_MAX_KEY - the longest key, in bytes (without the NUL). */
 #define TP_STORE_MAX_KEY 4096
 

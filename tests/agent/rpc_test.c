@@ -325,39 +325,28 @@ fn_sleep(const tp_rpc_call_info *call, const tp_args *in, void *arg,
     return tp_args_create("slept", 5, out_p);
 }
 
-// "t.fail": fails with TP_EINVAL and "bad thing 42".
+// How "t.fail", "t.fail_conn", "t.fail_ctx" and "t.fail_noerr" fail: a
+// status and a message (none: no error object). Connection- and
+// context-scope statuses must arrive as TP_EIO.
+typedef struct fail_spec {
+    tp_status status;
+    const char *msg;
+} fail_spec;
+
+static const fail_spec k_fail = {TP_EINVAL, "bad thing 42"};
+static const fail_spec k_fail_conn = {TP_ECONNRESET, "conn thing 7"};
+static const fail_spec k_fail_ctx = {TP_EINTERNAL, "ctx thing 8"};
+static const fail_spec k_fail_noerr = {TP_ENOTSUP, NULL};
+
 static tp_status
 fn_fail(const tp_rpc_call_info *call, const tp_args *in, void *arg,
         tp_args **out_p, tp_error **err_p)
 {
-    *err_p = tp_error_create(TP_EINVAL, NULL, "bad thing %d", 42);
-    return TP_EINVAL;
-}
-
-// "t.fail_conn": a connection-scope status, which must arrive as TP_EIO.
-static tp_status
-fn_fail_conn(const tp_rpc_call_info *call, const tp_args *in, void *arg,
-             tp_args **out_p, tp_error **err_p)
-{
-    *err_p = tp_error_create(TP_ECONNRESET, NULL, "conn thing 7");
-    return TP_ECONNRESET;
-}
-
-// "t.fail_ctx": a context-scope status, which must arrive as TP_EIO.
-static tp_status
-fn_fail_ctx(const tp_rpc_call_info *call, const tp_args *in, void *arg,
-            tp_args **out_p, tp_error **err_p)
-{
-    *err_p = tp_error_create(TP_EINTERNAL, NULL, "ctx thing 8");
-    return TP_EINTERNAL;
-}
-
-// "t.fail_noerr": fails without an error object.
-static tp_status
-fn_fail_noerr(const tp_rpc_call_info *call, const tp_args *in, void *arg,
-              tp_args **out_p, tp_error **err_p)
-{
-    return TP_ENOTSUP;
+    const fail_spec *f = arg;
+    if (f->msg != NULL) {
+        *err_p = tp_error_create(f->status, NULL, "%s", f->msg);
+    }
+    return f->status;
 }
 
 // "t.make": result bytes "made by <name>" and two tensors.
@@ -618,23 +607,29 @@ register_fns(void)
         const char *name;
         tp_rpc_fn fn;
     } fns[] = {
-        {"t.sleep", fn_sleep},
-        {"t.fail", fn_fail},
-        {"t.fail_conn", fn_fail_conn},
-        {"t.fail_ctx", fn_fail_ctx},
-        {"t.fail_noerr", fn_fail_noerr},
-        {"t.make", fn_make},
-        {"t.info", fn_info},
-        {"t.bounce", fn_bounce},
-        {"t.chain", fn_chain},
-        {"t.stats", fn_stats},
-        {"t.url", fn_url},
-        {"t.release", fn_release},
+        {"t.sleep", fn_sleep}, {"t.make", fn_make},
+        {"t.info", fn_info},   {"t.bounce", fn_bounce},
+        {"t.chain", fn_chain}, {"t.stats", fn_stats},
+        {"t.url", fn_url},     {"t.release", fn_release},
         {"t.die", fn_die},
     };
     tp_error *err = NULL;
     for (size_t i = 0; i < sizeof(fns) / sizeof(fns[0]); i++) {
         TP_CHECK_OK(tp_rpc_register(fns[i].name, fns[i].fn, NULL, &err), err);
+    }
+    static const struct {
+        const char *name;
+        const fail_spec *spec;
+    } fails[] = {
+        {"t.fail", &k_fail},
+        {"t.fail_conn", &k_fail_conn},
+        {"t.fail_ctx", &k_fail_ctx},
+        {"t.fail_noerr", &k_fail_noerr},
+    };
+    for (size_t i = 0; i < sizeof(fails) / sizeof(fails[0]); i++) {
+        TP_CHECK_OK(tp_rpc_register(fails[i].name, fn_fail,
+                                    (void *)fails[i].spec, &err),
+                    err);
     }
     TP_CHECK_OK(tp_rpc_register_async("t.async", fn_async, NULL, &err), err);
     TP_CHECK_OK(tp_rpc_register_async("t.async_err", fn_async_err, NULL, &err),
