@@ -519,10 +519,16 @@ tp__pipe_accept_brochure(tp_context *ctx, tp_pipe_listener *pl, tp_conn *conn,
         a->a_accepted = false;
         int w = snprintf(a->a_reason, sizeof(a->a_reason), "%s at %s: ", why,
                          ctx->x_name);
-        // As much of our report as fits: it says why each one failed.
+        // As much of our report as fits, its lines joined with "; ": it
+        // says why each one failed.
         for (const char *q = p->p_report;
-             *q != '\0' && w > 0 && (size_t)w + 1 < sizeof(a->a_reason); q++) {
-            a->a_reason[w++] = (*q == '\n') ? ';' : *q;
+             *q != '\0' && w > 0 && (size_t)w + 2 < sizeof(a->a_reason); q++) {
+            if (*q == '\n') {
+                a->a_reason[w++] = ';';
+                a->a_reason[w++] = ' ';
+            } else {
+                a->a_reason[w++] = *q;
+            }
             a->a_reason[w] = '\0';
         }
         TP_LOG_WARN("TP-PIPE-REFUSE", "pipe from %s refused: %s\n%s", p->p_peer,
