@@ -24,6 +24,8 @@ typedef cudaError_t (*cuda_free_fn)(void *);
 typedef cudaError_t (*cuda_memcpy_fn)(void *, const void *, size_t,
                                       enum cudaMemcpyKind);
 typedef const char *(*cuda_error_string_fn)(cudaError_t);
+typedef cudaError_t (*cuda_stream_create_fn)(cudaStream_t *, unsigned int);
+typedef cudaError_t (*cuda_stream_fn)(cudaStream_t);
 
 static struct {
     void *lib;
@@ -33,6 +35,9 @@ static struct {
     cuda_free_fn free;
     cuda_memcpy_fn memcpy;
     cuda_error_string_fn error_string;
+    cuda_stream_create_fn stream_create;
+    cuda_stream_fn stream_query;
+    cuda_stream_fn stream_destroy;
     int ndev;
     char why[256];
 } cuda;
@@ -79,6 +84,9 @@ cuda_load(void)
     CUDA_SYM(free, "cudaFree");
     CUDA_SYM(memcpy, "cudaMemcpy");
     CUDA_SYM(error_string, "cudaGetErrorString");
+    CUDA_SYM(stream_create, "cudaStreamCreateWithFlags");
+    CUDA_SYM(stream_query, "cudaStreamQuery");
+    CUDA_SYM(stream_destroy, "cudaStreamDestroy");
 #undef CUDA_SYM
     if (cuda.why[0] != '\0') {
         return;
@@ -187,6 +195,59 @@ tp__cuda_copy(void *dst, int dst_dev, const void *src, int src_dev, size_t n,
     return TP_OK;
 }
 
+tp_status
+tp__cuda_set_device(int device, tp_error **err_p)
+{
+    char why[256];
+    if (!tp__cuda_available(why, sizeof(why))) {
+        return tp__error_set(err_p, TP_ENOTSUP, "cuda: %s", why);
+    }
+    cudaError_t e = cuda.set_device(device);
+    if (e != cudaSuccess) {
+        return tp__error_set(err_p, TP_EDEVICE, "cuda: cudaSetDevice(%d): %s",
+                             device, cuda.error_string(e));
+    }
+    return TP_OK;
+}
+
+tp_status
+tp__cuda_stream_create(int device, void **stream_p, tp_error **err_p)
+{
+    tp_status st = tp__cuda_set_device(device, err_p);
+    if (st != TP_OK) {
+        return st;
+    }
+    cudaStream_t s = NULL;
+    cudaError_t e = cuda.stream_create(&s, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+        return tp__error_set(err_p, TP_EDEVICE,
+                             "cuda: cudaStreamCreateWithFlags (device %d): %s",
+                             device, cuda.error_string(e));
+    }
+    *stream_p = s;
+    return TP_OK;
+}
+
+tp_status
+tp__cuda_stream_query(void *stream, bool *done_p, tp_error **err_p)
+{
+    cudaError_t e = cuda.stream_query((cudaStream_t)stream);
+    if (e == cudaSuccess || e == cudaErrorNotReady) {
+        *done_p = e == cudaSuccess;
+        return TP_OK;
+    }
+    return tp__error_set(err_p, TP_EDEVICE, "cuda: cudaStreamQuery: %s",
+                         cuda.error_string(e));
+}
+
+void
+tp__cuda_stream_destroy(void *stream)
+{
+    if (stream != NULL && cuda.stream_destroy != NULL) {
+        cuda.stream_destroy((cudaStream_t)stream);
+    }
+}
+
 #else // !TP_HAVE_CUDA
 
 bool
@@ -222,6 +283,38 @@ tp__cuda_copy(void *dst, int dst_dev, const void *src, int src_dev, size_t n,
 {
     return tp__error_set(err_p, TP_ENOTSUP,
                          "cuda: copy: built without CUDA (TP_WITH_CUDA)");
+}
+
+tp_status
+tp__cuda_set_device(int device, tp_error **err_p)
+{
+    (void)device;
+    return tp__error_set(err_p, TP_ENOTSUP,
+                         "cuda: built without CUDA (TP_WITH_CUDA)");
+}
+
+tp_status
+tp__cuda_stream_create(int device, void **stream_p, tp_error **err_p)
+{
+    (void)device;
+    (void)stream_p;
+    return tp__error_set(err_p, TP_ENOTSUP,
+                         "cuda: built without CUDA (TP_WITH_CUDA)");
+}
+
+tp_status
+tp__cuda_stream_query(void *stream, bool *done_p, tp_error **err_p)
+{
+    (void)stream;
+    (void)done_p;
+    return tp__error_set(err_p, TP_ENOTSUP,
+                         "cuda: built without CUDA (TP_WITH_CUDA)");
+}
+
+void
+tp__cuda_stream_destroy(void *stream)
+{
+    (void)stream;
 }
 
 #endif

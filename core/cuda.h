@@ -31,4 +31,16 @@ void tp__cuda_free(int device, void *ptr);
 tp_status tp__cuda_copy(void *dst, int dst_dev, const void *src, int src_dev,
                         size_t n, tp_error **err_p);
 
+// Streams, for libraries that enqueue work (NCCL). A stream is the
+// runtime's cudaStream_t as a void *.
+// Makes @device current on the calling thread. Errors: TP_ENOTSUP,
+// TP_EDEVICE (with the runtime's message).
+tp_status tp__cuda_set_device(int device, tp_error **err_p);
+// A new non-blocking stream on @device (made current). Errors as above.
+tp_status tp__cuda_stream_create(int device, void **stream_p, tp_error **err_p);
+// *@done_p: the stream's work has finished. Errors: TP_EDEVICE.
+tp_status tp__cuda_stream_query(void *stream, bool *done_p, tp_error **err_p);
+// NULL is fine.
+void tp__cuda_stream_destroy(void *stream);
+
 #endif
