@@ -18,18 +18,8 @@
 #include <cblas.h>
 #endif
 
-// On x86-64 the dense kernels are also built for AVX2/FMA (x86-64-v3) and
-// picked at load time (GCC function multiversioning through ifunc), so
-// they are not held to the SSE2 baseline the library is compiled for.
-// Not under ThreadSanitizer: the ifunc resolvers run during relocation,
-// before the TSan runtime is up, and their instrumentation crashes every
-// program that links these kernels.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) &&         \
-    defined(__gnu_linux__) && !defined(__SANITIZE_THREAD__)
-#define K_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define K_CLONES
-#endif
+// K_CLONES: see TP_CLONES (core/platform.h).
+#define K_CLONES TP_CLONES
 
 tp_status
 tp__k_check_float(const char *op, const tp_tensor *t, tp_error **err_p)

@@ -15,15 +15,8 @@
 #include "core/platform.h"
 #include "core/tensor_impl.h"
 
-// As in autograd/kernels.c: on x86-64 the integer and f32/f64 kernels are
-// also built for x86-64-v3 (AVX2) and picked at load time. Not under
-// ThreadSanitizer, whose runtime is not up when ifunc resolvers run.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) &&         \
-    defined(__gnu_linux__) && !defined(__SANITIZE_THREAD__)
-#define K_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
-#else
-#define K_CLONES
-#endif
+// K_CLONES: see TP_CLONES (core/platform.h).
+#define K_CLONES TP_CLONES
 
 // ---- element operations ----
 // Each takes (UT, x, y): UT is the unsigned type of the same width, used so

@@ -22,6 +22,19 @@
 #define TP_UNLIKELY(x)  __builtin_expect(!!(x), 0)
 #define TP_PRINTF(f, a) __attribute__((format(printf, f, a)))
 
+// TP_CLONES: on x86-64 with GCC, a dense kernel is also built for
+// x86-64-v3 (AVX2/FMA) and picked at load time (function multiversioning
+// through ifunc), so it is not held to the SSE2 baseline the library is
+// compiled for. Not under ThreadSanitizer: the ifunc resolvers run during
+// relocation, before the TSan runtime is up, and their instrumentation
+// crashes every program that links them.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) &&         \
+    defined(__gnu_linux__) && !defined(__SANITIZE_THREAD__)
+#define TP_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define TP_CLONES
+#endif
+
 // TP_ASSERT is for bugs in our own code only, never for peer input.
 void tp__assert_fail(const char *expr, const char *file, int line)
     __attribute__((noreturn));
