@@ -120,7 +120,8 @@ struct tp__nccl_comm {
     int nc_world;
     int nc_device;
     int64_t nc_timeout_ms;
-    tp_error *nc_dead; // why the communicator was aborted, or NULL
+    bool nc_nonblocking; // made with ncclCommInitRankConfig, blocking = 0
+    tp_error *nc_dead;   // why the communicator was aborted, or NULL
 };
 
 static void *
@@ -579,6 +580,7 @@ tp__nccl_comm_create(tp_store *store, const char *key_prefix, int rank,
         ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
         cfg.blocking = 0;
         nonblocking = true;
+        c->nc_nonblocking = true;
         r = nccl.comm_init_rank_config(&c->nc_comm, world, uid, rank, &cfg);
     } else
 #endif
@@ -728,9 +730,11 @@ nccl_finish(tp__nccl_comm *c, const char *what, ncclResult_t r,
 {
     uint64_t start_ns = tp__now_ns();
     if (r != ncclSuccess && !nccl_in_progress(r)) {
-        if (r == ncclInvalidArgument || r == ncclInvalidUsage) {
-            // Rejected before anything was enqueued: the communicator is
-            // still usable.
+        if (!c->nc_nonblocking &&
+            (r == ncclInvalidArgument || r == ncclInvalidUsage)) {
+            // Rejected before anything was enqueued: a blocking
+            // communicator is still usable (a non-blocking one keeps the
+            // error as its async state, so it is aborted below).
             return tp__error_set(err_p, nccl_status(r),
                                  "nccl: %s (rank %d of %d, device %d): %s",
                                  what, c->nc_rank, c->nc_world, c->nc_device,
@@ -867,6 +871,13 @@ tp__nccl_send(tp__nccl_comm *c, const void *buf, size_t count, tp_dtype dt,
               int peer, int64_t timeout_ms, tp_error **err_p)
 {
     int ndt;
+    if (c->nc_comm != NULL && peer == c->nc_rank) {
+        // Each call is its own NCCL group: a send to itself would wait for
+        // a matching call that cannot be posted, until the deadline.
+        return tp__error_set(err_p, TP_EINVAL,
+                             "nccl: send (rank %d of %d): peer is this rank",
+                             c->nc_rank, c->nc_world);
+    }
     tp_status st = nccl_begin(c, "send", dt, &ndt, NULL, NULL, peer, err_p);
     if (st != TP_OK) {
         return st;
@@ -881,6 +892,13 @@ tp__nccl_recv(tp__nccl_comm *c, void *buf, size_t count, tp_dtype dt, int peer,
               int64_t timeout_ms, tp_error **err_p)
 {
     int ndt;
+    if (c->nc_comm != NULL && peer == c->nc_rank) {
+        // Each call is its own NCCL group: a recv to itself would wait for
+        // a matching call that cannot be posted, until the deadline.
+        return tp__error_set(err_p, TP_EINVAL,
+                             "nccl: recv (rank %d of %d): peer is this rank",
+                             c->nc_rank, c->nc_world);
+    }
     tp_status st = nccl_begin(c, "recv", dt, &ndt, NULL, NULL, peer, err_p);
     if (st != TP_OK) {
         return st;

@@ -15,7 +15,9 @@
  *   ops:    sum product min max avg (avg: NCCL >= 2.10); band, bor and bxor
  *           have no NCCL op: TP_ENOTSUP naming the op.
  * The operations also apply tp__reduce_check (collectives/reduce.h), so
- * NCCL accepts exactly what the CPU path accepts (avg on floats only).
+ * NCCL accepts a subset of what the CPU path accepts (avg on floats only;
+ * no bool, no bitwise ops). send/recv: the peer must post the opposite
+ * call; a rank cannot send to or receive from itself (TP_EINVAL).
  *
  * Timeouts (every int64_t timeout_ms): TP_TIMEOUT_DEFAULT (-1) is the
  * communicator's default (the timeout_ms given to tp__nccl_comm_create,

@@ -218,7 +218,10 @@ tp__cuda_stream_create(int device, void **stream_p, tp_error **err_p)
         return st;
     }
     cudaStream_t s = NULL;
-    cudaError_t e = cuda.stream_create(&s, cudaStreamNonBlocking);
+    // A blocking stream: it waits for the legacy default stream, where
+    // tp__cuda_copy's cudaMemcpy runs, so a tensor filled by a copy is
+    // complete before work on this stream reads it.
+    cudaError_t e = cuda.stream_create(&s, cudaStreamDefault);
     if (e != cudaSuccess) {
         return tp__error_set(err_p, TP_EDEVICE,
                              "cuda: cudaStreamCreateWithFlags (device %d): %s",

@@ -36,7 +36,8 @@ tp_status tp__cuda_copy(void *dst, int dst_dev, const void *src, int src_dev,
 // Makes @device current on the calling thread. Errors: TP_ENOTSUP,
 // TP_EDEVICE (with the runtime's message).
 tp_status tp__cuda_set_device(int device, tp_error **err_p);
-// A new non-blocking stream on @device (made current). Errors as above.
+// A new stream on @device (made current), ordered after the legacy default
+// stream (where tp__cuda_copy runs). Errors as above.
 tp_status tp__cuda_stream_create(int device, void **stream_p, tp_error **err_p);
 // *@done_p: the stream's work has finished. Errors: TP_EDEVICE.
 tp_status tp__cuda_stream_query(void *stream, bool *done_p, tp_error **err_p);
