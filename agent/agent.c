@@ -1980,6 +1980,45 @@ bad:
                          agent_name(a), a->a_rank, rank);
 }
 
+// After a wait for <prefix><stem><rank> timed out at rank @from: lists
+// @from and every later rank (this one excepted) whose key is still not
+// set (1 ms per check) in @out, as numbers, or with @shutdown as "name
+// (rank N)" marking them p_sd_missing for the store's last wait.
+static void
+store_missing_ranks(tp_agent *a, const char *stem, int from, bool shutdown,
+                    char *out, size_t len)
+{
+    size_t off = 0;
+    out[0] = '\0';
+    for (int m = from; m < a->a_world; m++) {
+        if (m == a->a_rank && !shutdown) {
+            continue;
+        }
+        char key[128];
+        snprintf(key, sizeof(key), "%s%s%d", a->a_prefix, stem, m);
+        void *v = NULL;
+        size_t vlen;
+        tp_error *e = NULL;
+        if (m > from &&
+            tp_store_get(a->a_store, key, 1, &v, &vlen, &e) == TP_OK) {
+            free(v);
+            continue;
+        }
+        tp_error_unref(e);
+        if (shutdown) {
+            a->a_peers[m].p_sd_missing = true;
+        }
+        if (off + TP_RPC_MAX_NAME + 32 < len) {
+            off += (size_t)(shutdown ? snprintf(out + off, len - off,
+                                                "%s%s (rank %d)",
+                                                off > 0 ? ", " : "",
+                                                a->a_peers[m].p_info.name, m)
+                                     : snprintf(out + off, len - off, "%s%d",
+                                                off > 0 ? ", " : "", m));
+        }
+    }
+}
+
 static tp_status
 rendezvous(tp_agent *a, uint64_t deadline, tp_error **err_p)
 {
@@ -2022,29 +2061,9 @@ rendezvous(tp_agent *a, uint64_t deadline, tp_error **err_p)
         if (st != TP_OK) {
             if (st == TP_ETIMEDOUT) {
                 // Name every rank still missing.
-                char missing[256];
-                size_t off = 0;
-                missing[0] = '\0';
-                for (int m = r; m < a->a_world; m++) {
-                    if (m == a->a_rank) {
-                        continue;
-                    }
-                    worker_key(a, key, sizeof(key), m);
-                    void *mv = NULL;
-                    size_t ml;
-                    tp_error *me2 = NULL;
-                    if (tp_store_get(a->a_store, key, 1, &mv, &ml, &me2) ==
-                        TP_OK) {
-                        free(mv);
-                        continue;
-                    }
-                    tp_error_unref(me2);
-                    if (off < sizeof(missing) - 16) {
-                        off += (size_t)snprintf(missing + off,
-                                                sizeof(missing) - off, "%s%d",
-                                                off > 0 ? ", " : "", m);
-                    }
-                }
+                char missing[512];
+                store_missing_ranks(a, "worker/", r, false, missing,
+                                    sizeof(missing));
                 tp__error_set(err_p, TP_ETIMEDOUT,
                               "rpc init of %s (rank %d): waited %lld ms for "
                               "ranks %s of %d to join through %s: %s",
@@ -2467,29 +2486,10 @@ shutdown_round(tp_agent *a, int round, uint64_t deadline, uint64_t *pending_p,
         if (st != TP_OK) {
             if (st == TP_ETIMEDOUT) {
                 // Name every worker still missing in this round.
+                char stem[32];
                 char missing[512];
-                size_t off = 0;
-                missing[0] = '\0';
-                for (int m = r; m < a->a_world; m++) {
-                    snprintf(key, sizeof(key), "%sshutdown/%d/%d", a->a_prefix,
-                             round, m);
-                    void *mv = NULL;
-                    size_t ml;
-                    tp_error *e2 = NULL;
-                    if (m > r && tp_store_get(a->a_store, key, 1, &mv, &ml,
-                                              &e2) == TP_OK) {
-                        free(mv);
-                        continue;
-                    }
-                    tp_error_unref(e2);
-                    a->a_peers[m].p_sd_missing = true;
-                    if (off < sizeof(missing) - TP_RPC_MAX_NAME - 32) {
-                        off += (size_t)snprintf(
-                            missing + off, sizeof(missing) - off,
-                            "%s%s (rank %d)", off > 0 ? ", " : "",
-                            a->a_peers[m].p_info.name, m);
-                    }
-                }
+                snprintf(stem, sizeof(stem), "shutdown/%d/", round);
+                store_missing_ranks(a, stem, r, true, missing, sizeof(missing));
                 tp__error_set(err_p, TP_ETIMEDOUT,
                               "waited %lld ms for %s to %s shutdown",
                               (long long)a->a_opts.shutdown_timeout_ms, missing,
