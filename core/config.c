@@ -62,6 +62,12 @@ static const char *const config_log_levels[] = {
 };
 static const char *const config_io_backends[] = {"auto", "epoll", "uring",
                                                  NULL};
+static const char *const config_coll_engines[] = {"auto", "shm", "pipe",
+                                                  NULL};
+static const char *const config_allreduce_algos[] = {"auto", "rd", "ring",
+                                                     NULL};
+static const char *const config_bcast_algos[] = {"auto", "tree", "chain",
+                                                 NULL};
 
 // The enum values of tp_log_level and tp_io_backend are the indexes above.
 _Static_assert(TP_LOG_LEVEL_TRACE == 5, "config_log_levels out of date");
@@ -375,6 +381,109 @@ static const config_entry config_table[] = {
         CONFIG_FIELD(rpc_shutdown_timeout_ms),
         .ce_min = 1,
         .ce_max = CONFIG_DAY_MS,
+    },
+    {
+        .ce_name = "coll_engine",
+        .ce_env = "TP_COLL_ENGINE",
+        .ce_def = "auto",
+        .ce_doc = "where collectives run: auto uses the shared-memory "
+                  "engine when every member is on this host, else pipes "
+                  "(auto|shm|pipe)",
+        .ce_type = CONFIG_ENUM,
+        CONFIG_FIELD(coll_engine),
+        .ce_min = 0,
+        .ce_max = 2,
+        .ce_choices = config_coll_engines,
+    },
+    {
+        .ce_name = "coll_allreduce",
+        .ce_env = "TP_COLL_ALLREDUCE",
+        .ce_def = "auto",
+        .ce_doc = "all_reduce algorithm of the pipe engine: recursive "
+                  "doubling up to coll_small_max, ring above (auto|rd|ring)",
+        .ce_type = CONFIG_ENUM,
+        CONFIG_FIELD(coll_allreduce),
+        .ce_min = 0,
+        .ce_max = 2,
+        .ce_choices = config_allreduce_algos,
+    },
+    {
+        .ce_name = "coll_bcast",
+        .ce_env = "TP_COLL_BCAST",
+        .ce_def = "auto",
+        .ce_doc = "broadcast algorithm of the pipe engine: binomial tree up "
+                  "to coll_small_max, pipelined chain above "
+                  "(auto|tree|chain)",
+        .ce_type = CONFIG_ENUM,
+        CONFIG_FIELD(coll_bcast),
+        .ce_min = 0,
+        .ce_max = 2,
+        .ce_choices = config_bcast_algos,
+    },
+    {
+        .ce_name = "coll_small_max",
+        .ce_env = "TP_COLL_SMALL_MAX",
+        .ce_def = "64K",
+        .ce_doc = "largest message of the latency algorithms (recursive "
+                  "doubling, tree) of the pipe engine",
+        .ce_type = CONFIG_SIZE,
+        CONFIG_FIELD(coll_small_max),
+        .ce_min = 0,
+        .ce_max = CONFIG_GIB,
+    },
+    {
+        .ce_name = "coll_chunk",
+        .ce_env = "TP_COLL_CHUNK",
+        .ce_def = "1M",
+        .ce_doc = "piece size of the pipelined ring and chain of the pipe "
+                  "engine",
+        .ce_type = CONFIG_SIZE,
+        CONFIG_FIELD(coll_chunk),
+        .ce_min = 4096,
+        .ce_max = CONFIG_GIB,
+    },
+    {
+        .ce_name = "coll_shm_slot",
+        .ce_env = "TP_COLL_SHM_SLOT",
+        .ce_def = "64K",
+        .ce_doc = "per-rank slot of the shared-memory engine; larger "
+                  "contributions are read with cross-memory attach",
+        .ce_type = CONFIG_SIZE,
+        CONFIG_FIELD(coll_shm_slot),
+        .ce_min = 4096,
+        .ce_max = 64 * CONFIG_MIB,
+    },
+    {
+        .ce_name = "coll_timeout_ms",
+        .ce_env = "TP_COLL_TIMEOUT_MS",
+        .ce_def = "300000",
+        .ce_doc = "default deadline of a collective or point-to-point "
+                  "operation, in ms (0: none)",
+        .ce_type = CONFIG_MS,
+        CONFIG_FIELD(coll_timeout_ms),
+        .ce_min = 0,
+        .ce_max = CONFIG_DAY_MS,
+    },
+    {
+        .ce_name = "coll_init_timeout_ms",
+        .ce_env = "TP_COLL_INIT_TIMEOUT_MS",
+        .ce_def = "60000",
+        .ce_doc = "deadline of tp_pg_init and tp_pg_new_group, in ms",
+        .ce_type = CONFIG_MS,
+        CONFIG_FIELD(coll_init_timeout_ms),
+        .ce_min = 1,
+        .ce_max = CONFIG_DAY_MS,
+    },
+    {
+        .ce_name = "debug_collectives",
+        .ce_env = "TP_DEBUG_COLLECTIVES",
+        .ce_def = "0",
+        .ce_doc = "1: members compare op, dtype, count and root before "
+                  "each collective and report a mismatch",
+        .ce_type = CONFIG_INT,
+        CONFIG_FIELD(debug_collectives),
+        .ce_min = 0,
+        .ce_max = 1,
     },
 };
 

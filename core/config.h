@@ -46,7 +46,30 @@ typedef struct tp_config {
     int64_t rpc_timeout_ms;       // TP_RPC_TIMEOUT_MS, 0 = none
     int64_t rpc_init_timeout_ms;  // TP_RPC_INIT_TIMEOUT_MS
     int64_t rpc_shutdown_timeout_ms; // TP_RPC_SHUTDOWN_TIMEOUT_MS
+    int64_t coll_engine;          // TP_COLL_ENGINE (tp_coll_engine)
+    int64_t coll_allreduce;       // TP_COLL_ALLREDUCE (tp_coll_algo)
+    int64_t coll_bcast;           // TP_COLL_BCAST (tp_coll_algo)
+    int64_t coll_small_max;       // TP_COLL_SMALL_MAX bytes
+    int64_t coll_chunk;           // TP_COLL_CHUNK bytes
+    int64_t coll_shm_slot;        // TP_COLL_SHM_SLOT bytes
+    int64_t coll_timeout_ms;      // TP_COLL_TIMEOUT_MS, 0 = none
+    int64_t coll_init_timeout_ms; // TP_COLL_INIT_TIMEOUT_MS
+    int64_t debug_collectives;    // TP_DEBUG_COLLECTIVES (0|1)
 } tp_config;
+
+typedef enum tp_coll_engine {
+    TP_COLL_ENGINE_AUTO = 0,
+    TP_COLL_ENGINE_SHM = 1,
+    TP_COLL_ENGINE_PIPE = 2,
+} tp_coll_engine;
+
+// Algorithms of the pipe engine (TP_COLL_ALLREDUCE, TP_COLL_BCAST): auto
+// chooses by size; rd/tree for small, ring/chain for large.
+typedef enum tp_coll_algo {
+    TP_COLL_ALGO_AUTO = 0,
+    TP_COLL_ALGO_SMALL = 1, // all_reduce: rd; broadcast: tree
+    TP_COLL_ALGO_LARGE = 2, // all_reduce: ring; broadcast: chain
+} tp_coll_algo;
 
 // Fills @cfg with defaults, then applies TP_* environment variables.
 // A malformed value is TP_EINVAL with a message naming the variable, the

@@ -39,6 +39,15 @@ static const char *const all_env[] = {
     "TP_RPC_TIMEOUT_MS",
     "TP_RPC_INIT_TIMEOUT_MS",
     "TP_RPC_SHUTDOWN_TIMEOUT_MS",
+    "TP_COLL_ENGINE",
+    "TP_COLL_ALLREDUCE",
+    "TP_COLL_BCAST",
+    "TP_COLL_SMALL_MAX",
+    "TP_COLL_CHUNK",
+    "TP_COLL_SHM_SLOT",
+    "TP_COLL_TIMEOUT_MS",
+    "TP_COLL_INIT_TIMEOUT_MS",
+    "TP_DEBUG_COLLECTIVES",
 };
 
 // Start every case from a clean environment, whatever ctest inherited.
@@ -79,6 +88,15 @@ check_defaults(const tp_config *cfg)
     TP_CHECK_EQ(cfg->rpc_timeout_ms, 60000);
     TP_CHECK_EQ(cfg->rpc_init_timeout_ms, 60000);
     TP_CHECK_EQ(cfg->rpc_shutdown_timeout_ms, 60000);
+    TP_CHECK_EQ(cfg->coll_engine, TP_COLL_ENGINE_AUTO);
+    TP_CHECK_EQ(cfg->coll_allreduce, TP_COLL_ALGO_AUTO);
+    TP_CHECK_EQ(cfg->coll_bcast, TP_COLL_ALGO_AUTO);
+    TP_CHECK_EQ(cfg->coll_small_max, 64 << 10);
+    TP_CHECK_EQ(cfg->coll_chunk, 1 << 20);
+    TP_CHECK_EQ(cfg->coll_shm_slot, 64 << 10);
+    TP_CHECK_EQ(cfg->coll_timeout_ms, 300000);
+    TP_CHECK_EQ(cfg->coll_init_timeout_ms, 60000);
+    TP_CHECK_EQ(cfg->debug_collectives, 0);
 }
 
 static void
@@ -430,7 +448,7 @@ typedef struct seen_item {
 } seen_item;
 
 typedef struct visit_log {
-    seen_item items[32];
+    seen_item items[64];
     int n;
 } visit_log;
 
@@ -438,7 +456,7 @@ static void
 record_item(const tp_config_item *item, void *arg)
 {
     visit_log *log = arg;
-    TP_CHECK(log->n < 32);
+    TP_CHECK(log->n < 64);
     seen_item *s = &log->items[log->n++];
     snprintf(s->name, sizeof(s->name), "%s", item->name);
     snprintf(s->env, sizeof(s->env), "%s", item->env);

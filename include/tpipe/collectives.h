@@ -1,0 +1,238 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* collectives.h - process groups, point-to-point and the collectives of
+ * torch.distributed (init_process_group, new_group, send/recv/isend/irecv,
+ * broadcast, all_reduce, reduce, all_gather, gather, scatter,
+ * reduce_scatter, all_to_all, barrier), in C. See docs/collectives.md.
+ *
+ * A job has world_size processes (ranks). Each calls tp_pg_init with the
+ * same init method; it returns when every rank has published its pipe
+ * addresses through the store. Pipes between ranks are made on demand, so
+ * every pair gets the best transport and channel (shm/cma on one host, tcp
+ * or mpt across hosts). When every member of a group runs on one host and
+ * cross-memory attach works there, collectives run on a shared-memory
+ * segment of the group instead (engine "shm"); otherwise on pipes (engine
+ * "pipe"). TP_COLL_ENGINE=pipe|shm|auto forces one.
+ *
+ * Calls and work handles. Every operation takes a tp_work **: NULL makes
+ * the call blocking (it returns the operation's status); non-NULL makes it
+ * asynchronous: it returns TP_OK once the operation is queued and hands
+ * back a work handle to wait on. Argument errors that can be detected
+ * locally (dtype, count, root, device, a non-contiguous tensor) are
+ * returned by the call itself, before any communication, in both forms.
+ * Tensors passed to an asynchronous call are referenced by the work until
+ * it completes; their contents must not be touched until then.
+ *
+ * Order. Collectives of one group run in the order they were issued on
+ * each rank, and every member must issue the same collectives in the same
+ * order (as in torch.distributed). With TP_DEBUG_COLLECTIVES=1 the members
+ * compare op, dtype, count and root before each collective and report a
+ * mismatch naming the ranks and what each called, instead of hanging.
+ * Point-to-point operations do not wait for queued collectives: a send is
+ * matched with the recv of the same group, source and tag, in the order
+ * both were issued.
+ *
+ * Failures. Every operation has a deadline: the group's timeout_ms. When a
+ * member dies, pending and later operations of its groups fail within
+ * about a second with an error naming the rank. After a collective failed
+ * (timeout, dead member, mismatch) the group is broken: later collectives
+ * fail at once with the first error, since members may disagree about
+ * what completed. Point-to-point operations with live peers go on.
+ *
+ * Threads. The functions may be called from any thread, but the
+ * collectives of one group must be issued from one thread at a time (their
+ * order is the issue order). Asynchronous collectives run on a thread of
+ * the group; blocking ones run on the calling thread once every earlier
+ * one has finished.
+ */
+#ifndef TPIPE_COLLECTIVES_H
+#define TPIPE_COLLECTIVES_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <tpipe/error.h>
+#include <tpipe/export.h>
+#include <tpipe/tensor.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#ifndef TP_REDUCE_OP_DEFINED
+#define TP_REDUCE_OP_DEFINED
+/**
+ * tp_reduce_op - how elements from several ranks are combined.
+ *   sum, product, min, max: f32 f64 f16 bf16 i8 u8 i32 i64
+ *   avg: f32 f64 f16 bf16 (the sum divided by the group size)
+ *   band, bor, bxor: i8 u8 i32 i64 bool
+ *   min, max: also bool (logical and / or)
+ * Integers wrap; f16 and bf16 are combined in f32 and rounded once per
+ * step; float min/max propagate NaN.
+ */
+typedef enum tp_reduce_op {
+    TP_REDUCE_SUM,
+    TP_REDUCE_PRODUCT,
+    TP_REDUCE_MIN,
+    TP_REDUCE_MAX,
+    TP_REDUCE_AVG,
+    TP_REDUCE_BAND,
+    TP_REDUCE_BOR,
+    TP_REDUCE_BXOR,
+} tp_reduce_op;
+#endif
+
+/** TP_ANY_SOURCE - the src of a recv that takes a message from any rank. */
+#define TP_ANY_SOURCE (-1)
+/** TP_PG_MAX_WORLD - the largest world size. */
+#define TP_PG_MAX_WORLD 4096
+
+typedef struct tp_pg tp_pg;
+typedef struct tp_work tp_work;
+
+/** tp_pg_options - initialise with tp_pg_options_init. */
+typedef struct tp_pg_options {
+    /* deadline of every operation of the group, in ms; TP_TIMEOUT_DEFAULT
+     * (-1) = TP_COLL_TIMEOUT_MS; 0 = none. Subgroups take their own. */
+    int64_t timeout_ms;
+    /* deadline of tp_pg_init / tp_pg_new_group; TP_TIMEOUT_DEFAULT =
+     * TP_COLL_INIT_TIMEOUT_MS */
+    int64_t init_timeout_ms;
+    /* pipe allow lists, as tp_context_options (world group only) */
+    const char *transports;
+    const char *channels;
+    /* a name for messages; NULL = "world" / "group<N>" */
+    const char *name;
+} tp_pg_options;
+
+TP_API void tp_pg_options_init(tp_pg_options *o);
+
+/**
+ * tp_pg_init - join the world group of @world_size ranks as @rank.
+ * @init_method: "env://" (MASTER_ADDR, MASTER_PORT, and RANK / WORLD_SIZE
+ *   when @rank / @world_size are -1), "tcp://host:port" (rank 0 hosts the
+ *   store), "file:///path".
+ * Collective: returns when every rank has joined, or fails at
+ * init_timeout_ms naming the ranks that did not.
+ * Ownership: *@pg_p is the caller's; free with tp_pg_destroy after its
+ *   subgroups.
+ */
+TP_API tp_status tp_pg_init(const char *init_method, int rank, int world_size,
+                            const tp_pg_options *o, tp_pg **pg_p,
+                            tp_error **err_p);
+
+/**
+ * tp_pg_new_group - a subgroup of @world (the world group) made of the
+ * @n world ranks in @ranks (distinct, any order; the group rank of
+ * ranks[i] is its position in sorted order, as in torch.distributed).
+ * Only members take part: a member blocks until every member has called
+ * it (init_timeout_ms); a non-member returns TP_OK at once with *@pg_p
+ * NULL. Members must create groups with the same rank set in the same
+ * order; other groups may be created in between.
+ */
+TP_API tp_status tp_pg_new_group(tp_pg *world, const int *ranks, int n,
+                                 const tp_pg_options *o, tp_pg **pg_p,
+                                 tp_error **err_p);
+
+/**
+ * tp_pg_destroy - fails operations still pending with TP_ECLOSED, waits
+ * for the group's thread and frees. For the world group, every subgroup
+ * must have been destroyed first. Not collective. NULL is fine.
+ */
+TP_API void tp_pg_destroy(tp_pg *pg);
+
+/** tp_pg_rank / tp_pg_size - this process's rank in @pg, its size. */
+TP_API int tp_pg_rank(const tp_pg *pg);
+TP_API int tp_pg_size(const tp_pg *pg);
+/** tp_pg_world_rank - the world rank of group rank @group_rank, or -1. */
+TP_API int tp_pg_world_rank(const tp_pg *pg, int group_rank);
+/** tp_pg_engine - "shm" or "pipe": where the group's collectives run. */
+TP_API const char *tp_pg_engine(const tp_pg *pg);
+/** tp_pg_name - the group's name, as used in messages. */
+TP_API const char *tp_pg_name(const tp_pg *pg);
+
+/* ---- work handles ------------------------------------------------------ */
+
+/** tp_work_is_completed - true once the operation finished (either way). */
+TP_API bool tp_work_is_completed(const tp_work *w);
+/**
+ * tp_work_wait - wait until the operation finished, at most @timeout_ms
+ * (0 = until the operation's own deadline). Returns its status, with its
+ * error in *@err_p (a new reference). TP_ETIMEDOUT if @timeout_ms passed
+ * first: the operation goes on.
+ */
+TP_API tp_status tp_work_wait(tp_work *w, int64_t timeout_ms,
+                              tp_error **err_p);
+/** tp_work_error - the error once failed, else NULL. Borrowed. */
+TP_API const tp_error *tp_work_error(const tp_work *w);
+/** tp_work_source - for a completed recv: the rank the message came from. */
+TP_API int tp_work_source(const tp_work *w);
+/**
+ * tp_work_free - drop the handle. An operation still running goes on to
+ * completion (its tensors stay referenced until then). NULL is fine.
+ */
+TP_API void tp_work_free(tp_work *w);
+
+/* ---- point to point ------------------------------------------------------
+ * Ranks are group ranks. The tensor must be contiguous; a recv's tensor
+ * must have the byte size of the message sent (else both sides' ops fail
+ * naming the sizes). @tag >= 0. A send completes when the tensor may be
+ * reused. */
+
+TP_API tp_status tp_pg_send(tp_pg *pg, tp_tensor *t, int dst, int tag,
+                            tp_work **w_p, tp_error **err_p);
+/** @src: a group rank or TP_ANY_SOURCE (then tp_work_source tells). */
+TP_API tp_status tp_pg_recv(tp_pg *pg, tp_tensor *t, int src, int tag,
+                            tp_work **w_p, tp_error **err_p);
+
+/* ---- collectives -----------------------------------------------------------
+ * Tensors are contiguous CPU tensors (or CUDA tensors when built with NCCL:
+ * they go to NCCL). Each rank's tensors must agree with the others' in
+ * dtype and element count. */
+
+/** tp_pg_barrier - returns when every member has entered it. */
+TP_API tp_status tp_pg_barrier(tp_pg *pg, tp_work **w_p, tp_error **err_p);
+/** tp_pg_broadcast - @t of @root is copied into @t of every rank. */
+TP_API tp_status tp_pg_broadcast(tp_pg *pg, tp_tensor *t, int root,
+                                 tp_work **w_p, tp_error **err_p);
+/** tp_pg_all_reduce - @t = op over every rank's @t, in place. */
+TP_API tp_status tp_pg_all_reduce(tp_pg *pg, tp_tensor *t, tp_reduce_op op,
+                                  tp_work **w_p, tp_error **err_p);
+/** tp_pg_reduce - @t of @root = op over every rank's @t; the others' @t
+ * are left unchanged. */
+TP_API tp_status tp_pg_reduce(tp_pg *pg, tp_tensor *t, int root,
+                              tp_reduce_op op, tp_work **w_p,
+                              tp_error **err_p);
+/** tp_pg_all_gather - @out (size * numel(@in) elements) = every rank's
+ * @in, in rank order (all_gather_into_tensor). */
+TP_API tp_status tp_pg_all_gather(tp_pg *pg, tp_tensor *out, tp_tensor *in,
+                                  tp_work **w_p, tp_error **err_p);
+/** tp_pg_gather - as all_gather, into @out of @root only (NULL on the
+ * others). */
+TP_API tp_status tp_pg_gather(tp_pg *pg, tp_tensor *out, tp_tensor *in,
+                              int root, tp_work **w_p, tp_error **err_p);
+/** tp_pg_scatter - @out of rank r = block r of @in of @root (size *
+ * numel(@out) elements; NULL on the others). */
+TP_API tp_status tp_pg_scatter(tp_pg *pg, tp_tensor *out, tp_tensor *in,
+                               int root, tp_work **w_p, tp_error **err_p);
+/** tp_pg_reduce_scatter - @out of rank r = op over every rank's block r of
+ * @in (size * numel(@out) elements; reduce_scatter_tensor). */
+TP_API tp_status tp_pg_reduce_scatter(tp_pg *pg, tp_tensor *out, tp_tensor *in,
+                                      tp_reduce_op op, tp_work **w_p,
+                                      tp_error **err_p);
+/**
+ * tp_pg_all_to_all - all_to_all_single: block j of @in goes to rank j,
+ * block i of @out comes from rank i. Blocks are rows of dimension 0:
+ * @in_splits[j] rows go to rank j, @out_splits[i] rows come from rank i;
+ * NULL splits = equal blocks (dim 0 divisible by the size). Each rank's
+ * out_splits[i] must equal rank i's in_splits[this rank].
+ */
+TP_API tp_status tp_pg_all_to_all(tp_pg *pg, tp_tensor *out, tp_tensor *in,
+                                  const int64_t *out_splits,
+                                  const int64_t *in_splits, tp_work **w_p,
+                                  tp_error **err_p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
