@@ -53,6 +53,7 @@ struct tp__req {
     void *r_cb_arg;
     uint64_t r_posted_ns;
     _Atomic bool r_done;
+    bool r_detached; // under p_mtx: freed by the p2p layer
     tp_status r_st;
     tp_error *r_err;
     int r_source;
@@ -129,6 +130,7 @@ struct tp__p2p {
     tp__p2p_abort_cb p_abort_cb;
     tp__p2p_fail_cb p_fail_cb;
     void *p_cb_arg;
+    tp__req *p_dead; // detached and complete: freed on a user thread
 };
 
 static void in_read_next(p2p_in *in);
@@ -149,10 +151,49 @@ req_complete(tp__req *r, tp_status st, const tp_error *err, int source)
     }
     tp__mtx_lock(&p->p_mtx);
     atomic_store_explicit(&r->r_done, true, memory_order_release);
+    if (r->r_detached) {
+        // Its aio may be the one whose callback this is: freed later, on a
+        // user thread (tp__p2p_isend/irecv, destroy).
+        r->r_next = p->p_dead;
+        p->p_dead = r;
+    }
     p->p_gen++;
     tp__cv_broadcast(&p->p_cv);
     tp__mtx_unlock(&p->p_mtx);
     // @r may be freed from here on.
+}
+
+void
+tp__req_detach(tp__req *r)
+{
+    if (r == NULL) {
+        return;
+    }
+    tp__p2p *p = r->r_p;
+    tp__mtx_lock(&p->p_mtx);
+    bool done = tp__req_done(r);
+    if (!done) {
+        r->r_detached = true;
+    }
+    tp__mtx_unlock(&p->p_mtx);
+    if (done) {
+        tp__req_free(r);
+    }
+}
+
+// Frees the detached requests that completed. A user thread.
+static void
+reap_dead(tp__p2p *p)
+{
+    tp__mtx_lock(&p->p_mtx);
+    tp__req *r = p->p_dead;
+    p->p_dead = NULL;
+    tp__mtx_unlock(&p->p_mtx);
+    while (r != NULL) {
+        tp__req *next = r->r_next;
+        tp__req_free(r);
+        r = next;
+    }
 }
 
 static tp__req *
@@ -544,6 +585,7 @@ tp__p2p_isend(tp__p2p *p, int dst, uint64_t gid, int chan, uint64_t tag,
               tp__req **r_p, tp_error **err_p)
 {
     *r_p = NULL;
+    reap_dead(p);
     if (dst < 0 || dst >= p->p_world) {
         return tp__error_set(err_p, TP_EINVAL, "%s: send to rank %d of %d",
                              p->p_name, dst, p->p_world);
@@ -633,6 +675,7 @@ tp__p2p_irecv(tp__p2p *p, int src, uint64_t gid, int chan, uint64_t tag,
               tp__req **r_p, tp_error **err_p)
 {
     *r_p = NULL;
+    reap_dead(p);
     if (src < -1 || src >= p->p_world) {
         return tp__error_set(err_p, TP_EINVAL, "%s: recv from rank %d of %d",
                              p->p_name, src, p->p_world);
@@ -702,7 +745,7 @@ in_fail(p2p_in *in, tp_status st, const tp_error *cause, const char *why)
     tp__p2p *p = in->i_p;
     tp_error *err = NULL;
     if (in->i_src >= 0) {
-        err = tp_error_create(st, cause, "%s: rank %d (%s): %s", p->p_name,
+        err = tp_error_create(st, cause, "%s: world rank %d (%s): %s", p->p_name,
                               in->i_src, tp_pipe_peer(in->i_pipe), why);
     } else {
         err = tp_error_create(st, cause, "%s: %s: %s", p->p_name,
@@ -1118,6 +1161,7 @@ tp__p2p_destroy(tp__p2p *p)
         req_complete(r, TP_ECLOSED, closed, -1);
     }
     tp_error_unref(closed);
+    reap_dead(p);
     while (p->p_ux != NULL) {
         p2p_ux *u = p->p_ux;
         p->p_ux = u->u_next;
@@ -1266,9 +1310,19 @@ tp__p2p_waitall(tp__p2p *p, tp__req *const *rs, int n, uint64_t deadline_ns,
             return TP_OK;
         }
         if (check != NULL) {
-            tp_status st = check(arg, err_p);
-            if (st != TP_OK) {
+            tp_error *ce = NULL;
+            tp_status st = check(arg, &ce);
+            if (st != TP_OK && !all_done(rs, n, &pending)) {
+                if (err_p != NULL) {
+                    *err_p = ce;
+                } else {
+                    tp_error_unref(ce);
+                }
                 return st;
+            }
+            tp_error_unref(ce);
+            if (st != TP_OK) {
+                continue; // everything completed meanwhile
             }
         }
         uint64_t now = tp__now_ns();

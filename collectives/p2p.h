@@ -93,6 +93,9 @@ int tp__req_source(const tp__req *r);
 void tp__req_cancel_free(tp__req *r);
 // Frees a completed request.
 void tp__req_free(tp__req *r);
+// Gives @r to the p2p layer: freed now if complete, else once it
+// completes (its callback still runs). May be called from its callback.
+void tp__req_detach(tp__req *r);
 
 // Waits until each of the @n requests (NULL entries skipped) completed,
 // or @deadline_ns, or @check(@arg) returns an error (checked whenever a
