@@ -150,13 +150,14 @@ req_complete(tp__req *r, tp_status st, const tp_error *err, int source)
         cb(r, arg);
     }
     tp__mtx_lock(&p->p_mtx);
-    atomic_store_explicit(&r->r_done, true, memory_order_release);
     if (r->r_detached) {
         // Its aio may be the one whose callback this is: freed later, on a
         // user thread (tp__p2p_isend/irecv, destroy).
         r->r_next = p->p_dead;
         p->p_dead = r;
     }
+    // Last touch of @r: its owner may free it once it sees r_done.
+    atomic_store_explicit(&r->r_done, true, memory_order_release);
     p->p_gen++;
     tp__cv_broadcast(&p->p_cv);
     tp__mtx_unlock(&p->p_mtx);
@@ -837,9 +838,12 @@ in_read_cb(void *arg)
     p2p_ux *u = in->i_ux;
     in->i_ux = NULL;
     tp__req *claim = NULL;
+    // Read under the lock: once @u is ready and unclaimed a recv may take
+    // and free it.
+    bool drop = u != NULL && u->u_drop;
     if (r != NULL) {
         r->r_in = NULL;
-    } else if (u != NULL && !u->u_drop) {
+    } else if (u != NULL && !drop) {
         u->u_ready = true;
         claim = u->u_claim;
         if (claim != NULL) {
@@ -858,7 +862,7 @@ in_read_cb(void *arg)
         req_complete(r, TP_OK, NULL, in->i_src);
     } else if (claim != NULL) {
         ux_deliver(p, claim, u);
-    } else if (u != NULL && u->u_drop) {
+    } else if (drop) {
         ux_free(u);
     }
     in_read_next(in);

@@ -1231,7 +1231,10 @@ coll_exec(tp_pg *g, tp_work *wk, tp_error **err_p)
         group_break(g, e);
         // Pipe engine: tell the others, so that ranks waiting on one that
         // gave up do not wait for their deadline.
-        if (g->g_shm == NULL && !wk->wk_cuda && st != TP_EREMOTE) {
+        // (Not for a mismatch, which every member detects itself, nor for
+        // an abort that came from another member.)
+        if (g->g_shm == NULL && !wk->wk_cuda && st != TP_EREMOTE &&
+            st != TP_EINVAL) {
             for (int i = 0; i < g->g_size; i++) {
                 int wr = g->g_wranks[i];
                 tp_error *pe =
