@@ -10,11 +10,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <tpipe/collectives.h>
 #include <tpipe/store.h>
 
 #include "collectives/nccl.h"
 #include "core/cuda.h"
 #include "core/platform.h"
+
 #include "tp_test.h"
 
 #define WAIT_MS 20000
@@ -392,6 +394,43 @@ all_reduce_two_processes(void)
     rmdir(dir);
 }
 
+// A process group routes CUDA tensors to NCCL: all_reduce and broadcast
+// on one rank (values unchanged), gather refused with the reason.
+static void
+pg_cuda_one_rank(void)
+{
+    need_devices(1);
+    char dir[] = "/tmp/tp_nccl_pg_XXXXXX";
+    TP_CHECK(mkdtemp(dir) != NULL);
+    char url[128];
+    snprintf(url, sizeof(url), "file://%s/store", dir);
+    tp_pg *pg = NULL;
+    tp_error *err = NULL;
+    TP_CHECK_OK(tp_pg_init(url, 0, 1, NULL, &pg, &err), err);
+    int64_t shape[1] = {8};
+    tp_tensor *h = NULL, *d = NULL, *back = NULL;
+    TP_CHECK_OK(tp_tensor_full(TP_F32, 1, shape, 2.0, &h, &err), err);
+    tp_device dev = {.type = TP_DEVICE_CUDA, .index = 0};
+    TP_CHECK_OK(tp_tensor_to_device(h, dev, &d, &err), err);
+    TP_CHECK_OK(tp_pg_all_reduce(pg, d, TP_REDUCE_SUM, NULL, &err), err);
+    TP_CHECK_OK(tp_pg_broadcast(pg, d, 0, NULL, &err), err);
+    tp_device cpu = {.type = TP_DEVICE_CPU, .index = 0};
+    TP_CHECK_OK(tp_tensor_to_device(d, cpu, &back, &err), err);
+    double v = 0;
+    TP_CHECK(tp_tensor_item(back, 7, &v) == TP_OK && v == 2.0);
+    tp_status st = tp_pg_gather(pg, d, d, 0, NULL, &err);
+    TP_CHECK(st != TP_OK);
+    tp_error_unref(err);
+    tp_tensor_unref(back);
+    tp_tensor_unref(d);
+    tp_tensor_unref(h);
+    tp_pg_destroy(pg);
+    char path[160];
+    snprintf(path, sizeof(path), "%s/store", dir);
+    unlink(path);
+    rmdir(dir);
+}
+
 static const tp_test_case cases[] = {
     TP_TEST_CASE(dtype_mapping),
     TP_TEST_CASE(op_mapping),
@@ -401,6 +440,7 @@ static const tp_test_case cases[] = {
     TP_TEST_CASE(id_exchange_errors),
     TP_TEST_CASE_T(all_reduce_one_rank, 60),
     TP_TEST_CASE_T(all_reduce_two_processes, 90),
+    TP_TEST_CASE_T(pg_cuda_one_rank, 60),
 };
 
 TP_TEST_MAIN(cases)
