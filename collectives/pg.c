@@ -516,8 +516,7 @@ tp_pg_init(const char *init_method, int rank, int world_size,
     const char *saddr = tp_store_addr(store);
     bool loopback = w->g_cfg.socket_ifname[0] == '\0' &&
                     w->g_cfg.socket_addr[0] == '\0' && saddr != NULL &&
-                    (strncmp(saddr, "tcp://127.", 10) == 0 ||
-                     strncmp(saddr, "file://", 7) == 0);
+                    strncmp(saddr, "tcp://127.", 10) == 0;
     st = tp__p2p_create(&co, loopback, rank, world_size, w->g_what,
                         &w->w_p2p, err_p);
     if (st != TP_OK) {

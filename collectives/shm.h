@@ -32,6 +32,10 @@ typedef struct tp__shm_setup {
 // attach. TP_OK with *@shm_p NULL: the engine cannot be used (every member
 // gets the same answer; @why says which rank could not and why). Other
 // statuses: the store failed or the deadline passed (naming the ranks).
+// Store keys: "<prefix>shm/name" (set by rank 0) and "<prefix>shm/ok/<rank>"
+// (every rank); @prefix must be unique per group and per open. Rank 0
+// unlinks the segment's name before returning, so /dev/shm keeps nothing.
+// Also makes this process readable by its peers (tp__cma_allow_peers).
 tp_status tp__shm_open(const tp__shm_setup *s, tp__shm **shm_p, char *why,
                        size_t why_len, tp_error **err_p);
 

@@ -1037,6 +1037,45 @@ test_timeout(void)
     }
 }
 
+// Rank 2 never enters the barrier; rank 1 has a short timeout, rank 0 a
+// long one: rank 1's failure must reach rank 0 (which waits on rank 2, a
+// live rank) within a second, naming rank 2.
+static void
+gave_up_rank(int rank, int world, const char *url, void *arg)
+{
+    (void)arg;
+    tp_pg *pg = init_pg(rank, world, url, rank == 1 ? 300 : 60000);
+    tp_error *err = NULL;
+    if (rank == 2) {
+        usleep(2500 * 1000);
+        tp_pg_destroy(pg);
+        return;
+    }
+    int64_t t0 = now_ms();
+    tp_status st = tp_pg_barrier(pg, NULL, &err);
+    int64_t dt = now_ms() - t0;
+    TP_CHECKF(st != TP_OK, "barrier without rank 2 succeeded");
+    TP_CHECKF(dt < 300 + tp_test_ms(1500), "rank %d failed after %" PRId64
+              " ms: %s", rank, dt, tp_error_message(err));
+    TP_CHECKF(strstr(tp_error_message(err), "rank 2") != NULL,
+              "rank %d: error does not name rank 2: %s", rank,
+              tp_error_message(err));
+    tp_error_unref(err);
+    tp_pg_destroy(pg);
+}
+
+static void
+test_gave_up(void)
+{
+    const char *engines[] = {"TP_COLL_ENGINE=pipe", "TP_COLL_ENGINE=auto"};
+    for (int e = 0; e < 2; e++) {
+        job j = {.world = 3, .fn = gave_up_rank, .killed_rank = -1};
+        j.env[0] = engines[e];
+        file_url(j.url, sizeof(j.url));
+        job_run(&j);
+    }
+}
+
 // Rank 2 dies while the others are in an all_reduce.
 static void
 kill_rank(int rank, int world, const char *url, void *arg)
@@ -1193,6 +1232,7 @@ static const tp_test_case k_cases[] = {
     TP_TEST_CASE_T(test_debug_mismatch, 60),
     TP_TEST_CASE_T(test_timeout, 60),
     TP_TEST_CASE_T(test_rank_killed, 60),
+    TP_TEST_CASE_T(test_gave_up, 60),
     TP_TEST_CASE_T(test_init_methods, 120),
     TP_TEST_CASE_T(slow_world64, 600),
 };
