@@ -153,7 +153,8 @@ mod(int a, int n)
     return ((a % n) + n) % n;
 }
 
-// ---- barrier -------------------------------------------------------------------
+// ---- barrier
+// -------------------------------------------------------------------
 
 static tp_status
 run_barrier(const tp__algo *c, reqs *q, tp_error **err_p)
@@ -174,7 +175,8 @@ run_barrier(const tp__algo *c, reqs *q, tp_error **err_p)
     return TP_OK;
 }
 
-// ---- broadcast -----------------------------------------------------------------
+// ---- broadcast
+// -----------------------------------------------------------------
 
 static bool
 bcast_is_chain(const tp__algo *c, size_t bytes)
@@ -200,8 +202,8 @@ run_bcast(const tp__algo *c, const tp__coll_args *a, reqs *q, tp_error **err_p)
         int mask = 1;
         while (mask < n) {
             if (vr & mask) {
-                st = xrecv(c, q, mod(vr - mask + a->root, n), buf, bytes,
-                           err_p);
+                st =
+                    xrecv(c, q, mod(vr - mask + a->root, n), buf, bytes, err_p);
                 if (st == TP_OK) {
                     st = wait_all(c, q, err_p);
                 }
@@ -214,8 +216,8 @@ run_bcast(const tp__algo *c, const tp__coll_args *a, reqs *q, tp_error **err_p)
         }
         for (mask >>= 1; mask > 0; mask >>= 1) {
             if (vr + mask < n) {
-                st = xsend(c, q, mod(vr + mask + a->root, n), buf, bytes,
-                           err_p);
+                st =
+                    xsend(c, q, mod(vr + mask + a->root, n), buf, bytes, err_p);
                 if (st != TP_OK) {
                     return st;
                 }
@@ -249,7 +251,8 @@ run_bcast(const tp__algo *c, const tp__coll_args *a, reqs *q, tp_error **err_p)
     return st == TP_OK ? wait_all(c, q, err_p) : st;
 }
 
-// ---- all_reduce ----------------------------------------------------------------
+// ---- all_reduce
+// ----------------------------------------------------------------
 
 // buf = lower op higher, where @tmp came from rank @peer.
 static void
@@ -301,8 +304,7 @@ run_allreduce_rd(const tp__algo *c, const tp__coll_args *a, void *buf,
     } else {
         newrank = r - rem;
     }
-    for (int mask = 1; st == TP_OK && newrank >= 0 && mask < pof2;
-         mask <<= 1) {
+    for (int mask = 1; st == TP_OK && newrank >= 0 && mask < pof2; mask <<= 1) {
         int nd = newrank ^ mask;
         int dst = nd < rem ? nd * 2 + 1 : nd + rem;
         st = xrecv(c, q, dst, tmp, bytes, err_p);
@@ -442,11 +444,11 @@ run_allreduce(const tp__algo *c, const tp__coll_args *a, reqs *q,
     return st;
 }
 
-// ---- reduce ----------------------------------------------------------------------
+// ---- reduce
+// ----------------------------------------------------------------------
 
 static tp_status
-run_reduce(const tp__algo *c, const tp__coll_args *a, reqs *q,
-           tp_error **err_p)
+run_reduce(const tp__algo *c, const tp__coll_args *a, reqs *q, tp_error **err_p)
 {
     int n = c->size;
     int vr = mod(c->rank - a->root, n);
@@ -480,8 +482,7 @@ run_reduce(const tp__algo *c, const tp__coll_args *a, reqs *q,
                 }
             }
         } else {
-            st = xsend(c, q, mod((vr & ~mask) + a->root, n), acc, bytes,
-                       err_p);
+            st = xsend(c, q, mod((vr & ~mask) + a->root, n), acc, bytes, err_p);
             if (st == TP_OK) {
                 st = wait_all(c, q, err_p);
             }
@@ -495,7 +496,8 @@ run_reduce(const tp__algo *c, const tp__coll_args *a, reqs *q,
     return st;
 }
 
-// ---- gathers, scatters -----------------------------------------------------------
+// ---- gathers, scatters
+// -----------------------------------------------------------
 
 static tp_status
 run_all_gather(const tp__algo *c, const tp__coll_args *a, reqs *q,
@@ -514,8 +516,7 @@ run_all_gather(const tp__algo *c, const tp__coll_args *a, reqs *q,
 }
 
 static tp_status
-run_gather(const tp__algo *c, const tp__coll_args *a, reqs *q,
-           tp_error **err_p)
+run_gather(const tp__algo *c, const tp__coll_args *a, reqs *q, tp_error **err_p)
 {
     size_t bytes = a->count * esize(a);
     tp_status st = TP_OK;
@@ -635,7 +636,8 @@ run_all_to_all(const tp__algo *c, const tp__coll_args *a, reqs *q,
     return st == TP_OK ? wait_all(c, q, err_p) : st;
 }
 
-// ---- entry -------------------------------------------------------------------------
+// ---- entry
+// -------------------------------------------------------------------------
 
 tp_status
 tp__algo_run(const tp__algo *c, const tp__coll_args *a, tp_error **err_p)

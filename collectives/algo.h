@@ -14,20 +14,20 @@
 
 typedef struct tp__algo {
     tp__p2p *p2p;
-    uint64_t gid;          // the group's id
-    uint64_t tag;          // this collective's sequence number in the group
-    int rank;              // group rank
-    int size;              // group size
-    const int *wranks;     // group rank -> world rank
-    uint64_t deadline_ns;  // of the whole collective
+    uint64_t gid;         // the group's id
+    uint64_t tag;         // this collective's sequence number in the group
+    int rank;             // group rank
+    int size;             // group size
+    const int *wranks;    // group rank -> world rank
+    uint64_t deadline_ns; // of the whole collective
     // Called while waiting: non-OK aborts the collective (group broken).
     tp_status (*check)(void *arg, tp_error **err_p);
     void *check_arg;
-    const char *what;      // "all_reduce #5 of group world (rank 0)"
-    int allreduce_algo;    // tp_coll_algo
-    int bcast_algo;        // tp_coll_algo
-    size_t small_max;      // bytes: latency algorithms up to here
-    size_t chunk;          // bytes: pipelining piece
+    const char *what;   // "all_reduce #5 of group world (rank 0)"
+    int allreduce_algo; // tp_coll_algo
+    int bcast_algo;     // tp_coll_algo
+    size_t small_max;   // bytes: latency algorithms up to here
+    size_t chunk;       // bytes: pipelining piece
 } tp__algo;
 
 // Runs @a as this rank. On error every message of this collective still

@@ -28,13 +28,13 @@
 #include "core/platform.h"
 #include "core/wire.h"
 
-#define P2P_MAGIC     0x4c435054u // "TPCL"
-#define P2P_VERSION   1
-#define P2P_HDR       40
-#define P2P_KIND_DATA 0 // + chan: 0 p2p, 1 coll
-#define P2P_KIND_ABORT 2
-#define P2P_KIND_PROBE 3
-#define P2P_MAX_URLS  512
+#define P2P_MAGIC          0x4c435054u // "TPCL"
+#define P2P_VERSION        1
+#define P2P_HDR            40
+#define P2P_KIND_DATA      0 // + chan: 0 p2p, 1 coll
+#define P2P_KIND_ABORT     2
+#define P2P_KIND_PROBE     3
+#define P2P_MAX_URLS       512
 #define P2P_CANCEL_WAIT_MS 5000
 
 typedef struct p2p_in p2p_in;
@@ -65,9 +65,9 @@ struct tp__req {
     tp_pipe *r_pipe; // reference while the write is in flight
     char *r_owned;   // freed with the request (an abort's reason)
     // recv (under p_mtx)
-    bool r_posted;    // in p_posted
-    p2p_in *r_in;     // being received by this pipe
-    p2p_ux *r_ux;     // claimed an arriving unexpected message
+    bool r_posted; // in p_posted
+    p2p_in *r_in;  // being received by this pipe
+    p2p_ux *r_ux;  // claimed an arriving unexpected message
     tp__req *r_next;
     tp__req *r_prev;
 };
@@ -94,11 +94,11 @@ struct p2p_in {
     tp_pipe *i_pipe;
     tp_aio *i_daio;
     tp_aio *i_raio;
-    int i_src;          // -1 until its first message
-    tp_message *i_msg;  // the message being read
+    int i_src;         // -1 until its first message
+    tp_message *i_msg; // the message being read
     int i_kind;
-    tp__req *i_req;     // matched recv
-    p2p_ux *i_ux;       // or unexpected entry
+    tp__req *i_req; // matched recv
+    p2p_ux *i_ux;   // or unexpected entry
     bool i_dead;
 };
 
@@ -135,7 +135,8 @@ struct tp__p2p {
 
 static void in_read_next(p2p_in *in);
 
-// ---- requests ----------------------------------------------------------------
+// ---- requests
+// ----------------------------------------------------------------
 
 static void
 req_complete(tp__req *r, tp_status st, const tp_error *err, int source)
@@ -295,8 +296,8 @@ tp__req_cancel_free(tp__req *r)
         }
         tp__mtx_unlock(&p->p_mtx);
         if (complete_here) {
-            tp_error *e = tp_error_create(TP_ECANCELED, NULL, "%s: recv canceled",
-                                          p->p_name);
+            tp_error *e = tp_error_create(TP_ECANCELED, NULL,
+                                          "%s: recv canceled", p->p_name);
             req_complete(r, TP_ECANCELED, e, -1);
             tp_error_unref(e);
         } else if (close_pipe != NULL) {
@@ -328,7 +329,8 @@ tp__req_cancel_free(tp__req *r)
     tp__req_free(r);
 }
 
-// ---- peers -------------------------------------------------------------------
+// ---- peers
+// -------------------------------------------------------------------
 
 // Records the first failure of @rank, fails its recvs, tells the owner.
 // No lock held.
@@ -446,7 +448,8 @@ peer_out(tp__p2p *p, int rank, tp_pipe **pipe_p, tp_error **err_p)
     return TP_OK;
 }
 
-// ---- sending -------------------------------------------------------------------
+// ---- sending
+// -------------------------------------------------------------------
 
 static void
 hdr_encode(uint8_t *h, int kind, int src, uint64_t gid, uint64_t tag,
@@ -471,11 +474,10 @@ send_cb(void *arg)
     tp_status st = tp_aio_status(r->r_aio);
     tp_error *err = NULL;
     if (st != TP_OK) {
-        err = tp_error_create(st, tp_aio_error(r->r_aio),
-                              "%s: send of %zu bytes to rank %d (tag %" PRIu64
-                              ") on %s",
-                              p->p_name, r->r_len, r->r_peer, r->r_tag,
-                              tp_pipe_peer(r->r_pipe));
+        err = tp_error_create(
+            st, tp_aio_error(r->r_aio),
+            "%s: send of %zu bytes to rank %d (tag %" PRIu64 ") on %s",
+            p->p_name, r->r_len, r->r_peer, r->r_tag, tp_pipe_peer(r->r_pipe));
         if (st != TP_ECANCELED && st != TP_ECLOSED) {
             peer_fail(p, r->r_peer, err);
         }
@@ -601,15 +603,15 @@ tp__p2p_isend(tp__p2p *p, int dst, uint64_t gid, int chan, uint64_t tag,
         }
         return st;
     }
-    tp__req *r = req_new(p, true, dst, gid, chan, tag, (void *)buf, len, cb,
-                         cb_arg);
+    tp__req *r =
+        req_new(p, true, dst, gid, chan, tag, (void *)buf, len, cb, cb_arg);
     if (r == NULL) {
-        return tp__error_set(err_p, TP_ENOMEM, "%s: send to rank %d",
-                             p->p_name, dst);
+        return tp__error_set(err_p, TP_ENOMEM, "%s: send to rank %d", p->p_name,
+                             dst);
     }
     hdr_encode(r->r_hdr, chan, p->p_rank, gid, tag, len);
-    tp_status st = dst == p->p_rank ? send_self(p, r, err_p)
-                                    : send_post(p, r, err_p);
+    tp_status st =
+        dst == p->p_rank ? send_self(p, r, err_p) : send_post(p, r, err_p);
     if (st != TP_OK) {
         tp__req_free(r);
         return st;
@@ -618,7 +620,8 @@ tp__p2p_isend(tp__p2p *p, int dst, uint64_t gid, int chan, uint64_t tag,
     return TP_OK;
 }
 
-// ---- receiving -----------------------------------------------------------------
+// ---- receiving
+// -----------------------------------------------------------------
 
 static bool
 match(const tp__req *r, int src, uint64_t gid, int chan, uint64_t tag)
@@ -672,8 +675,8 @@ ux_deliver(tp__p2p *p, tp__req *r, p2p_ux *u)
 
 tp_status
 tp__p2p_irecv(tp__p2p *p, int src, uint64_t gid, int chan, uint64_t tag,
-              void *buf, size_t len, tp__req_cb cb, void *cb_arg,
-              tp__req **r_p, tp_error **err_p)
+              void *buf, size_t len, tp__req_cb cb, void *cb_arg, tp__req **r_p,
+              tp_error **err_p)
 {
     *r_p = NULL;
     reap_dead(p);
@@ -691,8 +694,8 @@ tp__p2p_irecv(tp__p2p *p, int src, uint64_t gid, int chan, uint64_t tag,
     p2p_ux **up = &p->p_ux;
     while (*up != NULL) {
         p2p_ux *u = *up;
-        if (u->u_claim == NULL && match(r, u->u_src, u->u_gid, u->u_chan,
-                                        u->u_tag)) {
+        if (u->u_claim == NULL &&
+            match(r, u->u_src, u->u_gid, u->u_chan, u->u_tag)) {
             break;
         }
         up = &u->u_next;
@@ -746,8 +749,9 @@ in_fail(p2p_in *in, tp_status st, const tp_error *cause, const char *why)
     tp__p2p *p = in->i_p;
     tp_error *err = NULL;
     if (in->i_src >= 0) {
-        err = tp_error_create(st, cause, "%s: world rank %d (%s): %s", p->p_name,
-                              in->i_src, tp_pipe_peer(in->i_pipe), why);
+        err =
+            tp_error_create(st, cause, "%s: world rank %d (%s): %s", p->p_name,
+                            in->i_src, tp_pipe_peer(in->i_pipe), why);
     } else {
         err = tp_error_create(st, cause, "%s: %s: %s", p->p_name,
                               tp_pipe_peer(in->i_pipe), why);
@@ -879,7 +883,7 @@ in_desc_cb(void *arg)
     if (st != TP_OK) {
         in_fail(in, st, tp_aio_error(in->i_daio),
                 st == TP_ECONNRESET ? "connection closed by the peer"
-                             : "receive failed");
+                                    : "receive failed");
         return;
     }
     tp_message *msg = tp_aio_get_output(in->i_daio, 0);
@@ -958,8 +962,8 @@ in_desc_cb(void *arg)
         p2p_ux *u = calloc(1, sizeof(*u));
         if (u == NULL) {
             tp__mtx_unlock(&p->p_mtx);
-            snprintf(why, sizeof(why), "no memory for a message of %" PRIu64
-                     " bytes", nbytes);
+            snprintf(why, sizeof(why),
+                     "no memory for a message of %" PRIu64 " bytes", nbytes);
             in_fail(in, TP_ENOMEM, NULL, why);
             return;
         }
@@ -1002,7 +1006,8 @@ in_read_next(p2p_in *in)
     tp_pipe_read_descriptor(in->i_pipe, in->i_daio);
 }
 
-// ---- context, accept -------------------------------------------------------------
+// ---- context, accept
+// -------------------------------------------------------------
 
 static void
 accept_cb(void *arg)
@@ -1041,8 +1046,8 @@ accept_cb(void *arg)
 }
 
 tp_status
-tp__p2p_create(const tp_context_options *co, bool loopback, int rank,
-               int world, const char *name, tp__p2p **p_p, tp_error **err_p)
+tp__p2p_create(const tp_context_options *co, bool loopback, int rank, int world,
+               const char *name, tp__p2p **p_p, tp_error **err_p)
 {
     *p_p = NULL;
     tp__p2p *p = calloc(1, sizeof(*p));
@@ -1149,9 +1154,8 @@ tp__p2p_destroy(tp__p2p *p)
     tp_context_destroy(p->p_ctx);
     tp_aio_destroy(p->p_accept_aio);
     // Recvs still posted fail now.
-    tp_error *closed = tp_error_create(TP_ECLOSED, NULL,
-                                       "%s: the process group was destroyed",
-                                       p->p_name);
+    tp_error *closed = tp_error_create(
+        TP_ECLOSED, NULL, "%s: the process group was destroyed", p->p_name);
     for (;;) {
         tp__mtx_lock(&p->p_mtx);
         tp__req *r = p->p_posted;
@@ -1194,7 +1198,8 @@ tp__p2p_destroy(tp__p2p *p)
     free(p);
 }
 
-// ---- control messages ------------------------------------------------------------
+// ---- control messages
+// ------------------------------------------------------------
 
 static void
 ctl_send(tp__p2p *p, int dst, int kind, uint64_t gid, const char *reason)
@@ -1239,8 +1244,8 @@ ctl_send(tp__p2p *p, int dst, int kind, uint64_t gid, const char *reason)
     // Wait for it (bounded): control messages are rare and small.
     uint64_t deadline = tp__deadline_after_ms(2000);
     tp__mtx_lock(&p->p_mtx);
-    while (!tp__req_done(r) && tp__cv_wait_until(&p->p_cv, &p->p_mtx,
-                                                 deadline)) {
+    while (!tp__req_done(r) &&
+           tp__cv_wait_until(&p->p_cv, &p->p_mtx, deadline)) {
     }
     bool done = tp__req_done(r);
     tp__mtx_unlock(&p->p_mtx);
@@ -1257,7 +1262,8 @@ tp__p2p_send_abort(tp__p2p *p, int dst, uint64_t gid, const char *reason)
     ctl_send(p, dst, P2P_KIND_ABORT, gid, reason);
 }
 
-// ---- waiting ---------------------------------------------------------------------
+// ---- waiting
+// ---------------------------------------------------------------------
 
 void
 tp__p2p_kick(tp__p2p *p)

@@ -113,8 +113,7 @@ void tp__p2p_kick(tp__p2p *p);
 // The error rank @rank failed with (new reference), or NULL.
 tp_error *tp__p2p_peer_error(tp__p2p *p, int rank);
 // Best effort, does not wait: tells rank @dst that group @gid failed.
-void tp__p2p_send_abort(tp__p2p *p, int dst, uint64_t gid,
-                        const char *reason);
+void tp__p2p_send_abort(tp__p2p *p, int dst, uint64_t gid, const char *reason);
 // The transport and channel of the pipe this rank writes to @dst on
 // ("shm+cma"), or "-" when there is none yet. Static or owned by @p.
 void tp__p2p_path(tp__p2p *p, int dst, char *buf, size_t len);

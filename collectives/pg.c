@@ -46,8 +46,8 @@
 #include "core/platform.h"
 #include "store/store_int.h"
 
-#define PG_KEY_PREFIX "tp.pg/"
-#define PG_DESC_BYTES 32
+#define PG_KEY_PREFIX      "tp.pg/"
+#define PG_DESC_BYTES      32
 #define PG_FINISH_GRACE_MS 5000
 
 struct tp_work {
@@ -55,7 +55,7 @@ struct tp_work {
     atomic_int wk_refs;
     bool wk_p2p;
     tp__req *wk_req;
-    int wk_peer;        // p2p: group rank or TP_ANY_SOURCE
+    int wk_peer; // p2p: group rank or TP_ANY_SOURCE
     bool wk_send;
     tp__coll_args wk_args;
     tp_reduce_op wk_op; // as asked (avg)
@@ -113,11 +113,12 @@ struct tp_pg {
     struct pg_set {
         uint64_t hash;
         int count;
-    } *w_sets;
+    } * w_sets;
     int w_nsets;
 };
 
-// ---- options --------------------------------------------------------------------
+// ---- options
+// --------------------------------------------------------------------
 
 void
 tp_pg_options_init(tp_pg_options *o)
@@ -141,7 +142,8 @@ ms_left(uint64_t deadline)
     return ms > INT64_MAX ? INT64_MAX : (int64_t)ms;
 }
 
-// ---- small accessors ---------------------------------------------------------------
+// ---- small accessors
+// ---------------------------------------------------------------
 
 int
 tp_pg_rank(const tp_pg *pg)
@@ -176,7 +178,8 @@ tp_pg_name(const tp_pg *pg)
     return pg != NULL ? pg->g_name : "";
 }
 
-// ---- failure -----------------------------------------------------------------------
+// ---- failure
+// -----------------------------------------------------------------------
 
 // Breaks @g with @err (the first error wins). Takes g_mtx.
 static void
@@ -228,7 +231,8 @@ on_abort(void *arg, uint64_t gid, int from, const char *reason)
     tp__mtx_unlock(&w->w_mtx);
 }
 
-// ---- store helpers -------------------------------------------------------------------
+// ---- store helpers
+// -------------------------------------------------------------------
 
 // Publishes @val under <prefix><stem><rank of @me> and reads the value of
 // each of the @n ranks (world ranks @wr, or 0..n-1 if NULL) into vals[i]
@@ -309,7 +313,8 @@ free_vals(char **vals, int n)
     }
 }
 
-// ---- groups -------------------------------------------------------------------------
+// ---- groups
+// -------------------------------------------------------------------------
 
 static tp_pg *
 group_alloc(int size, int world_size)
@@ -371,8 +376,7 @@ group_engine(tp_pg *w, tp_pg *g, uint64_t deadline, tp_error **err_p)
     };
     tp_status st = tp__shm_open(&s, &g->g_shm, why, sizeof(why), err_p);
     if (st != TP_OK) {
-        return tp__error_wrap(err_p, st, "%s: shared-memory engine",
-                              g->g_what);
+        return tp__error_wrap(err_p, st, "%s: shared-memory engine", g->g_what);
     }
     if (g->g_shm != NULL) {
         g->g_engine = "shm";
@@ -384,8 +388,7 @@ group_engine(tp_pg *w, tp_pg *g, uint64_t deadline, tp_error **err_p)
                              "engine cannot be used: %s",
                              g->g_what, why);
     }
-    TP_LOG_INFO("TP-PG-ENGINE", "%s: collectives on pipes: %s", g->g_what,
-                why);
+    TP_LOG_INFO("TP-PG-ENGINE", "%s: collectives on pipes: %s", g->g_what, why);
     return TP_OK;
 }
 
@@ -517,8 +520,8 @@ tp_pg_init(const char *init_method, int rank, int world_size,
     bool loopback = w->g_cfg.socket_ifname[0] == '\0' &&
                     w->g_cfg.socket_addr[0] == '\0' && saddr != NULL &&
                     strncmp(saddr, "tcp://127.", 10) == 0;
-    st = tp__p2p_create(&co, loopback, rank, world_size, w->g_what,
-                        &w->w_p2p, err_p);
+    st = tp__p2p_create(&co, loopback, rank, world_size, w->g_what, &w->w_p2p,
+                        err_p);
     if (st != TP_OK) {
         goto fail;
     }
@@ -548,8 +551,8 @@ tp_pg_init(const char *init_method, int rank, int world_size,
     if (st != TP_OK) {
         goto fail;
     }
-    TP_LOG_INFO("TP-PG-INIT", "%s: engine %s, store %s", w->g_what,
-                w->g_engine, saddr);
+    TP_LOG_INFO("TP-PG-INIT", "%s: engine %s, store %s", w->g_what, w->g_engine,
+                saddr);
     *pg_p = w;
     return TP_OK;
 fail:
@@ -601,8 +604,8 @@ tp_pg_new_group(tp_pg *world, const int *ranks, int n, const tp_pg_options *o,
     for (int i = 0; i < n; i++) {
         if (sorted[i] < 0 || sorted[i] >= w->g_size ||
             (i > 0 && sorted[i] == sorted[i - 1])) {
-            tp__error_set(err_p, TP_EINVAL,
-                          "%s: new_group: rank %d is %s", w->g_what, sorted[i],
+            tp__error_set(err_p, TP_EINVAL, "%s: new_group: rank %d is %s",
+                          w->g_what, sorted[i],
                           sorted[i] < 0 || sorted[i] >= w->g_size
                               ? "not in the world"
                               : "listed twice");
@@ -687,8 +690,8 @@ tp_pg_new_group(tp_pg *world, const int *ranks, int n, const tp_pg_options *o,
     snprintf(what, sizeof(what), "%s: new_group", g->g_what);
     char mine[32];
     snprintf(mine, sizeof(mine), "%d", g->g_wranks[me]);
-    st = store_exchange(w, g->g_prefix, "join/", n, me, g->g_wranks, mine,
-                        vals, deadline, what, err_p);
+    st = store_exchange(w, g->g_prefix, "join/", n, me, g->g_wranks, mine, vals,
+                        deadline, what, err_p);
     free_vals(vals, n);
     if (st == TP_OK) {
         // Listed before the engine is chosen: aborts and failures reach it.
@@ -710,7 +713,8 @@ tp_pg_new_group(tp_pg *world, const int *ranks, int n, const tp_pg_options *o,
     return TP_OK;
 }
 
-// ---- works --------------------------------------------------------------------------
+// ---- works
+// --------------------------------------------------------------------------
 
 static tp_work *
 work_new(tp_pg *g)
@@ -822,8 +826,8 @@ tp_work_wait(tp_work *w, int64_t timeout_ms, tp_error **err_p)
     if (w == NULL) {
         return tp__error_set(err_p, TP_EINVAL, "tp_work_wait: NULL work");
     }
-    uint64_t deadline = timeout_ms > 0 ? tp__deadline_after_ms(timeout_ms)
-                                       : w->wk_deadline_ns;
+    uint64_t deadline =
+        timeout_ms > 0 ? tp__deadline_after_ms(timeout_ms) : w->wk_deadline_ns;
     bool op_deadline = timeout_ms <= 0 || deadline >= w->wk_deadline_ns;
     if (op_deadline && w->wk_deadline_ns != UINT64_MAX) {
         // The collective's own deadline is enforced by its runner; a little
@@ -834,10 +838,11 @@ tp_work_wait(tp_work *w, int64_t timeout_ms, tp_error **err_p)
         // Waiting on the request probes a silent peer; the operation's own
         // deadline fails it.
         tp__req *r = w->wk_req;
-        uint64_t d = deadline < w->wk_deadline_ns ? deadline : w->wk_deadline_ns;
+        uint64_t d =
+            deadline < w->wk_deadline_ns ? deadline : w->wk_deadline_ns;
         tp_error *e = NULL;
-        tp_status st = tp__p2p_waitall(w->wk_pg->g_world->w_p2p, &r, 1, d,
-                                       NULL, NULL, w->wk_pg->g_what, &e);
+        tp_status st = tp__p2p_waitall(w->wk_pg->g_world->w_p2p, &r, 1, d, NULL,
+                                       NULL, w->wk_pg->g_what, &e);
         if (st == TP_ETIMEDOUT && !tp_work_is_completed(w) &&
             tp__now_ns() >= w->wk_deadline_ns) {
             tp_error *we = tp_error_create(
@@ -883,7 +888,8 @@ tp_work_free(tp_work *w)
     work_unref(w);
 }
 
-// ---- argument checks -------------------------------------------------------------------
+// ---- argument checks
+// -------------------------------------------------------------------
 
 static tp_status
 check_tensor(tp_pg *g, const char *op, const char *arg, const tp_tensor *t,
@@ -965,7 +971,8 @@ is_cuda(const tp_tensor *t)
     return t != NULL && tp_tensor_device(t).type == TP_DEVICE_CUDA;
 }
 
-// ---- running a collective -----------------------------------------------------------------
+// ---- running a collective
+// -----------------------------------------------------------------
 
 static void
 desc_encode(uint8_t *d, const tp__coll_args *a, tp_reduce_op op, uint64_t seq)
@@ -988,23 +995,22 @@ desc_str(const uint8_t *d, char *buf, size_t len)
     memcpy(&count, d + 16, 8);
     memcpy(&seq, d + 24, 8);
     tp__coll_kind k = (tp__coll_kind)v[0];
-    const char *dt = v[1] < TP_DTYPE_COUNT ? tp_dtype_name((tp_dtype)v[1])
-                                           : "?";
+    const char *dt =
+        v[1] < TP_DTYPE_COUNT ? tp_dtype_name((tp_dtype)v[1]) : "?";
     switch (k) {
     case TP__COLL_BARRIER:
         return snprintf(buf, len, "barrier (#%" PRIu64 ")", seq);
     case TP__COLL_ALL_REDUCE:
     case TP__COLL_REDUCE_SCATTER:
-        return snprintf(buf, len, "%s(%s, count %" PRIu64 ", op %s) (#%" PRIu64
-                        ")",
+        return snprintf(buf, len,
+                        "%s(%s, count %" PRIu64 ", op %s) (#%" PRIu64 ")",
                         tp__coll_kind_name(k), dt, count,
                         tp__reduce_op_name((tp_reduce_op)v[2]), seq);
     case TP__COLL_REDUCE:
-        return snprintf(buf, len,
-                        "reduce(%s, count %" PRIu64 ", op %s, root %d) (#%" PRIu64
-                        ")",
-                        dt, count, tp__reduce_op_name((tp_reduce_op)v[2]),
-                        (int)v[3], seq);
+        return snprintf(
+            buf, len,
+            "reduce(%s, count %" PRIu64 ", op %s, root %d) (#%" PRIu64 ")", dt,
+            count, tp__reduce_op_name((tp_reduce_op)v[2]), (int)v[3], seq);
     case TP__COLL_BROADCAST:
     case TP__COLL_GATHER:
     case TP__COLL_SCATTER:
@@ -1083,10 +1089,10 @@ debug_check(tp_pg *g, const tp__coll_args *a, tp_reduce_op op,
         char msg[1024];
         size_t off = 0;
         for (int i = 0; i < n && off + 128 < sizeof(msg); i++) {
-            off += (size_t)snprintf(msg + off, sizeof(msg) - off, "%srank %d: ",
-                                    i > 0 ? "; " : "", i);
-            off += (size_t)desc_str(all + (size_t)i * PG_DESC_BYTES,
-                                    msg + off, sizeof(msg) - off);
+            off += (size_t)snprintf(msg + off, sizeof(msg) - off,
+                                    "%srank %d: ", i > 0 ? "; " : "", i);
+            off += (size_t)desc_str(all + (size_t)i * PG_DESC_BYTES, msg + off,
+                                    sizeof(msg) - off);
         }
         free(all);
         return tp__error_set(err_p, TP_EINVAL,
@@ -1171,14 +1177,14 @@ nccl_run(tp_pg *g, tp_work *wk, uint64_t deadline, tp_error **err_p)
         return tp__nccl_all_reduce(g->g_nccl, a->buf, a->buf, a->count,
                                    a->dtype, op, left, err_p);
     case TP__COLL_BROADCAST:
-        return tp__nccl_broadcast(g->g_nccl, a->buf, a->buf, a->count,
-                                  a->dtype, a->root, left, err_p);
+        return tp__nccl_broadcast(g->g_nccl, a->buf, a->buf, a->count, a->dtype,
+                                  a->root, left, err_p);
     case TP__COLL_REDUCE:
         return tp__nccl_reduce(g->g_nccl, a->buf, a->buf, a->count, a->dtype,
                                op, a->root, left, err_p);
     case TP__COLL_ALL_GATHER:
-        return tp__nccl_all_gather(g->g_nccl, a->in, a->out, a->count,
-                                   a->dtype, left, err_p);
+        return tp__nccl_all_gather(g->g_nccl, a->in, a->out, a->count, a->dtype,
+                                   left, err_p);
     case TP__COLL_REDUCE_SCATTER:
         return tp__nccl_reduce_scatter(g->g_nccl, a->in, a->out, a->count,
                                        a->dtype, op, left, err_p);
@@ -1236,8 +1242,8 @@ coll_exec(tp_pg *g, tp_work *wk, tp_error **err_p)
             st != TP_EINVAL) {
             for (int i = 0; i < g->g_size; i++) {
                 int wr = g->g_wranks[i];
-                tp_error *pe =
-                    i == g->g_rank ? NULL
+                tp_error *pe = i == g->g_rank
+                                   ? NULL
                                    : tp__p2p_peer_error(g->g_world->w_p2p, wr);
                 if (i != g->g_rank && pe == NULL) {
                     tp__p2p_send_abort(g->g_world->w_p2p, wr, g->g_gid,
@@ -1452,8 +1458,8 @@ tp_pg_broadcast(tp_pg *pg, tp_tensor *t, int root, tp_work **w_p,
 }
 
 static tp_status
-reducing(tp_pg *pg, tp__coll_kind kind, tp_tensor *t, int root,
-         tp_reduce_op op, tp_work **w_p, tp_error **err_p)
+reducing(tp_pg *pg, tp__coll_kind kind, tp_tensor *t, int root, tp_reduce_op op,
+         tp_work **w_p, tp_error **err_p)
 {
     tp_work *wk = NULL;
     const char *name = tp__coll_kind_name(kind);
@@ -1489,8 +1495,8 @@ tp_pg_all_reduce(tp_pg *pg, tp_tensor *t, tp_reduce_op op, tp_work **w_p,
 }
 
 tp_status
-tp_pg_reduce(tp_pg *pg, tp_tensor *t, int root, tp_reduce_op op,
-             tp_work **w_p, tp_error **err_p)
+tp_pg_reduce(tp_pg *pg, tp_tensor *t, int root, tp_reduce_op op, tp_work **w_p,
+             tp_error **err_p)
 {
     return reducing(pg, TP__COLL_REDUCE, t, root, op, w_p, err_p);
 }
@@ -1522,8 +1528,8 @@ tp_pg_all_gather(tp_pg *pg, tp_tensor *out, tp_tensor *in, tp_work **w_p,
 }
 
 tp_status
-tp_pg_gather(tp_pg *pg, tp_tensor *out, tp_tensor *in, int root,
-             tp_work **w_p, tp_error **err_p)
+tp_pg_gather(tp_pg *pg, tp_tensor *out, tp_tensor *in, int root, tp_work **w_p,
+             tp_error **err_p)
 {
     tp_work *wk = NULL;
     tp_status st = coll_begin(pg, TP__COLL_GATHER, &wk, err_p);
@@ -1553,8 +1559,8 @@ tp_pg_gather(tp_pg *pg, tp_tensor *out, tp_tensor *in, int root,
 }
 
 tp_status
-tp_pg_scatter(tp_pg *pg, tp_tensor *out, tp_tensor *in, int root,
-              tp_work **w_p, tp_error **err_p)
+tp_pg_scatter(tp_pg *pg, tp_tensor *out, tp_tensor *in, int root, tp_work **w_p,
+              tp_error **err_p)
 {
     tp_work *wk = NULL;
     tp_status st = coll_begin(pg, TP__COLL_SCATTER, &wk, err_p);
@@ -1683,7 +1689,7 @@ tp_pg_all_to_all(tp_pg *pg, tp_tensor *out, tp_tensor *in,
     }
     if (st == TP_OK) {
         if ((tp_tensor_dtype(out) != tp_tensor_dtype(in) ||
-                            is_cuda(out) != is_cuda(in))) {
+             is_cuda(out) != is_cuda(in))) {
             st = tp__error_set(err_p, TP_EINVAL,
                                "%s: all_to_all: out and in differ in dtype or "
                                "device",
@@ -1712,8 +1718,8 @@ tp_pg_all_to_all(tp_pg *pg, tp_tensor *out, tp_tensor *in,
     }
     if (st == TP_OK) {
         size_t *sp = wk->wk_splits;
-        st = a2a_splits(pg, "in", in_splits, in_rows, in_row, sp, sp + n,
-                        err_p);
+        st =
+            a2a_splits(pg, "in", in_splits, in_rows, in_row, sp, sp + n, err_p);
         if (st == TP_OK) {
             st = a2a_splits(pg, "out", out_splits, out_rows, out_row,
                             sp + 2 * n, sp + 3 * n, err_p);
@@ -1734,11 +1740,12 @@ tp_pg_all_to_all(tp_pg *pg, tp_tensor *out, tp_tensor *in,
     return coll_finish(pg, wk, w_p, st, err_p);
 }
 
-// ---- point to point --------------------------------------------------------------------
+// ---- point to point
+// --------------------------------------------------------------------
 
 static tp_status
-p2p_start(tp_pg *pg, bool send, tp_tensor *t, int peer, int tag,
-          tp_work **w_p, tp_error **err_p)
+p2p_start(tp_pg *pg, bool send, tp_tensor *t, int peer, int tag, tp_work **w_p,
+          tp_error **err_p)
 {
     const char *op = send ? "send" : "recv";
     if (pg == NULL) {
@@ -1779,12 +1786,12 @@ p2p_start(tp_pg *pg, bool send, tp_tensor *t, int peer, int tag,
     int wpeer = peer >= 0 ? pg->g_wranks[peer] : -1;
     atomic_fetch_add(&wk->wk_refs, 1); // the request's callback
     tp__req *r = NULL;
-    st = send ? tp__p2p_isend(p, wpeer, pg->g_gid, TP__CHAN_P2P,
-                              (uint64_t)tag, tp_tensor_data(t), bytes,
-                              p2p_work_cb, wk, &r, err_p)
-              : tp__p2p_irecv(p, wpeer, pg->g_gid, TP__CHAN_P2P,
-                              (uint64_t)tag, tp_tensor_data(t), bytes,
-                              p2p_work_cb, wk, &r, err_p);
+    st = send ? tp__p2p_isend(p, wpeer, pg->g_gid, TP__CHAN_P2P, (uint64_t)tag,
+                              tp_tensor_data(t), bytes, p2p_work_cb, wk, &r,
+                              err_p)
+              : tp__p2p_irecv(p, wpeer, pg->g_gid, TP__CHAN_P2P, (uint64_t)tag,
+                              tp_tensor_data(t), bytes, p2p_work_cb, wk, &r,
+                              err_p);
     if (st != TP_OK) {
         atomic_fetch_sub(&wk->wk_refs, 1);
         work_unref(wk);
@@ -1815,7 +1822,8 @@ tp_pg_recv(tp_pg *pg, tp_tensor *t, int src, int tag, tp_work **w_p,
     return p2p_start(pg, false, t, src, tag, w_p, err_p);
 }
 
-// ---- destroy ------------------------------------------------------------------------------
+// ---- destroy
+// ------------------------------------------------------------------------------
 
 void
 tp_pg_destroy(tp_pg *pg)
@@ -1838,13 +1846,13 @@ tp_pg_destroy(tp_pg *pg)
     if (pg == w) {
         // Fails everything in flight on the pipes (ECLOSED), so the group's
         // thread finishes its collective.
-        tp_error *e = tp_error_create(TP_ECLOSED, NULL, "%s: destroyed",
-                                      w->g_what);
+        tp_error *e =
+            tp_error_create(TP_ECLOSED, NULL, "%s: destroyed", w->g_what);
         group_break(w, e);
         tp_error_unref(e);
     } else {
-        tp_error *e = tp_error_create(TP_ECLOSED, NULL, "%s: destroyed",
-                                      pg->g_what);
+        tp_error *e =
+            tp_error_create(TP_ECLOSED, NULL, "%s: destroyed", pg->g_what);
         group_break(pg, e);
         tp_error_unref(e);
     }

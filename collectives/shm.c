@@ -351,9 +351,8 @@ shm_check_members(const shm_op *o, uint32_t p, uint64_t start, uint64_t now)
                             b == x ? "" : blamed);
         }
         if (shm_dead(m, x) &&
-            !shm_reached(atomic_load_explicit(&cx->c_arrive,
-                                              memory_order_acquire),
-                         p)) {
+            !shm_reached(
+                atomic_load_explicit(&cx->c_arrive, memory_order_acquire), p)) {
             char who[96];
             shm_who(m, x, who, sizeof(who));
             *o->o_blame = x;

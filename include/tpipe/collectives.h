@@ -161,8 +161,7 @@ TP_API bool tp_work_is_completed(const tp_work *w);
  * error in *@err_p (a new reference). TP_ETIMEDOUT if @timeout_ms passed
  * first: the operation goes on.
  */
-TP_API tp_status tp_work_wait(tp_work *w, int64_t timeout_ms,
-                              tp_error **err_p);
+TP_API tp_status tp_work_wait(tp_work *w, int64_t timeout_ms, tp_error **err_p);
 /** tp_work_error - the error once failed, else NULL. Borrowed. */
 TP_API const tp_error *tp_work_error(const tp_work *w);
 /** tp_work_source - for a completed recv: the rank the message came from. */
@@ -201,8 +200,7 @@ TP_API tp_status tp_pg_all_reduce(tp_pg *pg, tp_tensor *t, tp_reduce_op op,
 /** tp_pg_reduce - @t of @root = op over every rank's @t; the others' @t
  * are left unchanged. */
 TP_API tp_status tp_pg_reduce(tp_pg *pg, tp_tensor *t, int root,
-                              tp_reduce_op op, tp_work **w_p,
-                              tp_error **err_p);
+                              tp_reduce_op op, tp_work **w_p, tp_error **err_p);
 /** tp_pg_all_gather - @out (size * numel(@in) elements) = every rank's
  * @in, in rank order (all_gather_into_tensor). */
 TP_API tp_status tp_pg_all_gather(tp_pg *pg, tp_tensor *out, tp_tensor *in,

@@ -165,14 +165,14 @@ init_pg(int rank, int world, const char *url, int64_t timeout_ms)
 static const tp_dtype k_dtypes[] = {TP_F32, TP_F64, TP_F16, TP_BF16,
                                     TP_I8,  TP_U8,  TP_I32, TP_I64};
 static const tp_reduce_op k_ops[] = {
-    TP_REDUCE_SUM,  TP_REDUCE_PRODUCT, TP_REDUCE_MIN, TP_REDUCE_MAX,
-    TP_REDUCE_AVG,  TP_REDUCE_BAND,    TP_REDUCE_BOR, TP_REDUCE_BXOR,
+    TP_REDUCE_SUM, TP_REDUCE_PRODUCT, TP_REDUCE_MIN, TP_REDUCE_MAX,
+    TP_REDUCE_AVG, TP_REDUCE_BAND,    TP_REDUCE_BOR, TP_REDUCE_BXOR,
 };
 
 static const char *
 op_name(tp_reduce_op op)
 {
-    static const char *const names[] = {"sum", "product", "min",  "max",
+    static const char *const names[] = {"sum", "product", "min", "max",
                                         "avg", "band",    "bor", "bxor"};
     return names[op];
 }
@@ -278,8 +278,8 @@ fill(tp_tensor *t, tp_reduce_op op, int r, int salt, size_t from)
     int64_t n = tp_tensor_numel(t);
     for (int64_t i = 0; i < n; i++) {
         int64_t v = value(op, r, (size_t)i + from, salt);
-        TP_CHECK(tp_tensor_set_item(t, i, (double)wrap(tp_tensor_dtype(t), v)) ==
-                 TP_OK);
+        TP_CHECK(tp_tensor_set_item(
+                     t, i, (double)wrap(tp_tensor_dtype(t), v)) == TP_OK);
     }
 }
 
@@ -291,13 +291,13 @@ expect_eq(const char *what, tp_tensor *t, int64_t i, double want, bool approx)
     // avg: the quotient rounded to the dtype (f16/bf16 have 11/8 bits).
     tp_dtype dt = tp_tensor_dtype(t);
     double rel = dt == TP_F16 || dt == TP_BF16 ? 1e-2 : 1e-6;
-    bool ok = approx ? fabs(got - want) <= rel * fabs(want) + 1e-9
-                     : got == want;
-    TP_CHECKF(ok, "%s: element %" PRId64 " is %g, want %g", what, i, got,
-              want);
+    bool ok =
+        approx ? fabs(got - want) <= rel * fabs(want) + 1e-9 : got == want;
+    TP_CHECKF(ok, "%s: element %" PRId64 " is %g, want %g", what, i, got, want);
 }
 
-// ---- the matrix --------------------------------------------------------------
+// ---- the matrix
+// --------------------------------------------------------------
 
 static const size_t k_sizes[] = {0, 1, 1037};
 
@@ -335,14 +335,16 @@ check_reduce_kinds(tp_pg *pg, int rank, int n)
                 snprintf(what, sizeof(what), "reduce %s %s n=%d count=%zu",
                          tp_dtype_name(dt), op_name(op), n, count);
                 for (size_t i = 0; i < count; i++) {
-                    double want = rank == root
-                                      ? reference(dt, op, n, i, salt)
-                                      : (double)wrap(dt, value(op, rank, i, salt));
+                    double want =
+                        rank == root
+                            ? reference(dt, op, n, i, salt)
+                            : (double)wrap(dt, value(op, rank, i, salt));
                     expect_eq(what, t, (int64_t)i, want,
                               approx && rank == root);
                 }
                 tp_tensor_unref(t);
-                // reduce_scatter: block r of rank q's input = value(q, r*count+i)
+                // reduce_scatter: block r of rank q's input = value(q,
+                // r*count+i)
                 tp_tensor *in = tensor(dt, count * (size_t)n);
                 tp_tensor *out = tensor(dt, count);
                 fill(in, op, rank, salt, 0);
@@ -352,10 +354,10 @@ check_reduce_kinds(tp_pg *pg, int rank, int n)
                          "reduce_scatter %s %s n=%d count=%zu",
                          tp_dtype_name(dt), op_name(op), n, count);
                 for (size_t i = 0; i < count; i++) {
-                    expect_eq(what, out, (int64_t)i,
-                              reference(dt, op, n, (size_t)rank * count + i,
-                                        salt),
-                              approx);
+                    expect_eq(
+                        what, out, (int64_t)i,
+                        reference(dt, op, n, (size_t)rank * count + i, salt),
+                        approx);
                 }
                 tp_tensor_unref(in);
                 tp_tensor_unref(out);
@@ -374,19 +376,20 @@ check_data_kinds(tp_pg *pg, int rank, int n)
         tp_dtype dt = dts[d];
         for (size_t s = 0; s < sizeof(k_sizes) / sizeof(k_sizes[0]); s++) {
             size_t count = k_sizes[s];
-            for (int root = 0; root < n; root += n > 1 ? n - 1 : 1) {
+            for (int root = 0; root<n; root += n> 1 ? n - 1 : 1) {
                 int salt = (int)(d * 10 + s) + root;
                 // broadcast
                 tp_tensor *t = tensor(dt, count);
                 fill(t, TP_REDUCE_SUM, rank, salt, 0);
                 TP_CHECK_OK(tp_pg_broadcast(pg, t, root, NULL, &err), err);
-                snprintf(what, sizeof(what), "broadcast %s n=%d count=%zu root=%d",
+                snprintf(what, sizeof(what),
+                         "broadcast %s n=%d count=%zu root=%d",
                          tp_dtype_name(dt), n, count, root);
                 for (size_t i = 0; i < count; i++) {
-                    expect_eq(what, t, (int64_t)i,
-                              (double)wrap(dt, value(TP_REDUCE_SUM, root, i,
-                                                     salt)),
-                              false);
+                    expect_eq(
+                        what, t, (int64_t)i,
+                        (double)wrap(dt, value(TP_REDUCE_SUM, root, i, salt)),
+                        false);
                 }
                 tp_tensor_unref(t);
                 // gather / scatter
@@ -403,8 +406,8 @@ check_data_kinds(tp_pg *pg, int rank, int n)
                         for (size_t i = 0; i < count; i++) {
                             expect_eq(what, big,
                                       (int64_t)((size_t)q * count + i),
-                                      (double)wrap(dt, value(TP_REDUCE_SUM, q,
-                                                             i, salt)),
+                                      (double)wrap(
+                                          dt, value(TP_REDUCE_SUM, q, i, salt)),
                                       false);
                         }
                     }
@@ -413,15 +416,15 @@ check_data_kinds(tp_pg *pg, int rank, int n)
                 TP_CHECK_OK(tp_pg_scatter(pg, small, rank == root ? big : NULL,
                                           root, NULL, &err),
                             err);
-                snprintf(what, sizeof(what), "scatter %s n=%d count=%zu root=%d",
-                         tp_dtype_name(dt), n, count, root);
+                snprintf(what, sizeof(what),
+                         "scatter %s n=%d count=%zu root=%d", tp_dtype_name(dt),
+                         n, count, root);
                 for (size_t i = 0; i < count; i++) {
-                    expect_eq(what, small, (int64_t)i,
-                              (double)wrap(dt,
-                                           value(TP_REDUCE_SUM, root,
-                                                 (size_t)rank * count + i,
-                                                 salt)),
-                              false);
+                    expect_eq(
+                        what, small, (int64_t)i,
+                        (double)wrap(dt, value(TP_REDUCE_SUM, root,
+                                               (size_t)rank * count + i, salt)),
+                        false);
                 }
                 tp_tensor_unref(small);
                 tp_tensor_unref(big);
@@ -436,9 +439,10 @@ check_data_kinds(tp_pg *pg, int rank, int n)
                      tp_dtype_name(dt), n, count);
             for (int q = 0; q < n; q++) {
                 for (size_t i = 0; i < count; i++) {
-                    expect_eq(what, out, (int64_t)((size_t)q * count + i),
-                              (double)wrap(dt, value(TP_REDUCE_SUM, q, i, salt)),
-                              false);
+                    expect_eq(
+                        what, out, (int64_t)((size_t)q * count + i),
+                        (double)wrap(dt, value(TP_REDUCE_SUM, q, i, salt)),
+                        false);
                 }
             }
             tp_tensor_unref(in);
@@ -453,12 +457,11 @@ check_data_kinds(tp_pg *pg, int rank, int n)
                      tp_dtype_name(dt), n, count);
             for (int q = 0; q < n; q++) {
                 for (size_t i = 0; i < count; i++) {
-                    expect_eq(what, out, (int64_t)((size_t)q * count + i),
-                              (double)wrap(dt,
-                                           value(TP_REDUCE_SUM, q,
-                                                 (size_t)rank * count + i,
-                                                 salt)),
-                              false);
+                    expect_eq(
+                        what, out, (int64_t)((size_t)q * count + i),
+                        (double)wrap(dt, value(TP_REDUCE_SUM, q,
+                                               (size_t)rank * count + i, salt)),
+                        false);
                 }
             }
             tp_tensor_unref(in);
@@ -484,7 +487,8 @@ check_data_kinds(tp_pg *pg, int rank, int n)
         int64_t off = 0;
         for (int j = 0; j < n; j++) {
             for (int64_t k = 0; k < insp[j] * 2; k++) {
-                tp_tensor_set_item(in, off + k, rank * 1000 + j * 100 + (double)k);
+                tp_tensor_set_item(in, off + k,
+                                   rank * 1000 + j * 100 + (double)k);
             }
             off += insp[j] * 2;
         }
@@ -517,7 +521,9 @@ matrix_rank(int rank, int world, const char *url, void *arg)
 static void
 run_matrix(int world, const char *const *env)
 {
-    job j = {.world = world, .fn = matrix_rank, .killed_rank = -1,
+    job j = {.world = world,
+             .fn = matrix_rank,
+             .killed_rank = -1,
              .limit_ms = 240000};
     for (int e = 0; env != NULL && env[e] != NULL; e++) {
         j.env[e] = env[e];
@@ -569,7 +575,8 @@ test_matrix_world8(void)
     run_matrix(8, k_env_auto);
 }
 
-// ---- 64 MiB ------------------------------------------------------------------
+// ---- 64 MiB
+// ------------------------------------------------------------------
 
 static void
 big_rank(int rank, int world, const char *url, void *arg)
@@ -609,8 +616,8 @@ test_64mib(void)
 {
     static const char *const *envs[] = {k_env_pipe, k_env_auto};
     for (size_t e = 0; e < 2; e++) {
-        job j = {.world = 2, .fn = big_rank, .killed_rank = -1,
-                 .limit_ms = 120000};
+        job j = {
+            .world = 2, .fn = big_rank, .killed_rank = -1, .limit_ms = 120000};
         j.env[0] = envs[e][0];
         file_url(j.url, sizeof(j.url));
         job_run(&j);
@@ -621,7 +628,8 @@ test_64mib(void)
     job_run(&j);
 }
 
-// ---- subgroups -------------------------------------------------------------------
+// ---- subgroups
+// -------------------------------------------------------------------
 
 static void
 subgroup_rank(int rank, int world, const char *url, void *arg)
@@ -697,7 +705,8 @@ test_subgroups(void)
     }
 }
 
-// ---- async ---------------------------------------------------------------------
+// ---- async
+// ---------------------------------------------------------------------
 
 #define NASYNC 64
 
@@ -729,11 +738,10 @@ async_rank(int rank, int world, const char *url, void *arg)
         TP_CHECK(tp_work_error(w[k]) == NULL);
         int64_t count = tp_tensor_numel(t[k]);
         for (int64_t i = 0; i < count; i++) {
-            double want = k % 8 == 7
-                              ? (double)value(TP_REDUCE_SUM, k % world,
-                                              (size_t)i, k)
-                              : reference(TP_I32, TP_REDUCE_SUM, world,
-                                          (size_t)i, k);
+            double want =
+                k % 8 == 7
+                    ? (double)value(TP_REDUCE_SUM, k % world, (size_t)i, k)
+                    : reference(TP_I32, TP_REDUCE_SUM, world, (size_t)i, k);
             expect_eq("async", t[k], i, want, false);
         }
         tp_work_free(w[k]);
@@ -764,7 +772,8 @@ test_async(void)
     }
 }
 
-// ---- point to point --------------------------------------------------------------
+// ---- point to point
+// --------------------------------------------------------------
 
 static void
 p2p_rank(int rank, int world, const char *url, void *arg)
@@ -888,7 +897,8 @@ test_p2p(void)
     job_run(&j);
 }
 
-// ---- errors ---------------------------------------------------------------------
+// ---- errors
+// ---------------------------------------------------------------------
 
 static void
 expect_err(tp_status st, tp_error *err, tp_status want, const char *needle)
@@ -923,26 +933,24 @@ args_rank(int rank, int world, const char *url, void *arg)
     EXPECT_ERR(tp_pg_all_reduce(pg, f, TP_REDUCE_BXOR, NULL, &err), TP_EINVAL,
                "bxor");
     EXPECT_ERR(tp_pg_all_gather(pg, i8, f, NULL, &err), TP_EINVAL, "dtype");
-    EXPECT_ERR(tp_pg_all_gather(pg, f3, f, NULL, &err), TP_EINVAL,
-               "elements");
+    EXPECT_ERR(tp_pg_all_gather(pg, f3, f, NULL, &err), TP_EINVAL, "elements");
     EXPECT_ERR(tp_pg_reduce_scatter(pg, f, f3, TP_REDUCE_SUM, NULL, &err),
                TP_EINVAL, "elements");
     const int64_t bad_splits[2] = {5, 5};
-    EXPECT_ERR(
-        tp_pg_all_to_all(pg, f8, f8, bad_splits, bad_splits, NULL, &err),
-        TP_EINVAL, "split");
-    EXPECT_ERR(tp_pg_all_to_all(pg, f3, f3, NULL, NULL, NULL, &err),
-               TP_EINVAL, "divisible");
+    EXPECT_ERR(tp_pg_all_to_all(pg, f8, f8, bad_splits, bad_splits, NULL, &err),
+               TP_EINVAL, "split");
+    EXPECT_ERR(tp_pg_all_to_all(pg, f3, f3, NULL, NULL, NULL, &err), TP_EINVAL,
+               "divisible");
     // A strided view is refused.
     tp_tensor *view = NULL;
     const int64_t sh[1] = {2}, strd[1] = {2};
     TP_CHECK_OK(tp_tensor_as_strided(f, 1, sh, strd, 0, &view, &err), err);
-    EXPECT_ERR(tp_pg_all_reduce(pg, view, TP_REDUCE_SUM, NULL, &err),
-               TP_EINVAL, "contiguous");
+    EXPECT_ERR(tp_pg_all_reduce(pg, view, TP_REDUCE_SUM, NULL, &err), TP_EINVAL,
+               "contiguous");
     EXPECT_ERR(tp_pg_send(pg, f, 5, 0, NULL, &err), TP_EINVAL, "rank 5");
     EXPECT_ERR(tp_pg_recv(pg, f, 0, -1, NULL, &err), TP_EINVAL, "tag");
-    EXPECT_ERR(tp_pg_all_reduce(NULL, f, TP_REDUCE_SUM, NULL, &err),
-               TP_EINVAL, "NULL");
+    EXPECT_ERR(tp_pg_all_reduce(NULL, f, TP_REDUCE_SUM, NULL, &err), TP_EINVAL,
+               "NULL");
     const int dup[2] = {1, 1};
     tp_pg *sub = NULL;
     EXPECT_ERR(tp_pg_new_group(pg, dup, 2, NULL, &sub, &err), TP_EINVAL,
@@ -972,8 +980,9 @@ mismatch_rank(int rank, int world, const char *url, void *arg)
     tp_pg *pg = init_pg(rank, world, url, 0);
     tp_error *err = NULL;
     tp_tensor *t = tensor(TP_F32, 16);
-    tp_status st = rank == 0 ? tp_pg_all_reduce(pg, t, TP_REDUCE_SUM, NULL, &err)
-                             : tp_pg_broadcast(pg, t, 0, NULL, &err);
+    tp_status st = rank == 0
+                       ? tp_pg_all_reduce(pg, t, TP_REDUCE_SUM, NULL, &err)
+                       : tp_pg_broadcast(pg, t, 0, NULL, &err);
     TP_CHECKF(st == TP_EINVAL, "status %s: %s", tp_status_name(st),
               tp_error_message(err));
     TP_CHECK_STR_CONTAINS(tp_error_message(err), "mismatch");
@@ -1055,8 +1064,9 @@ gave_up_rank(int rank, int world, const char *url, void *arg)
     tp_status st = tp_pg_barrier(pg, NULL, &err);
     int64_t dt = now_ms() - t0;
     TP_CHECKF(st != TP_OK, "barrier without rank 2 succeeded");
-    TP_CHECKF(dt < 300 + tp_test_ms(1500), "rank %d failed after %" PRId64
-              " ms: %s", rank, dt, tp_error_message(err));
+    TP_CHECKF(dt < 300 + tp_test_ms(1500),
+              "rank %d failed after %" PRId64 " ms: %s", rank, dt,
+              tp_error_message(err));
     TP_CHECKF(strstr(tp_error_message(err), "rank 2") != NULL,
               "rank %d: error does not name rank 2: %s", rank,
               tp_error_message(err));
@@ -1129,7 +1139,8 @@ test_rank_killed(void)
     }
 }
 
-// ---- init methods ---------------------------------------------------------------
+// ---- init methods
+// ---------------------------------------------------------------
 
 static void
 small_rank(int rank, int world, const char *url, void *arg)
@@ -1202,17 +1213,18 @@ test_init_methods(void)
                "rank 3 of world size 2");
 }
 
-// ---- 64 ranks (slow) -----------------------------------------------------------
+// ---- 64 ranks (slow)
+// -----------------------------------------------------------
 
 static void
 slow_world64(void)
 {
-    job j = {.world = 64, .fn = small_rank, .killed_rank = -1,
-             .limit_ms = 300000};
+    job j = {
+        .world = 64, .fn = small_rank, .killed_rank = -1, .limit_ms = 300000};
     file_url(j.url, sizeof(j.url));
     job_run(&j);
-    job j2 = {.world = 64, .fn = small_rank, .killed_rank = -1,
-              .limit_ms = 300000};
+    job j2 = {
+        .world = 64, .fn = small_rank, .killed_rank = -1, .limit_ms = 300000};
     j2.env[0] = "TP_COLL_ENGINE=pipe";
     file_url(j2.url, sizeof(j2.url));
     job_run(&j2);
