@@ -30,7 +30,7 @@
 
 #define P2P_MAGIC          0x4c435054u // "TPCL"
 #define P2P_VERSION        1
-#define P2P_HDR            40
+#define P2P_HDR            TP__P2P_HDR
 #define P2P_KIND_DATA      0 // + chan: 0 p2p, 1 coll
 #define P2P_KIND_ABORT     2
 #define P2P_KIND_PROBE     3
@@ -796,7 +796,9 @@ in_fail(p2p_in *in, tp_status st, const tp_error *cause, const char *why)
         req_complete(claim, st, err, in->i_src);
     }
     tp_pipe_close(in->i_pipe);
-    if (in->i_src >= 0 && !closing) {
+    // A protocol error closes this pipe only: other pipes of that rank
+    // are not disturbed. EOF or a reset means the rank is gone.
+    if (in->i_src >= 0 && !closing && st != TP_EPROTO) {
         peer_fail(p, in->i_src, err);
     }
     tp_error_unref(err);
@@ -872,6 +874,64 @@ in_read_cb(void *arg)
     in_read_next(in);
 }
 
+bool
+tp__p2p_hdr_check(const void *meta, uint64_t meta_len, uint32_t npayloads,
+                  uint64_t payload_len, uint32_t ntensors, uint64_t tensor_len,
+                  int world, int self, int pipe_src, tp__p2p_hdr *hd, char *why,
+                  size_t why_len)
+{
+    const uint8_t *h = meta;
+    if (meta_len != P2P_HDR || h == NULL) {
+        snprintf(why, why_len, "header of %" PRIu64 " bytes, expected %d",
+                 meta_len, P2P_HDR);
+        return false;
+    }
+    uint32_t magic = tp__get_u32le(h);
+    int kind = h[5];
+    int32_t src = (int32_t)tp__get_u32le(h + 8);
+    uint64_t nbytes = tp__get_u64le(h + 32);
+    if (magic != P2P_MAGIC || h[4] != P2P_VERSION) {
+        snprintf(why, why_len, "bad magic 0x%08x or version %u", magic, h[4]);
+        return false;
+    }
+    if (kind > P2P_KIND_PROBE || tp__get_u16le(h + 6) != 0 ||
+        tp__get_u32le(h + 12) != 0) {
+        snprintf(why, why_len, "bad kind %d or reserved bits", kind);
+        return false;
+    }
+    if (src < 0 || src >= world || src == self ||
+        (pipe_src >= 0 && src != pipe_src)) {
+        snprintf(why, why_len, "source rank %d on a pipe of rank %d", (int)src,
+                 pipe_src);
+        return false;
+    }
+    uint32_t want_payloads = kind == P2P_KIND_ABORT ? 1 : 0;
+    uint32_t want_tensors = nbytes > 0 ? 1 : 0;
+    if (npayloads != want_payloads || ntensors != want_tensors ||
+        (want_tensors == 1 && tensor_len != nbytes) ||
+        (kind >= P2P_KIND_ABORT && nbytes != 0) ||
+        (want_payloads == 1 && payload_len > TP__P2P_MAX_REASON) ||
+        nbytes > SIZE_MAX / 2) {
+        snprintf(why, why_len,
+                 "%u payloads and %u tensors for a kind-%d message of %" PRIu64
+                 " bytes",
+                 npayloads, ntensors, kind, nbytes);
+        return false;
+    }
+    hd->kind = kind;
+    hd->src = src;
+    hd->gid = tp__get_u64le(h + 16);
+    hd->tag = tp__get_u64le(h + 24);
+    hd->nbytes = nbytes;
+    return true;
+}
+
+void
+tp__p2p_hdr_encode(uint8_t *out, const tp__p2p_hdr *hd)
+{
+    hdr_encode(out, hd->kind, hd->src, hd->gid, hd->tag, hd->nbytes);
+}
+
 // Loop thread: the header of the next message arrived; check it, then
 // receive into the matching recv or as unexpected.
 static void
@@ -889,49 +949,21 @@ in_desc_cb(void *arg)
     tp_message *msg = tp_aio_get_output(in->i_daio, 0);
     in->i_msg = msg;
     char why[160];
-    const uint8_t *h = msg->metadata;
-    if (msg->metadata_len != P2P_HDR || h == NULL) {
-        snprintf(why, sizeof(why), "header of %" PRIu64 " bytes, expected %d",
-                 msg->metadata_len, P2P_HDR);
+    tp__p2p_hdr hd;
+    if (!tp__p2p_hdr_check(
+            msg->metadata, msg->metadata_len, msg->npayloads,
+            msg->npayloads > 0 ? msg->payloads[0].len : 0, msg->ntensors,
+            msg->ntensors > 0 ? msg->tensors[0].len : 0, p->p_world, p->p_rank,
+            in->i_src, &hd, why, sizeof(why))) {
         goto bad;
     }
-    uint32_t magic = tp__get_u32le(h);
-    int kind = h[5];
-    int32_t src = (int32_t)tp__get_u32le(h + 8);
-    uint64_t gid = tp__get_u64le(h + 16);
-    uint64_t tag = tp__get_u64le(h + 24);
-    uint64_t nbytes = tp__get_u64le(h + 32);
-    if (magic != P2P_MAGIC || h[4] != P2P_VERSION) {
-        snprintf(why, sizeof(why), "bad magic 0x%08x or version %u", magic,
-                 h[4]);
-        goto bad;
-    }
-    if (kind > P2P_KIND_PROBE || tp__get_u16le(h + 6) != 0 ||
-        tp__get_u32le(h + 12) != 0) {
-        snprintf(why, sizeof(why), "bad kind %d or reserved bits", kind);
-        goto bad;
-    }
-    if (src < 0 || src >= p->p_world || src == p->p_rank ||
-        (in->i_src >= 0 && src != in->i_src)) {
-        snprintf(why, sizeof(why), "source rank %d on a pipe of rank %d",
-                 (int)src, in->i_src);
-        goto bad;
-    }
+    int kind = hd.kind;
+    int32_t src = hd.src;
+    uint64_t gid = hd.gid;
+    uint64_t tag = hd.tag;
+    uint64_t nbytes = hd.nbytes;
     in->i_src = src;
     in->i_kind = kind;
-    uint32_t want_payloads = kind == P2P_KIND_ABORT ? 1 : 0;
-    uint32_t want_tensors = nbytes > 0 ? 1 : 0;
-    if (msg->npayloads != want_payloads || msg->ntensors != want_tensors ||
-        (want_tensors == 1 && msg->tensors[0].len != nbytes) ||
-        (kind >= P2P_KIND_ABORT && nbytes != 0) ||
-        (want_payloads == 1 && msg->payloads[0].len > TP__P2P_MAX_REASON) ||
-        nbytes > SIZE_MAX / 2) {
-        snprintf(why, sizeof(why),
-                 "%u payloads and %u tensors for a kind-%d message of %" PRIu64
-                 " bytes",
-                 msg->npayloads, msg->ntensors, kind, nbytes);
-        goto bad;
-    }
     if (kind >= P2P_KIND_ABORT) {
         tp_pipe_read(in->i_pipe, msg, in->i_raio);
         return;

@@ -118,4 +118,27 @@ void tp__p2p_send_abort(tp__p2p *p, int dst, uint64_t gid, const char *reason);
 // ("shm+cma"), or "-" when there is none yet. Static or owned by @p.
 void tp__p2p_path(tp__p2p *p, int dst, char *buf, size_t len);
 
+// ---- wire (exposed for the fuzzer) -------------------------------------
+
+#define TP__P2P_HDR 40
+
+typedef struct tp__p2p_hdr {
+    int kind; // 0 p2p, 1 collective, 2 abort, 3 probe
+    int src;  // world rank
+    uint64_t gid;
+    uint64_t tag;
+    uint64_t nbytes;
+} tp__p2p_hdr;
+
+// Checks a received message: its metadata (the header) and its shape
+// (payloads and tensors), for a receiver that is rank @self of @world on a
+// pipe whose messages so far came from @pipe_src (-1: none yet). False,
+// with @why, for anything malformed.
+bool tp__p2p_hdr_check(const void *meta, uint64_t meta_len, uint32_t npayloads,
+                       uint64_t payload_len, uint32_t ntensors,
+                       uint64_t tensor_len, int world, int self, int pipe_src,
+                       tp__p2p_hdr *hd, char *why, size_t why_len);
+// Writes the TP__P2P_HDR bytes of @hd.
+void tp__p2p_hdr_encode(uint8_t *out, const tp__p2p_hdr *hd);
+
 #endif

@@ -24,8 +24,10 @@
 #include <unistd.h>
 
 #include <tpipe/collectives.h>
+#include <tpipe/pipe.h>
 #include <tpipe/tpipe.h>
 
+#include "core/wire.h"
 #include "tp_test.h"
 
 #define MAX_WORLD 64
@@ -78,6 +80,8 @@ job_run(job *j)
         pid[r] = fork();
         TP_CHECK(pid[r] >= 0);
         if (pid[r] == 0) {
+            // Loopback only, whatever the init method.
+            setenv("TP_SOCKET_IFNAME", "lo", 1);
             for (int e = 0; e < 8 && j->env[e] != NULL; e++) {
                 putenv((char *)j->env[e]);
             }
@@ -1046,6 +1050,115 @@ test_timeout(void)
     }
 }
 
+// Malformed messages from a raw pipe close that pipe only: rank 0 keeps
+// working with rank 1's real pipes.
+static void
+noop_cb(void *arg)
+{
+    (void)arg;
+}
+
+static void
+send_raw(const char *url, const void *meta, uint64_t meta_len, void *tensor,
+         uint64_t tensor_len)
+{
+    tp_context *ctx = NULL;
+    tp_error *err = NULL;
+    TP_CHECK_OK(tp_context_create(NULL, &ctx, &err), err);
+    tp_pipe *p = NULL;
+    TP_CHECK_OK(tp_context_connect(ctx, url, &p, &err), err);
+    tp_msg_buf t = {.data = tensor, .len = tensor_len};
+    tp_message m = {.metadata = (void *)meta,
+                    .metadata_len = meta_len,
+                    .tensors = tensor_len > 0 ? &t : NULL,
+                    .ntensors = tensor_len > 0 ? 1 : 0};
+    // Each aio has its own 10 s timeout: tp_aio_wait is bounded.
+    tp_aio *w = NULL, *r = NULL;
+    TP_CHECK_OK(tp_aio_create(noop_cb, NULL, &w), NULL);
+    TP_CHECK_OK(tp_aio_create(noop_cb, NULL, &r), NULL);
+    tp_aio_set_timeout(w, tp_test_ms(10000));
+    tp_aio_set_timeout(r, tp_test_ms(10000));
+    tp_pipe_write(p, &m, w);
+    tp_aio_wait(w);
+    // The receiver closes the pipe: our read fails (not by timeout).
+    tp_pipe_read_descriptor(p, r);
+    tp_aio_wait(r);
+    TP_CHECKF(tp_aio_status(r) != TP_OK && tp_aio_status(r) != TP_ETIMEDOUT,
+              "read after a malformed message: %s",
+              tp_status_name(tp_aio_status(r)));
+    tp_aio_destroy(w);
+    tp_aio_destroy(r);
+    tp_pipe_unref(p);
+    tp_context_destroy(ctx);
+}
+
+static void
+malformed_rank(int rank, int world, const char *url, void *arg)
+{
+    (void)arg;
+    tp_pg *pg = init_pg(rank, world, url, 0);
+    tp_error *err = NULL;
+    tp_tensor *t = tensor(TP_I32, 4);
+    fill(t, TP_REDUCE_SUM, rank, 0, 0);
+    TP_CHECK_OK(tp_pg_all_reduce(pg, t, TP_REDUCE_SUM, NULL, &err), err);
+    if (rank == 1) {
+        tp_store *st = NULL;
+        TP_CHECK_OK(tp_store_open(url, 1, world, tp_test_ms(10000), &st, &err),
+                    err);
+        void *v = NULL;
+        size_t len = 0;
+        TP_CHECK_OK(tp_store_get(st, "tp.pg/0/addr/0", tp_test_ms(10000), &v,
+                                 &len, &err),
+                    err);
+        char addr[256];
+        snprintf(addr, sizeof(addr), "%s", (const char *)v);
+        char *nl = strchr(addr, '\n');
+        if (nl != NULL) {
+            *nl = '\0';
+        }
+        free(v);
+        tp_store_close(st);
+        uint8_t h[40] = {0};
+        send_raw(addr, "short", 5, NULL, 0); // not a header
+        tp__put_u32le(h, 0x4c435054u);
+        h[4] = 1;
+        tp__put_u32le(h + 8, 0); // claims to come from rank 0 itself
+        send_raw(addr, h, sizeof(h), NULL, 0);
+        tp__put_u32le(h + 8, 1);
+        tp__put_u64le(h + 32, 100); // 100 bytes announced, no tensor
+        send_raw(addr, h, sizeof(h), NULL, 0);
+        char junk[16];
+        tp__put_u64le(h + 32, 8); // 8 announced, 16 sent
+        send_raw(addr, h, sizeof(h), junk, sizeof(junk));
+        h[5] = 9; // unknown kind
+        send_raw(addr, h, sizeof(h), NULL, 0);
+    }
+    // Both still work together.
+    fill(t, TP_REDUCE_SUM, rank, 3, 0);
+    TP_CHECK_OK(tp_pg_barrier(pg, NULL, &err), err);
+    TP_CHECK_OK(tp_pg_all_reduce(pg, t, TP_REDUCE_SUM, NULL, &err), err);
+    expect_eq("after malformed", t, 3,
+              reference(TP_I32, TP_REDUCE_SUM, world, 3, 3), false);
+    tp_tensor *x = tensor(TP_U8, 64);
+    if (rank == 1) {
+        TP_CHECK_OK(tp_pg_send(pg, x, 0, 1, NULL, &err), err);
+    } else {
+        TP_CHECK_OK(tp_pg_recv(pg, x, 1, 1, NULL, &err), err);
+    }
+    tp_tensor_unref(x);
+    tp_tensor_unref(t);
+    tp_pg_destroy(pg);
+}
+
+static void
+test_malformed(void)
+{
+    job j = {.world = 2, .fn = malformed_rank, .killed_rank = -1};
+    j.env[0] = "TP_COLL_ENGINE=pipe";
+    file_url(j.url, sizeof(j.url));
+    job_run(&j);
+}
+
 // Rank 2 never enters the barrier; rank 1 has a short timeout, rank 0 a
 // long one: rank 1's failure must reach rank 0 (which waits on rank 2, a
 // live rank) within a second, naming rank 2.
@@ -1245,6 +1358,7 @@ static const tp_test_case k_cases[] = {
     TP_TEST_CASE_T(test_timeout, 60),
     TP_TEST_CASE_T(test_rank_killed, 60),
     TP_TEST_CASE_T(test_gave_up, 60),
+    TP_TEST_CASE_T(test_malformed, 60),
     TP_TEST_CASE_T(test_init_methods, 120),
     TP_TEST_CASE_T(slow_world64, 600),
 };
