@@ -64,6 +64,7 @@ struct tp_work {
     tp_tensor *wk_t1;
     tp_tensor *wk_t2;
     bool wk_cuda;
+    bool wk_local; // on the stack of a blocking call: no lock, no free
     uint64_t wk_deadline_ns;
     tp_mtx wk_mtx;
     tp_cv wk_cv;
@@ -101,7 +102,8 @@ struct tp_pg {
     pthread_t g_thread;
     uint64_t g_seq;
     tp_error *g_broken;
-    tp_pg *g_next; // in the world's list
+    atomic_bool g_is_broken; // g_broken != NULL, read without the lock
+    tp_pg *g_next;           // in the world's list
     // world only
     tp_store *w_store;
     tp__p2p *w_p2p;
@@ -188,6 +190,7 @@ group_break(tp_pg *g, const tp_error *err)
     tp__mtx_lock(&g->g_mtx);
     if (g->g_broken == NULL) {
         g->g_broken = tp_error_ref(err);
+        atomic_store_explicit(&g->g_is_broken, true, memory_order_release);
     }
     tp__cv_broadcast(&g->g_cv);
     tp__mtx_unlock(&g->g_mtx);
@@ -197,6 +200,9 @@ static tp_status
 group_check(void *arg, tp_error **err_p)
 {
     tp_pg *g = arg;
+    if (!atomic_load_explicit(&g->g_is_broken, memory_order_acquire)) {
+        return TP_OK;
+    }
     tp__mtx_lock(&g->g_mtx);
     tp_error *e = tp_error_ref(g->g_broken);
     tp__mtx_unlock(&g->g_mtx);
@@ -736,6 +742,13 @@ static void
 work_unref(tp_work *wk)
 {
     if (wk == NULL || atomic_fetch_sub(&wk->wk_refs, 1) != 1) {
+        return;
+    }
+    if (wk->wk_local) {
+        tp_tensor_unref(wk->wk_t1);
+        tp_tensor_unref(wk->wk_t2);
+        free(wk->wk_splits);
+        free(wk->wk_in_copy);
         return;
     }
     if (wk->wk_req != NULL) {
@@ -1321,6 +1334,28 @@ coll_submit(tp_pg *g, tp_work *wk, tp_work **w_p, tp_error **err_p)
         work_unref(wk);
         return tp__error_set(err_p, TP_ECLOSED, "%s: destroyed", g->g_what);
     }
+    if (wk->wk_local) {
+        // Queued behind others: the group's thread needs a heap work.
+        tp_work *h = work_new(g);
+        if (h == NULL) {
+            tp__mtx_unlock(&g->g_mtx);
+            work_unref(wk);
+            return tp__error_set(err_p, TP_ENOMEM, "%s: %s", g->g_what,
+                                 tp__coll_kind_name(wk->wk_args.kind));
+        }
+        h->wk_args = wk->wk_args;
+        h->wk_op = wk->wk_op;
+        h->wk_splits = wk->wk_splits;
+        h->wk_in_copy = wk->wk_in_copy;
+        h->wk_t1 = wk->wk_t1;
+        h->wk_t2 = wk->wk_t2;
+        h->wk_cuda = wk->wk_cuda;
+        h->wk_deadline_ns = wk->wk_deadline_ns;
+        wk->wk_splits = NULL;
+        wk->wk_in_copy = NULL;
+        wk->wk_t1 = wk->wk_t2 = NULL;
+        wk = h;
+    }
     if (!g->g_thread_started) {
         int rc = pthread_create(&g->g_thread, NULL, group_thread, g);
         if (rc != 0) {
@@ -1350,18 +1385,31 @@ coll_submit(tp_pg *g, tp_work *wk, tp_work **w_p, tp_error **err_p)
     return st;
 }
 
-// Common start of every collective: a work holding the tensors.
+// Common start of every collective: a work holding the tensors. A
+// blocking call passes @local: its work lives on the caller's stack unless
+// it has to be queued (coll_submit then moves it to the heap).
 static tp_status
-coll_begin(tp_pg *g, tp__coll_kind kind, tp_work **wk_p, tp_error **err_p)
+coll_begin(tp_pg *g, tp__coll_kind kind, tp_work *local, tp_work **wk_p,
+           tp_error **err_p)
 {
     if (g == NULL) {
         return tp__error_set(err_p, TP_EINVAL, "%s: NULL process group",
                              tp__coll_kind_name(kind));
     }
-    tp_work *wk = work_new(g);
-    if (wk == NULL) {
-        return tp__error_set(err_p, TP_ENOMEM, "%s: %s", g->g_what,
-                             tp__coll_kind_name(kind));
+    tp_work *wk = local;
+    if (local != NULL) {
+        memset(local, 0, sizeof(*local));
+        local->wk_pg = g;
+        atomic_init(&local->wk_refs, 1);
+        local->wk_local = true;
+        local->wk_source = -1;
+        local->wk_deadline_ns = tp__deadline_after_ms(g->g_timeout_ms);
+    } else {
+        wk = work_new(g);
+        if (wk == NULL) {
+            return tp__error_set(err_p, TP_ENOMEM, "%s: %s", g->g_what,
+                                 tp__coll_kind_name(kind));
+        }
     }
     wk->wk_args.kind = kind;
     *wk_p = wk;
@@ -1426,7 +1474,9 @@ tp_status
 tp_pg_barrier(tp_pg *pg, tp_work **w_p, tp_error **err_p)
 {
     tp_work *wk = NULL;
-    tp_status st = coll_begin(pg, TP__COLL_BARRIER, &wk, err_p);
+    tp_work local;
+    tp_status st = coll_begin(pg, TP__COLL_BARRIER, w_p == NULL ? &local : NULL,
+                              &wk, err_p);
     if (st != TP_OK) {
         return st;
     }
@@ -1439,7 +1489,9 @@ tp_pg_broadcast(tp_pg *pg, tp_tensor *t, int root, tp_work **w_p,
                 tp_error **err_p)
 {
     tp_work *wk = NULL;
-    tp_status st = coll_begin(pg, TP__COLL_BROADCAST, &wk, err_p);
+    tp_work local;
+    tp_status st = coll_begin(pg, TP__COLL_BROADCAST,
+                              w_p == NULL ? &local : NULL, &wk, err_p);
     if (st != TP_OK) {
         return st;
     }
@@ -1463,7 +1515,9 @@ reducing(tp_pg *pg, tp__coll_kind kind, tp_tensor *t, int root, tp_reduce_op op,
 {
     tp_work *wk = NULL;
     const char *name = tp__coll_kind_name(kind);
-    tp_status st = coll_begin(pg, kind, &wk, err_p);
+    tp_work local;
+    tp_status st =
+        coll_begin(pg, kind, w_p == NULL ? &local : NULL, &wk, err_p);
     if (st != TP_OK) {
         return st;
     }
@@ -1506,7 +1560,9 @@ tp_pg_all_gather(tp_pg *pg, tp_tensor *out, tp_tensor *in, tp_work **w_p,
                  tp_error **err_p)
 {
     tp_work *wk = NULL;
-    tp_status st = coll_begin(pg, TP__COLL_ALL_GATHER, &wk, err_p);
+    tp_work local;
+    tp_status st = coll_begin(pg, TP__COLL_ALL_GATHER,
+                              w_p == NULL ? &local : NULL, &wk, err_p);
     if (st != TP_OK) {
         return st;
     }
@@ -1532,7 +1588,9 @@ tp_pg_gather(tp_pg *pg, tp_tensor *out, tp_tensor *in, int root, tp_work **w_p,
              tp_error **err_p)
 {
     tp_work *wk = NULL;
-    tp_status st = coll_begin(pg, TP__COLL_GATHER, &wk, err_p);
+    tp_work local;
+    tp_status st = coll_begin(pg, TP__COLL_GATHER, w_p == NULL ? &local : NULL,
+                              &wk, err_p);
     if (st != TP_OK) {
         return st;
     }
@@ -1563,7 +1621,9 @@ tp_pg_scatter(tp_pg *pg, tp_tensor *out, tp_tensor *in, int root, tp_work **w_p,
               tp_error **err_p)
 {
     tp_work *wk = NULL;
-    tp_status st = coll_begin(pg, TP__COLL_SCATTER, &wk, err_p);
+    tp_work local;
+    tp_status st = coll_begin(pg, TP__COLL_SCATTER, w_p == NULL ? &local : NULL,
+                              &wk, err_p);
     if (st != TP_OK) {
         return st;
     }
@@ -1594,7 +1654,9 @@ tp_pg_reduce_scatter(tp_pg *pg, tp_tensor *out, tp_tensor *in, tp_reduce_op op,
                      tp_work **w_p, tp_error **err_p)
 {
     tp_work *wk = NULL;
-    tp_status st = coll_begin(pg, TP__COLL_REDUCE_SCATTER, &wk, err_p);
+    tp_work local;
+    tp_status st = coll_begin(pg, TP__COLL_REDUCE_SCATTER,
+                              w_p == NULL ? &local : NULL, &wk, err_p);
     if (st != TP_OK) {
         return st;
     }
@@ -1679,7 +1741,9 @@ tp_pg_all_to_all(tp_pg *pg, tp_tensor *out, tp_tensor *in,
                  tp_work **w_p, tp_error **err_p)
 {
     tp_work *wk = NULL;
-    tp_status st = coll_begin(pg, TP__COLL_ALL_TO_ALL, &wk, err_p);
+    tp_work local;
+    tp_status st = coll_begin(pg, TP__COLL_ALL_TO_ALL,
+                              w_p == NULL ? &local : NULL, &wk, err_p);
     if (st != TP_OK) {
         return st;
     }
