@@ -131,6 +131,23 @@ reqs_fini(reqs *q)
     q->n = q->cap = 0;
 }
 
+// The group's scratch buffer, at least @bytes (kept between collectives:
+// a fresh 32 MiB buffer per collective costs its page faults every time).
+// NULL if out of memory.
+static void *
+scratch(const tp__algo *c, size_t bytes)
+{
+    if (*c->scratch_len < bytes) {
+        void *p = realloc(*c->scratch, bytes);
+        if (p == NULL) {
+            return NULL;
+        }
+        *c->scratch = p;
+        *c->scratch_len = bytes;
+    }
+    return *c->scratch;
+}
+
 static size_t
 esize(const tp__coll_args *a)
 {
@@ -272,7 +289,7 @@ run_allreduce_rd(const tp__algo *c, const tp__coll_args *a, void *buf,
 {
     int n = c->size, r = c->rank;
     size_t bytes = count * esize(a);
-    void *tmp = bytes > 0 ? malloc(bytes) : NULL;
+    void *tmp = bytes > 0 ? scratch(c, bytes) : NULL;
     if (bytes > 0 && tmp == NULL) {
         return tp__error_set(err_p, TP_ENOMEM, "%s: %zu bytes of scratch",
                              c->what, bytes);
@@ -328,7 +345,6 @@ run_allreduce_rd(const tp__algo *c, const tp__coll_args *a, void *buf,
     if (st != TP_OK) {
         reqs_fini(q); // before the scratch goes
     }
-    free(tmp);
     return st;
 }
 
@@ -343,7 +359,7 @@ ring_reduce_scatter(const tp__algo *c, const tp__coll_args *a, char *buf,
     size_t es = esize(a);
     int next = mod(r + 1, n), prev = mod(r - 1, n);
     size_t maxb = (count + (size_t)n - 1) / (size_t)n + 1;
-    char *tmp = malloc(maxb * es);
+    char *tmp = scratch(c, maxb * es);
     if (tmp == NULL) {
         return tp__error_set(err_p, TP_ENOMEM, "%s: %zu bytes of scratch",
                              c->what, maxb * es);
@@ -389,7 +405,6 @@ ring_reduce_scatter(const tp__algo *c, const tp__coll_args *a, char *buf,
     if (st != TP_OK) {
         reqs_fini(q);
     }
-    free(tmp);
     return st;
 }
 
@@ -457,7 +472,7 @@ run_reduce(const tp__algo *c, const tp__coll_args *a, reqs *q, tp_error **err_p)
     char *acc = a->buf;
     char *tmp = NULL;
     if (bytes > 0) {
-        tmp = malloc(root ? bytes : 2 * bytes);
+        tmp = scratch(c, root ? bytes : 2 * bytes);
         if (tmp == NULL) {
             return tp__error_set(err_p, TP_ENOMEM, "%s: %zu bytes of scratch",
                                  c->what, 2 * bytes);
@@ -492,7 +507,6 @@ run_reduce(const tp__algo *c, const tp__coll_args *a, reqs *q, tp_error **err_p)
     if (st != TP_OK) {
         reqs_fini(q);
     }
-    free(tmp);
     return st;
 }
 
@@ -565,7 +579,7 @@ run_reduce_scatter(const tp__algo *c, const tp__coll_args *a, reqs *q,
     const char *in = a->in;
     char *tmp = NULL;
     if (bytes > 0 && n > 1) {
-        tmp = malloc((size_t)n * bytes);
+        tmp = scratch(c, (size_t)n * bytes);
         if (tmp == NULL) {
             return tp__error_set(err_p, TP_ENOMEM, "%s: %zu bytes of scratch",
                                  c->what, (size_t)n * bytes);
@@ -604,7 +618,6 @@ run_reduce_scatter(const tp__algo *c, const tp__coll_args *a, reqs *q,
     if (st != TP_OK) {
         reqs_fini(q);
     }
-    free(tmp);
     return st;
 }
 

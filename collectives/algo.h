@@ -28,6 +28,8 @@ typedef struct tp__algo {
     int bcast_algo;     // tp_coll_algo
     size_t small_max;   // bytes: latency algorithms up to here
     size_t chunk;       // bytes: pipelining piece
+    void **scratch;     // the group's scratch buffer (grown by realloc)
+    size_t *scratch_len;
 } tp__algo;
 
 // Runs @a as this rank. On error every message of this collective still

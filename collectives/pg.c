@@ -90,6 +90,8 @@ struct tp_pg {
     tp__shm *g_shm;
     const char *g_engine;
     tp__nccl_comm *g_nccl;
+    void *g_scratch; // the pipe engine's, kept between collectives
+    size_t g_scratch_len;
     int g_nccl_device;
     // queue and state
     tp_mtx g_mtx;
@@ -352,6 +354,7 @@ group_free(tp_pg *g)
 {
     tp__shm_close(g->g_shm);
     tp__nccl_comm_destroy(g->g_nccl);
+    free(g->g_scratch);
     tp_error_unref(g->g_broken);
     tp__cv_fini(&g->g_cv);
     tp__mtx_fini(&g->g_mtx);
@@ -1062,6 +1065,8 @@ engine_run(tp_pg *g, const tp__coll_args *a, uint64_t seq, uint64_t deadline,
         .bcast_algo = (int)g->g_cfg.coll_bcast,
         .small_max = (size_t)g->g_cfg.coll_small_max,
         .chunk = (size_t)g->g_cfg.coll_chunk,
+        .scratch = &g->g_scratch,
+        .scratch_len = &g->g_scratch_len,
     };
     return tp__algo_run(&c, a, err_p);
 }
