@@ -256,6 +256,13 @@ cmd_demo() {
     "$tool" info | sed -n '1,40p'
     say "== $tool run -n 4 $demo"
     "$tool" run -n 4 --timeout 120 -- "$demo" || die "the RPC demo failed"
+    # Then a process group of 4 (broadcast, async all_reduce avg,
+    # all_gather, a subgroup of two, small-collective timings).
+    local cdemo=build/examples/coll_demo
+    [ -x "$cdemo" ] || die "$cdemo was not built"
+    say "== $tool run -n 4 $cdemo"
+    "$tool" run -n 4 --timeout 120 -- "$cdemo" ||
+        die "the collectives demo failed"
     say "== $tool bench rpc $*"
     exec "$tool" bench rpc "$@"
 }
