@@ -17,7 +17,9 @@ bench_usage(FILE *f)
           "two\n"
           "               processes (tpipe bench pipe --help)\n"
           "  rpc          RPC agent calls between two worker processes\n"
-          "               (tpipe bench rpc --help)\n",
+          "               (tpipe bench rpc --help)\n"
+          "  collective   process-group collectives between N forked ranks\n"
+          "               (tpipe bench collective --help)\n",
           f);
 }
 
@@ -42,6 +44,11 @@ tool_bench_main(int argc, char **argv)
     if (strcmp(what, "rpc") == 0) {
         return tool_bench_rpc_main(argc - 1, argv + 1);
     }
-    tool_err("unknown benchmark \"%s\" (known: transport, pipe, rpc)", what);
+    if (strcmp(what, "collective") == 0) {
+        return tool_bench_collective_main(argc - 1, argv + 1);
+    }
+    tool_err("unknown benchmark \"%s\" (known: transport, pipe, rpc, "
+             "collective)",
+             what);
     return TOOL_EXIT_USAGE;
 }

@@ -22,6 +22,7 @@ int tool_bench_main(int argc, char **argv);
 int tool_bench_transport_main(int argc, char **argv);
 int tool_bench_pipe_main(int argc, char **argv);
 int tool_bench_rpc_main(int argc, char **argv);
+int tool_bench_collective_main(int argc, char **argv);
 int tool_store_main(int argc, char **argv); // `tpipe store` (store.c)
 int tool_run_main(int argc, char **argv);   // `tpipe run` (run.c)
 // `tpipe info --connect URL` / `--listen [URL]` (info_pipe.c).
