@@ -100,6 +100,7 @@ struct p2p_in {
     tp__req *i_req; // matched recv
     p2p_ux *i_ux;   // or unexpected entry
     bool i_dead;
+    bool i_local_close; // closed by a cancellation here (under p_mtx)
 };
 
 typedef struct p2p_peer {
@@ -134,6 +135,9 @@ struct tp__p2p {
 };
 
 static void in_read_next(p2p_in *in);
+static bool match(const tp__req *r, int src, uint64_t gid, int chan,
+                  uint64_t tag);
+static void ux_free(p2p_ux *u);
 
 // ---- requests
 // ----------------------------------------------------------------
@@ -271,6 +275,20 @@ posted_remove(tp__p2p *p, tp__req *r)
     r->r_posted = false;
 }
 
+// Waits up to @ms for @r to complete. True if it did.
+static bool
+req_wait_done(tp__p2p *p, tp__req *r, int64_t ms)
+{
+    uint64_t deadline = tp__deadline_after_ms(ms);
+    tp__mtx_lock(&p->p_mtx);
+    while (!tp__req_done(r) &&
+           tp__cv_wait_until(&p->p_cv, &p->p_mtx, deadline)) {
+    }
+    bool done = tp__req_done(r);
+    tp__mtx_unlock(&p->p_mtx);
+    return done;
+}
+
 void
 tp__req_cancel_free(tp__req *r)
 {
@@ -280,18 +298,30 @@ tp__req_cancel_free(tp__req *r)
     tp__p2p *p = r->r_p;
     if (!tp__req_done(r)) {
         bool complete_here = false;
-        tp_pipe *close_pipe = NULL;
+        tp__req *heir = NULL;
         tp__mtx_lock(&p->p_mtx);
         if (!r->r_send) {
             if (r->r_posted) {
                 posted_remove(p, r);
                 complete_here = true;
             } else if (r->r_ux != NULL) {
-                r->r_ux->u_claim = NULL; // the entry stays unexpected
+                // The arriving message goes to the next recv that matches
+                // it (non-overtaking), or stays unexpected.
+                p2p_ux *u = r->r_ux;
+                u->u_claim = NULL;
                 r->r_ux = NULL;
                 complete_here = true;
-            } else if (r->r_in != NULL && r->r_in->i_pipe != NULL) {
-                close_pipe = tp_pipe_ref(r->r_in->i_pipe);
+                for (tp__req *q = p->p_posted; q != NULL; q = q->r_next) {
+                    if (match(q, u->u_src, u->u_gid, u->u_chan, u->u_tag)) {
+                        heir = q;
+                        break;
+                    }
+                }
+                if (heir != NULL) {
+                    posted_remove(p, heir);
+                    u->u_claim = heir;
+                    heir->r_ux = u;
+                }
             }
         }
         tp__mtx_unlock(&p->p_mtx);
@@ -300,30 +330,35 @@ tp__req_cancel_free(tp__req *r)
                                           "%s: recv canceled", p->p_name);
             req_complete(r, TP_ECANCELED, e, -1);
             tp_error_unref(e);
-        } else if (close_pipe != NULL) {
-            tp_pipe_close(close_pipe);
-            tp_pipe_unref(close_pipe);
-        } else if (r->r_send && r->r_aio != NULL) {
-            tp_aio_cancel(r->r_aio);
         }
-        uint64_t deadline = tp__deadline_after_ms(P2P_CANCEL_WAIT_MS);
-        tp__mtx_lock(&p->p_mtx);
-        while (!tp__req_done(r)) {
-            if (!tp__cv_wait_until(&p->p_cv, &p->p_mtx, deadline)) {
-                break;
+        // A send in flight, or a recv whose message is being received,
+        // completes on its own (the peer reads everything it is sent; a
+        // dead peer fails the pipe). Closing the pipe instead would make
+        // the peer take this rank for dead: only as a last resort.
+        if (!req_wait_done(p, r, P2P_CANCEL_WAIT_MS)) {
+            tp_pipe *close_pipe = NULL;
+            tp__mtx_lock(&p->p_mtx);
+            if (!r->r_send && r->r_in != NULL && r->r_in->i_pipe != NULL) {
+                r->r_in->i_local_close = true;
+                close_pipe = tp_pipe_ref(r->r_in->i_pipe);
             }
-        }
-        bool done = tp__req_done(r);
-        tp__mtx_unlock(&p->p_mtx);
-        if (!done) {
-            // A buffer may still be written: leak the request rather than
-            // free memory a pipe holds.
-            TP_LOG_ERROR("TP-P2P-LEAK",
-                         "%s: a %s to rank %d did not complete within %d ms "
-                         "of being canceled; leaking it",
-                         p->p_name, r->r_send ? "send" : "recv", r->r_peer,
-                         P2P_CANCEL_WAIT_MS);
-            return;
+            tp__mtx_unlock(&p->p_mtx);
+            if (close_pipe != NULL) {
+                tp_pipe_close(close_pipe);
+                tp_pipe_unref(close_pipe);
+            } else if (r->r_send && r->r_aio != NULL) {
+                tp_aio_cancel(r->r_aio);
+            }
+            if (!req_wait_done(p, r, P2P_CANCEL_WAIT_MS)) {
+                // A buffer may still be written: leak the request rather
+                // than free memory a pipe holds.
+                TP_LOG_ERROR("TP-P2P-LEAK",
+                             "%s: a %s to rank %d did not complete within "
+                             "%d ms of being canceled; leaking it",
+                             p->p_name, r->r_send ? "send" : "recv", r->r_peer,
+                             2 * P2P_CANCEL_WAIT_MS);
+                return;
+            }
         }
     }
     tp__req_free(r);
@@ -518,68 +553,75 @@ send_post(tp__p2p *p, tp__req *r, tp_error **err_p)
     return TP_OK;
 }
 
-static bool match(const tp__req *r, int src, uint64_t gid, int chan,
-                  uint64_t tag);
-
 // A send to ourselves: delivered at once, to a posted recv or as an
 // unexpected copy.
 static tp_status
 send_self(tp__p2p *p, tp__req *s, tp_error **err_p)
 {
-    tp__mtx_lock(&p->p_mtx);
-    tp__req *r = p->p_posted;
-    while (r != NULL && !match(r, p->p_rank, s->r_gid, s->r_chan, s->r_tag)) {
-        r = r->r_next;
-    }
-    if (r != NULL) {
-        posted_remove(p, r);
-        tp__mtx_unlock(&p->p_mtx);
-        if (r->r_len != s->r_len) {
-            tp_error *e = tp_error_create(
-                TP_EINVAL, NULL,
-                "%s: recv from rank %d (tag %" PRIu64 "): the message has "
-                "%zu bytes, the tensor %zu",
-                p->p_name, p->p_rank, r->r_tag, s->r_len, r->r_len);
-            req_complete(r, TP_EINVAL, e, p->p_rank);
-            req_complete(s, TP_EINVAL, e, p->p_rank);
-            tp_error_unref(e);
+    // The copy is made before the lock is taken (loop callbacks take it);
+    // it is dropped if a recv turns out to be posted.
+    p2p_ux *u = NULL;
+    for (int round = 0;; round++) {
+        tp__mtx_lock(&p->p_mtx);
+        tp__req *r = p->p_posted;
+        while (r != NULL &&
+               !match(r, p->p_rank, s->r_gid, s->r_chan, s->r_tag)) {
+            r = r->r_next;
+        }
+        if (r != NULL) {
+            posted_remove(p, r);
+            tp__mtx_unlock(&p->p_mtx);
+            ux_free(u);
+            if (r->r_len != s->r_len) {
+                tp_error *e = tp_error_create(
+                    TP_EINVAL, NULL,
+                    "%s: recv from rank %d (tag %" PRIu64 "): the message "
+                    "has %zu bytes, the tensor %zu",
+                    p->p_name, p->p_rank, r->r_tag, s->r_len, r->r_len);
+                req_complete(r, TP_EINVAL, e, p->p_rank);
+                req_complete(s, TP_EINVAL, e, p->p_rank);
+                tp_error_unref(e);
+                return TP_OK;
+            }
+            if (s->r_len > 0) {
+                memcpy(r->r_buf, s->r_buf, s->r_len);
+            }
+            req_complete(r, TP_OK, NULL, p->p_rank);
+            req_complete(s, TP_OK, NULL, p->p_rank);
             return TP_OK;
         }
-        if (s->r_len > 0) {
-            memcpy(r->r_buf, s->r_buf, s->r_len);
+        if (u != NULL) {
+            p2p_ux **tail = &p->p_ux;
+            while (*tail != NULL) {
+                tail = &(*tail)->u_next;
+            }
+            *tail = u;
+            tp__mtx_unlock(&p->p_mtx);
+            req_complete(s, TP_OK, NULL, p->p_rank);
+            return TP_OK;
         }
-        req_complete(r, TP_OK, NULL, p->p_rank);
-        req_complete(s, TP_OK, NULL, p->p_rank);
-        return TP_OK;
-    }
-    p2p_ux *u = calloc(1, sizeof(*u));
-    void *copy = s->r_len > 0 ? malloc(s->r_len) : NULL;
-    if (u == NULL || (s->r_len > 0 && copy == NULL)) {
         tp__mtx_unlock(&p->p_mtx);
-        free(u);
-        free(copy);
-        return tp__error_set(err_p, TP_ENOMEM,
-                             "%s: send of %zu bytes to itself: no memory",
-                             p->p_name, s->r_len);
+        TP_ASSERT(round == 0);
+        u = calloc(1, sizeof(*u));
+        void *copy = s->r_len > 0 ? malloc(s->r_len) : NULL;
+        if (u == NULL || (s->r_len > 0 && copy == NULL)) {
+            free(u);
+            free(copy);
+            return tp__error_set(err_p, TP_ENOMEM,
+                                 "%s: send of %zu bytes to itself: no memory",
+                                 p->p_name, s->r_len);
+        }
+        if (s->r_len > 0) {
+            memcpy(copy, s->r_buf, s->r_len);
+        }
+        u->u_src = p->p_rank;
+        u->u_gid = s->r_gid;
+        u->u_chan = s->r_chan;
+        u->u_tag = s->r_tag;
+        u->u_len = s->r_len;
+        u->u_data = copy;
+        u->u_ready = true;
     }
-    if (s->r_len > 0) {
-        memcpy(copy, s->r_buf, s->r_len);
-    }
-    u->u_src = p->p_rank;
-    u->u_gid = s->r_gid;
-    u->u_chan = s->r_chan;
-    u->u_tag = s->r_tag;
-    u->u_len = s->r_len;
-    u->u_data = copy;
-    u->u_ready = true;
-    p2p_ux **tail = &p->p_ux;
-    while (*tail != NULL) {
-        tail = &(*tail)->u_next;
-    }
-    *tail = u;
-    tp__mtx_unlock(&p->p_mtx);
-    req_complete(s, TP_OK, NULL, p->p_rank);
-    return TP_OK;
 }
 
 tp_status
@@ -761,6 +803,7 @@ in_fail(p2p_in *in, tp_status st, const tp_error *cause, const char *why)
     }
     tp__mtx_lock(&p->p_mtx);
     in->i_dead = true;
+    bool local_close = in->i_local_close;
     tp__req *r = in->i_req;
     in->i_req = NULL;
     if (r != NULL) {
@@ -798,7 +841,7 @@ in_fail(p2p_in *in, tp_status st, const tp_error *cause, const char *why)
     tp_pipe_close(in->i_pipe);
     // A protocol error closes this pipe only: other pipes of that rank
     // are not disturbed. EOF or a reset means the rank is gone.
-    if (in->i_src >= 0 && !closing && st != TP_EPROTO) {
+    if (in->i_src >= 0 && !closing && st != TP_EPROTO && !local_close) {
         peer_fail(p, in->i_src, err);
     }
     tp_error_unref(err);
@@ -1205,9 +1248,16 @@ tp__p2p_destroy(tp__p2p *p)
     while (p->p_ux != NULL) {
         p2p_ux *u = p->p_ux;
         p->p_ux = u->u_next;
-        if (u->u_claim == NULL) {
-            ux_free(u);
+        if (u->u_claim != NULL) {
+            tp__req *r = u->u_claim;
+            r->r_ux = NULL;
+            tp_error *e = tp_error_create(TP_ECLOSED, NULL,
+                                          "%s: the process group was destroyed",
+                                          p->p_name);
+            req_complete(r, TP_ECLOSED, e, -1);
+            tp_error_unref(e);
         }
+        ux_free(u);
     }
     while (p->p_ins != NULL) {
         p2p_in *in = p->p_ins;
@@ -1273,19 +1323,8 @@ ctl_send(tp__p2p *p, int dst, int kind, uint64_t gid, const char *reason)
     r->r_msg.metadata = r->r_hdr;
     r->r_msg.metadata_len = P2P_HDR;
     tp_pipe_write(r->r_pipe, &r->r_msg, r->r_aio);
-    // Wait for it (bounded): control messages are rare and small.
-    uint64_t deadline = tp__deadline_after_ms(2000);
-    tp__mtx_lock(&p->p_mtx);
-    while (!tp__req_done(r) &&
-           tp__cv_wait_until(&p->p_cv, &p->p_mtx, deadline)) {
-    }
-    bool done = tp__req_done(r);
-    tp__mtx_unlock(&p->p_mtx);
-    if (done) {
-        tp__req_free(r);
-    } else {
-        tp__req_cancel_free(r); // frees once the pipe let go of it
-    }
+    // Fire and forget: freed once written (a failure marks the peer).
+    tp__req_detach(r);
 }
 
 void

@@ -73,6 +73,13 @@ struct tp_work {
     tp_error *wk_err;
     int wk_source; // group rank
     tp_work *wk_next;
+    // point-to-point works are listed in their world (w_works, under
+    // w_mtx) from posting until freed, so that destroying a group can
+    // finish them and the p2p layer never outlives their requests
+    _Atomic(tp_pg *) wk_world;
+    bool wk_listed;
+    tp_work *wk_lnext;
+    tp_work *wk_lprev;
 };
 
 struct tp_pg {
@@ -119,6 +126,15 @@ struct tp_pg {
         int count;
     } * w_sets;
     int w_nsets;
+    tp_work *w_works; // point-to-point works (see tp_work)
+    // aborts for groups not (yet) listed here: a member may give up
+    // while this rank is still inside tp_pg_new_group
+    struct pg_abort {
+        uint64_t gid;
+        int from;
+        char reason[256];
+    } w_aborts[16];
+    int w_naborts;
 };
 
 // ---- options
@@ -225,16 +241,26 @@ static void
 on_abort(void *arg, uint64_t gid, int from, const char *reason)
 {
     tp_pg *w = arg;
+    bool found = false;
     tp__mtx_lock(&w->w_mtx);
     for (tp_pg *g = w->w_groups; g != NULL; g = g->g_next) {
         if (g->g_gid != gid || g->g_granks[from] < 0) {
             continue;
         }
+        found = true;
         tp_error *e = tp_error_create(
             TP_EREMOTE, NULL, "%s: rank %d (world rank %d) gave up: %s",
             g->g_what, g->g_granks[from], from, reason);
         group_break(g, e);
         tp_error_unref(e);
+    }
+    if (!found) {
+        // Kept (the last 16) for a group this rank is still creating.
+        struct pg_abort *a = &w->w_aborts[w->w_naborts % 16];
+        a->gid = gid;
+        a->from = from;
+        snprintf(a->reason, sizeof(a->reason), "%s", reason);
+        w->w_naborts++;
     }
     tp__mtx_unlock(&w->w_mtx);
 }
@@ -708,6 +734,17 @@ tp_pg_new_group(tp_pg *world, const int *ranks, int n, const tp_pg_options *o,
         g->g_next = w->w_groups->g_next;
         w->w_groups->g_next = g;
         w->w_nsub++;
+        int na = w->w_naborts < 16 ? w->w_naborts : 16;
+        for (int i = 0; i < na; i++) {
+            const struct pg_abort *ab = &w->w_aborts[i];
+            if (ab->gid == gid && g->g_granks[ab->from] >= 0) {
+                tp_error *e = tp_error_create(
+                    TP_EREMOTE, NULL, "%s: rank %d (world rank %d) gave up: %s",
+                    g->g_what, g->g_granks[ab->from], ab->from, ab->reason);
+                group_break(g, e);
+                tp_error_unref(e);
+            }
+        }
         tp__mtx_unlock(&w->w_mtx);
         st = group_engine(w, g, deadline, err_p);
         if (st != TP_OK) {
@@ -746,6 +783,22 @@ work_unref(tp_work *wk)
 {
     if (wk == NULL || atomic_fetch_sub(&wk->wk_refs, 1) != 1) {
         return;
+    }
+    tp_pg *lw = atomic_load(&wk->wk_world);
+    if (lw != NULL) {
+        tp__mtx_lock(&lw->w_mtx);
+        if (wk->wk_listed) {
+            if (wk->wk_lprev != NULL) {
+                wk->wk_lprev->wk_lnext = wk->wk_lnext;
+            } else {
+                lw->w_works = wk->wk_lnext;
+            }
+            if (wk->wk_lnext != NULL) {
+                wk->wk_lnext->wk_lprev = wk->wk_lprev;
+            }
+            wk->wk_listed = false;
+        }
+        tp__mtx_unlock(&lw->w_mtx);
     }
     if (wk->wk_local) {
         tp_tensor_unref(wk->wk_t1);
@@ -1224,11 +1277,13 @@ coll_exec(tp_pg *g, tp_work *wk, tp_error **err_p)
     }
     const tp__coll_args *a = &wk->wk_args;
     uint64_t deadline = wk->wk_deadline_ns;
+    bool mismatch = false;
     if (wk->wk_cuda) {
         st = nccl_run(g, wk, deadline, err_p);
     } else {
         if (g->g_cfg.debug_collectives) {
             st = debug_check(g, a, wk->wk_op, deadline, err_p);
+            mismatch = st == TP_EINVAL;
         }
         if (st == TP_OK) {
             uint64_t seq = g->g_seq++;
@@ -1256,8 +1311,7 @@ coll_exec(tp_pg *g, tp_work *wk, tp_error **err_p)
         // gave up do not wait for their deadline.
         // (Not for a mismatch, which every member detects itself, nor for
         // an abort that came from another member.)
-        if (g->g_shm == NULL && !wk->wk_cuda && st != TP_EREMOTE &&
-            st != TP_EINVAL) {
+        if (g->g_shm == NULL && !wk->wk_cuda && st != TP_EREMOTE && !mismatch) {
             for (int i = 0; i < g->g_size; i++) {
                 int wr = g->g_wranks[i];
                 tp_error *pe = i == g->g_rank
@@ -1284,7 +1338,7 @@ group_thread(void *arg)
     tp__thread_set_name(name);
     tp__mtx_lock(&g->g_mtx);
     for (;;) {
-        while (!g->g_stop && (g->g_qhead == NULL || g->g_busy)) {
+        while ((!g->g_stop && g->g_qhead == NULL) || g->g_busy) {
             tp__cv_wait(&g->g_cv, &g->g_mtx);
         }
         if (g->g_qhead == NULL) {
@@ -1793,6 +1847,14 @@ tp_pg_all_to_all(tp_pg *pg, tp_tensor *out, tp_tensor *in,
             st = a2a_splits(pg, "out", out_splits, out_rows, out_row,
                             sp + 2 * n, sp + 3 * n, err_p);
         }
+        size_t me = (size_t)pg->g_rank;
+        if (st == TP_OK && sp[me] != sp[2 * n + me]) {
+            st = tp__error_set(err_p, TP_EINVAL,
+                               "%s: all_to_all: this rank sends itself %zu "
+                               "elements (in_splits) but expects %zu "
+                               "(out_splits)",
+                               pg->g_what, sp[me], sp[2 * n + me]);
+        }
     }
     if (st == TP_OK) {
         work_hold(wk, out, in);
@@ -1868,6 +1930,17 @@ p2p_start(tp_pg *pg, bool send, tp_tensor *t, int peer, int tag, tp_work **w_p,
                               pg->g_what, op, send ? "to" : "from", peer, tag);
     }
     wk->wk_req = r;
+    tp_pg *w = pg->g_world;
+    tp__mtx_lock(&w->w_mtx);
+    atomic_store(&wk->wk_world, w);
+    wk->wk_listed = true;
+    wk->wk_lprev = NULL;
+    wk->wk_lnext = w->w_works;
+    if (w->w_works != NULL) {
+        w->w_works->wk_lprev = wk;
+    }
+    w->w_works = wk;
+    tp__mtx_unlock(&w->w_mtx);
     if (w_p != NULL) {
         *w_p = wk;
         return TP_OK;
@@ -1894,6 +1967,56 @@ tp_pg_recv(tp_pg *pg, tp_tensor *t, int src, int tag, tp_work **w_p,
 // ---- destroy
 // ------------------------------------------------------------------------------
 
+// Finishes the point-to-point works of @pg (every group's if @pg is the
+// world): pending ones complete with TP_ECLOSED; their requests are
+// canceled (a subgroup: the world's pipes go on) or detached (the world:
+// the p2p layer is about to go, and frees them).
+static void
+finish_p2p_works(tp_pg *pg)
+{
+    tp_pg *w = pg->g_world;
+    bool world = pg == w;
+    for (;;) {
+        tp__mtx_lock(&w->w_mtx);
+        tp_work *wk = w->w_works;
+        while (wk != NULL &&
+               (wk->wk_req == NULL || (!world && wk->wk_pg != pg))) {
+            wk = wk->wk_lnext;
+        }
+        tp__req *r = NULL;
+        if (wk != NULL) {
+            r = wk->wk_req;
+            wk->wk_req = NULL;
+            atomic_fetch_add(&wk->wk_refs, 1);
+        }
+        tp__mtx_unlock(&w->w_mtx);
+        if (wk == NULL) {
+            break;
+        }
+        tp_error *e = tp_error_create(
+            TP_ECLOSED, NULL, "%s: destroyed before the %s completed",
+            pg->g_what, wk->wk_send ? "send" : "recv");
+        work_complete(wk, TP_ECLOSED, e, -1);
+        tp_error_unref(e);
+        if (world) {
+            tp__req_detach(r);
+        } else {
+            tp__req_cancel_free(r);
+        }
+        work_unref(wk);
+    }
+    if (world) {
+        // Works freed later must not touch the world.
+        tp__mtx_lock(&w->w_mtx);
+        for (tp_work *wk = w->w_works; wk != NULL; wk = wk->wk_lnext) {
+            wk->wk_listed = false;
+            atomic_store(&wk->wk_world, NULL);
+        }
+        w->w_works = NULL;
+        tp__mtx_unlock(&w->w_mtx);
+    }
+}
+
 void
 tp_pg_destroy(tp_pg *pg)
 {
@@ -1901,34 +2024,37 @@ tp_pg_destroy(tp_pg *pg)
         return;
     }
     tp_pg *w = pg->g_world;
-    if (pg == w && w->w_nsub > 0) {
-        TP_LOG_ERROR("TP-PG-DESTROY",
-                     "%s: destroyed before its %d subgroups; destroying the "
-                     "world group anyway",
-                     w->g_what, w->w_nsub);
+    if (pg == w) {
+        for (;;) {
+            tp__mtx_lock(&w->w_mtx);
+            tp_pg *sub = w->w_groups->g_next;
+            tp__mtx_unlock(&w->w_mtx);
+            if (sub == NULL) {
+                break;
+            }
+            TP_LOG_ERROR("TP-PG-DESTROY",
+                         "%s: destroyed before its subgroup %s; destroying "
+                         "that first",
+                         w->g_what, sub->g_name);
+            tp_pg_destroy(sub);
+        }
     }
     tp__mtx_lock(&pg->g_mtx);
     pg->g_stop = true;
     tp__cv_broadcast(&pg->g_cv);
     bool started = pg->g_thread_started;
     tp__mtx_unlock(&pg->g_mtx);
-    if (pg == w) {
-        // Fails everything in flight on the pipes (ECLOSED), so the group's
-        // thread finishes its collective.
-        tp_error *e =
-            tp_error_create(TP_ECLOSED, NULL, "%s: destroyed", w->g_what);
-        group_break(w, e);
-        tp_error_unref(e);
-    } else {
-        tp_error *e =
-            tp_error_create(TP_ECLOSED, NULL, "%s: destroyed", pg->g_what);
-        group_break(pg, e);
-        tp_error_unref(e);
-    }
+    // The pipe engine's waits see the group broken and end; queued works
+    // complete with TP_ECLOSED.
+    tp_error *e =
+        tp_error_create(TP_ECLOSED, NULL, "%s: destroyed", pg->g_what);
+    group_break(pg, e);
+    tp_error_unref(e);
     tp__p2p_kick(w->w_p2p);
     if (started) {
         pthread_join(pg->g_thread, NULL);
     }
+    finish_p2p_works(pg);
     if (pg != w) {
         tp__mtx_lock(&w->w_mtx);
         for (tp_pg **gp = &w->w_groups; *gp != NULL; gp = &(*gp)->g_next) {

@@ -136,8 +136,10 @@ TP_API tp_status tp_pg_new_group(tp_pg *world, const int *ranks, int n,
 
 /**
  * tp_pg_destroy - fails operations still pending with TP_ECLOSED, waits
- * for the group's thread and frees. For the world group, every subgroup
- * must have been destroyed first. Not collective. NULL is fine.
+ * for the group's thread and frees. Work handles stay valid (free them
+ * with tp_work_free, before or after). Destroy subgroups before the world
+ * group: subgroups still alive then are destroyed with it (and logged).
+ * Not collective. NULL is fine.
  */
 TP_API void tp_pg_destroy(tp_pg *pg);
 
@@ -174,9 +176,12 @@ TP_API void tp_work_free(tp_work *w);
 
 /* ---- point to point ------------------------------------------------------
  * Ranks are group ranks. The tensor must be contiguous; a recv's tensor
- * must have the byte size of the message sent (else both sides' ops fail
- * naming the sizes). @tag >= 0. A send completes when the tensor may be
- * reused. */
+ * must have the byte size of the message sent (else the recv fails naming
+ * both sizes; the send completes). @tag >= 0. A send completes when the
+ * tensor may be reused. The deadline (the group's timeout_ms) of an
+ * asynchronous send or recv is enforced while it is waited for
+ * (tp_work_wait); a pending one is finished with TP_ECLOSED when its group
+ * is destroyed. */
 
 TP_API tp_status tp_pg_send(tp_pg *pg, tp_tensor *t, int dst, int tag,
                             tp_work **w_p, tp_error **err_p);

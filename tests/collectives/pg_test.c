@@ -955,6 +955,13 @@ args_rank(int rank, int world, const char *url, void *arg)
     EXPECT_ERR(tp_pg_recv(pg, f, 0, -1, NULL, &err), TP_EINVAL, "tag");
     EXPECT_ERR(tp_pg_all_reduce(NULL, f, TP_REDUCE_SUM, NULL, &err), TP_EINVAL,
                "NULL");
+    // all_to_all: what this rank sends itself must be what it expects.
+    const int64_t in_sp[2] = {2, 2}, out_sp[2] = {1, 3};
+    tp_tensor *f4 = tensor(TP_F32, 4);
+    EXPECT_ERR(tp_pg_all_to_all(pg, f4, f4, rank == 0 ? out_sp : in_sp,
+                                rank == 0 ? in_sp : out_sp, NULL, &err),
+               TP_EINVAL, "sends itself");
+    tp_tensor_unref(f4);
     const int dup[2] = {1, 1};
     tp_pg *sub = NULL;
     EXPECT_ERR(tp_pg_new_group(pg, dup, 2, NULL, &sub, &err), TP_EINVAL,
@@ -1154,6 +1161,88 @@ static void
 test_malformed(void)
 {
     job j = {.world = 2, .fn = malformed_rank, .killed_rank = -1};
+    j.env[0] = "TP_COLL_ENGINE=pipe";
+    file_url(j.url, sizeof(j.url));
+    job_run(&j);
+}
+
+// Destroying a group finishes its pending point-to-point works with
+// TP_ECLOSED; their handles stay valid after the group is gone.
+static void
+destroy_pending_rank(int rank, int world, const char *url, void *arg)
+{
+    (void)arg;
+    tp_pg *pg = init_pg(rank, world, url, 0);
+    tp_error *err = NULL;
+    const int me[1] = {rank};
+    tp_pg *sub = NULL;
+    TP_CHECK_OK(tp_pg_new_group(pg, me, 1, NULL, &sub, &err), err);
+    tp_tensor *a = tensor(TP_F32, 4), *b = tensor(TP_F32, 4);
+    tp_work *wa = NULL, *wb = NULL, *wc = NULL;
+    TP_CHECK_OK(tp_pg_recv(sub, a, 0, 7, &wa, &err), err);
+    TP_CHECK_OK(tp_pg_recv(pg, b, TP_ANY_SOURCE, 7, &wb, &err), err);
+    // one already complete: a send to itself, unmatched (unexpected)
+    TP_CHECK_OK(tp_pg_send(pg, a, rank, 9, &wc, &err), err);
+    tp_pg_destroy(sub);
+    TP_CHECK(tp_work_is_completed(wa));
+    TP_CHECK_EQ(tp_work_wait(wa, 1000, &err), TP_ECLOSED);
+    TP_CHECK_STR_CONTAINS(tp_error_message(err), "destroyed");
+    tp_error_unref(err);
+    err = NULL;
+    TP_CHECK(!tp_work_is_completed(wb));
+    tp_pg_destroy(pg);
+    TP_CHECK_EQ(tp_work_wait(wb, 1000, &err), TP_ECLOSED);
+    tp_error_unref(err);
+    err = NULL;
+    TP_CHECK_OK(tp_work_wait(wc, 1000, &err), err);
+    tp_work_free(wa);
+    tp_work_free(wb);
+    tp_work_free(wc);
+    tp_tensor_unref(a);
+    tp_tensor_unref(b);
+}
+
+static void
+test_destroy_pending(void)
+{
+    job j = {.world = 2, .fn = destroy_pending_rank, .killed_rank = -1};
+    file_url(j.url, sizeof(j.url));
+    job_run(&j);
+}
+
+// Ranks disagree on a count without TP_DEBUG_COLLECTIVES: the ranks that
+// see it fail, and tell the others (pipe engine: an abort), so nobody
+// waits for the deadline.
+static void
+count_mismatch_rank(int rank, int world, const char *url, void *arg)
+{
+    (void)arg;
+    tp_pg *pg = init_pg(rank, world, url, 0);
+    tp_error *err = NULL;
+    size_t cnt = rank == 1 ? 8 : 4;
+    tp_tensor *in = tensor(TP_F32, cnt);
+    tp_tensor *out = tensor(TP_F32, cnt * (size_t)world);
+    int64_t t0 = now_ms();
+    tp_status st = tp_pg_all_gather(pg, out, in, NULL, &err);
+    int64_t dt = now_ms() - t0;
+    TP_CHECKF(st != TP_OK,
+              "rank %d: all_gather with mismatched counts "
+              "succeeded",
+              rank);
+    TP_CHECKF(dt < tp_test_ms(2000), "rank %d failed after %" PRId64 " ms: %s",
+              rank, dt, tp_error_message(err));
+    tp_error_unref(err);
+    tp_tensor_unref(in);
+    tp_tensor_unref(out);
+    // Stay until everyone has failed (an exit is no failure of theirs).
+    usleep(300 * 1000);
+    tp_pg_destroy(pg);
+}
+
+static void
+test_count_mismatch(void)
+{
+    job j = {.world = 3, .fn = count_mismatch_rank, .killed_rank = -1};
     j.env[0] = "TP_COLL_ENGINE=pipe";
     file_url(j.url, sizeof(j.url));
     job_run(&j);
@@ -1359,6 +1448,8 @@ static const tp_test_case k_cases[] = {
     TP_TEST_CASE_T(test_rank_killed, 60),
     TP_TEST_CASE_T(test_gave_up, 60),
     TP_TEST_CASE_T(test_malformed, 60),
+    TP_TEST_CASE_T(test_destroy_pending, 60),
+    TP_TEST_CASE_T(test_count_mismatch, 60),
     TP_TEST_CASE_T(test_init_methods, 120),
     TP_TEST_CASE_T(slow_world64, 600),
 };
