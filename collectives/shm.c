@@ -114,6 +114,9 @@
 #define SHM_YIELDS   16             // sched_yield rounds before sleeping
 #define SHM_SLICE_NS 10000000u      // futex wait slice; liveness period
 #define SHM_MAX_SIZE 65536          // ranks
+// c_abort: the failure that set it was a timeout (the blamed rank may be
+// alive), not a death or an error.
+#define SHM_ABORT_TIMEOUT 0x80000000u
 
 enum { SHM_NONE = 0, SHM_SLOT = 1, SHM_CMA = 2 };
 
@@ -131,7 +134,8 @@ typedef struct shm_ctl {
     _Atomic uint32_t c_waiters; // ranks sleeping on c_arrive
     int32_t c_pid;
     _Atomic uint32_t c_abort; // 0, or 1 + the rank this rank's failure
-                              // names (itself for its own errors)
+                              // names (itself for its own errors), |
+                              // SHM_ABORT_TIMEOUT for a timeout
     shm_pub c_pub[2];         // by phase parity
 } shm_ctl;
 
@@ -189,7 +193,8 @@ struct tp__shm {
 
 // One collective in progress.
 typedef struct shm_op {
-    int *o_blame; // the rank a failure names (-1: none)
+    int *o_blame;      // the rank a failure names (-1: none)
+    bool *o_timed_out; // the failure was (or propagates) a timeout
     tp__shm *o_m;
     const tp__coll_args *o_a;
     const char *o_name;
@@ -341,13 +346,18 @@ shm_check_members(const shm_op *o, uint32_t p, uint64_t start, uint64_t now)
         shm_ctl *cx = &m->m_ctl[x];
         uint32_t ab = atomic_load_explicit(&cx->c_abort, memory_order_acquire);
         if (ab != 0) {
-            int b = (int)ab - 1;
+            bool timed_out = (ab & SHM_ABORT_TIMEOUT) != 0;
+            int b = (int)(ab & ~SHM_ABORT_TIMEOUT) - 1;
             char who[96], blamed[96];
             shm_who(m, x, who, sizeof(who));
             *o->o_blame = b >= 0 && b < m->m_size ? b : x;
+            *o->o_timed_out = timed_out;
             shm_who(m, *o->o_blame, blamed, sizeof(blamed));
-            return shm_fail(o, TP_ECONNRESET, "%s gave up%s%s", who,
-                            b == x ? "" : " after a failure of ",
+            return shm_fail(o, timed_out ? TP_ETIMEDOUT : TP_ECONNRESET,
+                            "%s gave up%s%s", who,
+                            b == x      ? ""
+                            : timed_out ? " waiting for "
+                                        : " after a failure of ",
                             b == x ? "" : blamed);
         }
         if (shm_dead(m, x) &&
@@ -983,8 +993,10 @@ tp__shm_run(tp__shm *shm, const tp__coll_args *a, uint64_t deadline_ns,
 {
     TP_ASSERT(shm != NULL && a != NULL);
     int blame_rank = -1;
+    bool timed_out = false;
     shm_op o = {
         .o_blame = &blame_rank,
+        .o_timed_out = &timed_out,
         .o_m = shm,
         .o_a = a,
         .o_name = tp__coll_kind_name(a->kind),
@@ -1054,8 +1066,11 @@ tp__shm_run(tp__shm *shm, const tp__coll_args *a, uint64_t deadline_ns,
         // see it within a slice (shm_check_members).
         shm_ctl *c = &shm->m_ctl[shm->m_rank];
         int blame = blame_rank >= 0 ? blame_rank : shm->m_rank;
-        atomic_store_explicit(&c->c_abort, (uint32_t)blame + 1,
-                              memory_order_seq_cst);
+        uint32_t word = (uint32_t)blame + 1;
+        if (st == TP_ETIMEDOUT || timed_out) {
+            word |= SHM_ABORT_TIMEOUT;
+        }
+        atomic_store_explicit(&c->c_abort, word, memory_order_seq_cst);
         shm_futex(&c->c_arrive, FUTEX_WAKE, INT_MAX, NULL);
     }
     return st;

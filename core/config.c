@@ -62,12 +62,10 @@ static const char *const config_log_levels[] = {
 };
 static const char *const config_io_backends[] = {"auto", "epoll", "uring",
                                                  NULL};
-static const char *const config_coll_engines[] = {"auto", "shm", "pipe",
-                                                  NULL};
+static const char *const config_coll_engines[] = {"auto", "shm", "pipe", NULL};
 static const char *const config_allreduce_algos[] = {"auto", "rd", "ring",
                                                      NULL};
-static const char *const config_bcast_algos[] = {"auto", "tree", "chain",
-                                                 NULL};
+static const char *const config_bcast_algos[] = {"auto", "tree", "chain", NULL};
 
 // The enum values of tp_log_level and tp_io_backend are the indexes above.
 _Static_assert(TP_LOG_LEVEL_TRACE == 5, "config_log_levels out of date");

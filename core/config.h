@@ -46,15 +46,15 @@ typedef struct tp_config {
     int64_t rpc_timeout_ms;       // TP_RPC_TIMEOUT_MS, 0 = none
     int64_t rpc_init_timeout_ms;  // TP_RPC_INIT_TIMEOUT_MS
     int64_t rpc_shutdown_timeout_ms; // TP_RPC_SHUTDOWN_TIMEOUT_MS
-    int64_t coll_engine;          // TP_COLL_ENGINE (tp_coll_engine)
-    int64_t coll_allreduce;       // TP_COLL_ALLREDUCE (tp_coll_algo)
-    int64_t coll_bcast;           // TP_COLL_BCAST (tp_coll_algo)
-    int64_t coll_small_max;       // TP_COLL_SMALL_MAX bytes
-    int64_t coll_chunk;           // TP_COLL_CHUNK bytes
-    int64_t coll_shm_slot;        // TP_COLL_SHM_SLOT bytes
-    int64_t coll_timeout_ms;      // TP_COLL_TIMEOUT_MS, 0 = none
-    int64_t coll_init_timeout_ms; // TP_COLL_INIT_TIMEOUT_MS
-    int64_t debug_collectives;    // TP_DEBUG_COLLECTIVES (0|1)
+    int64_t coll_engine;             // TP_COLL_ENGINE (tp_coll_engine)
+    int64_t coll_allreduce;          // TP_COLL_ALLREDUCE (tp_coll_algo)
+    int64_t coll_bcast;              // TP_COLL_BCAST (tp_coll_algo)
+    int64_t coll_small_max;          // TP_COLL_SMALL_MAX bytes
+    int64_t coll_chunk;              // TP_COLL_CHUNK bytes
+    int64_t coll_shm_slot;           // TP_COLL_SHM_SLOT bytes
+    int64_t coll_timeout_ms;         // TP_COLL_TIMEOUT_MS, 0 = none
+    int64_t coll_init_timeout_ms;    // TP_COLL_INIT_TIMEOUT_MS
+    int64_t debug_collectives;       // TP_DEBUG_COLLECTIVES (0|1)
 } tp_config;
 
 typedef enum tp_coll_engine {
