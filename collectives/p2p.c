@@ -139,6 +139,18 @@ static bool match(const tp__req *r, int src, uint64_t gid, int chan,
                   uint64_t tag);
 static void ux_free(p2p_ux *u);
 
+// The error of a recv whose tensor does not have the message's size.
+static tp_error *
+size_mismatch(const tp__p2p *p, int src, uint64_t tag, uint64_t msg_len,
+              size_t buf_len)
+{
+    return tp_error_create(TP_EINVAL, NULL,
+                           "%s: recv from rank %d (tag %" PRIu64
+                           "): the message has %" PRIu64
+                           " bytes, the tensor %zu",
+                           p->p_name, src, tag, msg_len, buf_len);
+}
+
 // ---- requests
 // ----------------------------------------------------------------
 
@@ -573,11 +585,8 @@ send_self(tp__p2p *p, tp__req *s, tp_error **err_p)
             tp__mtx_unlock(&p->p_mtx);
             ux_free(u);
             if (r->r_len != s->r_len) {
-                tp_error *e = tp_error_create(
-                    TP_EINVAL, NULL,
-                    "%s: recv from rank %d (tag %" PRIu64 "): the message "
-                    "has %zu bytes, the tensor %zu",
-                    p->p_name, p->p_rank, r->r_tag, s->r_len, r->r_len);
+                tp_error *e =
+                    size_mismatch(p, p->p_rank, r->r_tag, s->r_len, r->r_len);
                 req_complete(r, TP_EINVAL, e, p->p_rank);
                 req_complete(s, TP_EINVAL, e, p->p_rank);
                 tp_error_unref(e);
@@ -699,11 +708,7 @@ static void
 ux_deliver(tp__p2p *p, tp__req *r, p2p_ux *u)
 {
     if (u->u_len != r->r_len) {
-        tp_error *e = tp_error_create(
-            TP_EINVAL, NULL,
-            "%s: recv from rank %d (tag %" PRIu64 "): the message has %zu "
-            "bytes, the tensor %zu",
-            p->p_name, u->u_src, r->r_tag, u->u_len, r->r_len);
+        tp_error *e = size_mismatch(p, u->u_src, r->r_tag, u->u_len, r->r_len);
         req_complete(r, TP_EINVAL, e, u->u_src);
         tp_error_unref(e);
     } else {
@@ -1061,11 +1066,7 @@ in_desc_cb(void *arg)
     tp__mtx_unlock(&p->p_mtx);
     if (mismatch != NULL) {
         // Received and dropped (i_ux not queued): the recv fails.
-        tp_error *e = tp_error_create(
-            TP_EINVAL, NULL,
-            "%s: recv from rank %d (tag %" PRIu64 "): the message has "
-            "%" PRIu64 " bytes, the tensor %zu",
-            p->p_name, (int)src, tag, nbytes, mismatch->r_len);
+        tp_error *e = size_mismatch(p, src, tag, nbytes, mismatch->r_len);
         req_complete(mismatch, TP_EINVAL, e, src);
         tp_error_unref(e);
     }

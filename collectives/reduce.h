@@ -28,24 +28,11 @@
 
 #include <stddef.h>
 
+#include <tpipe/collectives.h>
 #include <tpipe/error.h>
 #include <tpipe/tensor.h>
 
-#ifndef TP_REDUCE_OP_DEFINED
-#define TP_REDUCE_OP_DEFINED
-/* tp_reduce_op - how elements from several ranks are combined. A later
- * public header (tpipe/collectives.h) may define this type first. */
-typedef enum tp_reduce_op {
-    TP_REDUCE_SUM,
-    TP_REDUCE_PRODUCT,
-    TP_REDUCE_MIN,
-    TP_REDUCE_MAX,
-    TP_REDUCE_AVG,
-    TP_REDUCE_BAND,
-    TP_REDUCE_BOR,
-    TP_REDUCE_BXOR,
-} tp_reduce_op;
-#endif
+// tp_reduce_op comes from the public header.
 
 // "sum", "product", "min", "max", "avg", "band", "bor", "bxor"; static,
 // "?" for values outside the enum.

@@ -521,6 +521,25 @@ shm_look_all(tp__shm *m, uint32_t p)
     }
 }
 
+// Phase @p where every rank contributes: give @len bytes at @src (slot or
+// published), post, wait for all, and take every rank's view.
+static tp_status
+shm_give_all(const shm_op *o, uint32_t p, const void *src, size_t len,
+             bool slot)
+{
+    tp_status st = shm_give(o, p, src, len, slot);
+    if (st != TP_OK) {
+        return st;
+    }
+    shm_post(o->o_m, p);
+    st = shm_wait_all(o, p);
+    if (st != TP_OK) {
+        return st;
+    }
+    shm_look_all(o->o_m, p);
+    return TP_OK;
+}
+
 // Checks that rank @q's view holds bytes [off, off + len).
 static tp_status
 shm_check_range(const shm_op *o, int q, uint64_t off, uint64_t len)
@@ -699,16 +718,10 @@ shm_all_reduce(const shm_op *o)
     size_t es = o->o_es, bytes = a->count * es;
     bool slot = bytes <= m->m_slot;
     uint32_t p = m->m_phase + 1;
-    tp_status st = shm_give(o, p, a->buf, bytes, slot);
+    tp_status st = shm_give_all(o, p, a->buf, bytes, slot);
     if (st != TP_OK) {
         return st;
     }
-    shm_post(m, p);
-    st = shm_wait_all(o, p);
-    if (st != TP_OK) {
-        return st;
-    }
-    shm_look_all(m, p);
     if (slot) {
         // Every input is in a slot, this rank's too: buf is free to write.
         return shm_reduce_range(o, NULL, 0, bytes, a->buf, false);
@@ -864,16 +877,10 @@ shm_reduce_scatter(const shm_op *o)
     size_t bytes = a->count * o->o_es, total = bytes * (size_t)m->m_size;
     bool slot = total <= m->m_slot;
     uint32_t p = m->m_phase + 1;
-    tp_status st = shm_give(o, p, a->in, total, slot);
+    tp_status st = shm_give_all(o, p, a->in, total, slot);
     if (st != TP_OK) {
         return st;
     }
-    shm_post(m, p);
-    st = shm_wait_all(o, p);
-    if (st != TP_OK) {
-        return st;
-    }
-    shm_look_all(m, p);
     size_t off = (size_t)m->m_rank * bytes;
     st = shm_reduce_range(o, slot ? NULL : a->in, off, bytes, a->out, false);
     if (st != TP_OK || slot) {

@@ -1070,26 +1070,6 @@ typedef struct bc_results {
     char rs_engine[16];
 } bc_results;
 
-// A free loopback port for the store (bound, read back and closed).
-static int
-bc_free_port(char *err, size_t err_len)
-{
-    struct sockaddr_in sa = {.sin_family = AF_INET,
-                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t sl = sizeof(sa);
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 ||
-        getsockname(fd, (struct sockaddr *)&sa, &sl) != 0) {
-        snprintf(err, err_len, "a free port on 127.0.0.1: %s", strerror(errno));
-        if (fd >= 0) {
-            close(fd);
-        }
-        return -1;
-    }
-    close(fd);
-    return ntohs(sa.sin_port);
-}
-
 // Removes the store's temporary directory and what the store left in it.
 static void
 bc_rmdir(const char *dir)
@@ -1253,7 +1233,7 @@ bc_run_rep(bc_rep *p)
     char url[600], dir[256] = "";
     if (o->bo_tcp) {
         char why[256];
-        int port = bc_free_port(why, sizeof(why));
+        int port = tool_free_port(why, sizeof(why));
         if (port < 0) {
             bc_rep_err(p, "%s", why);
             return false;

@@ -431,27 +431,6 @@ br_error(char *buf, size_t len, tp_status st, tp_error *err, const char *fmt,
     tp_error_unref(err);
 }
 
-// A free loopback port for the store (bound, read back and closed; some
-// other process may take it in between, as `tpipe run` accepts too).
-static int
-br_free_port(char *err, size_t err_len)
-{
-    struct sockaddr_in sa = {.sin_family = AF_INET,
-                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t sl = sizeof(sa);
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 ||
-        getsockname(fd, (struct sockaddr *)&sa, &sl) != 0) {
-        snprintf(err, err_len, "a free port on 127.0.0.1: %s", strerror(errno));
-        if (fd >= 0) {
-            close(fd);
-        }
-        return -1;
-    }
-    close(fd);
-    return ntohs(sa.sin_port);
-}
-
 static void
 br_agent_options(const br_opts *o, const br_transport *tr, const char *init,
                  int64_t shutdown_ms, tp_agent_options *ao)
@@ -903,7 +882,7 @@ br_run_rep(br_run *r, unsigned rep)
 {
     const br_opts *o = r->rr_opts;
     char init[64], why[512] = "";
-    int port = br_free_port(r->rr_err, sizeof(r->rr_err));
+    int port = tool_free_port(r->rr_err, sizeof(r->rr_err));
     if (port < 0) {
         return false;
     }

@@ -99,6 +99,10 @@ typedef enum tool_line_status {
 tool_line_status tool_read_line(int fd, uint64_t deadline_ns, char *buf,
                                 size_t len, char *why, size_t why_len);
 
+// A free loopback port (bound on 127.0.0.1, read back and closed; another
+// process may take it in between). -1 with the reason in @err on failure.
+int tool_free_port(char *err, size_t err_len);
+
 // Waits for the child @pid; kills it first if @kill_now, or if it does not
 // exit within @grace_ms. Returns its wait status (or -1).
 int tool_reap(pid_t pid, int grace_ms, bool kill_now);

@@ -3,13 +3,16 @@
 // benchmarks' shared helpers for the tpipe command.
 
 #include <errno.h>
+#include <arpa/inet.h>
 #include <math.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -446,4 +449,23 @@ tool_stream_measure(uint64_t window, uint64_t iters, double budget,
     *count_p = count;
     *secs_p = secs;
     return true;
+}
+
+int
+tool_free_port(char *err, size_t err_len)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET,
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t sl = sizeof(sa);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 ||
+        getsockname(fd, (struct sockaddr *)&sa, &sl) != 0) {
+        snprintf(err, err_len, "a free port on 127.0.0.1: %s", strerror(errno));
+        if (fd >= 0) {
+            close(fd);
+        }
+        return -1;
+    }
+    close(fd);
+    return ntohs(sa.sin_port);
 }

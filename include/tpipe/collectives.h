@@ -59,8 +59,6 @@
 extern "C" {
 #endif
 
-#ifndef TP_REDUCE_OP_DEFINED
-#define TP_REDUCE_OP_DEFINED
 /**
  * tp_reduce_op - how elements from several ranks are combined.
  *   sum, product, min, max: f32 f64 f16 bf16 i8 u8 i32 i64
@@ -80,7 +78,6 @@ typedef enum tp_reduce_op {
     TP_REDUCE_BOR,
     TP_REDUCE_BXOR,
 } tp_reduce_op;
-#endif
 
 /** TP_ANY_SOURCE - the src of a recv that takes a message from any rank. */
 #define TP_ANY_SOURCE (-1)
