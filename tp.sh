@@ -252,6 +252,7 @@ cmd_demo() {
     # in flight, an unknown function; counters; graceful shutdown), then
     # the RPC benchmark between two processes (no-op round trips, tensor
     # echo 64 B..64 MiB, async throughput, init time; shm and tcp).
+    # Then two ranks' all_reduce and barrier (tpipe bench collective).
     # Arguments go to tpipe bench rpc (e.g. ./tp.sh demo --transport tcp).
     "$tool" info | sed -n '1,40p'
     say "== $tool run -n 4 $demo"
@@ -263,6 +264,9 @@ cmd_demo() {
     say "== $tool run -n 4 $cdemo"
     "$tool" run -n 4 --timeout 120 -- "$cdemo" ||
         die "the collectives demo failed"
+    say "== $tool bench collective --op all_reduce,barrier --sizes 4K,1M,64M"
+    "$tool" bench collective --op all_reduce,barrier --sizes 4K,1M,64M \
+        --reps 1 || die "the collectives benchmark failed"
     say "== $tool bench rpc $*"
     exec "$tool" bench rpc "$@"
 }

@@ -66,15 +66,15 @@
  *   size 1:         local copies, no phases.
  *
  * Waiting: spin up to 20 us (only when the group fits the online CPUs;
- * the budget halves after each spin that fails, down to 1 us, and doubles
- * after each that succeeds), sched_yield a few rounds, then FUTEX_WAIT (shared)
- * on the awaited counter in slices of at most SHM_SLICE_NS, counted in that
- * rank's waiters so posters know to FUTEX_WAKE. Between slices: the deadline,
- * and every member: one whose collective failed (it sets c_abort, naming
- * the rank it blames, and wakes its waiters) or one that exited (its
- * pidfd; kill(pid, 0) where pidfd_open is missing) before reaching the
- * awaited phase fails the wait, so a failure anywhere reaches every member
- * within a slice.
+ * the budget doubles after each wait that ends within it or within 200 us,
+ * and halves after each longer one, down to 1 us), sched_yield a few rounds,
+ * then FUTEX_WAIT (shared) on the awaited counter in slices of at most
+ * SHM_SLICE_NS, counted in that rank's waiters so posters know to FUTEX_WAKE.
+ * Between slices: the deadline, and every member: one whose collective failed
+ * (it sets c_abort, naming the rank it blames, and wakes its waiters) or one
+ * that exited (its pidfd; kill(pid, 0) where pidfd_open is missing) before
+ * reaching the awaited phase fails the wait, so a failure anywhere reaches
+ * every member within a slice.
  *
  * Threads: an engine is used by one thread at a time (the group layer runs
  * one collective at a time); no locks. */
@@ -106,14 +106,15 @@
 #include "core/error.h"
 #include "core/platform.h"
 
-#define SHM_MAGIC    UINT64_C(0x31306c6c6f637074) // "tpcoll01"
-#define SHM_LINE     64
-#define SHM_SUB      (256u * 1024u) // bytes per cma sub-chunk
-#define SHM_SPIN_NS  20000u         // longest spin before yielding
-#define SHM_SPIN_MIN 1000u          // shortest (the spin adapts in between)
-#define SHM_YIELDS   16             // sched_yield rounds before sleeping
-#define SHM_SLICE_NS 10000000u      // futex wait slice; liveness period
-#define SHM_MAX_SIZE 65536          // ranks
+#define SHM_MAGIC         UINT64_C(0x31306c6c6f637074) // "tpcoll01"
+#define SHM_LINE          64
+#define SHM_SUB           (256u * 1024u) // bytes per cma sub-chunk
+#define SHM_SPIN_NS       20000u         // longest spin before yielding
+#define SHM_SPIN_MIN      1000u     // shortest (the spin adapts in between)
+#define SHM_YIELDS        16        // sched_yield rounds before sleeping
+#define SHM_SPIN_SHORT_NS 200000u   // a wait this short says: spin more
+#define SHM_SLICE_NS      10000000u // futex wait slice; liveness period
+#define SHM_MAX_SIZE      65536     // ranks
 // c_abort: the failure that set it was a timeout (the blamed rank may be
 // alive), not a death or an error.
 #define SHM_ABORT_TIMEOUT 0x80000000u
@@ -375,6 +376,25 @@ shm_check_members(const shm_op *o, uint32_t p, uint64_t start, uint64_t now)
     return TP_OK;
 }
 
+// After a wait that outlasted the spin: a short one (the peer arrived
+// soon, and yielding or sleeping only added its wake-up) doubles the spin
+// budget; a long one (the peer was busy, or not running: other processes
+// hold the CPUs, and spinning then only delays it) halves it. Waits that
+// end within the spin double it too (shm_wait). So a run of long
+// collectives does not leave small ones sleeping on every phase.
+static void
+shm_spin_adapt(tp__shm *m, uint64_t start)
+{
+    if (!m->m_spin) {
+        return;
+    }
+    if (tp__now_ns() - start < SHM_SPIN_SHORT_NS) {
+        m->m_spin_ns = TP_MIN(SHM_SPIN_NS, m->m_spin_ns * 2);
+    } else {
+        m->m_spin_ns = TP_MAX(SHM_SPIN_MIN, m->m_spin_ns / 2);
+    }
+}
+
 // Waits until rank @q posted phase @p.
 static tp_status
 shm_wait(const shm_op *o, int q, uint32_t p)
@@ -394,16 +414,14 @@ shm_wait(const shm_op *o, int q, uint32_t p)
                 return TP_OK;
             }
             if ((i & 15) == 0 && tp__now_ns() - start >= m->m_spin_ns) {
-                // Other processes may hold the CPUs, and spinning then only
-                // delays the peer we wait for: spin less next time.
-                m->m_spin_ns = TP_MAX(SHM_SPIN_MIN, m->m_spin_ns / 2);
-                break;
+                break; // the budget is adjusted once the wait is over
             }
         }
     }
     for (int i = 0; i < SHM_YIELDS; i++) {
         sched_yield();
         if (shm_reached(atomic_load_explicit(w, memory_order_acquire), p)) {
+            shm_spin_adapt(m, start);
             return TP_OK;
         }
     }
@@ -445,6 +463,7 @@ shm_wait(const shm_op *o, int q, uint32_t p)
         }
         atomic_fetch_sub_explicit(&c->c_waiters, 1, memory_order_seq_cst);
         if (shm_reached(atomic_load_explicit(w, memory_order_acquire), p)) {
+            shm_spin_adapt(m, start);
             return TP_OK;
         }
     }

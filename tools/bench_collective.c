@@ -32,6 +32,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <sched.h>
 #include <math.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -138,6 +139,7 @@ typedef struct bc_opts {
     double bo_timeout_s;   // per repetition
     bool bo_json;
     bool bo_verbose;
+    bool bo_no_bind; // --no-bind: leave placement to the scheduler
     const char *bo_plot;
 } bc_opts;
 
@@ -191,6 +193,9 @@ bc_usage(FILE *f)
         "  --engine auto|shm|pipe   TP_COLL_ENGINE of the ranks (default "
         "auto)\n"
         "  --store file|tcp     how the ranks meet (default file)\n"
+        "  --no-bind            do not bind rank r to CPU r %% ncpus (bound "
+        "by default,\n"
+        "                       as mpirun --bind-to core)\n"
         "  --timeout SECONDS    limit of one repetition; the ranks are "
         "killed after it\n"
         "                       (default 120)\n"
@@ -383,6 +388,8 @@ bc_parse_args(int argc, char **argv, bc_opts *o)
             o->bo_json = true;
         } else if (strcmp(a, "-v") == 0 || strcmp(a, "--verbose") == 0) {
             o->bo_verbose = true;
+        } else if (strcmp(a, "--no-bind") == 0) {
+            o->bo_no_bind = true;
         } else if (tool_opt_value(argc, argv, &i, "--op", &v, &bad)) {
             ops = v;
         } else if (tool_opt_value(argc, argv, &i, "--sizes", &v, &bad)) {
@@ -1013,6 +1020,24 @@ bc_rank_main(const bc_opts *o, const bc_cell *cells, size_t ncells, int rank,
         .r_opts = o, .r_rank = rank, .r_world = o->bo_world, .r_fd = fd};
     if (strcmp(o->bo_engine, "auto") != 0) {
         setenv("TP_COLL_ENGINE", o->bo_engine, 1);
+    }
+    // Rank r on CPU r mod the CPUs this process may use, as mpirun binds
+    // by default: two ranks that land on one CPU hand every phase over
+    // through the scheduler, and the numbers then depend on placement.
+    if (!o->bo_no_bind) {
+        cpu_set_t allowed, one;
+        if (sched_getaffinity(0, sizeof(allowed), &allowed) == 0 &&
+            CPU_COUNT(&allowed) > 0) {
+            int want = rank % CPU_COUNT(&allowed), seen = 0;
+            for (int c = 0; c < CPU_SETSIZE; c++) {
+                if (CPU_ISSET(c, &allowed) && seen++ == want) {
+                    CPU_ZERO(&one);
+                    CPU_SET(c, &one);
+                    (void)sched_setaffinity(0, sizeof(one), &one);
+                    break;
+                }
+            }
+        }
     }
     // Every rank is on this host: its pipes stay on loopback (unless the
     // user chose an interface or address).
