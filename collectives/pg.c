@@ -994,31 +994,32 @@ check_root(tp_pg *g, const char *op, int root, tp_error **err_p)
     return TP_OK;
 }
 
+// @big (the argument named @big_name) must hold group size x the elements
+// of @small (named @small_name), in its dtype and on its kind of device.
 static tp_status
-check_same(tp_pg *g, const char *op, const tp_tensor *out, const tp_tensor *in,
-           int64_t out_factor, int64_t in_factor, tp_error **err_p)
+check_blocks(tp_pg *g, const char *op, const tp_tensor *big,
+             const char *big_name, const tp_tensor *small,
+             const char *small_name, tp_error **err_p)
 {
-    if (tp_tensor_dtype(out) != tp_tensor_dtype(in)) {
-        return tp__error_set(err_p, TP_EINVAL,
-                             "%s: %s: output dtype %s differs from input "
-                             "dtype %s",
-                             g->g_what, op, tp_dtype_name(tp_tensor_dtype(out)),
-                             tp_dtype_name(tp_tensor_dtype(in)));
+    if (tp_tensor_dtype(big) != tp_tensor_dtype(small)) {
+        return tp__error_set(
+            err_p, TP_EINVAL, "%s: %s: %s has dtype %s, %s has dtype %s",
+            g->g_what, op, big_name, tp_dtype_name(tp_tensor_dtype(big)),
+            small_name, tp_dtype_name(tp_tensor_dtype(small)));
     }
-    if (tp_tensor_device(out).type != tp_tensor_device(in).type) {
+    if (tp_tensor_device(big).type != tp_tensor_device(small).type) {
         return tp__error_set(err_p, TP_EINVAL,
-                             "%s: %s: output and input are on different "
-                             "devices",
-                             g->g_what, op);
+                             "%s: %s: %s and %s are on different devices",
+                             g->g_what, op, big_name, small_name);
     }
-    if (tp_tensor_numel(out) * out_factor != tp_tensor_numel(in) * in_factor) {
+    int64_t want = tp_tensor_numel(small) * g->g_size;
+    if (tp_tensor_numel(big) != want) {
         return tp__error_set(
             err_p, TP_EINVAL,
-            "%s: %s: output has %" PRId64 " elements, expected %" PRId64
-            " (group size %d x %" PRId64 " input elements)",
-            g->g_what, op, tp_tensor_numel(out),
-            tp_tensor_numel(in) * in_factor / out_factor, g->g_size,
-            tp_tensor_numel(in) * in_factor / out_factor / g->g_size);
+            "%s: %s: %s has %" PRId64 " elements, expected %" PRId64
+            " (group size %d x the %" PRId64 " elements of %s)",
+            g->g_what, op, big_name, tp_tensor_numel(big), want, g->g_size,
+            tp_tensor_numel(small), small_name);
     }
     return TP_OK;
 }
@@ -1630,7 +1631,7 @@ tp_pg_all_gather(tp_pg *pg, tp_tensor *out, tp_tensor *in, tp_work **w_p,
         st = check_tensor(pg, "all_gather", "in", in, err_p);
     }
     if (st == TP_OK) {
-        st = check_same(pg, "all_gather", out, in, 1, pg->g_size, err_p);
+        st = check_blocks(pg, "all_gather", out, "out", in, "in", err_p);
     }
     if (st == TP_OK) {
         work_hold(wk, out, in);
@@ -1661,7 +1662,7 @@ tp_pg_gather(tp_pg *pg, tp_tensor *out, tp_tensor *in, int root, tp_work **w_p,
     if (is_root) {
         st = check_tensor(pg, "gather", "out (on the root)", out, err_p);
         if (st == TP_OK) {
-            st = check_same(pg, "gather", out, in, 1, pg->g_size, err_p);
+            st = check_blocks(pg, "gather", out, "out", in, "in", err_p);
         }
     }
     if (st == TP_OK) {
@@ -1694,7 +1695,7 @@ tp_pg_scatter(tp_pg *pg, tp_tensor *out, tp_tensor *in, int root, tp_work **w_p,
     if (is_root) {
         st = check_tensor(pg, "scatter", "in (on the root)", in, err_p);
         if (st == TP_OK) {
-            st = check_same(pg, "scatter", in, out, 1, pg->g_size, err_p);
+            st = check_blocks(pg, "scatter", in, "in", out, "out", err_p);
         }
     }
     if (st == TP_OK) {
@@ -1724,7 +1725,7 @@ tp_pg_reduce_scatter(tp_pg *pg, tp_tensor *out, tp_tensor *in, tp_reduce_op op,
         st = check_tensor(pg, "reduce_scatter", "in", in, err_p);
     }
     if (st == TP_OK) {
-        st = check_same(pg, "reduce_scatter", in, out, 1, pg->g_size, err_p);
+        st = check_blocks(pg, "reduce_scatter", in, "in", out, "out", err_p);
     }
     if (st == TP_OK) {
         st = check_op(pg, "reduce_scatter", op, tp_tensor_dtype(in), err_p);

@@ -611,7 +611,57 @@ big_rank(int rank, int world, const char *url, void *arg)
     for (size_t i = 0; i < count; i += 4099) {
         TP_CHECK(f[i] == (float)((world - 1) * 3 + (int)(i % 7)));
     }
+    // reduce_scatter of 64 MiB: block r of every rank, summed.
+    // (64 MiB rounded down to whole blocks: a view of the first n x block)
+    size_t block = count / (size_t)world;
+    tp_tensor *whole = t;
+    TP_CHECK_OK(tp_tensor_narrow(whole, 0, 0, (int64_t)(block * (size_t)world),
+                                 &t, &err),
+                err);
+    tp_tensor *part = tensor(TP_F32, block);
+    float *pp = tp_tensor_data(part);
+    for (size_t i = 0; i < block * (size_t)world; i++) {
+        f[i] = (float)((i + (size_t)rank * 3) % 501);
+    }
+    TP_CHECK_OK(tp_pg_reduce_scatter(pg, part, t, TP_REDUCE_SUM, NULL, &err),
+                err);
+    for (size_t i = 0; i < block; i++) {
+        size_t g = (size_t)rank * block + i;
+        float want = 0;
+        for (int r = 0; r < world; r++) {
+            want += (float)((g + (size_t)r * 3) % 501);
+        }
+        TP_CHECKF(pp[i] == want, "reduce_scatter 64 MiB: [%zu] = %g, want %g",
+                  i, (double)pp[i], (double)want);
+    }
+    // all_gather back into 64 MiB.
+    for (size_t i = 0; i < block; i++) {
+        pp[i] = (float)(rank * 1000 + (int)(i % 997));
+    }
+    TP_CHECK_OK(tp_pg_all_gather(pg, t, part, NULL, &err), err);
+    for (size_t i = 0; i < block * (size_t)world; i++) {
+        float want = (float)((int)(i / block) * 1000 + (int)(i % block % 997));
+        TP_CHECKF(f[i] == want, "all_gather 64 MiB: [%zu] = %g, want %g", i,
+                  (double)f[i], (double)want);
+    }
+    // all_to_all of 64 MiB: block j of rank q goes to rank j.
+    tp_tensor *o2 = tensor(TP_F32, block * (size_t)world);
+    float *po = tp_tensor_data(o2);
+    for (size_t i = 0; i < block * (size_t)world; i++) {
+        f[i] = (float)(rank * 100 + (int)(i / block) * 10 + (int)(i % 7));
+    }
+    TP_CHECK_OK(tp_pg_all_to_all(pg, o2, t, NULL, NULL, NULL, &err), err);
+    for (size_t i = 0; i < block * (size_t)world; i++) {
+        size_t q = i / block, k = i % block;
+        float want = (float)((int)q * 100 + rank * 10 +
+                             (int)(((size_t)rank * block + k) % 7));
+        TP_CHECKF(po[i] == want, "all_to_all 64 MiB: [%zu] = %g, want %g", i,
+                  (double)po[i], (double)want);
+    }
+    tp_tensor_unref(o2);
+    tp_tensor_unref(part);
     tp_tensor_unref(t);
+    tp_tensor_unref(whole);
     tp_pg_destroy(pg);
 }
 
