@@ -138,6 +138,7 @@ static void in_read_next(p2p_in *in);
 static bool match(const tp__req *r, int src, uint64_t gid, int chan,
                   uint64_t tag);
 static void ux_free(p2p_ux *u);
+static void peer_fail(tp__p2p *p, int rank, const tp_error *err);
 
 // The error of a recv whose tensor does not have the message's size.
 static tp_error *
@@ -161,8 +162,10 @@ req_complete(tp__req *r, tp_status st, const tp_error *err, int source)
     r->r_st = st;
     r->r_err = err != NULL ? tp_error_ref(err) : NULL;
     r->r_source = source;
+    tp__mtx_lock(&p->p_mtx); // against tp__req_cancel_free's leak path
     tp__req_cb cb = r->r_cb;
     void *arg = r->r_cb_arg;
+    tp__mtx_unlock(&p->p_mtx);
     if (cb != NULL) {
         cb(r, arg);
     }
@@ -356,14 +359,29 @@ tp__req_cancel_free(tp__req *r)
             }
             tp__mtx_unlock(&p->p_mtx);
             if (close_pipe != NULL) {
+                // The peer will see its pipe to us break and take us for
+                // dead: take it for failed too, so that what waits on it
+                // fails now rather than at its deadline.
+                tp_error *e = tp_error_create(
+                    TP_ECLOSED, NULL,
+                    "%s: world rank %d: a canceled receive from it stalled "
+                    "for %d ms; its pipe was closed",
+                    p->p_name, r->r_peer, P2P_CANCEL_WAIT_MS);
+                int src = r->r_peer;
                 tp_pipe_close(close_pipe);
                 tp_pipe_unref(close_pipe);
+                peer_fail(p, src, e);
+                tp_error_unref(e);
             } else if (r->r_send && r->r_aio != NULL) {
                 tp_aio_cancel(r->r_aio);
             }
             if (!req_wait_done(p, r, P2P_CANCEL_WAIT_MS)) {
                 // A buffer may still be written: leak the request rather
-                // than free memory a pipe holds.
+                // than free memory a pipe holds, and let its completion
+                // call nobody (its owner is going away).
+                tp__mtx_lock(&p->p_mtx);
+                r->r_cb = NULL;
+                tp__mtx_unlock(&p->p_mtx);
                 TP_LOG_ERROR("TP-P2P-LEAK",
                              "%s: a %s to rank %d did not complete within "
                              "%d ms of being canceled; leaking it",
@@ -588,7 +606,7 @@ send_self(tp__p2p *p, tp__req *s, tp_error **err_p)
                 tp_error *e =
                     size_mismatch(p, p->p_rank, r->r_tag, s->r_len, r->r_len);
                 req_complete(r, TP_EINVAL, e, p->p_rank);
-                req_complete(s, TP_EINVAL, e, p->p_rank);
+                req_complete(s, TP_OK, NULL, p->p_rank); // as to a peer
                 tp_error_unref(e);
                 return TP_OK;
             }
@@ -1338,6 +1356,26 @@ tp__p2p_send_abort(tp__p2p *p, int dst, uint64_t gid, const char *reason)
 // ---------------------------------------------------------------------
 
 void
+tp__p2p_probe(tp__p2p *p, int rank)
+{
+    if (rank < 0 || rank >= p->p_world || rank == p->p_rank) {
+        return;
+    }
+    uint64_t now = tp__now_ns();
+    p2p_peer *pe = &p->p_peers[rank];
+    tp__mtx_lock(&p->p_mtx);
+    bool due = pe->pe_err == NULL &&
+               now - pe->pe_probe_ns > (uint64_t)TP__P2P_PROBE_MS * 1000000u;
+    if (due) {
+        pe->pe_probe_ns = now;
+    }
+    tp__mtx_unlock(&p->p_mtx);
+    if (due) {
+        ctl_send(p, rank, P2P_KIND_PROBE, 0, NULL);
+    }
+}
+
+void
 tp__p2p_kick(tp__p2p *p)
 {
     tp__mtx_lock(&p->p_mtx);
@@ -1421,21 +1459,8 @@ tp__p2p_waitall(tp__p2p *p, tp__req *const *rs, int n, uint64_t deadline_ns,
         if (now - start > (uint64_t)TP__P2P_PROBE_MS * 1000000u) {
             for (int i = 0; i < n; i++) {
                 const tp__req *r = rs[i];
-                if (r == NULL || tp__req_done(r) || r->r_send ||
-                    r->r_peer < 0 || r->r_peer == p->p_rank) {
-                    continue;
-                }
-                p2p_peer *pe = &p->p_peers[r->r_peer];
-                tp__mtx_lock(&p->p_mtx);
-                bool due = pe->pe_err == NULL &&
-                           now - pe->pe_probe_ns >
-                               (uint64_t)TP__P2P_PROBE_MS * 1000000u;
-                if (due) {
-                    pe->pe_probe_ns = now;
-                }
-                tp__mtx_unlock(&p->p_mtx);
-                if (due) {
-                    ctl_send(p, r->r_peer, P2P_KIND_PROBE, 0, NULL);
+                if (r != NULL && !tp__req_done(r) && !r->r_send) {
+                    tp__p2p_probe(p, r->r_peer);
                 }
             }
         }

@@ -107,6 +107,10 @@ tp_status tp__p2p_waitall(tp__p2p *p, tp__req *const *rs, int n,
                           uint64_t deadline_ns,
                           tp_status (*check)(void *arg, tp_error **err_p),
                           void *arg, const char *what, tp_error **err_p);
+// Writes a probe to world rank @rank if none went there in the last
+// TP__P2P_PROBE_MS and it is not known to have failed: a dead rank fails
+// the write (and so its pending recvs). Does not wait.
+void tp__p2p_probe(tp__p2p *p, int rank);
 // Wakes the waiters of tp__p2p_waitall (to re-run their checks).
 void tp__p2p_kick(tp__p2p *p);
 

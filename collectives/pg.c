@@ -112,6 +112,7 @@ struct tp_pg {
     uint64_t g_seq;
     tp_error *g_broken;
     atomic_bool g_is_broken; // g_broken != NULL, read without the lock
+    atomic_int g_waiters;    // threads in tp_work_wait on a work of it
     tp_pg *g_next;           // in the world's list
     // world only
     tp_store *w_store;
@@ -778,15 +779,41 @@ work_new(tp_pg *g)
     return wk;
 }
 
+// Frees what a work holds (its last reference is gone).
+static void
+work_release(tp_work *wk)
+{
+    tp_tensor_unref(wk->wk_t1);
+    tp_tensor_unref(wk->wk_t2);
+    free(wk->wk_splits);
+    free(wk->wk_in_copy);
+    if (wk->wk_local) {
+        return; // on a caller's stack; no lock, error or request
+    }
+    tp_error_unref(wk->wk_err);
+    tp__cv_fini(&wk->wk_cv);
+    tp__mtx_fini(&wk->wk_mtx);
+    free(wk);
+}
+
 static void
 work_unref(tp_work *wk)
 {
-    if (wk == NULL || atomic_fetch_sub(&wk->wk_refs, 1) != 1) {
+    if (wk == NULL) {
         return;
     }
     tp_pg *lw = atomic_load(&wk->wk_world);
     if (lw != NULL) {
+        // A listed (point-to-point) work drops its last reference under
+        // the world's lock, so finish_p2p_works, which takes references
+        // under it, never sees a dying work; its request is given to the
+        // p2p layer before the lock is released (the p2p layer is alive:
+        // the world's destroy unlists every work first).
         tp__mtx_lock(&lw->w_mtx);
+        if (atomic_fetch_sub(&wk->wk_refs, 1) != 1) {
+            tp__mtx_unlock(&lw->w_mtx);
+            return;
+        }
         if (wk->wk_listed) {
             if (wk->wk_lprev != NULL) {
                 wk->wk_lprev->wk_lnext = wk->wk_lnext;
@@ -798,26 +825,18 @@ work_unref(tp_work *wk)
             }
             wk->wk_listed = false;
         }
+        tp__req *r = wk->wk_req;
+        wk->wk_req = NULL;
+        tp__req_detach(r); // done: the callback held a reference
         tp__mtx_unlock(&lw->w_mtx);
-    }
-    if (wk->wk_local) {
-        tp_tensor_unref(wk->wk_t1);
-        tp_tensor_unref(wk->wk_t2);
-        free(wk->wk_splits);
-        free(wk->wk_in_copy);
+        work_release(wk);
         return;
     }
-    if (wk->wk_req != NULL) {
-        tp__req_detach(wk->wk_req); // done: the callback held a reference
+    if (atomic_fetch_sub(&wk->wk_refs, 1) != 1) {
+        return;
     }
-    tp_tensor_unref(wk->wk_t1);
-    tp_tensor_unref(wk->wk_t2);
-    free(wk->wk_splits);
-    free(wk->wk_in_copy);
-    tp_error_unref(wk->wk_err);
-    tp__cv_fini(&wk->wk_cv);
-    tp__mtx_fini(&wk->wk_mtx);
-    free(wk);
+    TP_ASSERT(wk->wk_req == NULL); // unlisted by the world's destroy
+    work_release(wk);
 }
 
 static void
@@ -898,55 +917,76 @@ tp_work_wait(tp_work *w, int64_t timeout_ms, tp_error **err_p)
     uint64_t deadline =
         timeout_ms > 0 ? tp__deadline_after_ms(timeout_ms) : w->wk_deadline_ns;
     bool op_deadline = timeout_ms <= 0 || deadline >= w->wk_deadline_ns;
-    if (op_deadline && w->wk_deadline_ns != UINT64_MAX) {
-        // The collective's own deadline is enforced by its runner; a little
+    if (op_deadline && w->wk_deadline_ns != UINT64_MAX && !w->wk_p2p) {
+        // A collective's own deadline is enforced by its runner; a little
         // grace lets its error (naming what it waited for) arrive first.
         deadline = w->wk_deadline_ns + (uint64_t)PG_FINISH_GRACE_MS * 1000000u;
     }
-    if (w->wk_p2p && w->wk_req != NULL && !tp_work_is_completed(w)) {
-        // Waiting on the request probes a silent peer; the operation's own
-        // deadline fails it.
-        tp__req *r = w->wk_req;
-        uint64_t d =
-            deadline < w->wk_deadline_ns ? deadline : w->wk_deadline_ns;
-        tp_error *e = NULL;
-        tp_status st = tp__p2p_waitall(w->wk_pg->g_world->w_p2p, &r, 1, d, NULL,
-                                       NULL, w->wk_pg->g_what, &e);
-        if (st == TP_ETIMEDOUT && !tp_work_is_completed(w) &&
-            tp__now_ns() >= w->wk_deadline_ns) {
-            tp_error *we = tp_error_create(
-                TP_ETIMEDOUT, NULL,
-                "%s: %s rank %d did not complete within %" PRId64 " ms",
-                w->wk_pg->g_what, w->wk_send ? "send to" : "recv from",
-                w->wk_peer, w->wk_pg->g_timeout_ms);
-            // Completed first, so the cancellation's error is not the
-            // one reported; the request is freed once the pipe let go.
-            work_complete(w, TP_ETIMEDOUT, we, -1);
-            w->wk_req = NULL;
-            tp__req_cancel_free(r);
-            tp_error_unref(we);
-        }
-        tp_error_unref(e);
-    }
     tp__mtx_lock(&w->wk_mtx);
+    tp_pg *g = w->wk_pg;
+    bool waiting = !w->wk_done;
+    if (waiting) {
+        // Counted under the work's lock: a destroy completes the group's
+        // works (taking this lock) before it waits for its waiters to
+        // leave, so @g stays valid until we do.
+        atomic_fetch_add(&g->g_waiters, 1);
+    }
+    uint64_t start = tp__now_ns();
+    bool op_expired = false;
     while (!w->wk_done) {
-        if (!tp__cv_wait_until(&w->wk_cv, &w->wk_mtx, deadline)) {
+        uint64_t now = tp__now_ns();
+        if (now >= deadline) {
+            op_expired = w->wk_p2p && now >= w->wk_deadline_ns;
             break;
         }
+        uint64_t slice = now + 20000000u; // 20 ms: probes of a silent peer
+        tp__cv_wait_until(&w->wk_cv, &w->wk_mtx,
+                          slice < deadline ? slice : deadline);
+        if (!w->wk_done && w->wk_p2p && w->wk_peer >= 0 &&
+            tp__now_ns() - start > (uint64_t)TP__P2P_PROBE_MS * 1000000u) {
+            // A receive from (or send to) a rank that died before it ever
+            // wrote to us: a probe's failed write fails it.
+            tp__mtx_unlock(&w->wk_mtx);
+            tp__p2p_probe(g->g_world->w_p2p, g->g_wranks[w->wk_peer]);
+            tp__mtx_lock(&w->wk_mtx);
+        }
     }
+    tp__mtx_unlock(&w->wk_mtx);
+    if (op_expired) {
+        // The point-to-point operation's own deadline: it fails, and its
+        // request is canceled (taken under the world's lock: a destroy may
+        // take it at the same time).
+        tp_error *we = tp_error_create(
+            TP_ETIMEDOUT, NULL,
+            "%s: %s rank %d did not complete within %" PRId64 " ms", g->g_what,
+            w->wk_send ? "send to" : "recv from", w->wk_peer, g->g_timeout_ms);
+        work_complete(w, TP_ETIMEDOUT, we, -1);
+        tp_error_unref(we);
+        tp_pg *lw = g->g_world;
+        tp__mtx_lock(&lw->w_mtx);
+        tp__req *r = w->wk_req;
+        w->wk_req = NULL;
+        tp__mtx_unlock(&lw->w_mtx);
+        tp__req_cancel_free(r);
+    }
+    tp__mtx_lock(&w->wk_mtx);
     bool done = w->wk_done;
     tp_status st = w->wk_st;
     tp_error *e = tp_error_ref(w->wk_err);
     tp__mtx_unlock(&w->wk_mtx);
     if (!done) {
-        return tp__error_set(err_p, TP_ETIMEDOUT,
-                             "%s: work not completed within %" PRId64 " ms",
-                             w->wk_pg->g_what, timeout_ms);
-    }
-    if (err_p != NULL) {
+        tp__error_set(err_p, TP_ETIMEDOUT,
+                      "%s: work not completed within %" PRId64 " ms", g->g_what,
+                      timeout_ms);
+        st = TP_ETIMEDOUT;
+        tp_error_unref(e);
+    } else if (err_p != NULL) {
         *err_p = e;
     } else {
         tp_error_unref(e);
+    }
+    if (waiting) {
+        atomic_fetch_sub(&g->g_waiters, 1); // last use of @g
     }
     return st;
 }
@@ -2009,8 +2049,11 @@ finish_p2p_works(tp_pg *pg)
     if (world) {
         // Works freed later must not touch the world.
         tp__mtx_lock(&w->w_mtx);
-        for (tp_work *wk = w->w_works; wk != NULL; wk = wk->wk_lnext) {
+        for (tp_work *wk = w->w_works, *next; wk != NULL; wk = next) {
+            next = wk->wk_lnext;
             wk->wk_listed = false;
+            // Last touch: once it reads NULL, a thread dropping the last
+            // reference frees it without this lock.
             atomic_store(&wk->wk_world, NULL);
         }
         w->w_works = NULL;
@@ -2056,6 +2099,13 @@ tp_pg_destroy(tp_pg *pg)
         pthread_join(pg->g_thread, NULL);
     }
     finish_p2p_works(pg);
+    // Threads in tp_work_wait on works of this group leave now (every work
+    // is complete); bounded, in case one is stuck in a probe's connect.
+    uint64_t until = tp__deadline_after_ms(PG_FINISH_GRACE_MS);
+    while (atomic_load(&pg->g_waiters) > 0 && tp__now_ns() < until) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
     if (pg != w) {
         tp__mtx_lock(&w->w_mtx);
         for (tp_pg **gp = &w->w_groups; *gp != NULL; gp = &(*gp)->g_next) {

@@ -14,6 +14,7 @@
 #include <inttypes.h>
 #include <math.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1216,8 +1217,24 @@ test_malformed(void)
     job_run(&j);
 }
 
+typedef struct waiter {
+    tp_work *w;
+    tp_status st;
+} waiter;
+
+static void *
+waiter_main(void *arg)
+{
+    waiter *wt = arg;
+    tp_error *err = NULL;
+    wt->st = tp_work_wait(wt->w, tp_test_ms(20000), &err);
+    tp_error_unref(err);
+    return NULL;
+}
+
 // Destroying a group finishes its pending point-to-point works with
-// TP_ECLOSED; their handles stay valid after the group is gone.
+// TP_ECLOSED (also while another thread waits on one); their handles stay
+// valid after the group is gone.
 static void
 destroy_pending_rank(int rank, int world, const char *url, void *arg)
 {
@@ -1233,6 +1250,21 @@ destroy_pending_rank(int rank, int world, const char *url, void *arg)
     TP_CHECK_OK(tp_pg_recv(pg, b, TP_ANY_SOURCE, 7, &wb, &err), err);
     // one already complete: a send to itself, unmatched (unexpected)
     TP_CHECK_OK(tp_pg_send(pg, a, rank, 9, &wc, &err), err);
+    // Another thread waits on a recv of a second subgroup while this one
+    // destroys it.
+    tp_pg *sub2 = NULL;
+    TP_CHECK_OK(tp_pg_new_group(pg, me, 1, NULL, &sub2, &err), err);
+    tp_tensor *c = tensor(TP_F32, 4);
+    waiter wt = {.st = TP_OK};
+    TP_CHECK_OK(tp_pg_recv(sub2, c, 0, 7, &wt.w, &err), err);
+    pthread_t th;
+    TP_CHECK(pthread_create(&th, NULL, waiter_main, &wt) == 0);
+    usleep(50 * 1000);
+    tp_pg_destroy(sub2);
+    TP_CHECK(pthread_join(th, NULL) == 0);
+    TP_CHECK_EQ(wt.st, TP_ECLOSED);
+    tp_work_free(wt.w);
+    tp_tensor_unref(c);
     tp_pg_destroy(sub);
     TP_CHECK(tp_work_is_completed(wa));
     TP_CHECK_EQ(tp_work_wait(wa, 1000, &err), TP_ECLOSED);
