@@ -167,7 +167,9 @@ TP_API const tp_error *tp_work_error(const tp_work *w);
 TP_API int tp_work_source(const tp_work *w);
 /**
  * tp_work_free - drop the handle. An operation still running goes on to
- * completion (its tensors stay referenced until then). NULL is fine.
+ * completion (its tensors stay referenced until then). NULL is fine. Any
+ * thread, before or after the group is destroyed, but not while another
+ * thread is inside tp_pg_destroy of the world group.
  */
 TP_API void tp_work_free(tp_work *w);
 
