@@ -542,6 +542,28 @@ shm_look_all(tp__shm *m, uint32_t p)
 
 // Phase @p where every rank contributes: give @len bytes at @src (slot or
 // published), post, wait for all, and take every rank's view.
+// Phase @p of a rooted collective where only @reader ranks read the
+// others' contributions: every rank gives @len bytes at @src and posts.
+// A rank that does not read is done (*@done_p) once its contribution may
+// be reused: at once for a slot; for a published buffer, once the root
+// posted p + 1 (it has read it).
+static tp_status
+shm_give_rooted(const shm_op *o, uint32_t p, const void *src, size_t len,
+                bool slot, bool reader, bool *done_p)
+{
+    tp_status st = shm_give(o, p, src, len, slot);
+    if (st != TP_OK) {
+        return st;
+    }
+    shm_post(o->o_m, p);
+    *done_p = !reader;
+    if (reader || slot) {
+        return TP_OK;
+    }
+    shm_post(o->o_m, p + 1);
+    return shm_wait(o, o->o_a->root, p + 1);
+}
+
 static tp_status
 shm_give_all(const shm_op *o, uint32_t p, const void *src, size_t len,
              bool slot)
@@ -781,17 +803,10 @@ shm_reduce(const shm_op *o)
     size_t bytes = a->count * o->o_es;
     bool slot = bytes <= m->m_slot, root = m->m_rank == a->root;
     uint32_t p = m->m_phase + 1;
-    tp_status st = shm_give(o, p, a->buf, bytes, slot);
-    if (st != TP_OK) {
+    bool done = false;
+    tp_status st = shm_give_rooted(o, p, a->buf, bytes, slot, root, &done);
+    if (st != TP_OK || done) {
         return st;
-    }
-    shm_post(m, p);
-    if (!root) {
-        if (slot) {
-            return TP_OK;
-        }
-        shm_post(m, p + 1);
-        return shm_wait(o, a->root, p + 1); // until the root read buf
     }
     st = shm_wait_all(o, p);
     if (st != TP_OK) {
@@ -818,17 +833,10 @@ shm_gather(const shm_op *o, bool all)
     bool slot = bytes <= m->m_slot;
     bool reader = all || m->m_rank == a->root;
     uint32_t p = m->m_phase + 1;
-    tp_status st = shm_give(o, p, a->in, bytes, slot);
-    if (st != TP_OK) {
+    bool done = false;
+    tp_status st = shm_give_rooted(o, p, a->in, bytes, slot, reader, &done);
+    if (st != TP_OK || done) {
         return st;
-    }
-    shm_post(m, p);
-    if (!reader) {
-        if (slot) {
-            return TP_OK;
-        }
-        shm_post(m, p + 1);
-        return shm_wait(o, a->root, p + 1);
     }
     st = shm_wait_all(o, p);
     if (st != TP_OK) {
