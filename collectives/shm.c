@@ -1575,3 +1575,31 @@ out_close:
     tp__shm_close(m);
     return st;
 }
+
+bool
+tp__shm_viable(char *why, size_t why_len)
+{
+    char cma[256];
+    if (!tp__cma_viable(cma, sizeof(cma))) {
+        snprintf(why, why_len, "cross-memory attach: %s", cma);
+        return false;
+    }
+    char name[64];
+    snprintf(name, sizeof(name), "/tp-coll-probe-%d-%016" PRIx64, (int)getpid(),
+             tp__random_u64());
+    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        snprintf(why, why_len, "shm_open of /dev/shm%s: %s", name,
+                 strerror(errno));
+        return false;
+    }
+    shm_unlink(name);
+    int e = posix_fallocate(fd, 0, 1 << 20);
+    close(fd);
+    if (e != 0) {
+        snprintf(why, why_len, "posix_fallocate of 1 MiB in /dev/shm: %s",
+                 strerror(e));
+        return false;
+    }
+    return true;
+}

@@ -6,6 +6,7 @@
 #ifndef TP_COLLECTIVES_SHM_H
 #define TP_COLLECTIVES_SHM_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -47,6 +48,12 @@ tp_status tp__shm_open(const tp__shm_setup *s, tp__shm **shm_p, char *why,
 // an error the segment's state is undefined: the caller stops using it.
 tp_status tp__shm_run(tp__shm *shm, const tp__coll_args *a,
                       uint64_t deadline_ns, tp_error **err_p);
+
+// Whether this process could use the engine (`tpipe info`): cross-memory
+// attach works (tp__cma_viable) and /dev/shm takes a small segment
+// (created, reserved and unlinked). On false @why says which and why.
+// The engine also needs every member to agree; this checks only here.
+bool tp__shm_viable(char *why, size_t why_len);
 
 // Unmaps and frees. Not collective. NULL is fine.
 void tp__shm_close(tp__shm *shm);

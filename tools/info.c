@@ -7,6 +7,8 @@
 #include <string.h>
 #include <tpipe/tpipe.h>
 
+#include "collectives/nccl.h"
+#include "collectives/shm.h"
 #include "core/config.h"
 #include "core/loop.h"
 #include "tool.h"
@@ -242,6 +244,9 @@ info_main(bool json)
 
     char uring_why[256] = "";
     bool uring_ok = tp__loop_uring_viable(uring_why, sizeof(uring_why));
+    char shm_why[384] = "", nccl_why[256] = "";
+    bool shm_ok = tp__shm_viable(shm_why, sizeof(shm_why));
+    bool nccl_ok = tp__nccl_available(nccl_why, sizeof(nccl_why));
 
     // One loop with the configured backend (auto by default), on which
     // each viable transport is created to read its domain and address.
@@ -306,7 +311,16 @@ info_main(bool json)
             info_json_opt("error", it->it_error);
             fputc('}', stdout);
         }
-        fputc(']', stdout);
+        fputs("],\"collectives\":{\"engine\":", stdout);
+        tool_json_str(stdout, cfg.coll_engine == TP_COLL_ENGINE_SHM ? "shm"
+                              : cfg.coll_engine == TP_COLL_ENGINE_PIPE
+                                  ? "pipe"
+                                  : "auto");
+        printf(",\"shm_viable\":%s", shm_ok ? "true" : "false");
+        info_json_opt("shm_why", shm_ok ? NULL : shm_why);
+        printf(",\"nccl_viable\":%s", nccl_ok ? "true" : "false");
+        info_json_opt("nccl_why", nccl_ok ? NULL : nccl_why);
+        fputc('}', stdout);
         info_json_opt("config_error", cfg_error);
         fputs("}\n", stdout);
     } else {
@@ -358,6 +372,20 @@ info_main(bool json)
                 printf("  %s: %s\n", its[i].it_name, its[i].it_error);
             }
         }
+        printf("\ncollectives (TP_COLL_ENGINE=%s):\n",
+               cfg.coll_engine == TP_COLL_ENGINE_SHM    ? "shm"
+               : cfg.coll_engine == TP_COLL_ENGINE_PIPE ? "pipe"
+                                                        : "auto");
+        printf("  shm engine   %s%s\n",
+               shm_ok ? "viable here (used when every member of a group is "
+                        "on this host)"
+                      : "not viable: ",
+               shm_ok ? "" : shm_why);
+        printf("  pipe engine  viable (every group; over the transports "
+               "above)\n");
+        printf("  nccl         %s%s\n",
+               nccl_ok ? "viable (CUDA tensors)" : "not viable: ",
+               nccl_ok ? "" : nccl_why);
     }
     fflush(stdout);
     if (cfg_error[0]) {
