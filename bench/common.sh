@@ -49,3 +49,15 @@ run_peers() {
   fi
   touch "$OUT/peers/raw.txt"
 }
+
+# finish_report NAME: prints $OUT/report.md and, with SAVE=1, copies it to
+# bench/results/NAME-<UTC date-time>.md.
+finish_report() {
+  cat "$OUT/report.md"
+  log "report: $OUT/report.md"
+  if [ "$SAVE" = 1 ]; then
+    SAVED=$HERE/results/$1-$(date -u +%Y%m%d-%H%M).md
+    mkdir -p "$HERE/results" && cp "$OUT/report.md" "$SAVED" &&
+      log "saved: $SAVED"
+  fi
+}

@@ -65,11 +65,5 @@ run_peers
   echo
   "$PY" "$HERE/compare_collective.py" "$OUT/ours.jsonl" "$OUT/peers/raw.txt"
 } >"$OUT/report.md"
-cat "$OUT/report.md"
-log "report: $OUT/report.md"
-if [ "$SAVE" = 1 ]; then
-  SAVED=$HERE/results/collective-$(date -u +%Y%m%d-%H%M).md
-  mkdir -p "$HERE/results" && cp "$OUT/report.md" "$SAVED" &&
-    log "saved: $SAVED"
-fi
+finish_report collective
 exit "$rc"

@@ -58,11 +58,5 @@ run_peers
   echo
   "$PY" "$HERE/compare_rpc.py" "$OUT/ours.jsonl" "$OUT/peers/raw.txt"
 } >"$OUT/report.md"
-cat "$OUT/report.md"
-log "report: $OUT/report.md"
-if [ "$SAVE" = 1 ]; then
-  SAVED=$HERE/results/rpc-$(date -u +%Y%m%d-%H%M).md
-  mkdir -p "$HERE/results" && cp "$OUT/report.md" "$SAVED" &&
-    log "saved: $SAVED"
-fi
+finish_report rpc
 exit $rc

@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "core/list.h"
 #include "core/log.h"
 #include "core/platform.h"
 #include "core/wire.h"
@@ -49,7 +50,7 @@ struct tp__req {
     uint64_t r_tag;
     void *r_buf;
     size_t r_len;
-    tp__req_cb r_cb;
+    _Atomic(tp__req_cb) r_cb; // cleared by tp__req_cancel_free's leak path
     void *r_cb_arg;
     uint64_t r_posted_ns;
     _Atomic bool r_done;
@@ -65,16 +66,15 @@ struct tp__req {
     tp_pipe *r_pipe; // reference while the write is in flight
     char *r_owned;   // freed with the request (an abort's reason)
     // recv (under p_mtx)
-    bool r_posted; // in p_posted
-    p2p_in *r_in;  // being received by this pipe
-    p2p_ux *r_ux;  // claimed an arriving unexpected message
-    tp__req *r_next;
-    tp__req *r_prev;
+    p2p_in *r_in;        // being received by this pipe
+    p2p_ux *r_ux;        // claimed an arriving unexpected message
+    tp_list_node r_node; // in p_posted while posted
+    tp__req *r_next;     // in a singly linked chain (p_dead, failed)
 };
 
 // A message that arrived before its recv.
 struct p2p_ux {
-    p2p_ux *u_next;
+    tp_list_node u_node; // in p_ux while queued
     int u_src;
     uint64_t u_gid;
     int u_chan;
@@ -122,9 +122,8 @@ struct tp__p2p {
     tp_mtx p_mtx;
     tp_cv p_cv;
     tp_mtx p_conn_mtx;
-    tp__req *p_posted; // recvs waiting, in post order
-    tp__req *p_posted_tail;
-    p2p_ux *p_ux; // unexpected, in arrival order
+    tp_list p_posted; // recvs waiting (tp__req), in post order
+    tp_list p_ux;     // unexpected messages (p2p_ux), in arrival order
     p2p_in *p_ins;
     bool p_closing;
     uint64_t p_gen; // bumped on every completion, under p_mtx
@@ -162,10 +161,8 @@ req_complete(tp__req *r, tp_status st, const tp_error *err, int source)
     r->r_st = st;
     r->r_err = err != NULL ? tp_error_ref(err) : NULL;
     r->r_source = source;
-    tp__mtx_lock(&p->p_mtx); // against tp__req_cancel_free's leak path
-    tp__req_cb cb = r->r_cb;
+    tp__req_cb cb = atomic_load_explicit(&r->r_cb, memory_order_acquire);
     void *arg = r->r_cb_arg;
-    tp__mtx_unlock(&p->p_mtx);
     if (cb != NULL) {
         cb(r, arg);
     }
@@ -233,7 +230,7 @@ req_new(tp__p2p *p, bool send, int peer, uint64_t gid, int chan, uint64_t tag,
     r->r_tag = tag;
     r->r_buf = buf;
     r->r_len = len;
-    r->r_cb = cb;
+    atomic_init(&r->r_cb, cb);
     r->r_cb_arg = cb_arg;
     r->r_source = -1;
     r->r_posted_ns = tp__now_ns();
@@ -276,18 +273,29 @@ tp__req_free(tp__req *r)
 static void
 posted_remove(tp__p2p *p, tp__req *r)
 {
-    if (r->r_prev != NULL) {
-        r->r_prev->r_next = r->r_next;
-    } else {
-        p->p_posted = r->r_next;
+    tp__list_remove(&p->p_posted, r);
+}
+
+// The first posted recv that takes a message with this key (p_mtx held).
+static tp__req *
+posted_find(tp__p2p *p, int src, uint64_t gid, int chan, uint64_t tag)
+{
+    for (tp__req *r = tp__list_first(&p->p_posted); r != NULL;
+         r = tp__list_next(&p->p_posted, r)) {
+        if (match(r, src, gid, chan, tag)) {
+            return r;
+        }
     }
-    if (r->r_next != NULL) {
-        r->r_next->r_prev = r->r_prev;
-    } else {
-        p->p_posted_tail = r->r_prev;
+    return NULL;
+}
+
+// Takes @u out of the unexpected queue if it is in it (p_mtx held).
+static void
+ux_unqueue(tp__p2p *p, p2p_ux *u)
+{
+    if (tp__list_node_active(&u->u_node)) {
+        tp__list_remove(&p->p_ux, u);
     }
-    r->r_next = r->r_prev = NULL;
-    r->r_posted = false;
 }
 
 // Waits up to @ms for @r to complete. True if it did.
@@ -316,7 +324,7 @@ tp__req_cancel_free(tp__req *r)
         tp__req *heir = NULL;
         tp__mtx_lock(&p->p_mtx);
         if (!r->r_send) {
-            if (r->r_posted) {
+            if (tp__list_node_active(&r->r_node)) {
                 posted_remove(p, r);
                 complete_here = true;
             } else if (r->r_ux != NULL) {
@@ -326,12 +334,7 @@ tp__req_cancel_free(tp__req *r)
                 u->u_claim = NULL;
                 r->r_ux = NULL;
                 complete_here = true;
-                for (tp__req *q = p->p_posted; q != NULL; q = q->r_next) {
-                    if (match(q, u->u_src, u->u_gid, u->u_chan, u->u_tag)) {
-                        heir = q;
-                        break;
-                    }
-                }
+                heir = posted_find(p, u->u_src, u->u_gid, u->u_chan, u->u_tag);
                 if (heir != NULL) {
                     posted_remove(p, heir);
                     u->u_claim = heir;
@@ -379,9 +382,7 @@ tp__req_cancel_free(tp__req *r)
                 // A buffer may still be written: leak the request rather
                 // than free memory a pipe holds, and let its completion
                 // call nobody (its owner is going away).
-                tp__mtx_lock(&p->p_mtx);
-                r->r_cb = NULL;
-                tp__mtx_unlock(&p->p_mtx);
+                atomic_store_explicit(&r->r_cb, NULL, memory_order_release);
                 TP_LOG_ERROR("TP-P2P-LEAK",
                              "%s: a %s to rank %d did not complete within "
                              "%d ms of being canceled; leaking it",
@@ -411,8 +412,9 @@ peer_fail(tp__p2p *p, int rank, const tp_error *err)
     bool first = pe->pe_err == NULL;
     if (first) {
         pe->pe_err = tp_error_ref(err);
-        for (tp__req *r = p->p_posted, *next; r != NULL; r = next) {
-            next = r->r_next;
+        for (tp__req *r = tp__list_first(&p->p_posted), *next; r != NULL;
+             r = next) {
+            next = tp__list_next(&p->p_posted, r);
             if (r->r_peer == rank) {
                 posted_remove(p, r);
                 r->r_next = failed;
@@ -593,11 +595,7 @@ send_self(tp__p2p *p, tp__req *s, tp_error **err_p)
     p2p_ux *u = NULL;
     for (int round = 0;; round++) {
         tp__mtx_lock(&p->p_mtx);
-        tp__req *r = p->p_posted;
-        while (r != NULL &&
-               !match(r, p->p_rank, s->r_gid, s->r_chan, s->r_tag)) {
-            r = r->r_next;
-        }
+        tp__req *r = posted_find(p, p->p_rank, s->r_gid, s->r_chan, s->r_tag);
         if (r != NULL) {
             posted_remove(p, r);
             tp__mtx_unlock(&p->p_mtx);
@@ -618,11 +616,7 @@ send_self(tp__p2p *p, tp__req *s, tp_error **err_p)
             return TP_OK;
         }
         if (u != NULL) {
-            p2p_ux **tail = &p->p_ux;
-            while (*tail != NULL) {
-                tail = &(*tail)->u_next;
-            }
-            *tail = u;
+            tp__list_append(&p->p_ux, u);
             tp__mtx_unlock(&p->p_mtx);
             req_complete(s, TP_OK, NULL, p->p_rank);
             return TP_OK;
@@ -756,19 +750,14 @@ tp__p2p_irecv(tp__p2p *p, int src, uint64_t gid, int chan, uint64_t tag,
     }
     tp__mtx_lock(&p->p_mtx);
     // A message already here, in arrival order.
-    p2p_ux **up = &p->p_ux;
-    while (*up != NULL) {
-        p2p_ux *u = *up;
-        if (u->u_claim == NULL &&
-            match(r, u->u_src, u->u_gid, u->u_chan, u->u_tag)) {
-            break;
-        }
-        up = &u->u_next;
+    p2p_ux *u = tp__list_first(&p->p_ux);
+    while (u != NULL && (u->u_claim != NULL ||
+                         !match(r, u->u_src, u->u_gid, u->u_chan, u->u_tag))) {
+        u = tp__list_next(&p->p_ux, u);
     }
-    if (*up != NULL) {
-        p2p_ux *u = *up;
+    if (u != NULL) {
         if (u->u_ready) {
-            *up = u->u_next;
+            tp__list_remove(&p->p_ux, u);
             tp__mtx_unlock(&p->p_mtx);
             *r_p = r;
             ux_deliver(p, r, u);
@@ -782,14 +771,7 @@ tp__p2p_irecv(tp__p2p *p, int src, uint64_t gid, int chan, uint64_t tag,
     }
     tp_error *dead = src >= 0 ? tp_error_ref(p->p_peers[src].pe_err) : NULL;
     if (dead == NULL) {
-        r->r_prev = p->p_posted_tail;
-        if (p->p_posted_tail != NULL) {
-            p->p_posted_tail->r_next = r;
-        } else {
-            p->p_posted = r;
-        }
-        p->p_posted_tail = r;
-        r->r_posted = true;
+        tp__list_append(&p->p_posted, r);
     }
     tp__mtx_unlock(&p->p_mtx);
     if (dead != NULL) {
@@ -836,12 +818,7 @@ in_fail(p2p_in *in, tp_status st, const tp_error *cause, const char *why)
     in->i_ux = NULL;
     tp__req *claim = NULL;
     if (u != NULL) {
-        for (p2p_ux **up = &p->p_ux; *up != NULL; up = &(*up)->u_next) {
-            if (*up == u) {
-                *up = u->u_next;
-                break;
-            }
-        }
+        ux_unqueue(p, u);
         claim = u->u_claim;
         if (claim != NULL) {
             claim->r_ux = NULL;
@@ -920,12 +897,7 @@ in_read_cb(void *arg)
         claim = u->u_claim;
         if (claim != NULL) {
             claim->r_ux = NULL;
-            for (p2p_ux **up = &p->p_ux; *up != NULL; up = &(*up)->u_next) {
-                if (*up == u) {
-                    *up = u->u_next;
-                    break;
-                }
-            }
+            ux_unqueue(p, u);
         }
     }
     tp__mtx_unlock(&p->p_mtx);
@@ -1035,10 +1007,7 @@ in_desc_cb(void *arg)
         return;
     }
     tp__mtx_lock(&p->p_mtx);
-    tp__req *r = p->p_posted;
-    while (r != NULL && !match(r, src, gid, kind, tag)) {
-        r = r->r_next;
-    }
+    tp__req *r = posted_find(p, src, gid, kind, tag);
     // Earlier unexpected messages with this key must match first: a recv
     // posted now would take them, so one is only matched here if there is
     // none (a posted recv implies none, as it would have taken it).
@@ -1073,11 +1042,7 @@ in_desc_cb(void *arg)
         u->u_msg = msg;
         u->u_drop = mismatch != NULL;
         if (mismatch == NULL) {
-            p2p_ux **tail = &p->p_ux;
-            while (*tail != NULL) {
-                tail = &(*tail)->u_next;
-            }
-            *tail = u;
+            tp__list_append(&p->p_ux, u);
         }
         in->i_ux = u;
     }
@@ -1156,6 +1121,8 @@ tp__p2p_create(const tp_context_options *co, bool loopback, int rank, int world,
     p->p_rank = rank;
     p->p_world = world;
     snprintf(p->p_name, sizeof(p->p_name), "%s", name);
+    TP_LIST_INIT(&p->p_posted, tp__req, r_node);
+    TP_LIST_INIT(&p->p_ux, p2p_ux, u_node);
     tp__mtx_init(&p->p_mtx);
     tp__mtx_init(&p->p_conn_mtx);
     tp__cv_init(&p->p_cv);
@@ -1252,10 +1219,7 @@ tp__p2p_destroy(tp__p2p *p)
         TP_ECLOSED, NULL, "%s: the process group was destroyed", p->p_name);
     for (;;) {
         tp__mtx_lock(&p->p_mtx);
-        tp__req *r = p->p_posted;
-        if (r != NULL) {
-            posted_remove(p, r);
-        }
+        tp__req *r = tp__list_pop_first(&p->p_posted);
         tp__mtx_unlock(&p->p_mtx);
         if (r == NULL) {
             break;
@@ -1264,9 +1228,8 @@ tp__p2p_destroy(tp__p2p *p)
     }
     tp_error_unref(closed);
     reap_dead(p);
-    while (p->p_ux != NULL) {
-        p2p_ux *u = p->p_ux;
-        p->p_ux = u->u_next;
+    p2p_ux *u;
+    while ((u = tp__list_pop_first(&p->p_ux)) != NULL) {
         if (u->u_claim != NULL) {
             tp__req *r = u->u_claim;
             r->r_ux = NULL;

@@ -42,6 +42,7 @@
 #include "core/config.h"
 #include "core/error.h"
 #include "core/hash.h"
+#include "core/list.h"
 #include "core/log.h"
 #include "core/platform.h"
 #include "store/store_int.h"
@@ -71,15 +72,13 @@ struct tp_work {
     bool wk_done;
     tp_status wk_st;
     tp_error *wk_err;
-    int wk_source; // group rank
-    tp_work *wk_next;
+    int wk_source;         // group rank
+    tp_list_node wk_qnode; // in its group's g_queue while queued
     // point-to-point works are listed in their world (w_works, under
     // w_mtx) from posting until freed, so that destroying a group can
     // finish them and the p2p layer never outlives their requests
     _Atomic(tp_pg *) wk_world;
-    bool wk_listed;
-    tp_work *wk_lnext;
-    tp_work *wk_lprev;
+    tp_list_node wk_lnode; // in w_works
 };
 
 struct tp_pg {
@@ -103,8 +102,7 @@ struct tp_pg {
     // queue and state
     tp_mtx g_mtx;
     tp_cv g_cv;
-    tp_work *g_qhead;
-    tp_work *g_qtail;
+    tp_list g_queue; // async collectives (tp_work), in issue order
     bool g_busy;
     bool g_stop;
     bool g_thread_started;
@@ -127,7 +125,7 @@ struct tp_pg {
         int count;
     } * w_sets;
     int w_nsets;
-    tp_work *w_works; // point-to-point works (see tp_work)
+    tp_list w_works; // point-to-point works (see tp_work)
     // aborts for groups not (yet) listed here: a member may give up
     // while this rank is still inside tp_pg_new_group
     struct pg_abort {
@@ -370,6 +368,8 @@ group_alloc(int size, int world_size)
         g->g_granks[i] = -1;
     }
     g->g_size = size;
+    TP_LIST_INIT(&g->g_queue, tp_work, wk_qnode);
+    TP_LIST_INIT(&g->w_works, tp_work, wk_lnode);
     tp__mtx_init(&g->g_mtx);
     tp__cv_init(&g->g_cv);
     g->g_engine = "pipe";
@@ -814,16 +814,8 @@ work_unref(tp_work *wk)
             tp__mtx_unlock(&lw->w_mtx);
             return;
         }
-        if (wk->wk_listed) {
-            if (wk->wk_lprev != NULL) {
-                wk->wk_lprev->wk_lnext = wk->wk_lnext;
-            } else {
-                lw->w_works = wk->wk_lnext;
-            }
-            if (wk->wk_lnext != NULL) {
-                wk->wk_lnext->wk_lprev = wk->wk_lprev;
-            }
-            wk->wk_listed = false;
+        if (tp__list_node_active(&wk->wk_lnode)) {
+            tp__list_remove(&lw->w_works, wk);
         }
         tp__req *r = wk->wk_req;
         wk->wk_req = NULL;
@@ -1379,16 +1371,12 @@ group_thread(void *arg)
     tp__thread_set_name(name);
     tp__mtx_lock(&g->g_mtx);
     for (;;) {
-        while ((!g->g_stop && g->g_qhead == NULL) || g->g_busy) {
+        while ((!g->g_stop && tp__list_empty(&g->g_queue)) || g->g_busy) {
             tp__cv_wait(&g->g_cv, &g->g_mtx);
         }
-        if (g->g_qhead == NULL) {
+        tp_work *wk = tp__list_pop_first(&g->g_queue);
+        if (wk == NULL) {
             break; // stopping
-        }
-        tp_work *wk = g->g_qhead;
-        g->g_qhead = wk->wk_next;
-        if (g->g_qhead == NULL) {
-            g->g_qtail = NULL;
         }
         g->g_busy = true;
         bool stop = g->g_stop;
@@ -1418,7 +1406,7 @@ static tp_status
 coll_submit(tp_pg *g, tp_work *wk, tp_work **w_p, tp_error **err_p)
 {
     tp__mtx_lock(&g->g_mtx);
-    if (w_p == NULL && g->g_qhead == NULL && !g->g_busy) {
+    if (w_p == NULL && tp__list_empty(&g->g_queue) && !g->g_busy) {
         g->g_busy = true;
         tp__mtx_unlock(&g->g_mtx);
         tp_status st = coll_exec(g, wk, err_p);
@@ -1467,13 +1455,7 @@ coll_submit(tp_pg *g, tp_work *wk, tp_work **w_p, tp_error **err_p)
         g->g_thread_started = true;
     }
     atomic_fetch_add(&wk->wk_refs, 1); // the queue's
-    wk->wk_next = NULL;
-    if (g->g_qtail != NULL) {
-        g->g_qtail->wk_next = wk;
-    } else {
-        g->g_qhead = wk;
-    }
-    g->g_qtail = wk;
+    tp__list_append(&g->g_queue, wk);
     tp__cv_broadcast(&g->g_cv);
     tp__mtx_unlock(&g->g_mtx);
     if (w_p != NULL) {
@@ -1974,13 +1956,7 @@ p2p_start(tp_pg *pg, bool send, tp_tensor *t, int peer, int tag, tp_work **w_p,
     tp_pg *w = pg->g_world;
     tp__mtx_lock(&w->w_mtx);
     atomic_store(&wk->wk_world, w);
-    wk->wk_listed = true;
-    wk->wk_lprev = NULL;
-    wk->wk_lnext = w->w_works;
-    if (w->w_works != NULL) {
-        w->w_works->wk_lprev = wk;
-    }
-    w->w_works = wk;
+    tp__list_append(&w->w_works, wk);
     tp__mtx_unlock(&w->w_mtx);
     if (w_p != NULL) {
         *w_p = wk;
@@ -2019,10 +1995,10 @@ finish_p2p_works(tp_pg *pg)
     bool world = pg == w;
     for (;;) {
         tp__mtx_lock(&w->w_mtx);
-        tp_work *wk = w->w_works;
+        tp_work *wk = tp__list_first(&w->w_works);
         while (wk != NULL &&
                (wk->wk_req == NULL || (!world && wk->wk_pg != pg))) {
-            wk = wk->wk_lnext;
+            wk = tp__list_next(&w->w_works, wk);
         }
         tp__req *r = NULL;
         if (wk != NULL) {
@@ -2049,14 +2025,12 @@ finish_p2p_works(tp_pg *pg)
     if (world) {
         // Works freed later must not touch the world.
         tp__mtx_lock(&w->w_mtx);
-        for (tp_work *wk = w->w_works, *next; wk != NULL; wk = next) {
-            next = wk->wk_lnext;
-            wk->wk_listed = false;
+        tp_work *wk;
+        while ((wk = tp__list_pop_first(&w->w_works)) != NULL) {
             // Last touch: once it reads NULL, a thread dropping the last
             // reference frees it without this lock.
             atomic_store(&wk->wk_world, NULL);
         }
-        w->w_works = NULL;
         tp__mtx_unlock(&w->w_mtx);
     }
 }

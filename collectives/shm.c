@@ -542,6 +542,25 @@ shm_look_all(tp__shm *m, uint32_t p)
 
 // Phase @p where every rank contributes: give @len bytes at @src (slot or
 // published), post, wait for all, and take every rank's view.
+// Phase @p of the one rank every other reads from (a broadcast's or a
+// scatter's root): it gives @len bytes at @src and posts; a published
+// buffer is held until every rank posted p + 1 (has read it).
+static tp_status
+shm_give_source(const shm_op *o, uint32_t p, const void *src, size_t len,
+                bool slot)
+{
+    tp_status st = shm_give(o, p, src, len, slot);
+    if (st != TP_OK) {
+        return st;
+    }
+    shm_post(o->o_m, p);
+    if (slot) {
+        return TP_OK;
+    }
+    shm_post(o->o_m, p + 1);
+    return shm_wait_all(o, p + 1);
+}
+
 // Phase @p of a rooted collective where only @reader ranks read the
 // others' contributions: every rank gives @len bytes at @src and posts.
 // A rank that does not read is done (*@done_p) once its contribution may
@@ -717,16 +736,7 @@ shm_broadcast(const shm_op *o)
     uint32_t p = m->m_phase + 1;
     tp_status st;
     if (m->m_rank == a->root) {
-        st = shm_give(o, p, a->buf, bytes, slot);
-        if (st != TP_OK) {
-            return st;
-        }
-        shm_post(m, p);
-        if (slot) {
-            return TP_OK;
-        }
-        shm_post(m, p + 1);
-        return shm_wait_all(o, p + 1); // until every rank read buf
+        return shm_give_source(o, p, a->buf, bytes, slot);
     }
     shm_post(m, p);
     st = shm_wait(o, a->root, p);
@@ -871,17 +881,8 @@ shm_scatter(const shm_op *o)
     uint32_t p = m->m_phase + 1;
     tp_status st;
     if (m->m_rank == a->root) {
-        st = shm_give(o, p, a->in, total, slot);
-        if (st != TP_OK) {
-            return st;
-        }
-        shm_post(m, p);
         shm_copy(a->out, shm_at(a->in, (size_t)m->m_rank * bytes), bytes);
-        if (slot) {
-            return TP_OK;
-        }
-        shm_post(m, p + 1);
-        return shm_wait_all(o, p + 1);
+        return shm_give_source(o, p, a->in, total, slot);
     }
     shm_post(m, p);
     st = shm_wait(o, a->root, p);

@@ -73,25 +73,10 @@ sleep_ms(int64_t ms)
     }
 }
 
-// A free loopback port (bound and released; a race is unlikely here).
-static int
-free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    TP_CHECK(fd >= 0);
-    struct sockaddr_in a = {.sin_family = AF_INET};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    TP_CHECK(bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0);
-    socklen_t l = sizeof(a);
-    TP_CHECK(getsockname(fd, (struct sockaddr *)&a, &l) == 0);
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
 static void
 tcp_url(char *url, size_t n)
 {
-    snprintf(url, n, "tcp://127.0.0.1:%d", free_port());
+    snprintf(url, n, "tcp://127.0.0.1:%d", tp_test_free_port());
 }
 
 // True if @msg holds the decimal number @n as a whole token (not part of
@@ -1222,7 +1207,7 @@ test_init_env_2(void)
 {
     job j;
     job_tcp(&j, 2, worker_env, NULL);
-    snprintf(j.url, sizeof(j.url), "%d", free_port());
+    snprintf(j.url, sizeof(j.url), "%d", tp_test_free_port());
     job_run(&j);
 }
 

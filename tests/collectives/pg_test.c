@@ -41,20 +41,6 @@ now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static int
-free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    TP_CHECK(fd >= 0);
-    struct sockaddr_in a = {.sin_family = AF_INET};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    TP_CHECK(bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0);
-    socklen_t l = sizeof(a);
-    TP_CHECK(getsockname(fd, (struct sockaddr *)&a, &l) == 0);
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
 // ---- jobs of forked ranks -------------------------------------------------
 
 typedef void (*rank_fn)(int rank, int world, const char *url, void *arg);
@@ -142,7 +128,7 @@ file_url(char *url, size_t n)
 static void
 tcp_url(char *url, size_t n)
 {
-    snprintf(url, n, "tcp://127.0.0.1:%d", free_port());
+    snprintf(url, n, "tcp://127.0.0.1:%d", tp_test_free_port());
 }
 
 static tp_pg *
@@ -1485,7 +1471,7 @@ test_init_methods(void)
     tcp_url(j.url, sizeof(j.url));
     job_run(&j);
     job je = {.world = 2, .fn = env_rank, .killed_rank = -1};
-    snprintf(je.url, sizeof(je.url), "%d", free_port());
+    snprintf(je.url, sizeof(je.url), "%d", tp_test_free_port());
     job_run(&je);
     job jm = {.world = 3, .nstart = 2, .fn = missing_rank, .killed_rank = -1};
     file_url(jm.url, sizeof(jm.url));

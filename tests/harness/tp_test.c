@@ -3,9 +3,12 @@
 
 #include "tp_test.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -148,4 +151,18 @@ tp_test_main(int argc, char **argv, const tp_test_case *cases, size_t n)
         return 77;
     }
     return 0;
+}
+
+int
+tp_test_free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    TP_CHECK(fd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    TP_CHECK(bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0);
+    socklen_t l = sizeof(a);
+    TP_CHECK(getsockname(fd, (struct sockaddr *)&a, &l) == 0);
+    close(fd);
+    return ntohs(a.sin_port);
 }

@@ -45,6 +45,9 @@ void tp_test_skip(const char *fmt, ...)
     __attribute__((noreturn, format(printf, 1, 2)));
 // Scaled timeout in ms for waits inside a case.
 int64_t tp_test_ms(int64_t ms);
+// A free loopback tcp port (bound on 127.0.0.1, read back and released;
+// another process may take it in between). Fails the case on error.
+int tp_test_free_port(void);
 
 #define TP_CHECK(c)                                                            \
     do {                                                                       \

@@ -155,20 +155,6 @@ reap_ok(pid_t pid)
               "child %d failed (status 0x%x)", (int)pid, status);
 }
 
-// A free loopback port (bound and released; a race is unlikely here).
-static int
-free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    TP_CHECK(bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0);
-    socklen_t l = sizeof(a);
-    getsockname(fd, (struct sockaddr *)&a, &l);
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
 // ---- every operation on one backend ----
 
 static void
@@ -682,7 +668,7 @@ static void
 test_init_tcp(void)
 {
     char url[64];
-    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", free_port());
+    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", tp_test_free_port());
     two_ranks(url, 1);
 }
 
@@ -743,7 +729,7 @@ static void
 env_case(const char *kind)
 {
     char port[16];
-    snprintf(port, sizeof(port), "%d", free_port());
+    snprintf(port, sizeof(port), "%d", tp_test_free_port());
     setenv("MASTER_ADDR", "127.0.0.1", 1);
     setenv("MASTER_PORT", port, 1);
     child_args a = {.rfd = -1};
@@ -858,7 +844,7 @@ static void
 test_connect_timeout(void)
 {
     char url[64];
-    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", free_port());
+    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", tp_test_free_port());
     tp_store *s = NULL;
     tp_error *err = NULL;
     uint64_t t0 = tp__now_ns();
