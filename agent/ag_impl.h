@@ -1,0 +1,264 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* ag_impl.h (internal) - the agent's state, shared by its files:
+ *
+ *   init.c        options, tp_rpc_init, worker infos, listening, teardown,
+ *                 tp_rpc_shutdown
+ *   rendezvous.c  the store: worker records at init, shutdown rounds, exit
+ *   conn.c        connections: write slots, the read state machine, the
+ *                 dispatch of messages by kind, failure, accept, connect
+ *   calls.c       pending calls, the timer thread, tp_rpc_async/sync/wait
+ *   serve.c       requests: handlers on the pool, replies
+ *   stats.c       per-peer counters, latency histogram, debug info
+ *
+ * Locks: a_mtx protects the agent's tables (peers' connections, pending
+ * calls, timer lists, write slots, counters). It is never held across a
+ * call into the pipe layer, the store, a future, a protocol hook or user
+ * code. Functions named *_locked are called with it held. */
+#ifndef TP_AG_IMPL_H
+#define TP_AG_IMPL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <tpipe/pipe.h>
+#include <tpipe/rpc.h>
+#include <tpipe/store.h>
+
+#include "agent_int.h"
+#include "core/error.h"
+#include "core/platform.h"
+#include "core/pool.h"
+#include "wire.h"
+
+
+#define AG_MAX_URLS      4
+#define AG_MAX_URL       256
+#define AG_KEY_PREFIX    "tp.rpc/"
+#define AG_LAT_BUCKETS   (64 * 4)
+#define AG_META_INLINE   192
+#define AG_TEARDOWN_MS   5000 /* waiting for handlers at shutdown */
+#define AG_SYNC_GRACE_MS 5000 /* tp_rpc_sync beyond the call's deadline */
+
+typedef struct ag_conn ag_conn;
+typedef struct ag_call ag_call;
+
+// ---- per-peer state ----------------------------------------------------
+
+typedef struct ag_stats {
+    uint64_t s_calls_sent;
+    uint64_t s_calls_received;
+    uint64_t s_bytes_sent;
+    uint64_t s_bytes_received;
+    uint64_t s_errors;
+    uint64_t s_timeouts;
+    uint64_t s_pending;
+    uint64_t s_lat_n;
+    uint64_t s_lat_min_ns;
+    uint64_t s_lat_max_ns;
+    double s_lat_sum_ns;
+    uint32_t s_lat_hist[AG_LAT_BUCKETS]; // log2 buckets, 4 sub-buckets
+} ag_stats;
+
+typedef struct ag_peer {
+    tp_worker_info p_info;
+    char p_urls[AG_MAX_URLS][AG_MAX_URL];
+    int p_nurls;
+    ag_conn *p_out;    // outgoing connection, NULL until a call needs it
+    ag_call *p_calls;  // pending calls to this peer (c_pnext list)
+    bool p_sd_missing; // did not arrive in the last shutdown round
+    ag_stats p_stats;
+} ag_peer;
+
+// ---- connections and write slots ---------------------------------------
+
+// One pipe write in flight: the message, its metadata buffer and what
+// keeps its buffers alive.
+typedef struct ag_wslot {
+    struct ag_wslot *w_next; // free list of the connection
+    ag_conn *w_conn;
+    tp_aio *w_aio;
+    tp_message w_msg;
+    tp_msg_buf w_payload;
+    tp_msg_buf *w_tbufs;
+    uint32_t w_tcap;
+    uint8_t *w_meta;
+    size_t w_meta_cap;
+    tp_args *w_args; // referenced until the write completes
+    ag_kind w_kind;  // what the message is
+    uint64_t w_call_id;
+    uint8_t w_meta_inline[AG_META_INLINE];
+} ag_wslot;
+
+struct ag_conn {
+    ag_conn *c_next; // the agent's list of every connection
+    // Operations in flight on it (reads, writes) and requests whose reply
+    // goes on it; a failed connection is freed when this is 0.
+    _Atomic long c_ops;
+    tp_agent *c_agent;
+    tp_pipe *c_pipe;
+    bool c_outgoing;
+    bool c_failed;
+    ag_peer *c_peer; // outgoing: the callee; incoming: set by requests
+    char c_url[AG_MAX_URL];
+    tp_aio *c_daio;     // reads descriptors
+    tp_aio *c_raio;     // reads the rest of a message
+    tp_message *c_rmsg; // the message being read
+    tp_args *c_rargs;   // its args, tensors allocated at the descriptor
+    ag_tensor_meta *c_metas;
+    uint32_t c_metas_cap;
+    ag_wslot *c_slots;     // free write slots
+    ag_wslot **c_allslots; // every slot, for freeing
+    size_t c_nslots, c_slots_cap;
+};
+
+// ---- calls -------------------------------------------------------------
+
+typedef struct ag_tclass ag_tclass;
+
+struct ag_call {
+    ag_call *c_hnext;           // pending table chain
+    ag_call *c_tprev, *c_tnext; // the timeout class list
+    ag_call *c_pprev, *c_pnext; // the peer's pending list
+    ag_tclass *c_tclass;        // NULL: no deadline
+    uint64_t c_id;
+    tp_future *c_fut;
+    ag_peer *c_peer;
+    ag_conn *c_conn; // NULL for calls to self
+    int64_t c_timeout_ms;
+    uint64_t c_start_ns;
+    uint64_t c_deadline_ns;
+    char c_fn_name[TP_RPC_MAX_FN_NAME + 1];
+};
+
+// The calls with one timeout value, in deadline order (the deadline of a
+// call is its start + the class's timeout, and starts are taken under
+// a_mtx, so appending keeps the order).
+struct ag_tclass {
+    ag_tclass *t_next;
+    int64_t t_ms;
+    ag_call *t_head, *t_tail;
+};
+
+// A request being handled.
+typedef struct ag_req {
+    tp_task r_task;
+    tp_agent *r_agent; // referenced
+    ag_conn *r_conn;   // NULL: a call to self (r_call_id is local)
+    ag_peer *r_caller;
+    const ag_fn *r_fn; // NULL: not registered here
+    uint64_t r_call_id;
+    uint64_t r_fn_id;
+    tp_args *r_args;
+    tp_rpc_call_info r_info;
+    char r_fn_name[TP_RPC_MAX_FN_NAME + 1];
+} ag_req;
+
+typedef enum ag_state {
+    AG_RUNNING = 0,
+    AG_SHUTTING_DOWN, // graceful shutdown in progress: calls still work
+    AG_CLOSED,        // calls fail with TP_ECLOSED
+} ag_state;
+
+struct tp_agent {
+    _Atomic long a_refs;
+    tp_mtx a_mtx;
+    ag_state a_state;
+    tp_agent_options a_opts;
+    char a_init_method[1024];
+    char a_transports[128];
+    char a_channels[128];
+    int a_rank;
+    int a_world;
+    ag_peer *a_peers; // by rank
+    ag_peer *a_self;
+    tp_store *a_store;
+    char a_prefix[48]; // "tp.rpc/<generation>/": this job's store keys
+    tp_context *a_ctx;
+    tp_pipe_listener *a_listener;
+    tp_aio *a_accept_aio;
+    char a_listen_url[AG_MAX_URL];
+    tp_pool *a_pool;
+    bool a_pool_leaked;
+    ag_conn *a_conns;
+    _Atomic long a_writers; // threads inside a pipe call (shutdown waits)
+    // pending calls
+    _Atomic uint64_t a_next_id;
+    ag_call **a_table;
+    size_t a_table_size; // power of two
+    size_t a_npending;
+    uint64_t a_activity; // calls made + requests received, for shutdown
+    tp_cv a_idle_cv;     // broadcast when a_npending drops to 0
+    // timer
+    ag_tclass *a_tclasses;
+    pthread_t a_timer;
+    bool a_timer_started;
+    bool a_timer_stop;
+    tp_cv a_timer_cv;
+    uint64_t a_timer_until; // what the timer thread sleeps until
+    uint64_t a_spin_ns;     // tp_rpc_wait's spin before sleeping
+};
+
+// ---- shared helpers ----------------------------------------------------
+
+static inline const char *
+ag_name(const tp_agent *a)
+{
+    return a->a_self->p_info.name;
+}
+
+static inline bool
+ag_worker_name_valid(const char *name, size_t len)
+{
+    return ag_name_valid(name, len, TP_RPC_MAX_NAME, "_-:");
+}
+
+// init.c
+void ag_agent_unref(tp_agent *a);
+ag_peer *ag_peer_by_name(tp_agent *a, const char *name);
+
+// rendezvous.c: milliseconds until @deadline, at least 1 (a store
+// timeout of 0 would mean no limit).
+int64_t ag_ms_left(uint64_t deadline);
+tp_status ag_rendezvous(tp_agent *a, uint64_t deadline, tp_error **err_p);
+tp_status ag_shutdown_round(tp_agent *a, int round, uint64_t deadline,
+                            uint64_t *pending_p, uint64_t *activity_p,
+                            tp_error **err_p);
+void ag_rendezvous_exit(tp_agent *a, uint64_t deadline);
+
+// conn.c
+ag_conn *ag_conn_create(tp_agent *a, tp_pipe *pipe, bool outgoing);
+void ag_conn_free(ag_conn *c);
+void ag_conn_describe(const ag_conn *c, char *buf, size_t len);
+void ag_conn_fail(ag_conn *c, const tp_error *err);
+void ag_conn_protocol_error(ag_conn *c, tp_error *err);
+void ag_conn_read_next(ag_conn *c);
+void ag_conn_op_done(ag_conn *c);
+ag_conn *ag_conn_get_locked(tp_agent *a, ag_peer *p, tp_error **err_p);
+void ag_accept_cb(void *arg);
+ag_wslot *ag_slot_get_locked(ag_conn *c);
+void ag_slot_put_locked(ag_wslot *w);
+tp_status ag_slot_fill(ag_wslot *w, const ag_hdr *h, tp_args *args,
+                       const char *errmsg);
+void ag_slot_submit(ag_wslot *w);
+
+// calls.c
+void ag_pending_unlink_locked(tp_agent *a, ag_call *c, tp_status st);
+ag_call *ag_pending_take_locked(tp_agent *a, uint64_t id, const ag_conn *conn,
+                                tp_status st);
+void ag_call_finish(ag_call *c, tp_args *result, tp_error *err);
+void *ag_timer_main(void *arg);
+
+// serve.c
+void ag_serve_request(ag_conn *c, const ag_hdr *h, tp_args *args);
+void ag_serve_reply(ag_conn *c, const ag_hdr *h, tp_args *args);
+void ag_req_run(void *arg);
+void ag_req_reply(ag_req *r, tp_args *result, const tp_error *err);
+void ag_write_failed_locally(ag_conn *c, ag_kind kind, uint64_t call_id,
+                             const tp_error *err);
+
+// stats.c
+void ag_lat_record_locked(ag_stats *s, uint64_t ns);
+
+#endif

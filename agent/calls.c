@@ -1,0 +1,551 @@
+// SPDX-License-Identifier: Apache-2.0
+// calls.c - outgoing calls: the pending table (chained on the call id),
+// deadlines (one list per timeout value, in deadline order) and the timer
+// thread that fails expired calls, tp_rpc_async/sync and tp_rpc_wait.
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "ag_impl.h"
+#include "core/alloc.h"
+#include "core/config.h"
+#include "core/hash.h"
+#include "core/log.h"
+
+static int64_t
+agent_timeout(const tp_agent *a, int64_t timeout_ms)
+{
+    return timeout_ms < 0 ? a->a_opts.rpc_timeout_ms : timeout_ms;
+}
+
+// ---- the pending table ---------------------------------------------------
+
+static ag_call **
+table_slot_locked(tp_agent *a, uint64_t id)
+{
+    // Ids are sequential: the low bits spread them.
+    return &a->a_table[id & (a->a_table_size - 1)];
+}
+
+static bool
+table_grow_locked(tp_agent *a)
+{
+    size_t nsize = a->a_table_size * 2;
+    ag_call **nt = tp__zalloc(nsize * sizeof(*nt));
+    if (nt == NULL) {
+        return false; // chains just get longer
+    }
+    for (size_t i = 0; i < a->a_table_size; i++) {
+        ag_call *c = a->a_table[i];
+        while (c != NULL) {
+            ag_call *next = c->c_hnext;
+            ag_call **slot = &nt[c->c_id & (nsize - 1)];
+            c->c_hnext = *slot;
+            *slot = c;
+            c = next;
+        }
+    }
+    tp__free(a->a_table);
+    a->a_table = nt;
+    a->a_table_size = nsize;
+    return true;
+}
+
+static void
+timer_insert_locked(tp_agent *a, ag_call *c)
+{
+    if (c->c_timeout_ms == 0) {
+        c->c_tclass = NULL;
+        return;
+    }
+    ag_tclass *tc = a->a_tclasses;
+    while (tc != NULL && tc->t_ms != c->c_timeout_ms) {
+        tc = tc->t_next;
+    }
+    if (tc == NULL) {
+        tc = tp__zalloc(sizeof(*tc));
+        if (tc == NULL) {
+            // Out of memory for a class: the timer thread will never see
+            // this call, so it only ends by its reply or a failure.
+            TP_LOG_WARN("TP-RPC-TIMER",
+                        "rpc %s: no memory for a timeout class: call %" PRIu64
+                        " has no deadline",
+                        ag_name(a), c->c_id);
+            c->c_tclass = NULL;
+            return;
+        }
+        tc->t_ms = c->c_timeout_ms;
+        tc->t_next = a->a_tclasses;
+        a->a_tclasses = tc;
+    }
+    c->c_tclass = tc;
+    c->c_tnext = NULL;
+    c->c_tprev = tc->t_tail;
+    if (tc->t_tail != NULL) {
+        tc->t_tail->c_tnext = c;
+    } else {
+        tc->t_head = c;
+    }
+    tc->t_tail = c;
+    if (c->c_deadline_ns < a->a_timer_until) {
+        tp__cv_signal(&a->a_timer_cv);
+    }
+}
+
+static void
+timer_remove_locked(ag_call *c)
+{
+    ag_tclass *tc = c->c_tclass;
+    if (tc == NULL) {
+        return;
+    }
+    if (c->c_tprev != NULL) {
+        c->c_tprev->c_tnext = c->c_tnext;
+    } else {
+        tc->t_head = c->c_tnext;
+    }
+    if (c->c_tnext != NULL) {
+        c->c_tnext->c_tprev = c->c_tprev;
+    } else {
+        tc->t_tail = c->c_tprev;
+    }
+    c->c_tclass = NULL;
+}
+
+static void
+pending_insert_locked(tp_agent *a, ag_call *c)
+{
+    if (a->a_npending >= a->a_table_size) {
+        table_grow_locked(a);
+    }
+    ag_call **slot = table_slot_locked(a, c->c_id);
+    c->c_hnext = *slot;
+    *slot = c;
+    ag_peer *p = c->c_peer;
+    c->c_pprev = NULL;
+    c->c_pnext = p->p_calls;
+    if (p->p_calls != NULL) {
+        p->p_calls->c_pprev = c;
+    }
+    p->p_calls = c;
+    p->p_stats.s_pending++;
+    p->p_stats.s_calls_sent++;
+    a->a_npending++;
+    a->a_activity++;
+    timer_insert_locked(a, c);
+}
+
+
+void
+ag_pending_unlink_locked(tp_agent *a, ag_call *c, tp_status st)
+{
+    ag_call **pp = table_slot_locked(a, c->c_id);
+    while (*pp != c) {
+        pp = &(*pp)->c_hnext;
+    }
+    *pp = c->c_hnext;
+    ag_peer *p = c->c_peer;
+    if (c->c_pprev != NULL) {
+        c->c_pprev->c_pnext = c->c_pnext;
+    } else {
+        p->p_calls = c->c_pnext;
+    }
+    if (c->c_pnext != NULL) {
+        c->c_pnext->c_pprev = c->c_pprev;
+    }
+    timer_remove_locked(c);
+    p->p_stats.s_pending--;
+    if (st == TP_OK) {
+        ag_lat_record_locked(&p->p_stats, tp__now_ns() - c->c_start_ns);
+    } else {
+        p->p_stats.s_errors++;
+        if (st == TP_ETIMEDOUT) {
+            p->p_stats.s_timeouts++;
+        }
+    }
+    if (--a->a_npending == 0) {
+        tp__cv_broadcast(&a->a_idle_cv);
+    }
+}
+
+// Takes call @id out of the table, or NULL if it already ended (or, when
+// @conn is not NULL, if it was not sent on @conn: a peer cannot answer
+// another peer's calls).
+ag_call *
+ag_pending_take_locked(tp_agent *a, uint64_t id, const ag_conn *conn, tp_status st)
+{
+    ag_call *c = *table_slot_locked(a, id);
+    while (c != NULL && c->c_id != id) {
+        c = c->c_hnext;
+    }
+    if (c != NULL && conn != NULL && c->c_conn != conn) {
+        return NULL;
+    }
+    if (c != NULL) {
+        ag_pending_unlink_locked(a, c, st);
+    }
+    return c;
+}
+
+// Resolves and frees a call taken out of the table. Takes @result and
+// @err. No lock held.
+void
+ag_call_finish(ag_call *c, tp_args *result, tp_error *err)
+{
+    if (err != NULL) {
+        tp_future_set_error(c->c_fut, err);
+        tp_error_unref(err);
+        tp_args_unref(result);
+    } else {
+        tp_future_set_value(c->c_fut, result, (tp_future_free_fn)tp_args_unref);
+    }
+    tp_future_unref(c->c_fut);
+    tp__free(c);
+}
+
+// ---- the timer thread ----------------------------------------------------
+
+void *
+ag_timer_main(void *arg)
+{
+    tp_agent *a = arg;
+    char tname[16];
+    snprintf(tname, sizeof(tname), "tp-rpc-timer");
+    tp__thread_set_name(tname);
+
+    tp__mtx_lock(&a->a_mtx);
+    while (!a->a_timer_stop) {
+        uint64_t now = tp__now_ns();
+        uint64_t next = UINT64_MAX;
+        ag_call *expired = NULL;
+        for (ag_tclass *tc = a->a_tclasses; tc != NULL; tc = tc->t_next) {
+            while (tc->t_head != NULL && tc->t_head->c_deadline_ns <= now) {
+                ag_call *c = tc->t_head;
+                ag_pending_unlink_locked(a, c, TP_ETIMEDOUT);
+                c->c_hnext = expired;
+                expired = c;
+            }
+            if (tc->t_head != NULL) {
+                next = TP_MIN(next, tc->t_head->c_deadline_ns);
+            }
+        }
+        // Classes whose calls all ended go (callers passing a different
+        // timeout each time must not make the list grow); while there are
+        // many, the thread also wakes each second to sweep them.
+        size_t nclasses = 0;
+        for (ag_tclass **tp = &a->a_tclasses; *tp != NULL;) {
+            ag_tclass *tc = *tp;
+            if (tc->t_head == NULL) {
+                *tp = tc->t_next;
+                tp__free(tc);
+            } else {
+                nclasses++;
+                tp = &tc->t_next;
+            }
+        }
+        if (nclasses > 16) {
+            next = TP_MIN(next, now + 1000000000u);
+        }
+        if (expired != NULL) {
+            tp__mtx_unlock(&a->a_mtx);
+            while (expired != NULL) {
+                ag_call *c = expired;
+                expired = c->c_hnext;
+                tp_error *err = tp__error_new(
+                    TP_ETIMEDOUT, 0, NULL,
+                    "rpc \"%s\" from %s to %s (rank %d): RPC ran for more "
+                    "than set timeout (%lld ms) and will now be marked with "
+                    "an error",
+                    c->c_fn_name, ag_name(a), c->c_peer->p_info.name,
+                    c->c_peer->p_info.rank, (long long)c->c_timeout_ms);
+                ag_call_finish(c, NULL, err);
+            }
+            tp__mtx_lock(&a->a_mtx);
+            continue;
+        }
+        a->a_timer_until = next;
+        tp__cv_wait_until(&a->a_timer_cv, &a->a_mtx, next);
+        a->a_timer_until = 0;
+    }
+    tp__mtx_unlock(&a->a_mtx);
+    return NULL;
+}
+
+// ---- calls ---------------------------------------------------------------
+
+static tp_future *
+future_failed(tp_error *err)
+{
+    tp_future *f;
+    if (tp_future_create(&f) != TP_OK) {
+        tp_error_unref(err);
+        return NULL;
+    }
+    tp_future_set_error(f, err);
+    tp_error_unref(err);
+    return f;
+}
+
+static tp_future *
+agent_call(tp_agent *a, ag_peer *p, const char *fn_name, const tp_args *in,
+           int64_t timeout_ms)
+{
+    size_t fnlen = fn_name != NULL ? strlen(fn_name) : 0;
+    if (fn_name == NULL || !ag_fn_name_valid(fn_name, fnlen)) {
+        return future_failed(tp__error_new(
+            TP_EINVAL, 0, NULL,
+            "rpc from %s to %s: malformed function name \"%s\"", ag_name(a),
+            p->p_info.name, fn_name != NULL ? fn_name : "(null)"));
+    }
+    ag_call *c = tp__zalloc(sizeof(*c));
+    if (c == NULL) {
+        return future_failed(tp__error_nomem());
+    }
+    if (tp_future_create(&c->c_fut) != TP_OK) {
+        tp__free(c);
+        return future_failed(tp__error_nomem());
+    }
+    memcpy(c->c_fn_name, fn_name, fnlen + 1);
+    c->c_peer = p;
+    c->c_timeout_ms = agent_timeout(a, timeout_ms);
+    // The call may end (and be freed) as soon as it is in the table: its
+    // id is kept here for what follows.
+    const uint64_t id =
+        atomic_fetch_add_explicit(&a->a_next_id, 1, memory_order_relaxed);
+    c->c_id = id;
+    tp_future *result = tp_future_ref(c->c_fut);
+    bool self = p == a->a_self;
+
+    // A call to self runs on the pool with a copy of the arguments, as a
+    // remote worker would see them.
+    ag_req *r = NULL;
+    tp_args *copy = NULL;
+    tp_error *err = NULL;
+    if (self) {
+        r = tp__zalloc(sizeof(*r));
+        if (r == NULL || ag_args_clone(in, &copy, &err) != TP_OK) {
+            tp__free(r);
+            ag_call_finish(c, NULL, err != NULL ? err : tp__error_nomem());
+            return result;
+        }
+    }
+
+    tp__mtx_lock(&a->a_mtx);
+    if (a->a_state == AG_CLOSED) {
+        tp__mtx_unlock(&a->a_mtx);
+        tp__free(r);
+        tp_args_unref(copy);
+        ag_call_finish(c, NULL,
+                    tp__error_new(TP_ECLOSED, 0, NULL,
+                                  "rpc \"%s\" from %s to %s: the agent is "
+                                  "shut down",
+                                  fn_name, ag_name(a), p->p_info.name));
+        return result;
+    }
+    // Bound to the pool under the lock: a_pool is stable while the agent
+    // is not closed.
+    tp__future_set_pool(c->c_fut, a->a_pool);
+    tp_pool *pool = a->a_pool;
+    // Counted before the connection may be made (unlocked) or the pool
+    // used: shutdown keeps the context and the pool until every such
+    // thread is out.
+    atomic_fetch_add_explicit(&a->a_writers, 1, memory_order_acquire);
+    ag_wslot *w = NULL;
+    if (!self) {
+        ag_conn *conn = ag_conn_get_locked(a, p, &err);
+        if (conn != NULL) {
+            w = ag_slot_get_locked(conn);
+            if (w == NULL) {
+                tp__error_set(&err, TP_ENOMEM, "out of memory");
+            }
+        }
+        if (w == NULL) {
+            tp__mtx_unlock(&a->a_mtx);
+            atomic_fetch_sub_explicit(&a->a_writers, 1, memory_order_release);
+            tp_status st = tp_error_status(err);
+            tp_error *e = tp__error_new(st, 0, err,
+                                        "rpc \"%s\" from %s to %s "
+                                        "(rank %d)",
+                                        fn_name, ag_name(a), p->p_info.name,
+                                        p->p_info.rank);
+            tp_error_unref(err);
+            ag_call_finish(c, NULL, e);
+            return result;
+        }
+        c->c_conn = conn;
+        p->p_stats.s_bytes_sent += ag_args_nbytes(in);
+    }
+    c->c_start_ns = tp__now_ns();
+    // tp__deadline_after_ms saturates (a huge timeout means none).
+    c->c_deadline_ns = tp__deadline_after_ms(c->c_timeout_ms);
+    pending_insert_locked(a, c);
+    if (self) {
+        a->a_self->p_stats.s_calls_received++;
+        a->a_activity++;
+    }
+    tp__mtx_unlock(&a->a_mtx);
+    // From here on the call may end at any time (reply, timeout, failure):
+    // @c must not be touched.
+
+    if (self) {
+        atomic_fetch_add_explicit(&a->a_refs, 1, memory_order_relaxed);
+        r->r_agent = a;
+        r->r_caller = a->a_self;
+        r->r_call_id = id;
+        r->r_fn_id = tp__hash64(fn_name, fnlen);
+        r->r_args = copy;
+        memcpy(r->r_fn_name, fn_name, fnlen + 1);
+        tp__task_init(&r->r_task, ag_req_run, r);
+        if (tp__pool_submit(pool, &r->r_task) != TP_OK) {
+            tp_error *e =
+                tp__error_new(TP_ECLOSED, 0, NULL, "the agent is shut down");
+            ag_req_reply(r, NULL, e);
+            tp_error_unref(e);
+        }
+        atomic_fetch_sub_explicit(&a->a_writers, 1, memory_order_release);
+        return result;
+    }
+
+    ag_hdr h;
+    memset(&h, 0, sizeof(h));
+    h.h_kind = AG_KIND_REQUEST;
+    h.h_call_id = id;
+    h.h_fn_id = tp__hash64(fn_name, fnlen);
+    h.h_fn_name = fn_name;
+    h.h_fn_name_len = (uint16_t)fnlen;
+    h.h_src_rank = (uint32_t)a->a_rank;
+    tp_args *ref = in != NULL ? tp_args_ref((tp_args *)in) : NULL;
+    if (ag_slot_fill(w, &h, ref, NULL) != TP_OK) {
+        tp__mtx_lock(&a->a_mtx);
+        ag_slot_put_locked(w);
+        ag_call *mine = ag_pending_take_locked(a, h.h_call_id, NULL, TP_ENOMEM);
+        tp__mtx_unlock(&a->a_mtx);
+        if (mine != NULL) {
+            ag_call_finish(mine, NULL, tp__error_nomem());
+        }
+    } else {
+        ag_slot_submit(w);
+    }
+    atomic_fetch_sub_explicit(&a->a_writers, 1, memory_order_release);
+    return result;
+}
+
+ag_peer *
+ag_peer_by_name(tp_agent *a, const char *name)
+{
+    if (name == NULL) {
+        return NULL;
+    }
+    for (int i = 0; i < a->a_world; i++) {
+        if (strcmp(a->a_peers[i].p_info.name, name) == 0) {
+            return &a->a_peers[i];
+        }
+    }
+    return NULL;
+}
+
+tp_future *
+tp_rpc_async(tp_agent *a, const char *to, const char *fn_name,
+             const tp_args *in, int64_t timeout_ms)
+{
+    ag_peer *p = ag_peer_by_name(a, to);
+    if (p == NULL) {
+        return future_failed(tp__error_new(
+            TP_ENOENT, 0, NULL, "rpc \"%s\" from %s: no worker named \"%s\"",
+            fn_name != NULL ? fn_name : "(null)", ag_name(a),
+            to != NULL ? to : "(null)"));
+    }
+    return agent_call(a, p, fn_name, in, timeout_ms);
+}
+
+tp_future *
+tp_rpc_async_rank(tp_agent *a, int to, const char *fn_name, const tp_args *in,
+                  int64_t timeout_ms)
+{
+    if (to < 0 || to >= a->a_world) {
+        return future_failed(tp__error_new(
+            TP_ENOENT, 0, NULL,
+            "rpc \"%s\" from %s: no worker of rank %d (world size %d)",
+            fn_name != NULL ? fn_name : "(null)", ag_name(a), to,
+            a->a_world));
+    }
+    return agent_call(a, &a->a_peers[to], fn_name, in, timeout_ms);
+}
+
+static bool
+future_done(void *arg)
+{
+    return tp_future_is_done(arg);
+}
+
+tp_status
+tp_rpc_wait(tp_future *f, int64_t timeout_ms, tp_args **out_p, tp_error **err_p)
+{
+    if (out_p != NULL) {
+        *out_p = NULL;
+    }
+    if (f == NULL) {
+        return tp__error_set(err_p, TP_ENOMEM, "rpc: no future");
+    }
+    // Spin briefly: a reply within microseconds should not pay for a
+    // sleep and a wake-up. TP_LOOP_SPIN_US bounds it, as for the loops.
+    if (!tp_future_is_done(f)) {
+        static _Atomic int64_t spin_ns = -1;
+        int64_t sns = atomic_load_explicit(&spin_ns, memory_order_relaxed);
+        if (sns < 0) {
+            tp_config cfg;
+            tp__config_defaults(&cfg);
+            tp_error *e = NULL;
+            if (tp__config_load(&cfg, &e) != TP_OK) {
+                tp_error_unref(e);
+            }
+            sns = cfg.loop_spin_us * 1000;
+            atomic_store_explicit(&spin_ns, sns, memory_order_relaxed);
+        }
+        tp__spin_until(future_done, f, (uint64_t)sns);
+    }
+    tp_status st = tp_future_wait(f, timeout_ms, err_p);
+    if (st == TP_OK && out_p != NULL) {
+        tp_args *v = tp_future_value(f);
+        *out_p = v != NULL ? tp_args_ref(v) : NULL;
+    }
+    return st;
+}
+
+static tp_status
+rpc_sync_wait(tp_agent *a, tp_future *f, int64_t timeout_ms, tp_args **out_p,
+              tp_error **err_p)
+{
+    // The call ends by itself at its deadline (the timer thread); the
+    // wait's own deadline is only a backstop.
+    int64_t t = agent_timeout(a, timeout_ms);
+    int64_t wait_ms =
+        t > 0 && t < INT64_MAX - AG_SYNC_GRACE_MS ? t + AG_SYNC_GRACE_MS : 0;
+    tp_status st = tp_rpc_wait(f, wait_ms, out_p, err_p);
+    if (st == TP_ETIMEDOUT && !tp_future_is_done(f)) {
+        // Only if the timer thread failed to end the call: say so.
+        tp__error_wrap(err_p, st,
+                       "rpc from %s: the call did not end %d ms after its "
+                       "%lld ms deadline",
+                       ag_name(a), AG_SYNC_GRACE_MS, (long long)t);
+    }
+    tp_future_unref(f);
+    return st;
+}
+
+tp_status
+tp_rpc_sync(tp_agent *a, const char *to, const char *fn_name, const tp_args *in,
+            int64_t timeout_ms, tp_args **out_p, tp_error **err_p)
+{
+    return rpc_sync_wait(a, tp_rpc_async(a, to, fn_name, in, timeout_ms),
+                         timeout_ms, out_p, err_p);
+}
+
+tp_status
+tp_rpc_sync_rank(tp_agent *a, int to, const char *fn_name, const tp_args *in,
+                 int64_t timeout_ms, tp_args **out_p, tp_error **err_p)
+{
+    return rpc_sync_wait(a, tp_rpc_async_rank(a, to, fn_name, in, timeout_ms),
+                         timeout_ms, out_p, err_p);
+}

@@ -1,0 +1,649 @@
+// SPDX-License-Identifier: Apache-2.0
+// conn.c - the agent's connections. A worker connects lazily to a peer on
+// its first call (the "outgoing" pipe: requests out, replies in) and
+// accepts the peer's own outgoing pipe (an "incoming" pipe: requests in,
+// replies out), as PyTorch's TensorPipe agent does. A failed outgoing pipe
+// is dropped; the next call to that worker connects again.
+//
+// Each connection reads in a loop on the context's loop thread: descriptor
+// (checked, tensors allocated from its shapes) -> rest of the message ->
+// the handler of its kind -> next descriptor. Writes go through reusable
+// write slots.
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "ag_impl.h"
+#include "core/alloc.h"
+#include "core/log.h"
+
+// ---- write slots -------------------------------------------------------
+
+static void slot_write_cb(void *arg);
+
+ag_wslot *
+ag_slot_get_locked(ag_conn *c)
+{
+    ag_wslot *w = c->c_slots;
+    if (w != NULL) {
+        c->c_slots = w->w_next;
+        return w;
+    }
+    if (c->c_nslots == c->c_slots_cap) {
+        size_t cap = c->c_slots_cap == 0 ? 8 : c->c_slots_cap * 2;
+        ag_wslot **ns = tp__realloc(c->c_allslots, cap * sizeof(*ns));
+        if (ns == NULL) {
+            return NULL;
+        }
+        c->c_allslots = ns;
+        c->c_slots_cap = cap;
+    }
+    w = tp__zalloc(sizeof(*w));
+    if (w == NULL) {
+        return NULL;
+    }
+    if (tp_aio_create(slot_write_cb, w, &w->w_aio) != TP_OK) {
+        tp__free(w);
+        return NULL;
+    }
+    w->w_conn = c;
+    w->w_meta = w->w_meta_inline;
+    w->w_meta_cap = sizeof(w->w_meta_inline);
+    c->c_allslots[c->c_nslots++] = w;
+    return w;
+}
+
+void
+ag_slot_put_locked(ag_wslot *w)
+{
+    w->w_next = w->w_conn->c_slots;
+    w->w_conn->c_slots = w;
+}
+
+static void
+slot_free(ag_wslot *w)
+{
+    tp_aio_destroy(w->w_aio);
+    if (w->w_meta != w->w_meta_inline) {
+        tp__free(w->w_meta);
+    }
+    tp__free(w->w_tbufs);
+    tp_args_unref(w->w_args);
+    tp__free(w);
+}
+
+// Fills @w's message: metadata from @h and @args, payload 0 = the bytes of
+// @args (or @errmsg for an error reply), tensors of @args. Takes @args.
+tp_status
+ag_slot_fill(ag_wslot *w, const ag_hdr *h, tp_args *args, const char *errmsg)
+{
+    size_t msize = ag_wire_size(h->h_fn_name_len, h->h_ext_len, args);
+    if (msize > w->w_meta_cap) {
+        uint8_t *m = tp__alloc(msize);
+        if (m == NULL) {
+            tp_args_unref(args);
+            return TP_ENOMEM;
+        }
+        if (w->w_meta != w->w_meta_inline) {
+            tp__free(w->w_meta);
+        }
+        w->w_meta = m;
+        w->w_meta_cap = msize;
+    }
+    uint32_t nt = args != NULL ? (uint32_t)args->a_ntensors : 0;
+    if (nt > w->w_tcap) {
+        tp_msg_buf *tb = tp__realloc(w->w_tbufs, nt * sizeof(*tb));
+        if (tb == NULL) {
+            tp_args_unref(args);
+            return TP_ENOMEM;
+        }
+        w->w_tbufs = tb;
+        w->w_tcap = nt;
+    }
+    ag_wire_encode(w->w_meta, h, args);
+    memset(&w->w_msg, 0, sizeof(w->w_msg));
+    w->w_msg.metadata = w->w_meta;
+    w->w_msg.metadata_len = msize;
+    memset(&w->w_payload, 0, sizeof(w->w_payload));
+    if (errmsg != NULL) {
+        w->w_payload.data = (void *)errmsg;
+        w->w_payload.len = strlen(errmsg);
+    } else if (args != NULL && args->a_len > 0) {
+        w->w_payload.data = (void *)args->a_bytes;
+        w->w_payload.len = args->a_len;
+    }
+    if (w->w_payload.len > 0) {
+        w->w_msg.payloads = &w->w_payload;
+        w->w_msg.npayloads = 1;
+    }
+    for (uint32_t i = 0; i < nt; i++) {
+        tp_tensor *t = args->a_tensors[i];
+        memset(&w->w_tbufs[i], 0, sizeof(tp_msg_buf));
+        w->w_tbufs[i].data = tp_tensor_data(t);
+        w->w_tbufs[i].len = tp_tensor_nbytes(t);
+        w->w_tbufs[i].device = tp_tensor_device(t);
+    }
+    w->w_msg.tensors = nt > 0 ? w->w_tbufs : NULL;
+    w->w_msg.ntensors = nt;
+    w->w_args = args;
+    w->w_kind = h->h_kind;
+    w->w_call_id = h->h_call_id;
+    return TP_OK;
+}
+
+
+// Loop thread: a write completed. Its slot goes back to the connection.
+// A connection-scope failure fails the connection (and every call pending
+// on it); an operation-scope one (the message broke a pipe limit, memory)
+// fails only that message's call.
+static void
+slot_write_step(ag_wslot *w)
+{
+    ag_conn *c = w->w_conn;
+    tp_agent *a = c->c_agent;
+    tp_args *args = w->w_args;
+    w->w_args = NULL;
+    ag_kind kind = w->w_kind;
+    uint64_t call_id = w->w_call_id;
+    tp_error *err = tp_error_ref(tp_aio_error(w->w_aio));
+
+    tp__mtx_lock(&a->a_mtx);
+    ag_slot_put_locked(w);
+    tp__mtx_unlock(&a->a_mtx);
+    tp_args_unref(args);
+    if (err != NULL) {
+        if (TP_STATUS_IS_CONN(tp_error_status(err))) {
+            ag_conn_fail(c, err);
+        } else {
+            ag_write_failed_locally(c, kind, call_id, err);
+        }
+        tp_error_unref(err);
+    }
+}
+
+void
+ag_conn_op_done(ag_conn *c)
+{
+    atomic_fetch_sub_explicit(&c->c_ops, 1, memory_order_release);
+}
+
+static void
+slot_write_cb(void *arg)
+{
+    ag_wslot *w = arg;
+    ag_conn *c = w->w_conn;
+    slot_write_step(w);
+    ag_conn_op_done(c);
+}
+
+// Any thread: writes the message of @w, taken from its connection's free
+// list by a caller that counted itself in a_writers.
+void
+ag_slot_submit(ag_wslot *w)
+{
+    atomic_fetch_add_explicit(&w->w_conn->c_ops, 1, memory_order_relaxed);
+    tp_pipe_write(w->w_conn->c_pipe, &w->w_msg, w->w_aio);
+}
+
+
+// ---- connections ---------------------------------------------------------
+
+static void conn_desc_cb(void *arg);
+static void conn_read_cb(void *arg);
+
+ag_conn *
+ag_conn_create(tp_agent *a, tp_pipe *pipe, bool outgoing)
+{
+    ag_conn *c = tp__zalloc(sizeof(*c));
+    if (c == NULL) {
+        return NULL;
+    }
+    atomic_init(&c->c_ops, 0);
+    c->c_agent = a;
+    c->c_pipe = pipe;
+    c->c_outgoing = outgoing;
+    if (tp_aio_create(conn_desc_cb, c, &c->c_daio) != TP_OK ||
+        tp_aio_create(conn_read_cb, c, &c->c_raio) != TP_OK) {
+        tp_aio_destroy(c->c_daio);
+        tp__free(c);
+        return NULL;
+    }
+    return c;
+}
+
+void
+ag_conn_free(ag_conn *c)
+{
+    for (size_t i = 0; i < c->c_nslots; i++) {
+        slot_free(c->c_allslots[i]);
+    }
+    tp__free(c->c_allslots);
+    tp_aio_destroy(c->c_daio);
+    tp_aio_destroy(c->c_raio);
+    tp_message_destroy(c->c_rmsg);
+    tp_args_unref(c->c_rargs);
+    tp__free(c->c_metas);
+    tp_pipe_unref(c->c_pipe);
+    tp__free(c);
+}
+
+// The peer's name for messages: "worker1 (rank 1) at tcp://..." or the
+// pipe's view of it for an incoming pipe that has not said who it is.
+void
+ag_conn_describe(const ag_conn *c, char *buf, size_t len)
+{
+    if (c->c_peer != NULL) {
+        snprintf(buf, len, "%s (rank %d)%s%s", c->c_peer->p_info.name,
+                 c->c_peer->p_info.rank, c->c_url[0] ? " at " : "", c->c_url);
+    } else {
+        snprintf(buf, len, "%s", tp_pipe_peer(c->c_pipe));
+    }
+}
+
+// Any thread: the connection is dead. Every call pending on it fails with
+// @err (naming the peer); an outgoing connection is forgotten so the next
+// call connects again. Idempotent.
+void
+ag_conn_fail(ag_conn *c, const tp_error *err)
+{
+    tp_agent *a = c->c_agent;
+    ag_call *failed = NULL;
+
+    tp__mtx_lock(&a->a_mtx);
+    if (c->c_failed) {
+        tp__mtx_unlock(&a->a_mtx);
+        return;
+    }
+    c->c_failed = true;
+    ag_state state = a->a_state;
+    ag_peer *p = c->c_peer;
+    if (p != NULL && c->c_outgoing) {
+        if (p->p_out == c) {
+            p->p_out = NULL;
+        }
+        ag_call *call = p->p_calls;
+        while (call != NULL) {
+            ag_call *next = call->c_pnext;
+            if (call->c_conn == c) {
+                ag_pending_unlink_locked(a, call, tp_error_status(err));
+                call->c_hnext = failed;
+                failed = call;
+            }
+            call = next;
+        }
+    }
+    tp__mtx_unlock(&a->a_mtx);
+
+    char who[AG_MAX_URL + 160];
+    ag_conn_describe(c, who, sizeof(who));
+    if (failed != NULL || (state == AG_RUNNING && c->c_outgoing)) {
+        TP_LOG_WARN("TP-RPC-PIPE", "rpc %s: pipe to %s failed: %s",
+                    ag_name(a), who, tp_error_message(err));
+    } else {
+        // A peer closing its pipe to us (it shut down) is normal.
+        TP_LOG_DEBUG("TP-RPC-PIPE", "rpc %s: pipe %s %s ended: %s",
+                     ag_name(a), c->c_outgoing ? "to" : "from", who,
+                     tp_error_message(err));
+    }
+    tp_status st = tp_error_status(err);
+    if (!TP_STATUS_IS_CONN(st)) {
+        st = TP_ECONNRESET;
+    }
+    while (failed != NULL) {
+        ag_call *call = failed;
+        failed = call->c_hnext;
+        tp_error *e = tp__error_new(st, 0, err, "rpc \"%s\" from %s to %s",
+                                    call->c_fn_name, ag_name(a), who);
+        ag_call_finish(call, NULL, e);
+    }
+    tp_pipe_close(c->c_pipe);
+}
+
+void
+ag_conn_protocol_error(ag_conn *c, tp_error *err)
+{
+    char who[AG_MAX_URL + 160];
+    ag_conn_describe(c, who, sizeof(who));
+    tp_error *e =
+        tp__error_new(TP_EPROTO, 0, err, "rpc %s: protocol error from %s",
+                      ag_name(c->c_agent), who);
+    TP_LOG_WARN("TP-RPC-PROTO", "%s; closing that pipe", tp_error_message(e));
+    ag_conn_fail(c, e);
+    tp_error_unref(e);
+}
+
+// Loop thread (or the connecting thread, once): read the next descriptor.
+void
+ag_conn_read_next(ag_conn *c)
+{
+    atomic_fetch_add_explicit(&c->c_ops, 1, memory_order_relaxed);
+    tp_pipe_read_descriptor(c->c_pipe, c->c_daio);
+}
+
+// Loop thread: a descriptor arrived. Check it, allocate the tensors the
+// message carries and read the rest.
+static void
+conn_desc_step(ag_conn *c)
+{
+    const tp_error *aerr = tp_aio_error(c->c_daio);
+    if (aerr != NULL) {
+        ag_conn_fail(c, aerr);
+        return;
+    }
+    tp_message *msg = tp_aio_get_output(c->c_daio, 0);
+    c->c_rmsg = msg;
+    if (msg->ntensors > c->c_metas_cap) {
+        uint32_t cap = TP_MIN(msg->ntensors, (uint32_t)TP_RPC_MAX_TENSORS);
+        ag_tensor_meta *m = tp__realloc(c->c_metas, cap * sizeof(*m));
+        if (m == NULL && cap > 0) {
+            ag_conn_fail(c, tp__error_nomem());
+            return;
+        }
+        c->c_metas = m;
+        c->c_metas_cap = cap;
+    }
+    uint64_t lens_inline[16];
+    uint64_t *lens = lens_inline;
+    if (msg->ntensors > 16 && msg->ntensors <= TP_RPC_MAX_TENSORS) {
+        lens = tp__alloc(msg->ntensors * sizeof(uint64_t));
+        if (lens == NULL) {
+            ag_conn_fail(c, tp__error_nomem());
+            return;
+        }
+    }
+    ag_hdr h;
+    tp_error *err = NULL;
+    tp_status st;
+    if (msg->ntensors > TP_RPC_MAX_TENSORS) {
+        st = tp__error_set(&err, TP_EPROTO,
+                           "rpc message with %u tensors (at most %d)",
+                           msg->ntensors, TP_RPC_MAX_TENSORS);
+    } else {
+        for (uint32_t i = 0; i < msg->ntensors; i++) {
+            lens[i] = msg->tensors[i].len;
+        }
+        st = ag_wire_decode(msg->metadata, msg->metadata_len, msg->npayloads,
+                            msg->ntensors, lens, &h, c->c_metas, &err);
+    }
+    if (lens != lens_inline) {
+        tp__free(lens);
+    }
+    if (st == TP_OK) {
+        bool want_req = !c->c_outgoing;
+        if ((h.h_kind == AG_KIND_REQUEST) != want_req) {
+            st = tp__error_set(
+                &err, TP_EPROTO, "rpc %s on a pipe that carries %s",
+                h.h_kind == AG_KIND_REQUEST ? "request" : "reply",
+                want_req ? "requests" : "replies");
+        } else if (h.h_kind == AG_KIND_ERROR && msg->npayloads == 1 &&
+                   msg->payloads[0].len > AG_WIRE_MAX_ERRMSG) {
+            st = tp__error_set(
+                &err, TP_EPROTO, "rpc error reply of %llu bytes (at most %u)",
+                (unsigned long long)msg->payloads[0].len, AG_WIRE_MAX_ERRMSG);
+        } else if (h.h_src_rank >= (uint32_t)c->c_agent->a_world) {
+            st = tp__error_set(&err, TP_EPROTO,
+                               "rpc message from rank %u of a world of %d",
+                               h.h_src_rank, c->c_agent->a_world);
+        }
+    }
+    if (st != TP_OK) {
+        ag_conn_protocol_error(c, err);
+        tp_error_unref(err);
+        return;
+    }
+    tp_args *args;
+    if (ag_args_create_empty(msg->ntensors, &args) != TP_OK) {
+        ag_conn_fail(c, tp__error_nomem());
+        return;
+    }
+    for (uint32_t i = 0; i < msg->ntensors; i++) {
+        const ag_tensor_meta *m = &c->c_metas[i];
+        tp_tensor *t;
+        st = tp_tensor_empty(m->tm_dtype, m->tm_ndim, m->tm_shape, &t, &err);
+        if (st != TP_OK) {
+            tp_args_unref(args);
+            tp_error *e =
+                tp__error_new(st, 0, err, "rpc %s: tensor %u of a message",
+                              ag_name(c->c_agent), i);
+            tp_error_unref(err);
+            ag_conn_fail(c, e);
+            tp_error_unref(e);
+            return;
+        }
+        ag_args_push_tensor(args, t);
+        msg->tensors[i].data = m->tm_nbytes > 0 ? tp_tensor_data(t) : NULL;
+    }
+    c->c_rargs = args;
+    atomic_fetch_add_explicit(&c->c_ops, 1, memory_order_relaxed);
+    tp_pipe_read(c->c_pipe, msg, c->c_raio);
+}
+
+static void
+conn_desc_cb(void *arg)
+{
+    ag_conn *c = arg;
+    conn_desc_step(c);
+    ag_conn_op_done(c);
+}
+
+
+
+static void
+conn_read_step(ag_conn *c)
+{
+    tp_message *msg = c->c_rmsg;
+    tp_args *args = c->c_rargs;
+    c->c_rmsg = NULL;
+    c->c_rargs = NULL;
+    const tp_error *aerr = tp_aio_error(c->c_raio);
+    if (aerr != NULL) {
+        tp_args_unref(args);
+        tp_message_destroy(msg);
+        ag_conn_fail(c, aerr);
+        return;
+    }
+    // Decoded again (cheap) so the header's pointers refer to the
+    // metadata that the args now keep.
+    ag_hdr h;
+    uint64_t lens_inline[16];
+    uint64_t *lens = lens_inline;
+    if (msg->ntensors > 16) {
+        lens = tp__alloc(msg->ntensors * sizeof(uint64_t));
+        if (lens == NULL) {
+            tp_args_unref(args);
+            tp_message_destroy(msg);
+            ag_conn_fail(c, tp__error_nomem());
+            return;
+        }
+    }
+    for (uint32_t i = 0; i < msg->ntensors; i++) {
+        lens[i] = msg->tensors[i].len;
+    }
+    tp_status st =
+        ag_wire_decode(msg->metadata, msg->metadata_len, msg->npayloads,
+                       msg->ntensors, lens, &h, c->c_metas, NULL);
+    if (lens != lens_inline) {
+        tp__free(lens);
+    }
+    TP_ASSERT(st == TP_OK); // checked at the descriptor
+    args->a_msg = msg;
+    if (msg->npayloads == 1) {
+        args->a_bytes = msg->payloads[0].data;
+        args->a_len = msg->payloads[0].len;
+    }
+    if (h.h_kind == AG_KIND_REQUEST) {
+        ag_serve_request(c, &h, args);
+    } else {
+        ag_serve_reply(c, &h, args);
+    }
+    bool failed;
+    tp__mtx_lock(&c->c_agent->a_mtx);
+    failed = c->c_failed;
+    tp__mtx_unlock(&c->c_agent->a_mtx);
+    if (!failed) {
+        ag_conn_read_next(c);
+    }
+}
+
+static void
+conn_read_cb(void *arg)
+{
+    ag_conn *c = arg;
+    conn_read_step(c);
+    ag_conn_op_done(c);
+}
+
+// Loop thread: a peer connected to us.
+void
+ag_accept_cb(void *arg)
+{
+    tp_agent *a = arg;
+    if (tp_aio_error(a->a_accept_aio) != NULL) {
+        TP_LOG_DEBUG("TP-RPC-ACCEPT", "rpc %s: accept ended: %s", ag_name(a),
+                     tp_error_message(tp_aio_error(a->a_accept_aio)));
+        return; // listener closed (shutdown) or failed
+    }
+    tp_pipe *pipe = tp_aio_get_output(a->a_accept_aio, 0);
+    ag_conn *c = ag_conn_create(a, pipe, false);
+    tp__mtx_lock(&a->a_mtx);
+    bool closed = a->a_state == AG_CLOSED;
+    if (c != NULL && !closed) {
+        c->c_next = a->a_conns;
+        a->a_conns = c;
+    }
+    tp__mtx_unlock(&a->a_mtx);
+    if (c == NULL || closed) {
+        if (c != NULL) {
+            c->c_pipe = NULL;
+            ag_conn_free(c);
+        }
+        tp_pipe_close(pipe);
+        tp_pipe_unref(pipe);
+    } else {
+        ag_conn_read_next(c);
+    }
+    if (!closed) {
+        tp_pipe_listener_accept(a->a_listener, a->a_accept_aio);
+    }
+}
+
+// The URL to dial for @p: the first of a transport this context has (tcp
+// before shm: a tcp connection between two processes of one host moves to
+// shm in the handshake when both allow it). NULL if none.
+static const char *
+peer_pick_url(const tp_agent *a, const ag_peer *p)
+{
+    for (int i = 0; i < p->p_nurls; i++) {
+        const char *u = p->p_urls[i];
+        const char *colon = strchr(u, ':');
+        char scheme[16];
+        size_t n = colon != NULL ? (size_t)(colon - u) : 0;
+        if (n == 0 || n >= sizeof(scheme)) {
+            continue;
+        }
+        memcpy(scheme, u, n);
+        scheme[n] = '\0';
+        if (tp_pipe_listener_addr(a->a_listener, scheme) != NULL) {
+            return u;
+        }
+    }
+    return NULL;
+}
+
+// A new outgoing connection to @p (no lock held: tp_context_connect waits
+// for the loop thread, whose callbacks take a_mtx). The pipe connects in
+// the background; writes queue until it is ready.
+static ag_conn *
+conn_connect(tp_agent *a, ag_peer *p, tp_error **err_p)
+{
+    const char *url = peer_pick_url(a, p);
+    if (url == NULL) {
+        tp__error_set(err_p, TP_EUNREACHABLE,
+                      "no transport in common with %s (rank %d): it "
+                      "listens on %s%s",
+                      p->p_info.name, p->p_info.rank,
+                      p->p_nurls > 0 ? p->p_urls[0] : "nothing",
+                      p->p_nurls > 1 ? " and more" : "");
+        return NULL;
+    }
+    tp_pipe *pipe;
+    if (tp_context_connect(a->a_ctx, url, &pipe, err_p) != TP_OK) {
+        return NULL;
+    }
+    ag_conn *c = ag_conn_create(a, pipe, true);
+    if (c == NULL) {
+        tp_pipe_close(pipe);
+        tp_pipe_unref(pipe);
+        tp__error_set(err_p, TP_ENOMEM, "out of memory");
+        return NULL;
+    }
+    c->c_peer = p;
+    snprintf(c->c_url, sizeof(c->c_url), "%s", url);
+    return c;
+}
+
+// Called with a_mtx held; returns with it held (it may drop it to
+// connect). The outgoing connection to @p, or NULL with *@err_p. A new
+// connection starts reading replies before it is returned.
+ag_conn *
+ag_conn_get_locked(tp_agent *a, ag_peer *p, tp_error **err_p)
+{
+    if (p->p_out != NULL) {
+        return p->p_out;
+    }
+    // Connecting is rare: a good time to free failed connections that
+    // nothing uses any more (a peer that restarts or keeps failing must
+    // not make the agent grow).
+    ag_conn *dead = NULL;
+    for (ag_conn **cp = &a->a_conns; *cp != NULL;) {
+        ag_conn *x = *cp;
+        if (x->c_failed &&
+            atomic_load_explicit(&x->c_ops, memory_order_acquire) == 0) {
+            *cp = x->c_next;
+            x->c_next = dead;
+            dead = x;
+        } else {
+            cp = &x->c_next;
+        }
+    }
+    tp__mtx_unlock(&a->a_mtx);
+    while (dead != NULL) {
+        ag_conn *x = dead;
+        dead = x->c_next;
+        ag_conn_free(x);
+    }
+    ag_conn *c = conn_connect(a, p, err_p);
+    tp__mtx_lock(&a->a_mtx);
+    if (c == NULL) {
+        return NULL;
+    }
+    if (p->p_out != NULL || a->a_state == AG_CLOSED) {
+        // Another thread connected meanwhile (or we shut down): ours goes.
+        ag_conn *mine = c;
+        tp__mtx_unlock(&a->a_mtx);
+        tp_pipe_close(mine->c_pipe);
+        ag_conn_free(mine);
+        tp__mtx_lock(&a->a_mtx);
+        if (a->a_state == AG_CLOSED) {
+            tp__error_set(err_p, TP_ECLOSED, "the agent is shut down");
+            return NULL;
+        }
+        if (p->p_out == NULL) {
+            // The other thread's connection failed meanwhile.
+            tp__error_set(err_p, TP_ECONNRESET,
+                          "the connection to %s (rank %d) failed while this "
+                          "call was connecting",
+                          p->p_info.name, p->p_info.rank);
+            return NULL;
+        }
+        return p->p_out;
+    }
+    c->c_next = a->a_conns;
+    a->a_conns = c;
+    p->p_out = c;
+    // Reading replies starts now (queued until the pipe is ready); the
+    // submission posts to the loop and never runs a callback inline.
+    ag_conn_read_next(c);
+    return c;
+}

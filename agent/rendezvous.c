@@ -1,0 +1,328 @@
+// SPDX-License-Identifier: Apache-2.0
+// rendezvous.c - the agent's use of the store: worker records at init
+// (generation per job, duplicate names), the rounds of the graceful
+// shutdown agreement, and the exit handshake that keeps rank 0's store up
+// until every worker is done with it.
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ag_impl.h"
+#include "core/log.h"
+
+// ---- rendezvous ------------------------------------------------------------
+
+// Milliseconds until @deadline, at least 1 (a store timeout of 0 would
+// mean no limit).
+int64_t
+ag_ms_left(uint64_t deadline)
+{
+    uint64_t now = tp__now_ns();
+    return now >= deadline ? 1 : (int64_t)((deadline - now) / 1000000u) + 1;
+}
+
+// "<prefix>worker/<rank>" = "<name>\n<world>\n<url>\n<url>..."
+static void
+worker_key(const tp_agent *a, char *buf, size_t len, int rank)
+{
+    snprintf(buf, len, "%sworker/%d", a->a_prefix, rank);
+}
+
+static tp_status
+rendezvous_parse(tp_agent *a, int rank, const char *val, size_t len,
+                 tp_error **err_p)
+{
+    ag_peer *p = &a->a_peers[rank];
+    const char *end = val + len;
+    const char *line = val;
+    int field = 0;
+    while (line < end) {
+        const char *nl = memchr(line, '\n', (size_t)(end - line));
+        size_t n = nl != NULL ? (size_t)(nl - line) : (size_t)(end - line);
+        if (field == 0) {
+            if (!ag_worker_name_valid(line, n)) {
+                goto bad;
+            }
+            memcpy(p->p_info.name, line, n);
+            p->p_info.name[n] = '\0';
+        } else if (field == 1) {
+            char num[16];
+            if (n == 0 || n >= sizeof(num)) {
+                goto bad;
+            }
+            memcpy(num, line, n);
+            num[n] = '\0';
+            char *e;
+            long w = strtol(num, &e, 10);
+            if (*e != '\0' || w != a->a_world) {
+                return tp__error_set(err_p, TP_EINVAL,
+                                     "rpc init of %s (rank %d): rank %d "
+                                     "says the world size is %s, here it "
+                                     "is %d",
+                                     ag_name(a), a->a_rank, rank, num,
+                                     a->a_world);
+            }
+        } else if (p->p_nurls < AG_MAX_URLS && n > 0 && n < AG_MAX_URL) {
+            memcpy(p->p_urls[p->p_nurls], line, n);
+            p->p_urls[p->p_nurls][n] = '\0';
+            p->p_nurls++;
+        } else if (n > 0) {
+            goto bad;
+        }
+        field++;
+        line = nl != NULL ? nl + 1 : end;
+    }
+    if (field < 2) {
+        goto bad;
+    }
+    p->p_info.rank = rank;
+    return TP_OK;
+bad:
+    return tp__error_set(err_p, TP_EPROTO,
+                         "rpc init of %s (rank %d): malformed worker record "
+                         "of rank %d in the store",
+                         ag_name(a), a->a_rank, rank);
+}
+
+// After a wait for <prefix><stem><rank> timed out at rank @from: lists
+// @from and every later rank (this one excepted) whose key is still not
+// set (1 ms per check) in @out, as numbers, or with @shutdown as "name
+// (rank N)" marking them p_sd_missing for the store's last wait.
+static void
+store_missing_ranks(tp_agent *a, const char *stem, int from, bool shutdown,
+                    char *out, size_t len)
+{
+    size_t off = 0;
+    out[0] = '\0';
+    for (int m = from; m < a->a_world; m++) {
+        if (m == a->a_rank && !shutdown) {
+            continue;
+        }
+        char key[128];
+        snprintf(key, sizeof(key), "%s%s%d", a->a_prefix, stem, m);
+        void *v = NULL;
+        size_t vlen;
+        tp_error *e = NULL;
+        if (m > from &&
+            tp_store_get(a->a_store, key, 1, &v, &vlen, &e) == TP_OK) {
+            free(v);
+            continue;
+        }
+        tp_error_unref(e);
+        if (shutdown) {
+            a->a_peers[m].p_sd_missing = true;
+        }
+        if (off + TP_RPC_MAX_NAME + 32 < len) {
+            off += (size_t)(shutdown ? snprintf(out + off, len - off,
+                                                "%s%s (rank %d)",
+                                                off > 0 ? ", " : "",
+                                                a->a_peers[m].p_info.name, m)
+                                     : snprintf(out + off, len - off, "%s%d",
+                                                off > 0 ? ", " : "", m));
+        }
+    }
+}
+
+tp_status
+ag_rendezvous(tp_agent *a, uint64_t deadline, tp_error **err_p)
+{
+    char key[128];
+    char val[AG_MAX_URL * AG_MAX_URLS + TP_RPC_MAX_NAME + 64];
+    ag_peer *me = a->a_self;
+    // A store may outlive a job (a file, a standalone server): each job's
+    // keys get their own generation, counted by the joins so far (every
+    // job of world_size workers adds world_size).
+    int64_t joins = 0;
+    tp_status st = tp_store_add(a->a_store, AG_KEY_PREFIX "joins", 1,
+                                ag_ms_left(deadline), &joins, err_p);
+    if (st != TP_OK) {
+        return tp__error_wrap(err_p, st, "rpc init of %s (rank %d)",
+                              ag_name(a), a->a_rank);
+    }
+    snprintf(a->a_prefix, sizeof(a->a_prefix), AG_KEY_PREFIX "%lld/",
+             (long long)((joins - 1) / a->a_world));
+    int n = snprintf(val, sizeof(val), "%s\n%d\n", me->p_info.name, a->a_world);
+    for (int i = 0; i < me->p_nurls; i++) {
+        n += snprintf(val + n, sizeof(val) - (size_t)n, "%s\n", me->p_urls[i]);
+    }
+    worker_key(a, key, sizeof(key), a->a_rank);
+    st =
+        tp_store_set(a->a_store, key, val, (size_t)n, ag_ms_left(deadline), err_p);
+    if (st != TP_OK) {
+        return tp__error_wrap(err_p, st, "rpc init of %s (rank %d)",
+                              ag_name(a), a->a_rank);
+    }
+    for (int r = 0; r < a->a_world; r++) {
+        if (r == a->a_rank) {
+            continue;
+        }
+        worker_key(a, key, sizeof(key), r);
+        int64_t left = ag_ms_left(deadline);
+        void *v = NULL;
+        size_t vlen = 0;
+        tp_error *err = NULL;
+        st = tp_store_get(a->a_store, key, left, &v, &vlen, &err);
+        if (st != TP_OK) {
+            if (st == TP_ETIMEDOUT) {
+                // Name every rank still missing.
+                char missing[512];
+                store_missing_ranks(a, "worker/", r, false, missing,
+                                    sizeof(missing));
+                tp__error_set(err_p, TP_ETIMEDOUT,
+                              "rpc init of %s (rank %d): waited %lld ms for "
+                              "ranks %s of %d to join through %s: %s",
+                              ag_name(a), a->a_rank,
+                              (long long)a->a_opts.init_timeout_ms, missing,
+                              a->a_world, tp_store_addr(a->a_store),
+                              tp_error_message(err));
+                tp_error_unref(err);
+                return TP_ETIMEDOUT;
+            }
+            if (err_p != NULL) {
+                *err_p = err;
+            } else {
+                tp_error_unref(err);
+            }
+            return tp__error_wrap(err_p, st, "rpc init of %s (rank %d)",
+                                  ag_name(a), a->a_rank);
+        }
+        st = rendezvous_parse(a, r, v, vlen, err_p);
+        free(v);
+        if (st != TP_OK) {
+            return st;
+        }
+    }
+    // Duplicate names fail init on every worker (each sees every record).
+    int dup_i = -1, dup_j = -1;
+    for (int i = 0; i < a->a_world && dup_i < 0; i++) {
+        for (int j = i + 1; j < a->a_world; j++) {
+            if (strcmp(a->a_peers[i].p_info.name, a->a_peers[j].p_info.name) ==
+                0) {
+                dup_i = i;
+                dup_j = j;
+                break;
+            }
+        }
+    }
+    if (dup_i < 0) {
+        return TP_OK;
+    }
+    // Rank 0 hosts the store: it keeps it up until every rank has read
+    // the records, so that each fails with this message, not a reset.
+    snprintf(key, sizeof(key), "%sread/%d", a->a_prefix, a->a_rank);
+    tp_error *e = NULL;
+    if (tp_store_set(a->a_store, key, "1", 1, ag_ms_left(deadline), &e) == TP_OK &&
+        a->a_rank == 0) {
+        for (int r = 1; r < a->a_world; r++) {
+            snprintf(key, sizeof(key), "%sread/%d", a->a_prefix, r);
+            const char *keys[1] = {key};
+            if (tp_store_wait(a->a_store, keys, 1, ag_ms_left(deadline), &e) !=
+                TP_OK) {
+                break;
+            }
+        }
+    }
+    tp_error_unref(e);
+    return tp__error_set(err_p, TP_EINVAL,
+                         "rpc init of rank %d: worker name \"%s\" is used by "
+                         "rank %d and rank %d",
+                         a->a_rank, a->a_peers[dup_i].p_info.name, dup_i,
+                         dup_j);
+}
+
+
+// ---- shutdown ------------------------------------------------------------
+
+// One round of the shutdown agreement: publish (pending, activity), read
+// everyone's. Returns the sums.
+tp_status
+ag_shutdown_round(tp_agent *a, int round, uint64_t deadline, uint64_t *pending_p,
+               uint64_t *activity_p, tp_error **err_p)
+{
+    char key[128];
+    char val[64];
+    tp__mtx_lock(&a->a_mtx);
+    uint64_t pend = a->a_npending, act = a->a_activity;
+    tp__mtx_unlock(&a->a_mtx);
+    int n = snprintf(val, sizeof(val), "%" PRIu64 " %" PRIu64, pend, act);
+    snprintf(key, sizeof(key), "%sshutdown/%d/%d", a->a_prefix, round,
+             a->a_rank);
+    tp_status st =
+        tp_store_set(a->a_store, key, val, (size_t)n, ag_ms_left(deadline), err_p);
+    if (st != TP_OK) {
+        return st;
+    }
+    uint64_t sp = 0, sa = 0;
+    for (int r = 0; r < a->a_world; r++) {
+        snprintf(key, sizeof(key), "%sshutdown/%d/%d", a->a_prefix, round, r);
+        void *v = NULL;
+        size_t len = 0;
+        tp_error *err = NULL;
+        st = tp_store_get(a->a_store, key, ag_ms_left(deadline), &v, &len, &err);
+        if (st != TP_OK) {
+            if (st == TP_ETIMEDOUT) {
+                // Name every worker still missing in this round.
+                char stem[32];
+                char missing[512];
+                snprintf(stem, sizeof(stem), "shutdown/%d/", round);
+                store_missing_ranks(a, stem, r, true, missing, sizeof(missing));
+                tp__error_set(err_p, TP_ETIMEDOUT,
+                              "waited %lld ms for %s to %s shutdown",
+                              (long long)a->a_opts.shutdown_timeout_ms, missing,
+                              round == 0 ? "call" : "finish a round of");
+                tp_error_unref(err);
+            } else if (err_p != NULL) {
+                *err_p = err;
+            } else {
+                tp_error_unref(err);
+            }
+            return st;
+        }
+        unsigned long long p = 0, ac = 0;
+        if (sscanf(v, "%llu %llu", &p, &ac) != 2) {
+            free(v);
+            return tp__error_set(err_p, TP_EPROTO,
+                                 "malformed shutdown record of rank %d", r);
+        }
+        free(v);
+        sp += p;
+        sa += ac;
+    }
+    *pending_p = sp;
+    *activity_p = sa;
+    return TP_OK;
+}
+
+
+// Graceful shutdown, last step: rank 0 hosts the store server, so it
+// waits (until @deadline) for every other rank that took part in the
+// shutdown to say it is done with the store before the store closes.
+void
+ag_rendezvous_exit(tp_agent *a, uint64_t deadline)
+{
+    char key[128];
+    snprintf(key, sizeof(key), "%sexit/%d", a->a_prefix, a->a_rank);
+    tp_error *e = NULL;
+    if (tp_store_set(a->a_store, key, "1", 1, ag_ms_left(deadline), &e) ==
+            TP_OK &&
+        a->a_rank == 0) {
+        for (int r = 1; r < a->a_world; r++) {
+            if (a->a_peers[r].p_sd_missing) {
+                continue;
+            }
+            snprintf(key, sizeof(key), "%sexit/%d", a->a_prefix, r);
+            const char *keys[1] = {key};
+            if (tp_store_wait(a->a_store, keys, 1, ag_ms_left(deadline),
+                              &e) != TP_OK) {
+                break;
+            }
+        }
+    }
+    if (e != NULL) {
+        TP_LOG_DEBUG("TP-RPC-SHUTDOWN", "rpc %s: %s", ag_name(a),
+                     tp_error_message(e));
+        tp_error_unref(e);
+    }
+}

@@ -1,0 +1,337 @@
+// SPDX-License-Identifier: Apache-2.0
+// serve.c - incoming messages and handlers. A request goes to the pool
+// (handlers never run on a loop thread) and its handler's result goes back
+// as a RESPONSE or ERROR message; a reply resolves its pending call.
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "ag_impl.h"
+#include "core/alloc.h"
+#include "core/hash.h"
+#include "core/log.h"
+
+// Loop thread: a request arrived; hand it to the pool.
+void
+ag_serve_request(ag_conn *c, const ag_hdr *h, tp_args *args)
+{
+    tp_agent *a = c->c_agent;
+    ag_peer *caller = &a->a_peers[h->h_src_rank];
+
+    tp__mtx_lock(&a->a_mtx);
+    if (c->c_peer == NULL) {
+        c->c_peer = caller;
+    }
+    bool mismatch = c->c_peer != caller;
+    bool closed = a->a_state == AG_CLOSED;
+    if (!mismatch) {
+        caller->p_stats.s_calls_received++;
+        caller->p_stats.s_bytes_received += ag_args_nbytes(args);
+        a->a_activity++;
+    }
+    tp__mtx_unlock(&a->a_mtx);
+    if (mismatch) {
+        tp_error *err = tp__error_new(TP_EPROTO, 0, NULL,
+                                      "rpc request says it is from rank %u "
+                                      "on a pipe from rank %d",
+                                      h->h_src_rank, c->c_peer->p_info.rank);
+        tp_args_unref(args);
+        ag_conn_protocol_error(c, err);
+        tp_error_unref(err);
+        return;
+    }
+    if (closed) {
+        tp_args_unref(args);
+        return;
+    }
+    ag_req *r = tp__zalloc(sizeof(*r));
+    if (r == NULL) {
+        tp_args_unref(args);
+        ag_conn_fail(c, tp__error_nomem());
+        return;
+    }
+    atomic_fetch_add_explicit(&a->a_refs, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&c->c_ops, 1, memory_order_relaxed);
+    r->r_agent = a;
+    r->r_conn = c;
+    r->r_caller = caller;
+    r->r_call_id = h->h_call_id;
+    r->r_fn_id = h->h_fn_id;
+    r->r_args = args;
+    memcpy(r->r_fn_name, h->h_fn_name, h->h_fn_name_len);
+    r->r_fn_name[h->h_fn_name_len] = '\0';
+    tp__task_init(&r->r_task, ag_req_run, r);
+    if (tp__pool_submit(a->a_pool, &r->r_task) != TP_OK) {
+        // Shutting down: the caller's call fails with our pipe's close.
+        tp_args_unref(args);
+        tp__free(r);
+        ag_conn_op_done(c);
+        ag_agent_unref(a);
+    }
+}
+
+// Loop thread: a reply arrived; resolve its call (dropped if the call
+// already ended: timed out, or failed).
+void
+ag_serve_reply(ag_conn *c, const ag_hdr *h, tp_args *args)
+{
+    tp_agent *a = c->c_agent;
+    tp_error *err = NULL;
+    tp_status st = TP_OK;
+
+    if (h->h_kind == AG_KIND_ERROR) {
+        st = (tp_status)h->h_status;
+    }
+    tp__mtx_lock(&a->a_mtx);
+    ag_call *call = ag_pending_take_locked(a, h->h_call_id, c, st);
+    if (call != NULL) {
+        call->c_peer->p_stats.s_bytes_received += ag_args_nbytes(args);
+    }
+    tp__mtx_unlock(&a->a_mtx);
+    if (call == NULL) {
+        TP_LOG_DEBUG("TP-RPC-LATE",
+                     "rpc %s: dropped a reply to call %" PRIu64
+                     " that already ended (timed out or failed)",
+                     ag_name(a), h->h_call_id);
+        tp_args_unref(args);
+        return;
+    }
+    if (h->h_kind == AG_KIND_ERROR) {
+        size_t len = 0;
+        const char *text = tp_args_bytes(args, &len);
+        err = tp__error_new(st, 0, NULL, "rpc \"%s\" on %s (rank %d): %.*s",
+                            call->c_fn_name, call->c_peer->p_info.name,
+                            call->c_peer->p_info.rank, (int)len,
+                            text != NULL ? text : "");
+        tp_args_unref(args);
+        args = NULL;
+    }
+    ag_call_finish(call, args, err);
+}
+
+// Loop thread: the rest of a message arrived.
+
+// ---- handlers ------------------------------------------------------------
+
+// Sends the reply of @r (any thread): the result @result (taken) or
+// @err (borrowed), then frees @r.
+void
+ag_req_reply(ag_req *r, tp_args *result, const tp_error *err)
+{
+    tp_agent *a = r->r_agent;
+
+    if (r->r_conn == NULL) {
+        // A call to self: complete it here.
+        tp_status st = err != NULL ? tp_error_status(err) : TP_OK;
+        tp__mtx_lock(&a->a_mtx);
+        ag_call *call = ag_pending_take_locked(a, r->r_call_id, NULL, st);
+        tp__mtx_unlock(&a->a_mtx);
+        if (call != NULL) {
+            tp_error *e = NULL;
+            if (err != NULL) {
+                // As for a remote caller: the call's own connection is
+                // fine, a handler's connection- or context-scope status
+                // arrives as TP_EIO.
+                st = (st < 0 && st > -20) ? st : TP_EIO;
+                e = tp__error_new(st, 0, NULL, "rpc \"%s\" on %s (rank %d): %s",
+                                  call->c_fn_name, ag_name(a), a->a_rank,
+                                  tp_error_message(err));
+            }
+            ag_call_finish(call, result, e);
+        } else {
+            tp_args_unref(result);
+        }
+        goto out;
+    }
+
+    ag_conn *c = r->r_conn;
+    char *errmsg = NULL;
+    tp_args *holder = NULL; // keeps errmsg alive until the write is done
+    ag_hdr h;
+    memset(&h, 0, sizeof(h));
+    h.h_call_id = r->r_call_id;
+    h.h_src_rank = (uint32_t)a->a_rank;
+    if (err != NULL) {
+        h.h_kind = AG_KIND_ERROR;
+        tp_status st = tp_error_status(err);
+        // The caller's connection is fine: a handler's connection- or
+        // context-scope status arrives as TP_EIO.
+        h.h_status = (st < 0 && st > -20) ? st : TP_EIO;
+        errmsg = tp__asprintf("%.*s", (int)(AG_WIRE_MAX_ERRMSG - 1),
+                              tp_error_message(err));
+        tp_args_unref(result);
+        result = NULL;
+        if (errmsg == NULL || ag_args_create_empty(0, &holder) != TP_OK) {
+            tp__free(errmsg);
+            goto out;
+        }
+        holder->a_owned = errmsg;
+        result = holder; // no bytes, no tensors: only owns errmsg
+    } else {
+        h.h_kind = AG_KIND_RESPONSE;
+    }
+    tp__mtx_lock(&a->a_mtx);
+    ag_wslot *w = NULL;
+    if (a->a_state != AG_CLOSED && !c->c_failed) {
+        w = ag_slot_get_locked(c);
+        if (w != NULL) {
+            atomic_fetch_add_explicit(&a->a_writers, 1, memory_order_acquire);
+            if (c->c_peer != NULL) {
+                c->c_peer->p_stats.s_bytes_sent += ag_args_nbytes(result);
+            }
+        }
+    }
+    tp__mtx_unlock(&a->a_mtx);
+    if (w == NULL) {
+        tp_args_unref(result); // shutting down, or the pipe failed
+        goto out;
+    }
+    if (ag_slot_fill(w, &h, result, errmsg) != TP_OK) {
+        // The caller will time out; tell why here.
+        TP_LOG_ERROR("TP-RPC-REPLY",
+                     "rpc %s: no memory for the reply to call %" PRIu64,
+                     ag_name(a), r->r_call_id);
+        tp__mtx_lock(&a->a_mtx);
+        ag_slot_put_locked(w);
+        tp__mtx_unlock(&a->a_mtx);
+    } else {
+        ag_slot_submit(w);
+    }
+    atomic_fetch_sub_explicit(&a->a_writers, 1, memory_order_release);
+out:
+    tp_args_unref(r->r_args);
+    tp_agent *ag = r->r_agent;
+    if (r->r_conn != NULL) {
+        ag_conn_op_done(r->r_conn);
+    }
+    tp__free(r);
+    ag_agent_unref(ag);
+}
+
+// Loop thread: a message could not be sent for a reason of its own (a
+// pipe limit, memory). A request fails its call; a result is replaced by
+// an error reply, so the caller learns why instead of waiting for its
+// deadline; a failed error reply is only logged.
+void
+ag_write_failed_locally(ag_conn *c, ag_kind kind, uint64_t call_id,
+                     const tp_error *err)
+{
+    tp_agent *a = c->c_agent;
+    char who[AG_MAX_URL + 160];
+    ag_conn_describe(c, who, sizeof(who));
+    if (kind == AG_KIND_REQUEST) {
+        tp_status st = tp_error_status(err);
+        tp__mtx_lock(&a->a_mtx);
+        ag_call *call = ag_pending_take_locked(a, call_id, c, st);
+        tp__mtx_unlock(&a->a_mtx);
+        if (call != NULL) {
+            ag_call_finish(call, NULL,
+                        tp__error_new(st, 0, err,
+                                      "rpc \"%s\" from %s to %s: sending "
+                                      "the request",
+                                      call->c_fn_name, ag_name(a), who));
+        }
+        return;
+    }
+    if (kind == AG_KIND_ERROR) {
+        TP_LOG_WARN("TP-RPC-REPLY",
+                    "rpc %s: could not send the error reply to call %" PRIu64
+                    " of %s: %s",
+                    ag_name(a), call_id, who, tp_error_message(err));
+        return;
+    }
+    ag_req *r = tp__zalloc(sizeof(*r));
+    if (r == NULL) {
+        TP_LOG_ERROR("TP-RPC-REPLY",
+                     "rpc %s: could not send the reply to call %" PRIu64
+                     " of %s: %s (and no memory to say so)",
+                     ag_name(a), call_id, who, tp_error_message(err));
+        return;
+    }
+    atomic_fetch_add_explicit(&a->a_refs, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&c->c_ops, 1, memory_order_relaxed);
+    r->r_agent = a;
+    r->r_conn = c;
+    r->r_call_id = call_id;
+    tp_error *e = tp__error_new(tp_error_status(err), 0, err,
+                                "%s could not send the result", ag_name(a));
+    ag_req_reply(r, NULL, e);
+    tp_error_unref(e);
+}
+
+// Future callback of an async handler (on the thread that resolved it).
+static void
+req_async_done(tp_future *f, void *arg)
+{
+    ag_req *r = arg;
+    const tp_error *err = tp_future_error(f);
+    tp_args *result = NULL;
+    if (err == NULL && tp_future_value(f) != NULL) {
+        result = tp_args_ref(tp_future_value(f));
+    }
+    ag_req_reply(r, result, err);
+    tp_future_unref(f);
+}
+
+// Pool thread: run the handler of @r.
+void
+ag_req_run(void *arg)
+{
+    ag_req *r = arg;
+    tp_agent *a = r->r_agent;
+    const ag_fn *fn = ag_registry_find(r->r_fn_id);
+    tp_error *err = NULL;
+
+    if (fn == NULL || strcmp(fn->fn_name, r->r_fn_name) != 0) {
+        err = tp__error_new(TP_ENOENT, 0, NULL,
+                            "function \"%s\" is not registered on %s "
+                            "(rank %d)",
+                            r->r_fn_name, ag_name(a), a->a_rank);
+        ag_req_reply(r, NULL, err);
+        tp_error_unref(err);
+        return;
+    }
+    r->r_info.agent = a;
+    r->r_info.fn_name = fn->fn_name;
+    r->r_info.caller = &r->r_caller->p_info;
+    r->r_info.call_id = r->r_call_id;
+    if (fn->fn_async != NULL) {
+        tp_future *f = fn->fn_async(&r->r_info, r->r_args, fn->fn_arg);
+        if (f == NULL) {
+            err = tp__error_new(TP_ENOMEM, 0, NULL,
+                                "async function \"%s\" returned no future",
+                                fn->fn_name);
+            ag_req_reply(r, NULL, err);
+            tp_error_unref(err);
+            return;
+        }
+        if (tp_future_then(f, req_async_done, r) != TP_OK) {
+            tp_future_unref(f);
+            err = tp__error_new(TP_ENOMEM, 0, NULL, "function \"%s\"",
+                                fn->fn_name);
+            ag_req_reply(r, NULL, err);
+            tp_error_unref(err);
+        }
+        return;
+    }
+    tp_args *out = NULL;
+    tp_status st = fn->fn_sync(&r->r_info, r->r_args, fn->fn_arg, &out, &err);
+    if (st != TP_OK) {
+        tp_args_unref(out);
+        if (err == NULL) {
+            err = tp__error_new(st, 0, NULL, "function \"%s\" failed: %s",
+                                fn->fn_name, tp_status_describe(st));
+        } else if (tp_error_status(err) != st) {
+            tp_error *e =
+                tp__error_new(st, 0, err, "function \"%s\"", fn->fn_name);
+            tp_error_unref(err);
+            err = e;
+        }
+        ag_req_reply(r, NULL, err);
+        tp_error_unref(err);
+        return;
+    }
+    tp_error_unref(err); // a success with an error object: ignored
+    ag_req_reply(r, out, NULL);
+}
