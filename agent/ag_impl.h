@@ -32,7 +32,6 @@
 #include "core/pool.h"
 #include "wire.h"
 
-
 #define AG_MAX_URLS      4
 #define AG_MAX_URL       256
 #define AG_KEY_PREFIX    "tp.rpc/"

@@ -7,6 +7,7 @@
 
 #include "core/alloc.h"
 #include "core/platform.h"
+#include "core/tensor_impl.h"
 
 tp_status
 ag_args_create_empty(size_t ntensors, tp_args **args_p)
@@ -80,10 +81,18 @@ tp_args_add_tensor(tp_args *args, tp_tensor *t)
     }
     // A view is sent as the contiguous bytes it covers (a copy); a
     // contiguous tensor goes straight from its storage into the pipe.
+    // Core's raw copy: sending records no autograd node (distributed
+    // autograd, above the agent, records its own send functions).
+    // The tensor itself is kept (not an alias): a hook above the agent
+    // (distributed autograd) reads its autograd state when it is sent.
     tp_tensor *c;
-    tp_status st = tp_tensor_contiguous(t, &c, NULL);
-    if (st != TP_OK) {
-        return st;
+    if (tp_tensor_is_contiguous(t)) {
+        c = tp_tensor_ref(t);
+    } else {
+        tp_status st = tp__clone_raw(t, &c, NULL);
+        if (st != TP_OK) {
+            return st;
+        }
     }
     ag_args_push_tensor(args, c);
     return TP_OK;
@@ -175,7 +184,7 @@ ag_args_clone(const tp_args *in, tp_args **out_p, tp_error **err_p)
     }
     for (size_t i = 0; i < nt; i++) {
         tp_tensor *c;
-        st = tp_tensor_clone(in->a_tensors[i], &c, err_p);
+        st = tp__clone_raw(in->a_tensors[i], &c, err_p);
         if (st != TP_OK) {
             tp_args_unref(out);
             return st;

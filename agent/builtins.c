@@ -5,6 +5,7 @@
 
 #include "agent_int.h"
 #include "core/log.h"
+#include "core/tensor_impl.h"
 
 static tp_status
 builtin_noop(const tp_rpc_call_info *call, const tp_args *in, void *arg,
@@ -109,9 +110,9 @@ builtin_add(const tp_rpc_call_info *call, const tp_args *in, void *arg,
     tp_tensor *x = NULL, *y = NULL, *z = NULL, *r = NULL;
     tp_status st = TP_OK;
     if (half) {
-        st = tp_tensor_to_dtype(a, TP_F32, &x, err_p);
+        st = tp__to_dtype_raw(a, TP_F32, &x, err_p);
         if (st == TP_OK) {
-            st = tp_tensor_to_dtype(b, TP_F32, &y, err_p);
+            st = tp__to_dtype_raw(b, TP_F32, &y, err_p);
         }
     } else {
         x = tp_tensor_ref(a);
@@ -124,7 +125,7 @@ builtin_add(const tp_rpc_call_info *call, const tp_args *in, void *arg,
         add_kernel(cdt, tp_tensor_data(x), tp_tensor_data(y), tp_tensor_data(z),
                    tp_tensor_numel(z));
         if (half) {
-            st = tp_tensor_to_dtype(z, dt, &r, err_p);
+            st = tp__to_dtype_raw(z, dt, &r, err_p);
         } else {
             r = tp_tensor_ref(z);
         }

@@ -136,7 +136,6 @@ pending_insert_locked(tp_agent *a, ag_call *c)
     timer_insert_locked(a, c);
 }
 
-
 void
 ag_pending_unlink_locked(tp_agent *a, ag_call *c, tp_status st)
 {
@@ -173,7 +172,8 @@ ag_pending_unlink_locked(tp_agent *a, ag_call *c, tp_status st)
 // @conn is not NULL, if it was not sent on @conn: a peer cannot answer
 // another peer's calls).
 ag_call *
-ag_pending_take_locked(tp_agent *a, uint64_t id, const ag_conn *conn, tp_status st)
+ag_pending_take_locked(tp_agent *a, uint64_t id, const ag_conn *conn,
+                       tp_status st)
 {
     ag_call *c = *table_slot_locked(a, id);
     while (c != NULL && c->c_id != id) {
@@ -337,10 +337,10 @@ agent_call(tp_agent *a, ag_peer *p, const char *fn_name, const tp_args *in,
         tp__free(r);
         tp_args_unref(copy);
         ag_call_finish(c, NULL,
-                    tp__error_new(TP_ECLOSED, 0, NULL,
-                                  "rpc \"%s\" from %s to %s: the agent is "
-                                  "shut down",
-                                  fn_name, ag_name(a), p->p_info.name));
+                       tp__error_new(TP_ECLOSED, 0, NULL,
+                                     "rpc \"%s\" from %s to %s: the agent is "
+                                     "shut down",
+                                     fn_name, ag_name(a), p->p_info.name));
         return result;
     }
     // Bound to the pool under the lock: a_pool is stable while the agent
@@ -467,8 +467,7 @@ tp_rpc_async_rank(tp_agent *a, int to, const char *fn_name, const tp_args *in,
         return future_failed(tp__error_new(
             TP_ENOENT, 0, NULL,
             "rpc \"%s\" from %s: no worker of rank %d (world size %d)",
-            fn_name != NULL ? fn_name : "(null)", ag_name(a), to,
-            a->a_world));
+            fn_name != NULL ? fn_name : "(null)", ag_name(a), to, a->a_world));
     }
     return agent_call(a, &a->a_peers[to], fn_name, in, timeout_ms);
 }

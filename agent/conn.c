@@ -132,7 +132,6 @@ ag_slot_fill(ag_wslot *w, const ag_hdr *h, tp_args *args, const char *errmsg)
     return TP_OK;
 }
 
-
 // Loop thread: a write completed. Its slot goes back to the connection.
 // A connection-scope failure fails the connection (and every call pending
 // on it); an operation-scope one (the message broke a pipe limit, memory)
@@ -185,7 +184,6 @@ ag_slot_submit(ag_wslot *w)
     atomic_fetch_add_explicit(&w->w_conn->c_ops, 1, memory_order_relaxed);
     tp_pipe_write(w->w_conn->c_pipe, &w->w_msg, w->w_aio);
 }
-
 
 // ---- connections ---------------------------------------------------------
 
@@ -278,13 +276,12 @@ ag_conn_fail(ag_conn *c, const tp_error *err)
     char who[AG_MAX_URL + 160];
     ag_conn_describe(c, who, sizeof(who));
     if (failed != NULL || (state == AG_RUNNING && c->c_outgoing)) {
-        TP_LOG_WARN("TP-RPC-PIPE", "rpc %s: pipe to %s failed: %s",
-                    ag_name(a), who, tp_error_message(err));
+        TP_LOG_WARN("TP-RPC-PIPE", "rpc %s: pipe to %s failed: %s", ag_name(a),
+                    who, tp_error_message(err));
     } else {
         // A peer closing its pipe to us (it shut down) is normal.
-        TP_LOG_DEBUG("TP-RPC-PIPE", "rpc %s: pipe %s %s ended: %s",
-                     ag_name(a), c->c_outgoing ? "to" : "from", who,
-                     tp_error_message(err));
+        TP_LOG_DEBUG("TP-RPC-PIPE", "rpc %s: pipe %s %s ended: %s", ag_name(a),
+                     c->c_outgoing ? "to" : "from", who, tp_error_message(err));
     }
     tp_status st = tp_error_status(err);
     if (!TP_STATUS_IS_CONN(st)) {
@@ -426,8 +423,6 @@ conn_desc_cb(void *arg)
     conn_desc_step(c);
     ag_conn_op_done(c);
 }
-
-
 
 static void
 conn_read_step(ag_conn *c)

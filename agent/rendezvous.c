@@ -138,8 +138,8 @@ ag_rendezvous(tp_agent *a, uint64_t deadline, tp_error **err_p)
     tp_status st = tp_store_add(a->a_store, AG_KEY_PREFIX "joins", 1,
                                 ag_ms_left(deadline), &joins, err_p);
     if (st != TP_OK) {
-        return tp__error_wrap(err_p, st, "rpc init of %s (rank %d)",
-                              ag_name(a), a->a_rank);
+        return tp__error_wrap(err_p, st, "rpc init of %s (rank %d)", ag_name(a),
+                              a->a_rank);
     }
     snprintf(a->a_prefix, sizeof(a->a_prefix), AG_KEY_PREFIX "%lld/",
              (long long)((joins - 1) / a->a_world));
@@ -148,11 +148,11 @@ ag_rendezvous(tp_agent *a, uint64_t deadline, tp_error **err_p)
         n += snprintf(val + n, sizeof(val) - (size_t)n, "%s\n", me->p_urls[i]);
     }
     worker_key(a, key, sizeof(key), a->a_rank);
-    st =
-        tp_store_set(a->a_store, key, val, (size_t)n, ag_ms_left(deadline), err_p);
+    st = tp_store_set(a->a_store, key, val, (size_t)n, ag_ms_left(deadline),
+                      err_p);
     if (st != TP_OK) {
-        return tp__error_wrap(err_p, st, "rpc init of %s (rank %d)",
-                              ag_name(a), a->a_rank);
+        return tp__error_wrap(err_p, st, "rpc init of %s (rank %d)", ag_name(a),
+                              a->a_rank);
     }
     for (int r = 0; r < a->a_world; r++) {
         if (r == a->a_rank) {
@@ -213,7 +213,8 @@ ag_rendezvous(tp_agent *a, uint64_t deadline, tp_error **err_p)
     // the records, so that each fails with this message, not a reset.
     snprintf(key, sizeof(key), "%sread/%d", a->a_prefix, a->a_rank);
     tp_error *e = NULL;
-    if (tp_store_set(a->a_store, key, "1", 1, ag_ms_left(deadline), &e) == TP_OK &&
+    if (tp_store_set(a->a_store, key, "1", 1, ag_ms_left(deadline), &e) ==
+            TP_OK &&
         a->a_rank == 0) {
         for (int r = 1; r < a->a_world; r++) {
             snprintf(key, sizeof(key), "%sread/%d", a->a_prefix, r);
@@ -232,14 +233,13 @@ ag_rendezvous(tp_agent *a, uint64_t deadline, tp_error **err_p)
                          dup_j);
 }
 
-
 // ---- shutdown ------------------------------------------------------------
 
 // One round of the shutdown agreement: publish (pending, activity), read
 // everyone's. Returns the sums.
 tp_status
-ag_shutdown_round(tp_agent *a, int round, uint64_t deadline, uint64_t *pending_p,
-               uint64_t *activity_p, tp_error **err_p)
+ag_shutdown_round(tp_agent *a, int round, uint64_t deadline,
+                  uint64_t *pending_p, uint64_t *activity_p, tp_error **err_p)
 {
     char key[128];
     char val[64];
@@ -249,8 +249,8 @@ ag_shutdown_round(tp_agent *a, int round, uint64_t deadline, uint64_t *pending_p
     int n = snprintf(val, sizeof(val), "%" PRIu64 " %" PRIu64, pend, act);
     snprintf(key, sizeof(key), "%sshutdown/%d/%d", a->a_prefix, round,
              a->a_rank);
-    tp_status st =
-        tp_store_set(a->a_store, key, val, (size_t)n, ag_ms_left(deadline), err_p);
+    tp_status st = tp_store_set(a->a_store, key, val, (size_t)n,
+                                ag_ms_left(deadline), err_p);
     if (st != TP_OK) {
         return st;
     }
@@ -260,7 +260,8 @@ ag_shutdown_round(tp_agent *a, int round, uint64_t deadline, uint64_t *pending_p
         void *v = NULL;
         size_t len = 0;
         tp_error *err = NULL;
-        st = tp_store_get(a->a_store, key, ag_ms_left(deadline), &v, &len, &err);
+        st =
+            tp_store_get(a->a_store, key, ag_ms_left(deadline), &v, &len, &err);
         if (st != TP_OK) {
             if (st == TP_ETIMEDOUT) {
                 // Name every worker still missing in this round.
@@ -295,7 +296,6 @@ ag_shutdown_round(tp_agent *a, int round, uint64_t deadline, uint64_t *pending_p
     return TP_OK;
 }
 
-
 // Graceful shutdown, last step: rank 0 hosts the store server, so it
 // waits (until @deadline) for every other rank that took part in the
 // shutdown to say it is done with the store before the store closes.
@@ -314,8 +314,8 @@ ag_rendezvous_exit(tp_agent *a, uint64_t deadline)
             }
             snprintf(key, sizeof(key), "%sexit/%d", a->a_prefix, r);
             const char *keys[1] = {key};
-            if (tp_store_wait(a->a_store, keys, 1, ag_ms_left(deadline),
-                              &e) != TP_OK) {
+            if (tp_store_wait(a->a_store, keys, 1, ag_ms_left(deadline), &e) !=
+                TP_OK) {
                 break;
             }
         }

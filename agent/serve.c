@@ -215,7 +215,7 @@ out:
 // deadline; a failed error reply is only logged.
 void
 ag_write_failed_locally(ag_conn *c, ag_kind kind, uint64_t call_id,
-                     const tp_error *err)
+                        const tp_error *err)
 {
     tp_agent *a = c->c_agent;
     char who[AG_MAX_URL + 160];
@@ -227,10 +227,10 @@ ag_write_failed_locally(ag_conn *c, ag_kind kind, uint64_t call_id,
         tp__mtx_unlock(&a->a_mtx);
         if (call != NULL) {
             ag_call_finish(call, NULL,
-                        tp__error_new(st, 0, err,
-                                      "rpc \"%s\" from %s to %s: sending "
-                                      "the request",
-                                      call->c_fn_name, ag_name(a), who));
+                           tp__error_new(st, 0, err,
+                                         "rpc \"%s\" from %s to %s: sending "
+                                         "the request",
+                                         call->c_fn_name, ag_name(a), who));
         }
         return;
     }

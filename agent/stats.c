@@ -136,8 +136,8 @@ tp_rpc_get_debug_info(const tp_agent *a)
         }                                                                      \
     } while (0)
     tp__mtx_lock(&ma->a_mtx);
-    DI_ADD("agent %s: rank %d of %d, listening on %s\n", ag_name(a),
-           a->a_rank, a->a_world, a->a_listen_url);
+    DI_ADD("agent %s: rank %d of %d, listening on %s\n", ag_name(a), a->a_rank,
+           a->a_world, a->a_listen_url);
     DI_ADD("options: num_worker_threads=%d rpc_timeout_ms=%lld "
            "init_method=%s transports=%s channels=%s\n",
            a->a_opts.num_worker_threads, (long long)a->a_opts.rpc_timeout_ms,

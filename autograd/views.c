@@ -100,23 +100,35 @@ tp_tensor_permute(tp_tensor *t, const int *perm, tp_tensor **out_p,
     return st;
 }
 
+// A transpose is its own inverse: the backward swaps the same two dims
+// (n_i[0], n_i[1]) of the gradient.
+BW_FN(transpose_bw)
+{
+    if (!needs0(n)) {
+        return TP_OK;
+    }
+    return tp__view_transpose(gout[0], (int)n->n_i[0], (int)n->n_i[1], &gin[0],
+                              err_p);
+}
+
+static const tp_node_ops transpose_ops = {.name = "TransposeBackward",
+                                          .backward = transpose_bw};
+
 tp_status
 tp_tensor_transpose(tp_tensor *t, int d0, int d1, tp_tensor **out_p,
                     tp_error **err_p)
 {
-    int a, b;
-    if (!tp__dim_norm(t->t_ndim, d0, &a) || !tp__dim_norm(t->t_ndim, d1, &b)) {
-        return tp__error_set(err_p, TP_EINVAL,
-                             "transpose: dims %d, %d out of range for %d-d", d0,
-                             d1, t->t_ndim);
+    tp_tensor *o;
+    tp_node *n;
+    tp_status st = tp__view_transpose(t, d0, d1, &o, err_p);
+    if (st == TP_OK) {
+        st = finish(&transpose_ops, t, o, &n, out_p, err_p);
     }
-    int perm[TP_TENSOR_MAX_DIMS];
-    for (int i = 0; i < t->t_ndim; i++) {
-        perm[i] = i;
+    if (st == TP_OK && n) {
+        n->n_i[0] = d0;
+        n->n_i[1] = d1;
     }
-    perm[a] = b;
-    perm[b] = a;
-    return tp_tensor_permute(t, perm, out_p, err_p);
+    return st;
 }
 
 // ---- narrow ----------------------------------------------------------------
