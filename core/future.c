@@ -250,8 +250,14 @@ tp_status
 tp_future_then(tp_future *f, tp_future_cb cb, void *arg)
 {
     tp__mtx_lock(&f->f_mtx);
-    if (atomic_load_explicit(&f->f_done, memory_order_relaxed) &&
-        !f->f_draining) {
+    bool resolved = atomic_load_explicit(&f->f_done, memory_order_relaxed) &&
+                    !f->f_draining;
+    // A resolved future bound to a pool still runs the callback there
+    // (the caller may be a loop thread, which must not run user code),
+    // unless the caller is one of the pool's own threads.
+    bool to_pool =
+        resolved && f->f_pool != NULL && !tp__pool_on_thread(f->f_pool);
+    if (resolved && !to_pool) {
         tp__mtx_unlock(&f->f_mtx);
         // @f is not touched after @cb, which may drop the last reference.
         cb(f, arg);
@@ -267,6 +273,21 @@ tp_future_then(tp_future *f, tp_future_cb cb, void *arg)
     node->fc_arg = arg;
     *f->f_cbs_tail = node;
     f->f_cbs_tail = &node->fc_next;
-    tp__mtx_unlock(&f->f_mtx);
+    if (!to_pool) {
+        tp__mtx_unlock(&f->f_mtx);
+        return TP_OK;
+    }
+    // Drained by a pool task, as on resolution: callbacks added meanwhile
+    // queue behind this one (f_draining), so the order holds.
+    tp_future_ref(f);
+    f->f_draining = true;
+    tp__task_init(&f->f_task, future_drain_task, f);
+    if (tp__pool_submit(f->f_pool, &f->f_task) == TP_OK) {
+        tp__mtx_unlock(&f->f_mtx);
+        return TP_OK;
+    }
+    // The pool no longer takes work (it is shutting down): run here.
+    future_drain_unlock(f);
+    tp_future_unref(f);
     return TP_OK;
 }

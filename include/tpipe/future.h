@@ -64,9 +64,13 @@ TP_API const tp_error *tp_future_error(const tp_future *f);
 /**
  * tp_future_then - run @cb(@f, @arg) exactly once when @f resolves: on the
  * thread that resolves it, or, if @f is already resolved and its callbacks
- * have all run, on the calling thread before this returns. Callbacks run in
- * the order they were added: one added while the resolving thread is still
- * running earlier callbacks is queued behind them and runs on that thread.
+ * have all run, on the calling thread before this returns. Futures made by
+ * the RPC agent and the layers above it (RPC, RRef) are bound to the
+ * agent's worker pool: their callbacks always run on a pool thread, never
+ * on a loop thread and never inside this call (unless the caller is itself
+ * a pool thread and @f is resolved). Callbacks run in the order they were
+ * added: one added while earlier callbacks are still running is queued
+ * behind them and runs on the same thread.
  * Errors: TP_ENOMEM (the callback will not run).
  */
 TP_API tp_status tp_future_then(tp_future *f, tp_future_cb cb, void *arg);

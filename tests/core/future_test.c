@@ -13,6 +13,7 @@
 #include "alloc.h"
 #include "error.h"
 #include "platform.h"
+#include "pool.h"
 
 static tp_future *
 make_future(void)
@@ -521,6 +522,74 @@ test_alloc_failures(void)
 #endif
 }
 
+// A future bound to a pool runs its callbacks on the pool, also when it is
+// already resolved at the time of tp_future_then (the caller may be a loop
+// thread): never inline on a thread that is not the pool's, and in the
+// order they were added.
+typedef struct bound_cb {
+    tp_pool *pool;
+    atomic_int order[4];
+    atomic_int n;
+    atomic_int off_pool;
+    pthread_t caller;
+    atomic_int on_caller;
+} bound_cb;
+
+static bound_cb g_bound;
+
+static void
+bound_log_cb(tp_future *f, void *arg)
+{
+    (void)f;
+    int i = atomic_fetch_add(&g_bound.n, 1);
+    if (i < 4) {
+        atomic_store(&g_bound.order[i], (int)(intptr_t)arg);
+    }
+    if (!tp__pool_on_thread(g_bound.pool)) {
+        atomic_fetch_add(&g_bound.off_pool, 1);
+    }
+    if (pthread_equal(pthread_self(), g_bound.caller)) {
+        atomic_fetch_add(&g_bound.on_caller, 1);
+    }
+}
+
+static void
+test_then_bound_to_pool_never_inline(void)
+{
+    tp_error *err = NULL;
+    memset(&g_bound, 0, sizeof(g_bound));
+    TP_CHECK_OK(tp__pool_create(2, "fut", &g_bound.pool, &err), err);
+    g_bound.caller = pthread_self();
+    tp_future *f = make_future();
+    tp__future_set_pool(f, g_bound.pool);
+    // Added before resolution, resolved on this (non-pool) thread.
+    TP_CHECK_OK(tp_future_then(f, bound_log_cb, (void *)(intptr_t)1), NULL);
+    TP_CHECK_OK(tp_future_set_value(f, NULL, NULL), NULL);
+    uint64_t start = tp__now_ns();
+    while (atomic_load(&g_bound.n) < 1) {
+        TP_CHECKF(elapsed_ms(start) < tp_test_ms(5000),
+                  "the first callback did not run");
+        usleep(100);
+    }
+    usleep(20000); // the pool's drain of the first callback is over
+    // Added after resolution: still on the pool, in order.
+    TP_CHECK_OK(tp_future_then(f, bound_log_cb, (void *)(intptr_t)2), NULL);
+    TP_CHECK_OK(tp_future_then(f, bound_log_cb, (void *)(intptr_t)3), NULL);
+    while (atomic_load(&g_bound.n) < 3) {
+        TP_CHECKF(elapsed_ms(start) < tp_test_ms(5000),
+                  "only %d of 3 callbacks ran", atomic_load(&g_bound.n));
+        usleep(100);
+    }
+    TP_CHECK_EQ(atomic_load(&g_bound.off_pool), 0);
+    TP_CHECK_EQ(atomic_load(&g_bound.on_caller), 0);
+    for (int i = 0; i < 3; i++) {
+        TP_CHECK_EQ(atomic_load(&g_bound.order[i]), i + 1);
+    }
+    tp_future_unref(f);
+    tp__pool_close(g_bound.pool);
+    tp__pool_destroy(g_bound.pool);
+}
+
 static const tp_test_case cases[] = {
     TP_TEST_CASE(test_set_value_then_wait),
     TP_TEST_CASE(test_wait_timeout),
@@ -537,6 +606,7 @@ static const tp_test_case cases[] = {
     TP_TEST_CASE(test_then_from_callback),
     TP_TEST_CASE(test_callback_drops_last_reference),
     TP_TEST_CASE(test_alloc_failures),
+    TP_TEST_CASE(test_then_bound_to_pool_never_inline),
 };
 
 TP_TEST_MAIN(cases)
