@@ -9,6 +9,8 @@
  *   calls.c       pending calls, the timer thread, tp_rpc_async/sync/wait
  *   serve.c       requests: handlers on the pool, replies
  *   stats.c       per-peer counters, latency histogram, debug info
+ *   proto.c       the kinds table, the protocols above the agent
+ *                 (proto.h): their hooks, extension sections
  *
  * Locks: a_mtx protects the agent's tables (peers' connections, pending
  * calls, timer lists, write slots, counters). It is never held across a
@@ -30,6 +32,7 @@
 #include "core/error.h"
 #include "core/platform.h"
 #include "core/pool.h"
+#include "proto.h"
 #include "wire.h"
 
 #define AG_MAX_URLS      4
@@ -87,6 +90,8 @@ typedef struct ag_wslot {
     tp_args *w_args; // referenced until the write completes
     ag_kind w_kind;  // what the message is
     uint64_t w_call_id;
+    bool w_any_tok;             // protocols want po_sent for this write
+    void *w_tok[TP__PROTO_MAX]; // their tokens, by protocol index
     uint8_t w_meta_inline[AG_META_INLINE];
 } ag_wslot;
 
@@ -147,11 +152,16 @@ typedef struct ag_req {
     ag_conn *r_conn;   // NULL: a call to self (r_call_id is local)
     ag_peer *r_caller;
     const ag_fn *r_fn; // NULL: not registered here
+    ag_kind r_kind;    // REQUEST or a protocol's kind
     uint64_t r_call_id;
     uint64_t r_fn_id;
     tp_args *r_args;
+    const uint8_t *r_hdr; // protocol kinds: section 0 (in r_args' message)
+    size_t r_hdr_len;
+    void *r_proto_ctx; // from pk_on_loop to pk_run
     tp_rpc_call_info r_info;
     char r_fn_name[TP_RPC_MAX_FN_NAME + 1];
+    size_t r_fn_name_len;
 } ag_req;
 
 typedef enum ag_state {
@@ -197,6 +207,9 @@ struct tp_agent {
     tp_cv a_timer_cv;
     uint64_t a_timer_until; // what the timer thread sleeps until
     uint64_t a_spin_ns;     // tp_rpc_wait's spin before sleeping
+    // The protocols' states, by index in tp__agent_protos: set at init,
+    // cleared by detach (read without the lock in between).
+    void *_Atomic a_proto[TP__PROTO_MAX];
 };
 
 // ---- shared helpers ----------------------------------------------------
@@ -238,9 +251,13 @@ ag_conn *ag_conn_get_locked(tp_agent *a, ag_peer *p, tp_error **err_p);
 void ag_accept_cb(void *arg);
 ag_wslot *ag_slot_get_locked(ag_conn *c);
 void ag_slot_put_locked(ag_wslot *w);
-tp_status ag_slot_fill(ag_wslot *w, const ag_hdr *h, tp_args *args,
-                       const char *errmsg);
-void ag_slot_submit(ag_wslot *w);
+/* Builds and writes the message of @w: @h (its ext is filled here from a
+ * protocol header @hdr when @has_hdr, and the protocols' sections for
+ * @args), payload @args's bytes or @errmsg, @args's tensors. Takes @args.
+ * On failure nothing was written: the caller puts @w back. */
+tp_status ag_slot_send(ag_wslot *w, ag_hdr *h, bool has_hdr, const void *hdr,
+                       size_t hdr_len, tp_args *args, const char *errmsg,
+                       tp_error **err_p);
 
 // calls.c
 void ag_pending_unlink_locked(tp_agent *a, ag_call *c, tp_status st);
@@ -259,5 +276,36 @@ void ag_write_failed_locally(ag_conn *c, ag_kind kind, uint64_t call_id,
 
 // stats.c
 void ag_lat_record_locked(ag_stats *s, uint64_t ns);
+
+// proto.c: message kinds (one table per process: the agent's own kinds and
+// those of the protocols of this build) and the protocols' hooks.
+typedef struct ag_kind_desc {
+    const char *k_name;
+    bool k_request; // arrives on incoming pipes, answered by a reply
+    void (*k_dispatch)(ag_conn *c, const ag_hdr *h, tp_args *args);
+    const tp__proto_kind *k_proto; // a protocol's kind: its handlers
+    size_t k_proto_idx;            // ... and the protocol's index
+} ag_kind_desc;
+
+/* The kind @kind, NULL if nothing here handles it. */
+const ag_kind_desc *ag_kind_get(unsigned kind);
+void *ag_proto_state_at(const tp_agent *a, size_t idx);
+tp_status ag_protos_attach(tp_agent *a, tp_error **err_p);
+void ag_protos_detach(tp_agent *a);
+/* Appends section @id (@n bytes at @p) to @x. */
+tp_status ag_ext_section(tp__ext *x, unsigned id, const void *p, size_t n);
+/* Every protocol's po_send for a message to @to carrying @args (NULL: no
+ * args, nothing to do); tokens in @toks, *@any_p if one was given. On
+ * failure the tokens taken are given back. */
+tp_status ag_proto_send(tp_agent *a, int to, const tp_args *args, tp__ext *ext,
+                        void **toks, bool *any_p, tp_error **err_p);
+void ag_proto_sent(tp_agent *a, void **toks, const tp_error *err);
+tp_status ag_proto_recv(tp_agent *a, int from, const ag_hdr *h, tp_args *args,
+                        tp_error **err_p);
+void ag_proto_peer_failed(tp_agent *a, int rank, const tp_error *err);
+void ag_proto_shutdown_begin(tp_agent *a);
+uint64_t ag_proto_pending(tp_agent *a);
+void ag_proto_shutdown_end(tp_agent *a, bool agreed);
+size_t ag_proto_debug(tp_agent *a, char *buf, size_t len);
 
 #endif

@@ -14,9 +14,18 @@
 
 #include "core/error.h"
 
-/* Arguments or a result: bytes + contiguous CPU tensors. The bytes are
- * either owned (malloc) or borrowed from a received message (a_msg, freed
- * with the args). Immutable once given to a call. */
+struct tp__args_obj_ops;
+
+/* An object of a protocol above the agent carried by args (an RRef). */
+typedef struct ag_obj {
+    void *o_ptr;
+    const struct tp__args_obj_ops *o_ops;
+} ag_obj;
+
+/* Arguments or a result: bytes + contiguous CPU tensors + objects of
+ * protocols (RRefs). The bytes are either owned (malloc) or borrowed from
+ * a received message (a_msg, freed with the args). Immutable once given
+ * to a call. */
 struct tp_args {
     _Atomic long a_refs;
     const void *a_bytes;
@@ -26,7 +35,12 @@ struct tp_args {
     tp_tensor **a_tensors;
     size_t a_ntensors;
     size_t a_cap;
+    ag_obj *a_objs; /* referenced; released with the args */
+    size_t a_nobjs, a_objs_cap;
 };
+
+/* The most objects one args carries. */
+#define AG_MAX_OBJS 4096
 
 /* Args with room for @ntensors tensors and no bytes. */
 tp_status ag_args_create_empty(size_t ntensors, tp_args **args_p);
@@ -34,7 +48,8 @@ tp_status ag_args_create_empty(size_t ntensors, tp_args **args_p);
 void ag_args_push_tensor(tp_args *args, tp_tensor *t);
 /* Sum of the bytes and tensor bytes. */
 uint64_t ag_args_nbytes(const tp_args *args);
-/* A copy whose tensors have their own storage (calls to self). */
+/* A copy whose tensors have their own storage (calls to self); its
+ * objects are the same ones, referenced again. */
 tp_status ag_args_clone(const tp_args *in, tp_args **out_p, tp_error **err_p);
 
 /* A registered function. Entries are never freed (process lifetime). */

@@ -2,6 +2,7 @@
 // args.c - arguments and results of calls: opaque bytes + tensors.
 
 #include "agent_int.h"
+#include "proto.h"
 
 #include <string.h>
 
@@ -115,6 +116,10 @@ tp_args_unref(tp_args *args)
     for (size_t i = 0; i < args->a_ntensors; i++) {
         tp_tensor_unref(args->a_tensors[i]);
     }
+    for (size_t i = 0; i < args->a_nobjs; i++) {
+        args->a_objs[i].o_ops->ao_unref(args->a_objs[i].o_ptr);
+    }
+    tp__free(args->a_objs);
     tp__free(args->a_tensors);
     tp__free(args->a_owned);
     tp_message_destroy(args->a_msg);
@@ -191,6 +196,55 @@ ag_args_clone(const tp_args *in, tp_args **out_p, tp_error **err_p)
         }
         ag_args_push_tensor(out, c);
     }
+    for (size_t i = 0; i < in->a_nobjs; i++) {
+        st = tp__args_add_obj(out, in->a_objs[i].o_ptr, in->a_objs[i].o_ops);
+        if (st != TP_OK) {
+            tp_args_unref(out);
+            return tp__error_set(err_p, st,
+                                 "copying rpc arguments: out of memory");
+        }
+    }
     *out_p = out;
     return TP_OK;
+}
+
+tp_status
+tp__args_add_obj(tp_args *args, void *obj, const tp__args_obj_ops *ops)
+{
+    if (args == NULL || obj == NULL || ops == NULL ||
+        args->a_nobjs >= AG_MAX_OBJS) {
+        return TP_EINVAL;
+    }
+    if (args->a_nobjs == args->a_objs_cap) {
+        size_t cap = args->a_objs_cap == 0 ? 4 : args->a_objs_cap * 2;
+        ag_obj *no = tp__realloc(args->a_objs, cap * sizeof(*no));
+        if (no == NULL) {
+            return TP_ENOMEM;
+        }
+        args->a_objs = no;
+        args->a_objs_cap = cap;
+    }
+    ops->ao_ref(obj);
+    args->a_objs[args->a_nobjs].o_ptr = obj;
+    args->a_objs[args->a_nobjs].o_ops = ops;
+    args->a_nobjs++;
+    return TP_OK;
+}
+
+size_t
+tp__args_nobjs(const tp_args *args)
+{
+    return args != NULL ? args->a_nobjs : 0;
+}
+
+void *
+tp__args_obj(const tp_args *args, size_t i, const tp__args_obj_ops **ops_p)
+{
+    if (args == NULL || i >= args->a_nobjs) {
+        return NULL;
+    }
+    if (ops_p != NULL) {
+        *ops_p = args->a_objs[i].o_ops;
+    }
+    return args->a_objs[i].o_ptr;
 }

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "ag_impl.h"
+#include "proto.h"
 #include "core/alloc.h"
 #include "core/config.h"
 #include "core/hash.h"
@@ -287,16 +288,34 @@ future_failed(tp_error *err)
     return f;
 }
 
+// What a call sends: a REQUEST of a registered function, or a message of
+// a protocol's kind with its header.
+typedef struct ag_callspec {
+    ag_kind cs_kind;
+    const char *cs_name; // the function (REQUEST) or an optional name
+    const void *cs_hdr;  // protocol kinds: section 0
+    size_t cs_hdr_len;
+    const char *cs_what; // for messages: the function or the kind's name
+} ag_callspec;
+
 static tp_future *
-agent_call(tp_agent *a, ag_peer *p, const char *fn_name, const tp_args *in,
+agent_call(tp_agent *a, ag_peer *p, const ag_callspec *cs, const tp_args *in,
            int64_t timeout_ms)
 {
+    const char *fn_name = cs->cs_name;
     size_t fnlen = fn_name != NULL ? strlen(fn_name) : 0;
-    if (fn_name == NULL || !ag_fn_name_valid(fn_name, fnlen)) {
+    bool named = cs->cs_kind == AG_KIND_REQUEST || fnlen > 0;
+    if (named && (fn_name == NULL || !ag_fn_name_valid(fn_name, fnlen))) {
         return future_failed(tp__error_new(
             TP_EINVAL, 0, NULL,
             "rpc from %s to %s: malformed function name \"%s\"", ag_name(a),
             p->p_info.name, fn_name != NULL ? fn_name : "(null)"));
+    }
+    bool self = p == a->a_self;
+    if (self && cs->cs_kind != AG_KIND_REQUEST) {
+        return future_failed(tp__error_new(
+            TP_EINVAL, 0, NULL, "rpc %s: a %s message to this worker itself",
+            ag_name(a), cs->cs_what));
     }
     ag_call *c = tp__zalloc(sizeof(*c));
     if (c == NULL) {
@@ -306,7 +325,7 @@ agent_call(tp_agent *a, ag_peer *p, const char *fn_name, const tp_args *in,
         tp__free(c);
         return future_failed(tp__error_nomem());
     }
-    memcpy(c->c_fn_name, fn_name, fnlen + 1);
+    snprintf(c->c_fn_name, sizeof(c->c_fn_name), "%s", cs->cs_what);
     c->c_peer = p;
     c->c_timeout_ms = agent_timeout(a, timeout_ms);
     // The call may end (and be freed) as soon as it is in the table: its
@@ -315,7 +334,6 @@ agent_call(tp_agent *a, ag_peer *p, const char *fn_name, const tp_args *in,
         atomic_fetch_add_explicit(&a->a_next_id, 1, memory_order_relaxed);
     c->c_id = id;
     tp_future *result = tp_future_ref(c->c_fut);
-    bool self = p == a->a_self;
 
     // A call to self runs on the pool with a copy of the arguments, as a
     // remote worker would see them.
@@ -340,7 +358,7 @@ agent_call(tp_agent *a, ag_peer *p, const char *fn_name, const tp_args *in,
                        tp__error_new(TP_ECLOSED, 0, NULL,
                                      "rpc \"%s\" from %s to %s: the agent is "
                                      "shut down",
-                                     fn_name, ag_name(a), p->p_info.name));
+                                     cs->cs_what, ag_name(a), p->p_info.name));
         return result;
     }
     // Bound to the pool under the lock: a_pool is stable while the agent
@@ -367,7 +385,7 @@ agent_call(tp_agent *a, ag_peer *p, const char *fn_name, const tp_args *in,
             tp_error *e = tp__error_new(st, 0, err,
                                         "rpc \"%s\" from %s to %s "
                                         "(rank %d)",
-                                        fn_name, ag_name(a), p->p_info.name,
+                                        cs->cs_what, ag_name(a), p->p_info.name,
                                         p->p_info.rank);
             tp_error_unref(err);
             ag_call_finish(c, NULL, e);
@@ -392,6 +410,7 @@ agent_call(tp_agent *a, ag_peer *p, const char *fn_name, const tp_args *in,
         atomic_fetch_add_explicit(&a->a_refs, 1, memory_order_relaxed);
         r->r_agent = a;
         r->r_caller = a->a_self;
+        r->r_kind = AG_KIND_REQUEST;
         r->r_call_id = id;
         r->r_fn_id = tp__hash64(fn_name, fnlen);
         r->r_args = copy;
@@ -409,26 +428,59 @@ agent_call(tp_agent *a, ag_peer *p, const char *fn_name, const tp_args *in,
 
     ag_hdr h;
     memset(&h, 0, sizeof(h));
-    h.h_kind = AG_KIND_REQUEST;
+    h.h_kind = cs->cs_kind;
     h.h_call_id = id;
-    h.h_fn_id = tp__hash64(fn_name, fnlen);
+    h.h_fn_id = fnlen > 0 ? tp__hash64(fn_name, fnlen) : 0;
     h.h_fn_name = fn_name;
     h.h_fn_name_len = (uint16_t)fnlen;
     h.h_src_rank = (uint32_t)a->a_rank;
     tp_args *ref = in != NULL ? tp_args_ref((tp_args *)in) : NULL;
-    if (ag_slot_fill(w, &h, ref, NULL) != TP_OK) {
+    tp_status st = ag_slot_send(w, &h, cs->cs_kind != AG_KIND_REQUEST,
+                                cs->cs_hdr, cs->cs_hdr_len, ref, NULL, &err);
+    if (st != TP_OK) {
         tp__mtx_lock(&a->a_mtx);
         ag_slot_put_locked(w);
-        ag_call *mine = ag_pending_take_locked(a, h.h_call_id, NULL, TP_ENOMEM);
+        ag_call *mine = ag_pending_take_locked(a, id, NULL, st);
         tp__mtx_unlock(&a->a_mtx);
         if (mine != NULL) {
-            ag_call_finish(mine, NULL, tp__error_nomem());
+            tp_error *e = tp__error_new(
+                st, 0, err, "rpc \"%s\" from %s to %s (rank %d)", cs->cs_what,
+                ag_name(a), p->p_info.name, p->p_info.rank);
+            ag_call_finish(mine, NULL, e);
         }
-    } else {
-        ag_slot_submit(w);
+        tp_error_unref(err);
     }
     atomic_fetch_sub_explicit(&a->a_writers, 1, memory_order_release);
     return result;
+}
+
+tp_future *
+tp__agent_call_kind(tp_agent *a, int to, uint8_t kind, const void *hdr,
+                    size_t hdr_len, const char *name, const tp_args *in,
+                    int64_t timeout_ms)
+{
+    const ag_kind_desc *kd = ag_kind_get(kind);
+    if (to < 0 || to >= a->a_world || kd == NULL || !ag_kind_is_proto(kind)) {
+        return future_failed(tp__error_new(
+            TP_EINVAL, 0, NULL, "rpc %s: message of kind %u to rank %d",
+            ag_name(a), kind, to));
+    }
+    ag_callspec cs = {.cs_kind = (ag_kind)kind,
+                      .cs_name = name,
+                      .cs_hdr = hdr,
+                      .cs_hdr_len = hdr_len,
+                      .cs_what = kd->k_name};
+    return agent_call(a, &a->a_peers[to], &cs, in, timeout_ms);
+}
+
+static tp_future *
+agent_call_fn(tp_agent *a, ag_peer *p, const char *fn_name, const tp_args *in,
+              int64_t timeout_ms)
+{
+    ag_callspec cs = {.cs_kind = AG_KIND_REQUEST,
+                      .cs_name = fn_name,
+                      .cs_what = fn_name != NULL ? fn_name : "(null)"};
+    return agent_call(a, p, &cs, in, timeout_ms);
 }
 
 ag_peer *
@@ -456,7 +508,7 @@ tp_rpc_async(tp_agent *a, const char *to, const char *fn_name,
             fn_name != NULL ? fn_name : "(null)", ag_name(a),
             to != NULL ? to : "(null)"));
     }
-    return agent_call(a, p, fn_name, in, timeout_ms);
+    return agent_call_fn(a, p, fn_name, in, timeout_ms);
 }
 
 tp_future *
@@ -469,7 +521,7 @@ tp_rpc_async_rank(tp_agent *a, int to, const char *fn_name, const tp_args *in,
             "rpc \"%s\" from %s: no worker of rank %d (world size %d)",
             fn_name != NULL ? fn_name : "(null)", ag_name(a), to, a->a_world));
     }
-    return agent_call(a, &a->a_peers[to], fn_name, in, timeout_ms);
+    return agent_call_fn(a, &a->a_peers[to], fn_name, in, timeout_ms);
 }
 
 static bool

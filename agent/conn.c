@@ -15,12 +15,14 @@
 #include <string.h>
 
 #include "ag_impl.h"
+#include "proto.h"
 #include "core/alloc.h"
 #include "core/log.h"
 
 // ---- write slots -------------------------------------------------------
 
 static void slot_write_cb(void *arg);
+static void slot_submit(ag_wslot *w);
 
 ag_wslot *
 ag_slot_get_locked(ag_conn *c)
@@ -75,8 +77,8 @@ slot_free(ag_wslot *w)
 
 // Fills @w's message: metadata from @h and @args, payload 0 = the bytes of
 // @args (or @errmsg for an error reply), tensors of @args. Takes @args.
-tp_status
-ag_slot_fill(ag_wslot *w, const ag_hdr *h, tp_args *args, const char *errmsg)
+static tp_status
+slot_fill(ag_wslot *w, const ag_hdr *h, tp_args *args, const char *errmsg)
 {
     size_t msize = ag_wire_size(h->h_fn_name_len, h->h_ext_len, args);
     if (msize > w->w_meta_cap) {
@@ -132,6 +134,50 @@ ag_slot_fill(ag_wslot *w, const ag_hdr *h, tp_args *args, const char *errmsg)
     return TP_OK;
 }
 
+tp_status
+ag_slot_send(ag_wslot *w, ag_hdr *h, bool has_hdr, const void *hdr,
+             size_t hdr_len, tp_args *args, const char *errmsg,
+             tp_error **err_p)
+{
+    tp_agent *a = w->w_conn->c_agent;
+    int to = w->w_conn->c_peer != NULL ? w->w_conn->c_peer->p_info.rank : -1;
+    tp__ext ext;
+    tp__ext_init(&ext);
+    bool any_tok = false;
+    tp_status st = TP_OK;
+    if (has_hdr) {
+        st = ag_ext_section(&ext, 0, hdr, hdr_len);
+    }
+    if (st == TP_OK && errmsg == NULL) {
+        st = ag_proto_send(a, to, args, &ext, w->w_tok, &any_tok, err_p);
+    } else if (st != TP_OK) {
+        tp__error_set(err_p, st, "rpc %s: a protocol header of %zu bytes",
+                      ag_name(a), hdr_len);
+    }
+    if (st == TP_OK) {
+        h->h_ext = ext.x_len > 0 ? ext.x_buf : NULL;
+        h->h_ext_len = (uint32_t)ext.x_len;
+        st = slot_fill(w, h, args, errmsg);
+        args = NULL;
+        if (st != TP_OK) {
+            tp__error_set(err_p, st, "rpc %s: out of memory for a message",
+                          ag_name(a));
+        }
+    }
+    tp__ext_fini(&ext);
+    if (st != TP_OK) {
+        tp_args_unref(args);
+        if (any_tok) {
+            tp_error *e = err_p != NULL ? *err_p : NULL;
+            ag_proto_sent(a, w->w_tok, e != NULL ? e : tp__error_nomem());
+        }
+        return st;
+    }
+    w->w_any_tok = any_tok;
+    slot_submit(w);
+    return TP_OK;
+}
+
 // Loop thread: a write completed. Its slot goes back to the connection.
 // A connection-scope failure fails the connection (and every call pending
 // on it); an operation-scope one (the message broke a pipe limit, memory)
@@ -146,11 +192,20 @@ slot_write_step(ag_wslot *w)
     ag_kind kind = w->w_kind;
     uint64_t call_id = w->w_call_id;
     tp_error *err = tp_error_ref(tp_aio_error(w->w_aio));
+    void *toks[TP__PROTO_MAX];
+    bool any_tok = w->w_any_tok;
+    if (any_tok) {
+        memcpy(toks, w->w_tok, sizeof(toks));
+        w->w_any_tok = false;
+    }
 
     tp__mtx_lock(&a->a_mtx);
     ag_slot_put_locked(w);
     tp__mtx_unlock(&a->a_mtx);
     tp_args_unref(args);
+    if (any_tok) {
+        ag_proto_sent(a, toks, err);
+    }
     if (err != NULL) {
         if (TP_STATUS_IS_CONN(tp_error_status(err))) {
             ag_conn_fail(c, err);
@@ -178,8 +233,8 @@ slot_write_cb(void *arg)
 
 // Any thread: writes the message of @w, taken from its connection's free
 // list by a caller that counted itself in a_writers.
-void
-ag_slot_submit(ag_wslot *w)
+static void
+slot_submit(ag_wslot *w)
 {
     atomic_fetch_add_explicit(&w->w_conn->c_ops, 1, memory_order_relaxed);
     tp_pipe_write(w->w_conn->c_pipe, &w->w_msg, w->w_aio);
@@ -287,6 +342,11 @@ ag_conn_fail(ag_conn *c, const tp_error *err)
     if (!TP_STATUS_IS_CONN(st)) {
         st = TP_ECONNRESET;
     }
+    if (state == AG_RUNNING && p != NULL && p != a->a_self) {
+        // Before the shutdown agreement no peer closes a pipe: it died (or
+        // broke the protocol). The protocols drop what it held.
+        ag_proto_peer_failed(a, p->p_info.rank, err);
+    }
     while (failed != NULL) {
         ag_call *call = failed;
         failed = call->c_hnext;
@@ -366,13 +426,19 @@ conn_desc_step(ag_conn *c)
     if (lens != lens_inline) {
         tp__free(lens);
     }
+    const ag_kind_desc *kd = st == TP_OK ? ag_kind_get(h.h_kind) : NULL;
     if (st == TP_OK) {
         bool want_req = !c->c_outgoing;
-        if ((h.h_kind == AG_KIND_REQUEST) != want_req) {
-            st = tp__error_set(
-                &err, TP_EPROTO, "rpc %s on a pipe that carries %s",
-                h.h_kind == AG_KIND_REQUEST ? "request" : "reply",
-                want_req ? "requests" : "replies");
+        if (kd == NULL) {
+            st = tp__error_set(&err, TP_EPROTO,
+                               "rpc message of kind %u, which no protocol "
+                               "of this agent handles",
+                               (unsigned)h.h_kind);
+        } else if (kd->k_request != want_req) {
+            st = tp__error_set(&err, TP_EPROTO,
+                               "rpc %s (kind %u) on a pipe that carries %s",
+                               kd->k_name, (unsigned)h.h_kind,
+                               want_req ? "requests" : "replies");
         } else if (h.h_kind == AG_KIND_ERROR && msg->npayloads == 1 &&
                    msg->payloads[0].len > AG_WIRE_MAX_ERRMSG) {
             st = tp__error_set(
@@ -424,6 +490,31 @@ conn_desc_cb(void *arg)
     ag_conn_op_done(c);
 }
 
+// Loop thread: checks that @h comes from the peer of @c: an outgoing pipe
+// carries its callee's replies; an incoming one the requests of the
+// worker its first message named.
+static tp_status
+conn_check_sender(ag_conn *c, const ag_hdr *h, tp_error **err_p)
+{
+    tp_agent *a = c->c_agent;
+    ag_peer *sender = &a->a_peers[h->h_src_rank];
+    tp__mtx_lock(&a->a_mtx);
+    if (c->c_peer == NULL) {
+        c->c_peer = sender;
+    }
+    ag_peer *p = c->c_peer;
+    tp__mtx_unlock(&a->a_mtx);
+    if (p != sender) {
+        return tp__error_set(err_p, TP_EPROTO,
+                             "rpc %s says it is from rank %u on a pipe %s "
+                             "rank %d",
+                             c->c_outgoing ? "reply" : "request", h->h_src_rank,
+                             c->c_outgoing ? "to" : "from", p->p_info.rank);
+    }
+    return TP_OK;
+}
+
+// Loop thread: the rest of a message arrived.
 static void
 conn_read_step(ag_conn *c)
 {
@@ -467,11 +558,23 @@ conn_read_step(ag_conn *c)
         args->a_bytes = msg->payloads[0].data;
         args->a_len = msg->payloads[0].len;
     }
-    if (h.h_kind == AG_KIND_REQUEST) {
-        ag_serve_request(c, &h, args);
-    } else {
-        ag_serve_reply(c, &h, args);
+    tp_error *err = NULL;
+    st = conn_check_sender(c, &h, &err);
+    if (st == TP_OK && h.h_kind != AG_KIND_ERROR) {
+        // The protocols read their sections (RRefs in the args).
+        st = ag_proto_recv(c->c_agent, (int)h.h_src_rank, &h, args, &err);
     }
+    if (st != TP_OK) {
+        tp_args_unref(args);
+        if (st == TP_EPROTO) {
+            ag_conn_protocol_error(c, err);
+        } else {
+            ag_conn_fail(c, err);
+        }
+        tp_error_unref(err);
+        return;
+    }
+    ag_kind_get(h.h_kind)->k_dispatch(c, &h, args);
     bool failed;
     tp__mtx_lock(&c->c_agent->a_mtx);
     failed = c->c_failed;

@@ -456,6 +456,12 @@ tp_rpc_init(const char *name, int rank, int world_size,
     if (st != TP_OK) {
         goto fail;
     }
+    // The protocols above the agent (RRefs, ...) are in place before the
+    // first message can arrive.
+    st = ag_protos_attach(a, err_p);
+    if (st != TP_OK) {
+        goto fail;
+    }
     // Accepting starts once every worker's record is known: a worker that
     // finished its rendezvous first may already call us; its pipe waits in
     // the listener's ready queue until then (the handshake is done by the
@@ -469,6 +475,7 @@ tp_rpc_init(const char *name, int rank, int world_size,
 
 fail:
     agent_teardown(a, "init failed");
+    ag_protos_detach(a);
     tp_store_close(a->a_store);
     a->a_store = NULL;
     ag_agent_unref(a);
@@ -488,6 +495,9 @@ static tp_status
 shutdown_graceful(tp_agent *a, uint64_t deadline, tp_error **err_p)
 {
     uint64_t prev_activity = UINT64_MAX;
+    // The protocols let go of what the program still holds (user RRefs):
+    // the messages that follow are settled by the rounds below.
+    ag_proto_shutdown_begin(a);
     for (int round = 0;; round++) {
         tp__mtx_lock(&a->a_mtx);
         while (a->a_npending > 0) {
@@ -513,6 +523,12 @@ shutdown_graceful(tp_agent *a, uint64_t deadline, tp_error **err_p)
             return TP_OK;
         }
         prev_activity = activity;
+        if (pending > 0) {
+            // Messages are still in flight somewhere (calls, protocol
+            // work): give them a moment rather than spin on the store.
+            struct timespec ts = {0, 1000000};
+            nanosleep(&ts, NULL);
+        }
         if (tp__now_ns() >= deadline) {
             return tp__error_set(err_p, TP_ETIMEDOUT,
                                  "waited %lld ms for the calls of every "
@@ -540,9 +556,12 @@ tp_rpc_shutdown(tp_agent *a, bool graceful, tp_error **err_p)
                            ag_name(a), a->a_rank);
         }
     }
+    ag_proto_shutdown_end(a, graceful && st == TP_OK);
     agent_teardown(a, graceful ? "the agent shut down before the reply"
                                : "the agent was shut down (not graceful) "
                                  "before the reply");
+    // No hook runs any more: the pool and the pipes are gone.
+    ag_protos_detach(a);
     // The store server lives in rank 0's process: rank 0 closes it after
     // every rank that took part in the shutdown said it is done with it
     // (graceful only; bounded). When the agreement failed, the others may

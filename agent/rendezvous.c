@@ -246,6 +246,7 @@ ag_shutdown_round(tp_agent *a, int round, uint64_t deadline,
     tp__mtx_lock(&a->a_mtx);
     uint64_t pend = a->a_npending, act = a->a_activity;
     tp__mtx_unlock(&a->a_mtx);
+    pend += ag_proto_pending(a);
     int n = snprintf(val, sizeof(val), "%" PRIu64 " %" PRIu64, pend, act);
     snprintf(key, sizeof(key), "%sshutdown/%d/%d", a->a_prefix, round,
              a->a_rank);

@@ -8,39 +8,69 @@
 #include <string.h>
 
 #include "ag_impl.h"
+#include "proto.h"
 #include "core/alloc.h"
 #include "core/hash.h"
 #include "core/log.h"
+
+// What a protocol's handler sees of request @r.
+static void
+req_proto_msg(ag_req *r, tp__proto_msg *m)
+{
+    memset(m, 0, sizeof(*m));
+    m->pm_agent = r->r_agent;
+    m->pm_from = r->r_caller->p_info.rank;
+    m->pm_kind = (uint8_t)r->r_kind;
+    m->pm_hdr = r->r_hdr;
+    m->pm_hdr_len = r->r_hdr_len;
+    m->pm_name = r->r_fn_name_len > 0 ? r->r_fn_name : NULL;
+    m->pm_name_len = r->r_fn_name_len;
+    m->pm_args = r->r_args;
+}
+
+// Loop thread: the first step of a protocol's message. False when it was
+// answered here (@r is gone); true when it goes on to the pool.
+static bool
+req_proto_on_loop(ag_req *r)
+{
+    const ag_kind_desc *kd = ag_kind_get(r->r_kind);
+    void *state = ag_proto_state_at(r->r_agent, kd->k_proto_idx);
+    tp__proto_msg m;
+    req_proto_msg(r, &m);
+    void *ctx = NULL;
+    tp_args *result = NULL;
+    tp_error *err = NULL;
+    if (state != NULL && kd->k_proto->pk_on_loop(state, &m, &ctx, &result,
+                                                 &err) == TP__PROTO_RUN) {
+        r->r_proto_ctx = ctx;
+        return true;
+    }
+    if (state == NULL) {
+        err = tp__error_new(TP_ECLOSED, 0, NULL, "%s: the agent is shut down",
+                            kd->k_name);
+    }
+    if (err != NULL) {
+        tp_args_unref(result);
+        result = NULL;
+    }
+    ag_req_reply(r, result, err);
+    tp_error_unref(err);
+    return false;
+}
 
 // Loop thread: a request arrived; hand it to the pool.
 void
 ag_serve_request(ag_conn *c, const ag_hdr *h, tp_args *args)
 {
     tp_agent *a = c->c_agent;
-    ag_peer *caller = &a->a_peers[h->h_src_rank];
+    ag_peer *caller = c->c_peer; // checked against h_src_rank
 
     tp__mtx_lock(&a->a_mtx);
-    if (c->c_peer == NULL) {
-        c->c_peer = caller;
-    }
-    bool mismatch = c->c_peer != caller;
     bool closed = a->a_state == AG_CLOSED;
-    if (!mismatch) {
-        caller->p_stats.s_calls_received++;
-        caller->p_stats.s_bytes_received += ag_args_nbytes(args);
-        a->a_activity++;
-    }
+    caller->p_stats.s_calls_received++;
+    caller->p_stats.s_bytes_received += ag_args_nbytes(args);
+    a->a_activity++;
     tp__mtx_unlock(&a->a_mtx);
-    if (mismatch) {
-        tp_error *err = tp__error_new(TP_EPROTO, 0, NULL,
-                                      "rpc request says it is from rank %u "
-                                      "on a pipe from rank %d",
-                                      h->h_src_rank, c->c_peer->p_info.rank);
-        tp_args_unref(args);
-        ag_conn_protocol_error(c, err);
-        tp_error_unref(err);
-        return;
-    }
     if (closed) {
         tp_args_unref(args);
         return;
@@ -56,11 +86,18 @@ ag_serve_request(ag_conn *c, const ag_hdr *h, tp_args *args)
     r->r_agent = a;
     r->r_conn = c;
     r->r_caller = caller;
+    r->r_kind = h->h_kind;
     r->r_call_id = h->h_call_id;
     r->r_fn_id = h->h_fn_id;
     r->r_args = args;
+    r->r_hdr = h->h_sec[0];
+    r->r_hdr_len = h->h_sec_len[0];
     memcpy(r->r_fn_name, h->h_fn_name, h->h_fn_name_len);
     r->r_fn_name[h->h_fn_name_len] = '\0';
+    r->r_fn_name_len = h->h_fn_name_len;
+    if (r->r_kind != AG_KIND_REQUEST && !req_proto_on_loop(r)) {
+        return; // answered here, on the loop thread
+    }
     tp__task_init(&r->r_task, ag_req_run, r);
     if (tp__pool_submit(a->a_pool, &r->r_task) != TP_OK) {
         // Shutting down: the caller's call fails with our pipe's close.
@@ -110,9 +147,67 @@ ag_serve_reply(ag_conn *c, const ag_hdr *h, tp_args *args)
     ag_call_finish(call, args, err);
 }
 
-// Loop thread: the rest of a message arrived.
-
 // ---- handlers ------------------------------------------------------------
+
+// Sends the reply of @r on its connection (any thread): the result
+// @result (taken) or @err (borrowed). TP_OK also when there is nothing to
+// send on (shutting down, the pipe failed); else the error of a message
+// that could not be built, in *@err_p.
+static tp_status
+req_send(ag_req *r, tp_args *result, const tp_error *err, tp_error **err_p)
+{
+    tp_agent *a = r->r_agent;
+    ag_conn *c = r->r_conn;
+    char *errmsg = NULL;
+    tp_args *holder = NULL; // keeps errmsg alive until the write is done
+    ag_hdr h;
+    memset(&h, 0, sizeof(h));
+    h.h_call_id = r->r_call_id;
+    h.h_src_rank = (uint32_t)a->a_rank;
+    if (err != NULL) {
+        h.h_kind = AG_KIND_ERROR;
+        tp_status st = tp_error_status(err);
+        // The caller's connection is fine: a handler's connection- or
+        // context-scope status arrives as TP_EIO.
+        h.h_status = (st < 0 && st > -20) ? st : TP_EIO;
+        errmsg = tp__asprintf("%.*s", (int)(AG_WIRE_MAX_ERRMSG - 1),
+                              tp_error_message(err));
+        tp_args_unref(result);
+        result = NULL;
+        if (errmsg == NULL || ag_args_create_empty(0, &holder) != TP_OK) {
+            tp__free(errmsg);
+            return tp__error_set(err_p, TP_ENOMEM, "out of memory");
+        }
+        holder->a_owned = errmsg;
+        result = holder; // no bytes, no tensors: only owns errmsg
+    } else {
+        h.h_kind = AG_KIND_RESPONSE;
+    }
+    tp__mtx_lock(&a->a_mtx);
+    ag_wslot *w = NULL;
+    if (a->a_state != AG_CLOSED && !c->c_failed) {
+        w = ag_slot_get_locked(c);
+        if (w != NULL) {
+            atomic_fetch_add_explicit(&a->a_writers, 1, memory_order_acquire);
+            if (c->c_peer != NULL) {
+                c->c_peer->p_stats.s_bytes_sent += ag_args_nbytes(result);
+            }
+        }
+    }
+    tp__mtx_unlock(&a->a_mtx);
+    if (w == NULL) {
+        tp_args_unref(result); // shutting down, or the pipe failed
+        return TP_OK;
+    }
+    tp_status st = ag_slot_send(w, &h, false, NULL, 0, result, errmsg, err_p);
+    if (st != TP_OK) {
+        tp__mtx_lock(&a->a_mtx);
+        ag_slot_put_locked(w);
+        tp__mtx_unlock(&a->a_mtx);
+    }
+    atomic_fetch_sub_explicit(&a->a_writers, 1, memory_order_release);
+    return st;
+}
 
 // Sends the reply of @r (any thread): the result @result (taken) or
 // @err (borrowed), then frees @r.
@@ -142,71 +237,35 @@ ag_req_reply(ag_req *r, tp_args *result, const tp_error *err)
         } else {
             tp_args_unref(result);
         }
-        goto out;
-    }
-
-    ag_conn *c = r->r_conn;
-    char *errmsg = NULL;
-    tp_args *holder = NULL; // keeps errmsg alive until the write is done
-    ag_hdr h;
-    memset(&h, 0, sizeof(h));
-    h.h_call_id = r->r_call_id;
-    h.h_src_rank = (uint32_t)a->a_rank;
-    if (err != NULL) {
-        h.h_kind = AG_KIND_ERROR;
-        tp_status st = tp_error_status(err);
-        // The caller's connection is fine: a handler's connection- or
-        // context-scope status arrives as TP_EIO.
-        h.h_status = (st < 0 && st > -20) ? st : TP_EIO;
-        errmsg = tp__asprintf("%.*s", (int)(AG_WIRE_MAX_ERRMSG - 1),
-                              tp_error_message(err));
-        tp_args_unref(result);
-        result = NULL;
-        if (errmsg == NULL || ag_args_create_empty(0, &holder) != TP_OK) {
-            tp__free(errmsg);
-            goto out;
-        }
-        holder->a_owned = errmsg;
-        result = holder; // no bytes, no tensors: only owns errmsg
     } else {
-        h.h_kind = AG_KIND_RESPONSE;
-    }
-    tp__mtx_lock(&a->a_mtx);
-    ag_wslot *w = NULL;
-    if (a->a_state != AG_CLOSED && !c->c_failed) {
-        w = ag_slot_get_locked(c);
-        if (w != NULL) {
-            atomic_fetch_add_explicit(&a->a_writers, 1, memory_order_acquire);
-            if (c->c_peer != NULL) {
-                c->c_peer->p_stats.s_bytes_sent += ag_args_nbytes(result);
-            }
+        tp_error *serr = NULL;
+        bool was_result = err == NULL;
+        tp_status st = req_send(r, result, err, &serr);
+        if (st != TP_OK && was_result) {
+            // The result could not be sent (memory, a protocol's refusal
+            // of an object in it): the caller gets that error instead.
+            tp_error *e = tp__error_new(
+                st, 0, serr, "%s could not send the result", ag_name(a));
+            tp_error_unref(serr);
+            serr = NULL;
+            st = req_send(r, NULL, e, &serr);
+            tp_error_unref(e);
         }
+        if (st != TP_OK) {
+            // The caller will time out; tell why here.
+            TP_LOG_ERROR("TP-RPC-REPLY",
+                         "rpc %s: could not send the reply to call %" PRIu64
+                         ": %s",
+                         ag_name(a), r->r_call_id, tp_error_message(serr));
+        }
+        tp_error_unref(serr);
     }
-    tp__mtx_unlock(&a->a_mtx);
-    if (w == NULL) {
-        tp_args_unref(result); // shutting down, or the pipe failed
-        goto out;
-    }
-    if (ag_slot_fill(w, &h, result, errmsg) != TP_OK) {
-        // The caller will time out; tell why here.
-        TP_LOG_ERROR("TP-RPC-REPLY",
-                     "rpc %s: no memory for the reply to call %" PRIu64,
-                     ag_name(a), r->r_call_id);
-        tp__mtx_lock(&a->a_mtx);
-        ag_slot_put_locked(w);
-        tp__mtx_unlock(&a->a_mtx);
-    } else {
-        ag_slot_submit(w);
-    }
-    atomic_fetch_sub_explicit(&a->a_writers, 1, memory_order_release);
-out:
     tp_args_unref(r->r_args);
-    tp_agent *ag = r->r_agent;
     if (r->r_conn != NULL) {
         ag_conn_op_done(r->r_conn);
     }
     tp__free(r);
-    ag_agent_unref(ag);
+    ag_agent_unref(a);
 }
 
 // Loop thread: a message could not be sent for a reason of its own (a
@@ -274,14 +333,38 @@ req_async_done(tp_future *f, void *arg)
     tp_future_unref(f);
 }
 
+// Pool thread: the second step of a protocol's message.
+static void
+req_proto_run(ag_req *r)
+{
+    const ag_kind_desc *kd = ag_kind_get(r->r_kind);
+    void *state = ag_proto_state_at(r->r_agent, kd->k_proto_idx);
+    tp__proto_msg m;
+    req_proto_msg(r, &m);
+    tp_future *f =
+        state != NULL ? kd->k_proto->pk_run(state, &m, r->r_proto_ctx) : NULL;
+    if (f == NULL || tp_future_then(f, req_async_done, r) != TP_OK) {
+        tp_future_unref(f);
+        tp_error *err =
+            tp__error_new(state != NULL ? TP_ENOMEM : TP_ECLOSED, 0, NULL,
+                          "%s on %s", kd->k_name, ag_name(r->r_agent));
+        ag_req_reply(r, NULL, err);
+        tp_error_unref(err);
+    }
+}
+
 // Pool thread: run the handler of @r.
 void
 ag_req_run(void *arg)
 {
     ag_req *r = arg;
     tp_agent *a = r->r_agent;
-    const ag_fn *fn = ag_registry_find(r->r_fn_id);
     tp_error *err = NULL;
+    if (r->r_kind != AG_KIND_REQUEST) {
+        req_proto_run(r);
+        return;
+    }
+    const ag_fn *fn = ag_registry_find(r->r_fn_id);
 
     if (fn == NULL || strcmp(fn->fn_name, r->r_fn_name) != 0) {
         err = tp__error_new(TP_ENOENT, 0, NULL,

@@ -162,6 +162,11 @@ tp_rpc_get_debug_info(const tp_agent *a)
                s.channel[0] ? s.channel : "-");
     }
     tp__mtx_unlock(&ma->a_mtx);
+    // The protocols' lines (RRef counters), outside the lock.
+    if (off < cap) {
+        size_t n = ag_proto_debug(ma, buf + off, cap - off);
+        off = n < cap - off ? off + n : cap;
+    }
 #undef DI_ADD
     if (off >= cap) {
         buf[cap - 1] = '\0';

@@ -88,6 +88,60 @@ ag_wire_encode(uint8_t *buf, const ag_hdr *h, const tp_args *args)
     }
 }
 
+// Splits h_ext into its sections: ascending ids below
+// AG_WIRE_MAX_SECTIONS, zero reserved bytes, lengths within the
+// extension; section 0 (a kind's header) only in protocol messages, and
+// none at all in an error reply (it carries no args).
+static tp_status
+ag_wire_sections(ag_hdr *h, tp_error **err_p)
+{
+    const uint8_t *p = h->h_ext;
+    size_t left = h->h_ext_len;
+    int prev = -1;
+    while (left > 0) {
+        if (left < AG_WIRE_SEC_HDR) {
+            return tp__error_set(err_p, TP_EPROTO,
+                                 "rpc extension: %zu bytes left, short of a "
+                                 "section header",
+                                 left);
+        }
+        unsigned id = p[0];
+        uint32_t slen = tp__get_u32le(p + 4);
+        if (p[1] != 0 || tp__get_u16le(p + 2) != 0) {
+            return tp__error_set(err_p, TP_EPROTO,
+                                 "rpc extension section %u: reserved bytes "
+                                 "not zero",
+                                 id);
+        }
+        if (id >= AG_WIRE_MAX_SECTIONS || (int)id <= prev) {
+            return tp__error_set(err_p, TP_EPROTO,
+                                 "rpc extension section id %u after %d "
+                                 "(ids 0..%d, ascending)",
+                                 id, prev, AG_WIRE_MAX_SECTIONS - 1);
+        }
+        if (slen > left - AG_WIRE_SEC_HDR) {
+            return tp__error_set(err_p, TP_EPROTO,
+                                 "rpc extension section %u of %u bytes, "
+                                 "%zu left",
+                                 id, slen, left - AG_WIRE_SEC_HDR);
+        }
+        if (h->h_kind == AG_KIND_ERROR ||
+            (id == 0 && !ag_kind_is_proto(h->h_kind))) {
+            return tp__error_set(err_p, TP_EPROTO,
+                                 "rpc message of kind %u with extension "
+                                 "section %u",
+                                 (unsigned)h->h_kind, id);
+        }
+        h->h_sec[id] = p + AG_WIRE_SEC_HDR;
+        h->h_sec_len[id] = slen;
+        h->h_sec_mask |= (uint8_t)(1u << id);
+        prev = (int)id;
+        p += AG_WIRE_SEC_HDR + slen;
+        left -= AG_WIRE_SEC_HDR + slen;
+    }
+    return TP_OK;
+}
+
 tp_status
 ag_wire_decode(const uint8_t *buf, size_t len, uint32_t npayloads,
                uint32_t ntensors, const uint64_t *tensor_lens, ag_hdr *h,
@@ -111,7 +165,8 @@ ag_wire_decode(const uint8_t *buf, size_t len, uint32_t npayloads,
     }
     memset(h, 0, sizeof(*h));
     unsigned kind = buf[5];
-    if (kind < AG_KIND_REQUEST || kind > AG_KIND_ERROR) {
+    if ((kind < AG_KIND_REQUEST || kind > AG_KIND_ERROR) &&
+        !ag_kind_is_proto(kind)) {
         return tp__error_set(err_p, TP_EPROTO, "unknown rpc message kind %u",
                              kind);
     }
@@ -153,6 +208,17 @@ ag_wire_decode(const uint8_t *buf, size_t len, uint32_t npayloads,
                                  "name (%u bytes)",
                                  h->h_fn_name_len);
         }
+    } else if (ag_kind_is_proto(kind)) {
+        // A protocol message may carry a name (a function, a type).
+        if (h->h_fn_name_len != 0 &&
+            !ag_fn_name_valid(
+                (const char *)buf + AG_WIRE_HDR,
+                TP_MIN(h->h_fn_name_len, (size_t)(len - AG_WIRE_HDR)))) {
+            return tp__error_set(err_p, TP_EPROTO,
+                                 "rpc message of kind %u with a malformed "
+                                 "name (%u bytes)",
+                                 kind, h->h_fn_name_len);
+        }
     } else if (h->h_fn_name_len != 0) {
         return tp__error_set(err_p, TP_EPROTO,
                              "rpc reply with a function name");
@@ -183,6 +249,9 @@ ag_wire_decode(const uint8_t *buf, size_t len, uint32_t npayloads,
         goto truncated;
     }
     h->h_ext = buf + off;
+    if (ag_wire_sections(h, err_p) != TP_OK) {
+        return TP_EPROTO;
+    }
     off += h->h_ext_len;
     for (uint32_t i = 0; i < ntensors; i++) {
         if (len - off < AG_TMETA_FIXED) {

@@ -4,11 +4,13 @@
  * text); the pipe's tensors carry the args tensors.
  *
  * Metadata, little-endian:
- *   0  u32 magic "TPRA"       4  u8 version (1)      5  u8 kind
+ *   0  u32 magic "TPRA"       4  u8 version (2)      5  u8 kind
  *   6  u16 fn_name_len        8  u64 call_id        16  u64 fn_id
  *  24  i32 status            28  u32 ntensors       32  u32 ext_len
  *  36  u32 src_rank          40  fn name, then ext bytes, then per tensor
  *      u8 dtype, u8 ndim, u16 0, u32 0, ndim x i64 size.
+ * The ext bytes are sections: u8 id (0..7, ascending), u8 0, u16 0,
+ * u32 length, then the bytes (proto.h).
  */
 #ifndef TP_AGENT_WIRE_H
 #define TP_AGENT_WIRE_H
@@ -23,15 +25,19 @@
 #include "core/error.h"
 
 #define AG_WIRE_MAGIC   0x41525054u /* "TPRA" little-endian */
-#define AG_WIRE_VERSION 1
+#define AG_WIRE_VERSION 2
 #define AG_WIRE_HDR     40
-#define AG_WIRE_MAX_EXT 4096
+#define AG_WIRE_MAX_EXT (256u << 10)
+/* Extension sections: ids 0..AG_WIRE_MAX_SECTIONS-1, 8-byte headers. */
+#define AG_WIRE_MAX_SECTIONS 8
+#define AG_WIRE_SEC_HDR      8
 /* The longest error text an ERROR message may carry. */
 #define AG_WIRE_MAX_ERRMSG (64u << 10)
 
-/* Message kinds. 16..31 are reserved for the RRef protocol, 32..47 for
- * distributed autograd: a peer that does not know a kind closes the pipe
- * with a protocol error naming it. */
+/* Message kinds. 16..31 belong to the RRef protocol, 32..47 to
+ * distributed autograd (proto.h): requests, answered by RESPONSE or ERROR.
+ * The decoder accepts those ranges; the agent closes the pipe with a
+ * protocol error naming a kind that no installed protocol owns. */
 typedef enum ag_kind {
     AG_KIND_REQUEST = 1,  /* call fn_id/fn_name with the args */
     AG_KIND_RESPONSE = 2, /* the result of call_id */
@@ -56,7 +62,18 @@ typedef struct ag_hdr {
     uint16_t h_fn_name_len;
     const uint8_t *h_ext;
     uint32_t h_ext_len;
+    /* The sections of h_ext (decode only): NULL/0 where absent. */
+    const uint8_t *h_sec[AG_WIRE_MAX_SECTIONS];
+    uint32_t h_sec_len[AG_WIRE_MAX_SECTIONS];
+    uint8_t h_sec_mask; /* bit i: section i is present */
 } ag_hdr;
+
+/* True for a kind a protocol may own (proto.h). */
+static inline bool
+ag_kind_is_proto(unsigned kind)
+{
+    return kind >= 16 && kind <= 47;
+}
 
 /* The metadata size of a message with these parts. */
 size_t ag_wire_size(size_t fn_name_len, size_t ext_len, const tp_args *args);
