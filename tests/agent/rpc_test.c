@@ -38,6 +38,7 @@
 
 #include "core/hash.h"
 #include "core/platform.h"
+#include "tp_test_job.h"
 #include "tp_test_op.h"
 
 #include "agent/agent_int.h" // tp__agent_listen_url
@@ -61,16 +62,13 @@ static atomic_int g_sleep_done;    // ... and returned
 static int64_t
 now_ms(void)
 {
-    return (int64_t)(tp__now_ns() / 1000000u);
+    return tp_job_now_ms();
 }
 
 static void
 sleep_ms(int64_t ms)
 {
-    struct timespec ts = {.tv_sec = (time_t)(ms / 1000),
-                          .tv_nsec = (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-    }
+    tp_job_sleep_ms(ms);
 }
 
 static void
@@ -741,132 +739,32 @@ wait_ok(tp_future *f, const char *what)
 
 // ---- running a job of forked workers ---------------------------------------
 
-typedef void (*worker_fn)(int rank, int world, const char *url, void *arg);
+typedef tp_job job;
 
-typedef struct job {
-    int world;     // world size the workers are told
-    int nstart;    // ranks 0..nstart-1 are started (default: world)
-    char url[512]; // init method
-    worker_fn fn;
-    void *arg;
-    int expect_sig[MAX_WORLD]; // a rank that must end by this signal
-    bool kill_last[MAX_WORLD]; // killed once every other rank has exited
-    int64_t limit_ms;          // for the whole job (default 2 x WAIT_MS)
-} job;
+static void
+job_setup(int rank)
+{
+    g_rank = rank;
+    g_main_thread = pthread_self();
+    register_fns();
+}
+
+static void
+job_tcp(job *j, int world, tp_job_fn fn, void *arg)
+{
+    tp_job_tcp(j, world, fn, arg);
+    j->setup = job_setup;
+    j->names = k_names;
+}
 
 static void
 job_run(job *j)
 {
-    int n = j->nstart > 0 ? j->nstart : j->world;
-    pid_t pid[MAX_WORLD] = {0};
-    bool done[MAX_WORLD] = {false};
-    fflush(stdout);
-    fflush(stderr);
-    for (int r = 0; r < n; r++) {
-        pid[r] = fork();
-        TP_CHECK(pid[r] >= 0);
-        if (pid[r] == 0) {
-            g_rank = r;
-            g_main_thread = pthread_self();
-            register_fns();
-            j->fn(r, j->world, j->url, j->arg);
-            fflush(stdout);
-            fflush(stderr);
-            _exit(0);
-        }
-    }
-    int64_t limit = tp_test_ms(j->limit_ms > 0 ? j->limit_ms : 2 * WAIT_MS);
-    int64_t dl = now_ms() + limit;
-    char why[512] = "";
-    for (;;) {
-        int left = 0, left_normal = 0;
-        for (int r = 0; r < n; r++) {
-            if (done[r]) {
-                continue;
-            }
-            int status = 0;
-            pid_t w = waitpid(pid[r], &status, WNOHANG);
-            if (w != pid[r]) {
-                left++;
-                left_normal += j->kill_last[r] ? 0 : 1;
-                continue;
-            }
-            done[r] = true;
-            if (j->kill_last[r]) {
-                snprintf(why, sizeof(why),
-                         "rank %d (%s) exited (status 0x%x) before it was "
-                         "killed",
-                         r, k_names[r], status);
-            } else if (j->expect_sig[r] != 0) {
-                if (!WIFSIGNALED(status) ||
-                    WTERMSIG(status) != j->expect_sig[r]) {
-                    snprintf(why, sizeof(why),
-                             "rank %d (%s) ended with status 0x%x, want "
-                             "signal %d",
-                             r, k_names[r], status, j->expect_sig[r]);
-                }
-            } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-                snprintf(
-                    why, sizeof(why), "rank %d (%s) failed (status 0x%x%s%s)",
-                    r, k_names[r], status, WIFSIGNALED(status) ? ", " : "",
-                    WIFSIGNALED(status) ? strsignal(WTERMSIG(status)) : "");
-            }
-            if (why[0] != '\0') {
-                break;
-            }
-        }
-        if (why[0] == '\0' && left > 0 && left_normal == 0) {
-            // Only ranks to kill remain.
-            for (int r = 0; r < n; r++) {
-                if (!done[r]) {
-                    kill(pid[r], SIGKILL);
-                    waitpid(pid[r], NULL, 0);
-                    done[r] = true;
-                }
-            }
-            left = 0;
-        }
-        if (why[0] == '\0' && left == 0) {
-            return;
-        }
-        if (why[0] == '\0' && now_ms() > dl) {
-            char *p = why;
-            p += snprintf(p, sizeof(why),
-                          "job did not end in %lld ms; still "
-                          "running:",
-                          (long long)limit);
-            for (int r = 0; r < n; r++) {
-                if (!done[r]) {
-                    p += snprintf(p, (size_t)(why + sizeof(why) - p),
-                                  " rank %d (%s)", r, k_names[r]);
-                }
-            }
-        }
-        if (why[0] != '\0') {
-            for (int r = 0; r < n; r++) {
-                if (!done[r]) {
-                    kill(pid[r], SIGKILL);
-                    waitpid(pid[r], NULL, 0);
-                }
-            }
-            TP_CHECKF(false, "%s", why);
-        }
-        sleep_ms(2);
-    }
+    tp_job_run(j);
 }
 
 static void
-job_tcp(job *j, int world, worker_fn fn, void *arg)
-{
-    memset(j, 0, sizeof(*j));
-    j->world = world;
-    j->fn = fn;
-    j->arg = arg;
-    tcp_url(j->url, sizeof(j->url));
-}
-
-static void
-run_tcp(int world, worker_fn fn, void *arg)
+run_tcp(int world, tp_job_fn fn, void *arg)
 {
     job j;
     job_tcp(&j, world, fn, arg);

@@ -1,0 +1,149 @@
+// SPDX-License-Identifier: Apache-2.0
+// tp_test_job.c - jobs of forked worker processes (tp_test_job.h).
+
+#include "tp_test_job.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/platform.h"
+#include "tp_test.h"
+
+int64_t
+tp_job_now_ms(void)
+{
+    return (int64_t)(tp__now_ns() / 1000000u);
+}
+
+void
+tp_job_sleep_ms(int64_t ms)
+{
+    struct timespec ts = {.tv_sec = (time_t)(ms / 1000),
+                          .tv_nsec = (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+static const char *
+job_name(const tp_job *j, int r)
+{
+    return j->names != NULL ? j->names[r] : "worker";
+}
+
+void
+tp_job_run(tp_job *j)
+{
+    int n = j->nstart > 0 ? j->nstart : j->world;
+    TP_CHECK(n > 0 && n <= TP_JOB_MAX_WORLD);
+    pid_t pid[TP_JOB_MAX_WORLD] = {0};
+    bool done[TP_JOB_MAX_WORLD] = {false};
+    fflush(stdout);
+    fflush(stderr);
+    for (int r = 0; r < n; r++) {
+        pid[r] = fork();
+        TP_CHECK(pid[r] >= 0);
+        if (pid[r] == 0) {
+            if (j->setup != NULL) {
+                j->setup(r);
+            }
+            j->fn(r, j->world, j->url, j->arg);
+            fflush(stdout);
+            fflush(stderr);
+            _exit(0);
+        }
+    }
+    int64_t limit = tp_test_ms(j->limit_ms > 0 ? j->limit_ms : 40000);
+    int64_t dl = tp_job_now_ms() + limit;
+    char why[512] = "";
+    for (;;) {
+        int left = 0, left_normal = 0;
+        for (int r = 0; r < n; r++) {
+            if (done[r]) {
+                continue;
+            }
+            int status = 0;
+            pid_t w = waitpid(pid[r], &status, WNOHANG);
+            if (w != pid[r]) {
+                left++;
+                left_normal += j->kill_last[r] ? 0 : 1;
+                continue;
+            }
+            done[r] = true;
+            if (j->kill_last[r]) {
+                snprintf(why, sizeof(why),
+                         "rank %d (%s) exited (status 0x%x) before it was "
+                         "killed",
+                         r, job_name(j, r), status);
+            } else if (j->expect_sig[r] != 0) {
+                if (!WIFSIGNALED(status) ||
+                    WTERMSIG(status) != j->expect_sig[r]) {
+                    snprintf(why, sizeof(why),
+                             "rank %d (%s) ended with status 0x%x, want "
+                             "signal %d",
+                             r, job_name(j, r), status, j->expect_sig[r]);
+                }
+            } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+                snprintf(
+                    why, sizeof(why), "rank %d (%s) failed (status 0x%x%s%s)",
+                    r, job_name(j, r), status, WIFSIGNALED(status) ? ", " : "",
+                    WIFSIGNALED(status) ? strsignal(WTERMSIG(status)) : "");
+            }
+            if (why[0] != '\0') {
+                break;
+            }
+        }
+        if (why[0] == '\0' && left > 0 && left_normal == 0) {
+            // Only ranks to kill remain.
+            for (int r = 0; r < n; r++) {
+                if (!done[r]) {
+                    kill(pid[r], SIGKILL);
+                    waitpid(pid[r], NULL, 0);
+                    done[r] = true;
+                }
+            }
+            left = 0;
+        }
+        if (why[0] == '\0' && left == 0) {
+            return;
+        }
+        if (why[0] == '\0' && tp_job_now_ms() > dl) {
+            char *p = why;
+            p += snprintf(p, sizeof(why),
+                          "job did not end in %lld ms; still "
+                          "running:",
+                          (long long)limit);
+            for (int r = 0; r < n; r++) {
+                if (!done[r]) {
+                    p += snprintf(p, (size_t)(why + sizeof(why) - p),
+                                  " rank %d (%s)", r, job_name(j, r));
+                }
+            }
+        }
+        if (why[0] != '\0') {
+            for (int r = 0; r < n; r++) {
+                if (!done[r]) {
+                    kill(pid[r], SIGKILL);
+                    waitpid(pid[r], NULL, 0);
+                }
+            }
+            TP_CHECKF(false, "%s", why);
+        }
+        tp_job_sleep_ms(2);
+    }
+}
+
+void
+tp_job_tcp(tp_job *j, int world, tp_job_fn fn, void *arg)
+{
+    memset(j, 0, sizeof(*j));
+    j->world = world;
+    j->fn = fn;
+    j->arg = arg;
+    snprintf(j->url, sizeof(j->url), "tcp://127.0.0.1:%d",
+             tp_test_free_port());
+}

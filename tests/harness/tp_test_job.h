@@ -1,0 +1,40 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* tp_test_job.h - jobs of forked worker processes for the multi-process
+ * tests of the agent and the layers above it. Every worker is a child of
+ * the case process, forked before any thread exists (TSan); the parent
+ * waits for all of them with a deadline, and a child that fails (or one
+ * that must die by a signal and does not) makes it kill the others and
+ * fail the case, naming the rank. */
+#ifndef TP_TEST_JOB_H
+#define TP_TEST_JOB_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#define TP_JOB_MAX_WORLD 8
+
+typedef void (*tp_job_fn)(int rank, int world, const char *url, void *arg);
+
+typedef struct tp_job {
+    int world;     // world size the workers are told
+    int nstart;    // ranks 0..nstart-1 are started (default: world)
+    char url[512]; // init method
+    tp_job_fn fn;
+    void *arg;
+    // Runs in each child before fn (registering functions); may be NULL.
+    void (*setup)(int rank);
+    const char *const *names;         // worker names, for messages
+    int expect_sig[TP_JOB_MAX_WORLD]; // a rank that must end by this signal
+    bool kill_last[TP_JOB_MAX_WORLD]; // killed once the others exited
+    int64_t limit_ms;                 // for the whole job (default 40 s)
+} tp_job;
+
+// A job of @world workers meeting at a fresh tcp://127.0.0.1 store.
+void tp_job_tcp(tp_job *j, int world, tp_job_fn fn, void *arg);
+// Runs @j; fails the case if a worker fails or the job overruns.
+void tp_job_run(tp_job *j);
+// Milliseconds of a monotonic clock, and a sleep that resumes after EINTR.
+int64_t tp_job_now_ms(void);
+void tp_job_sleep_ms(int64_t ms);
+
+#endif
