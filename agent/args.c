@@ -211,6 +211,19 @@ ag_args_clone(const tp_args *in, tp_args **out_p, tp_error **err_p)
 tp_status
 tp__args_add_obj(tp_args *args, void *obj, const tp__args_obj_ops *ops)
 {
+    if (obj == NULL || ops == NULL) {
+        return TP_EINVAL;
+    }
+    tp_status st = tp__args_add_obj_taken(args, obj, ops);
+    if (st == TP_OK) {
+        ops->ao_ref(obj);
+    }
+    return st;
+}
+
+tp_status
+tp__args_add_obj_taken(tp_args *args, void *obj, const tp__args_obj_ops *ops)
+{
     if (args == NULL || obj == NULL || ops == NULL ||
         args->a_nobjs >= AG_MAX_OBJS) {
         return TP_EINVAL;
@@ -224,7 +237,6 @@ tp__args_add_obj(tp_args *args, void *obj, const tp__args_obj_ops *ops)
         args->a_objs = no;
         args->a_objs_cap = cap;
     }
-    ops->ao_ref(obj);
     args->a_objs[args->a_nobjs].o_ptr = obj;
     args->a_objs[args->a_nobjs].o_ops = ops;
     args->a_nobjs++;

@@ -465,11 +465,12 @@ tp__agent_call_kind(tp_agent *a, int to, uint8_t kind, const void *hdr,
             TP_EINVAL, 0, NULL, "rpc %s: message of kind %u to rank %d",
             ag_name(a), kind, to));
     }
+    // Messages about the call name its function when it has one.
     ag_callspec cs = {.cs_kind = (ag_kind)kind,
                       .cs_name = name,
                       .cs_hdr = hdr,
                       .cs_hdr_len = hdr_len,
-                      .cs_what = kd->k_name};
+                      .cs_what = name != NULL && name[0] ? name : kd->k_name};
     return agent_call(a, &a->a_peers[to], &cs, in, timeout_ms);
 }
 

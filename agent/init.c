@@ -495,9 +495,7 @@ static tp_status
 shutdown_graceful(tp_agent *a, uint64_t deadline, tp_error **err_p)
 {
     uint64_t prev_activity = UINT64_MAX;
-    // The protocols let go of what the program still holds (user RRefs):
-    // the messages that follow are settled by the rounds below.
-    ag_proto_shutdown_begin(a);
+    bool begun = false;
     for (int round = 0;; round++) {
         tp__mtx_lock(&a->a_mtx);
         while (a->a_npending > 0) {
@@ -520,7 +518,17 @@ shutdown_graceful(tp_agent *a, uint64_t deadline, tp_error **err_p)
             return st;
         }
         if (pending == 0 && activity == prev_activity) {
-            return TP_OK;
+            if (begun) {
+                return TP_OK;
+            }
+            // Every worker is here and idle (all see the same round, so
+            // all get here together). Now the protocols let go of what
+            // the program still holds (PyTorch deletes the user RRefs at
+            // this point); the rounds go on until that settled too.
+            begun = true;
+            ag_proto_shutdown_begin(a);
+            prev_activity = UINT64_MAX;
+            continue;
         }
         prev_activity = activity;
         if (pending > 0) {

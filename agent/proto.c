@@ -61,7 +61,8 @@ ag_kind_get(unsigned kind)
     return &ag_kinds[kind];
 }
 
-// ---- protocol states ---------------------------------------------------------
+// ---- protocol states
+// ---------------------------------------------------------
 
 void *
 ag_proto_state_at(const tp_agent *a, size_t idx)
@@ -111,7 +112,8 @@ ag_protos_detach(tp_agent *a)
     }
 }
 
-// ---- extension sections ------------------------------------------------------
+// ---- extension sections
+// ------------------------------------------------------
 
 void
 tp__ext_init(tp__ext *x)
@@ -188,7 +190,8 @@ ag_ext_section(tp__ext *x, unsigned id, const void *p, size_t n)
     return TP_OK;
 }
 
-// ---- hooks -------------------------------------------------------------------
+// ---- hooks
+// -------------------------------------------------------------------
 
 tp_status
 ag_proto_send(tp_agent *a, int to, const tp_args *args, tp__ext *ext,
@@ -277,9 +280,8 @@ ag_proto_recv(tp_agent *a, int from, const ag_hdr *h, tp_args *args,
             }
             continue;
         }
-        tp_status st =
-            po->po_recv(state, from, has ? h->h_sec[id] : NULL,
-                        has ? h->h_sec_len[id] : 0, args, err_p);
+        tp_status st = po->po_recv(state, from, has ? h->h_sec[id] : NULL,
+                                   has ? h->h_sec_len[id] : 0, args, err_p);
         if (st != TP_OK) {
             return st;
         }
@@ -340,15 +342,15 @@ ag_proto_debug(tp_agent *a, char *buf, size_t len)
     for (size_t i = 0; i < tp__agent_nprotos; i++) {
         void *state = ag_proto_state_at(a, i);
         if (state != NULL && tp__agent_protos[i]->po_debug != NULL) {
-            off += tp__agent_protos[i]->po_debug(state, off < len ? buf + off
-                                                                  : NULL,
-                                                 off < len ? len - off : 0);
+            off += tp__agent_protos[i]->po_debug(
+                state, off < len ? buf + off : NULL, off < len ? len - off : 0);
         }
     }
     return off;
 }
 
-// ---- the agent, for protocols ------------------------------------------------
+// ---- the agent, for protocols
+// ------------------------------------------------
 
 tp_agent *
 tp__agent_ref(tp_agent *a)

@@ -42,8 +42,8 @@
 #include "core/pool.h"
 
 /* The most protocols an agent installs, and the highest section id. */
-#define TP__PROTO_MAX      4
-#define TP__PROTO_MAX_ID   7
+#define TP__PROTO_MAX    4
+#define TP__PROTO_MAX_ID 7
 /* Message kinds a protocol may own: 16..31 RRef, 32..47 dist autograd. */
 #define TP__PROTO_KIND_MIN 16
 #define TP__PROTO_KIND_MAX 47
@@ -60,6 +60,10 @@ typedef struct tp__args_obj_ops {
  * args were given to a call. Errors: TP_EINVAL (too many), TP_ENOMEM. */
 tp_status tp__args_add_obj(tp_args *args, void *obj,
                            const tp__args_obj_ops *ops);
+/* As tp__args_add_obj, taking the caller's reference to @obj instead of
+ * a new one (for a protocol that holds its own lock). */
+tp_status tp__args_add_obj_taken(tp_args *args, void *obj,
+                                 const tp__args_obj_ops *ops);
 /* The number of objects, and object @i (borrowed; NULL past the end). */
 size_t tp__args_nobjs(const tp_args *args);
 void *tp__args_obj(const tp_args *args, size_t i,

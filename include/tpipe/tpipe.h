@@ -13,6 +13,7 @@
 #include <tpipe/autograd.h>
 #include <tpipe/store.h>
 #include <tpipe/rpc.h>
+#include <tpipe/rref.h>
 #include <tpipe/collectives.h>
 
 #ifdef __cplusplus

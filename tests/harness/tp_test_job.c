@@ -144,6 +144,5 @@ tp_job_tcp(tp_job *j, int world, tp_job_fn fn, void *arg)
     j->world = world;
     j->fn = fn;
     j->arg = arg;
-    snprintf(j->url, sizeof(j->url), "tcp://127.0.0.1:%d",
-             tp_test_free_port());
+    snprintf(j->url, sizeof(j->url), "tcp://127.0.0.1:%d", tp_test_free_port());
 }
