@@ -56,8 +56,8 @@ rr_ctx_unref(rr_ctx *x)
 rr_id
 rr_next_id(rr_ctx *x)
 {
-    rr_id id = {(uint32_t)x->x_rank, atomic_fetch_add_explicit(
-                                         &x->x_next, 1, memory_order_relaxed)};
+    rr_id id = {(uint32_t)x->x_rank,
+                atomic_fetch_add_explicit(&x->x_next, 1, memory_order_relaxed)};
     return id;
 }
 
@@ -117,7 +117,8 @@ rref_alloc(rr_ctx *x, rr_id id, int owner, const char *what)
     return r;
 }
 
-// ---- owner RRefs -------------------------------------------------------------
+// ---- owner RRefs
+// -------------------------------------------------------------
 
 tp_rref *
 rr_owner_new_locked(rr_ctx *x, rr_id id, int creator, const char *what)
@@ -173,8 +174,8 @@ doomed_run(void *arg)
 void
 rr_owner_maybe_delete_locked(rr_ctx *x, tp_rref *r)
 {
-    if (!r->r_is_owner || !r->r_in_table || r->r_users > 0 ||
-        r->r_nforks > 0 || r->r_holds > 0) {
+    if (!r->r_is_owner || !r->r_in_table || r->r_users > 0 || r->r_nforks > 0 ||
+        r->r_holds > 0) {
         return;
     }
     rr_map_del(&x->x_owned, r->r_id);
@@ -262,7 +263,8 @@ rr_fork_del_locked(rr_ctx *x, rr_id fork, int holder)
     return true;
 }
 
-// ---- user RRefs --------------------------------------------------------------
+// ---- user RRefs
+// --------------------------------------------------------------
 
 tp_rref *
 rr_user_new_locked(rr_ctx *x, rr_id id, rr_id fork, int owner, bool confirmed,
@@ -342,7 +344,8 @@ rr_user_confirm(tp_rref *r, const tp_error *err)
     rr_flush(x);
 }
 
-// ---- pending children --------------------------------------------------------
+// ---- pending children
+// --------------------------------------------------------
 
 tp_status
 rr_child_add_locked(rr_ctx *x, tp_rref *parent, rr_id fork, int to)
@@ -379,7 +382,8 @@ rr_child_done_locked(rr_ctx *x, rr_id fork, int from)
     return true;
 }
 
-// ---- messages ------------------------------------------------------------------
+// ---- messages
+// ------------------------------------------------------------------
 
 static void note_run(void *arg);
 

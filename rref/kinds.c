@@ -24,7 +24,8 @@
 #include "core/log.h"
 #include "rr_impl.h"
 
-// ---- helpers ---------------------------------------------------------------------
+// ---- helpers
+// ---------------------------------------------------------------------
 
 static tp_error *
 decode(rr_ctx *x, const tp__proto_msg *m, rr_msg *out)
@@ -165,7 +166,8 @@ run_fn(rr_ctx *x, const tp__proto_msg *m, const char *name, const tp_args *in)
     return f;
 }
 
-// ---- REMOTE ----------------------------------------------------------------------
+// ---- REMOTE
+// ----------------------------------------------------------------------
 
 typedef struct remote_job {
     tp_rref *j_rref;   // held (r_holds)
@@ -266,12 +268,11 @@ remote_done(tp_future *f, void *arg)
     rr_ctx *x = j->j_rref->r_ctx;
     if (err != NULL) {
         // Kept in the value for every later to_here, naming the owner.
-        tp_error *e =
-            tp__error_new(tp_error_status(err), 0, NULL,
-                          "rref: creating RRef (%u:%" PRIu64
-                          ") on %s (rank %d) failed: %s",
-                          j->j_rref->r_id.w, j->j_rref->r_id.n, my_name(x),
-                          x->x_rank, tp_error_message(err));
+        tp_error *e = tp__error_new(
+            tp_error_status(err), 0, NULL,
+            "rref: creating RRef (%u:%" PRIu64 ") on %s (rank %d) failed: %s",
+            j->j_rref->r_id.w, j->j_rref->r_id.n, my_name(x), x->x_rank,
+            tp_error_message(err));
         rr_owner_set_value(j->j_rref, NULL, NULL, e);
         tp_future_set_error(j->j_reply, e);
         tp_error_unref(e);
@@ -348,7 +349,8 @@ remote_run(void *state, const tp__proto_msg *m, void *ctx)
     return reply;
 }
 
-// ---- FETCH and CALL: waiting for the value ---------------------------------------
+// ---- FETCH and CALL: waiting for the value
+// ---------------------------------------
 
 typedef struct value_job {
     tp_rref *v_rref; // held (r_holds)
@@ -636,7 +638,8 @@ call_on_loop(void *state, const tp__proto_msg *m, void **ctx_p,
     return TP__PROTO_RUN;
 }
 
-// ---- FORK, CHILD_ACCEPT, DELETE: bookkeeping on the loop -----------------------------
+// ---- FORK, CHILD_ACCEPT, DELETE: bookkeeping on the loop
+// -----------------------------
 
 static tp__proto_verdict
 fork_on_loop(void *state, const tp__proto_msg *m, void **ctx_p,

@@ -100,7 +100,8 @@ tp_remote_type_register(const tp_remote_type *type, tp_error **err_p)
         t->t_methods = tp__zalloc(nm * sizeof(*t->t_methods));
         t->t_mnames = tp__zalloc(nm * sizeof(*t->t_mnames));
     }
-    if (t == NULL || (nm > 0 && (t->t_methods == NULL || t->t_mnames == NULL))) {
+    if (t == NULL ||
+        (nm > 0 && (t->t_methods == NULL || t->t_mnames == NULL))) {
         pthread_mutex_unlock(&types_mtx);
         if (t != NULL) {
             tp__free(t->t_methods);
@@ -146,13 +147,14 @@ rr_type_name(const rr_type *t)
 }
 
 tp_status
-rr_obj_create(const rr_type *t, const tp_rpc_call_info *call,
-              const tp_args *in, rr_obj **obj_p, tp_error **err_p)
+rr_obj_create(const rr_type *t, const tp_rpc_call_info *call, const tp_args *in,
+              rr_obj **obj_p, tp_error **err_p)
 {
     rr_obj *o = tp__zalloc(sizeof(*o));
     if (o == NULL) {
-        return tp__error_set(err_p, TP_ENOMEM, "remote type \"%s\": out of "
-                                               "memory",
+        return tp__error_set(err_p, TP_ENOMEM,
+                             "remote type \"%s\": out of "
+                             "memory",
                              t->t_name);
     }
     tp_error *err = NULL;

@@ -36,7 +36,8 @@ const tp__args_obj_ops rr_obj_ops = {
     .ao_unref = obj_unref,
 };
 
-// ---- attach / detach -----------------------------------------------------------
+// ---- attach / detach
+// -----------------------------------------------------------
 
 static tp_status
 rr_attach(tp_agent *a, void **state_p, tp_error **err_p)
@@ -136,7 +137,8 @@ rr_detach(void *state)
     rr_ctx_unref(x); // the attachment
 }
 
-// ---- sending args: forks ---------------------------------------------------------
+// ---- sending args: forks
+// ---------------------------------------------------------
 
 // What a sent message did, undone if it is never written.
 typedef struct rr_sendtok {
@@ -273,7 +275,8 @@ rr_sent(void *state, void *tok, const tp_error *err)
     tp__free(t);
 }
 
-// ---- receiving args: RRefs ---------------------------------------------------------
+// ---- receiving args: RRefs
+// ---------------------------------------------------------
 
 static tp_status
 rr_recv(void *state, int from, const uint8_t *sec, size_t len, tp_args *args,
@@ -320,9 +323,9 @@ rr_recv(void *state, int from, const uint8_t *sec, size_t len, tp_args *args,
                                    from_owner || owner_dead,
                                    (d.d_flags & RR_DESC_OBJECT) != 0);
             if (r != NULL && owner_dead) {
-                r->r_err = tp__error_new(TP_ECONNRESET, 0, NULL,
-                                         "rref: the owner (rank %u) died",
-                                         d.d_owner);
+                r->r_err =
+                    tp__error_new(TP_ECONNRESET, 0, NULL,
+                                  "rref: the owner (rank %u) died", d.d_owner);
             }
             if (r != NULL && !from_owner) {
                 // The owner must learn of the fork before the sender may
@@ -364,7 +367,8 @@ rr_recv(void *state, int from, const uint8_t *sec, size_t len, tp_args *args,
     return st;
 }
 
-// ---- peer failure -------------------------------------------------------------------
+// ---- peer failure
+// -------------------------------------------------------------------
 
 // A list of pointers collected under the lock and used after it. Without
 // memory an element is dropped (logged): what it would settle then waits
@@ -472,7 +476,8 @@ rr_peer_failed(void *state, int rank, const tp_error *err)
     rr_flush(x);
 }
 
-// ---- shutdown ------------------------------------------------------------------------
+// ---- shutdown
+// ------------------------------------------------------------------------
 
 static void
 rr_shutdown_begin(void *state)
@@ -526,7 +531,8 @@ rr_shutdown_end(void *state, bool agreed)
             vec_push(&waiting, tp_future_ref(r->r_value));
         }
         if (shown < 8) {
-            const tp_worker_info *c = tp__agent_worker(x->x_agent, r->r_creator);
+            const tp_worker_info *c =
+                tp__agent_worker(x->x_agent, r->r_creator);
             snprintf(line, sizeof(line),
                      "rref %s: at shutdown the value of RRef (%u:%" PRIu64
                      ")%s%s%s, created by %s (rank %d), is still alive: %ld "
@@ -576,14 +582,13 @@ rr_debug(void *state, char *buf, size_t len)
     s.pending_users = x->x_nunconfirmed;
     s.pending_messages = x->x_nqueued;
     tp__mtx_unlock(&x->x_mtx);
-    int n = snprintf(buf, len,
-                     "rrefs: owners %" PRIu64 ", users %" PRIu64
-                     ", forks of owned values %" PRIu64
-                     ", pending forks %" PRIu64
-                     ", pending confirmations %" PRIu64
-                     ", messages queued %" PRIu64 "\n",
-                     s.owners, s.users, s.forks, s.pending_forks,
-                     s.pending_users, s.pending_messages);
+    int n = snprintf(
+        buf, len,
+        "rrefs: owners %" PRIu64 ", users %" PRIu64
+        ", forks of owned values %" PRIu64 ", pending forks %" PRIu64
+        ", pending confirmations %" PRIu64 ", messages queued %" PRIu64 "\n",
+        s.owners, s.users, s.forks, s.pending_forks, s.pending_users,
+        s.pending_messages);
     return n > 0 ? (size_t)n : 0;
 }
 

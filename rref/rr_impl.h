@@ -80,7 +80,7 @@ typedef struct rr_obj {
 } rr_obj;
 
 struct tp_rref {
-    rr_node r_node; // owner: in x_owned by id; user: in x_users by fork
+    rr_node r_node;      // owner: in x_owned by id; user: in x_users by fork
     _Atomic long r_refs; // memory: handles + internal holds + tables
     rr_ctx *r_ctx;       // referenced
     rr_id r_id;
@@ -94,18 +94,18 @@ struct tp_rref {
     long r_users;    // handles (program and args)
     bool r_in_table; // in x_owned / x_users (holds a memory ref)
     // (x) user side
-    bool r_released;  // no handle is left (or shutdown let it go)
-    bool r_confirmed; // the owner knows this fork
-    bool r_deleted;   // DELETE queued (or not needed: owner gone)
-    long r_nchildren; // forks passed on, not yet accepted
-    tp_error *r_err;  // creation failed / owner died (set once)
+    bool r_released;      // no handle is left (or shutdown let it go)
+    bool r_confirmed;     // the owner knows this fork
+    bool r_deleted;       // DELETE queued (or not needed: owner gone)
+    long r_nchildren;     // forks passed on, not yet accepted
+    tp_error *r_err;      // creation failed / owner died (set once)
     tp_future *r_confirm; // resolves at confirmation (wait_created)
     // (x) owner side
     long r_nforks; // users known here
     long r_holds;  // operations in progress (a creation, a fetch)
     bool r_created;
-    bool r_creating; // a REMOTE for it arrived
-    tp_future *r_value; // resolves with tp_args * or rr_obj * or error
+    bool r_creating;            // a REMOTE for it arrived
+    tp_future *r_value;         // resolves with tp_args * or rr_obj * or error
     struct rr_doomed *r_doomed; // for deleting it without allocating
 };
 
@@ -201,8 +201,8 @@ tp_status rr_child_add_locked(rr_ctx *x, tp_rref *parent, rr_id fork, int to);
 // The child @fork was accepted (by @from, or anyone if @from < 0).
 bool rr_child_done_locked(rr_ctx *x, rr_id fork, int from);
 // Queues a protocol message to send (rr_flush sends it).
-tp_status rr_note_queue_locked(rr_ctx *x, uint8_t kind, int to,
-                               const rr_msg *m, tp_rref *rref, int parent);
+tp_status rr_note_queue_locked(rr_ctx *x, uint8_t kind, int to, const rr_msg *m,
+                               tp_rref *rref, int parent);
 // Sends what was queued. No lock held.
 void rr_flush(rr_ctx *x);
 // "RRef (w:n) owned by NAME (rank r)" for messages.

@@ -34,7 +34,8 @@ failed_future(tp_error *err)
     return f;
 }
 
-// ---- creating -----------------------------------------------------------------
+// ---- creating
+// -----------------------------------------------------------------
 
 typedef struct remote_wait {
     tp_rref *w_rref; // held
@@ -54,9 +55,8 @@ remote_reply(tp_future *f, void *arg)
         rr_describe(w->w_rref, who, sizeof(who));
         e = tp__error_new(tp_error_status(err), 0, err,
                           "rref: creating %s with \"%s\"%s", who, w->w_fn,
-                          tp_error_status(err) == TP_ETIMEDOUT
-                              ? " timed out"
-                              : "");
+                          tp_error_status(err) == TP_ETIMEDOUT ? " timed out"
+                                                               : "");
     }
     rr_user_confirm(w->w_rref, e);
     tp_error_unref(e);
@@ -142,9 +142,9 @@ remote_start(tp_agent *a, int to, const char *name, const tp_args *in,
     }
     uint8_t hdr[64];
     rr_hdr_encode(RR_KIND_REMOTE, &m, hdr);
-    tp_future *f = tp__agent_call_kind(a, to, RR_KIND_REMOTE, hdr,
-                                       rr_hdr_size(RR_KIND_REMOTE), name, in,
-                                       timeout_ms);
+    tp_future *f =
+        tp__agent_call_kind(a, to, RR_KIND_REMOTE, hdr,
+                            rr_hdr_size(RR_KIND_REMOTE), name, in, timeout_ms);
     if (f == NULL || tp_future_then(f, remote_reply, w) != TP_OK) {
         tp_future_unref(f);
         rr_user_confirm(r, tp__error_nomem());
@@ -159,8 +159,7 @@ tp_status
 tp_remote_rank(tp_agent *a, int to, const char *fn_name, const tp_args *in,
                int64_t timeout_ms, tp_rref **rref_p, tp_error **err_p)
 {
-    return remote_start(a, to, fn_name, in, timeout_ms, 0, NULL, rref_p,
-                        err_p);
+    return remote_start(a, to, fn_name, in, timeout_ms, 0, NULL, rref_p, err_p);
 }
 
 tp_status
@@ -172,10 +171,9 @@ tp_remote(tp_agent *a, const char *to, const char *fn_name, const tp_args *in,
         if (rref_p != NULL) {
             *rref_p = NULL;
         }
-        return tp__error_set(err_p, TP_ENOENT,
-                             "rref: remote \"%s\": no worker named \"%s\"",
-                             fn_name != NULL ? fn_name : "(null)",
-                             to != NULL ? to : "(null)");
+        return tp__error_set(
+            err_p, TP_ENOENT, "rref: remote \"%s\": no worker named \"%s\"",
+            fn_name != NULL ? fn_name : "(null)", to != NULL ? to : "(null)");
     }
     return tp_remote_rank(a, wi.rank, fn_name, in, timeout_ms, rref_p, err_p);
 }
@@ -198,7 +196,8 @@ tp_rref_create(tp_agent *a, tp_args *value, tp_rref **rref_p, tp_error **err_p)
         tp_args_ref(value);
     }
     tp__mtx_lock(&x->x_mtx);
-    tp_rref *r = rr_owner_new_locked(x, rr_next_id(x), x->x_rank, "RRef(value)");
+    tp_rref *r =
+        rr_owner_new_locked(x, rr_next_id(x), x->x_rank, "RRef(value)");
     if (r != NULL) {
         r->r_users = 1;
         r->r_created = true;
@@ -215,7 +214,8 @@ tp_rref_create(tp_agent *a, tp_args *value, tp_rref **rref_p, tp_error **err_p)
     return TP_OK;
 }
 
-// ---- handles ---------------------------------------------------------------------
+// ---- handles
+// ---------------------------------------------------------------------
 
 tp_rref *
 tp_rref_ref(tp_rref *r)
@@ -249,7 +249,8 @@ tp_rref_unref(tp_rref *r)
     rr_release(r); // may free @r and the context: last
 }
 
-// ---- what it is ----------------------------------------------------------------
+// ---- what it is
+// ----------------------------------------------------------------
 
 bool
 tp_rref_is_owner(const tp_rref *r)
@@ -356,7 +357,8 @@ tp_rref_wait_created(tp_rref *r, int64_t timeout_ms, tp_error **err_p)
     return wait_named(r, r->r_confirm, t, "waiting for the creation", err_p);
 }
 
-// ---- the value -----------------------------------------------------------------
+// ---- the value
+// -----------------------------------------------------------------
 
 // The value of owner RRef @r once it exists (@timeout_ms), with a
 // reference to its future in *@vf_p.
@@ -392,12 +394,9 @@ not_owner(const tp_rref *r, const char *what, tp_error **err_p)
 {
     char who[TP_RPC_MAX_NAME + 96];
     rr_describe(r, who, sizeof(who));
-    return tp__error_set(err_p, TP_EINVAL,
-                         "rref: %s only on the owner: %s, this is %s", what,
-                         who,
-                         tp__agent_worker(r->r_ctx->x_agent,
-                                          r->r_ctx->x_rank)
-                             ->name);
+    return tp__error_set(
+        err_p, TP_EINVAL, "rref: %s only on the owner: %s, this is %s", what,
+        who, tp__agent_worker(r->r_ctx->x_agent, r->r_ctx->x_rank)->name);
 }
 
 // The FETCH of a user RRef; NULL only without memory.
@@ -426,12 +425,11 @@ known_error(tp_rref *r, const char *what)
     }
     char who[TP_RPC_MAX_NAME + 96];
     rr_describe(r, who, sizeof(who));
-    tp_error *w = e != NULL
-                      ? tp__error_new(tp_error_status(e), 0, e, "%s of %s",
-                                      what, who)
-                      : tp__error_new(TP_ECLOSED, 0, NULL,
-                                      "%s of %s: the agent is shut down", what,
-                                      who);
+    tp_error *w =
+        e != NULL
+            ? tp__error_new(tp_error_status(e), 0, e, "%s of %s", what, who)
+            : tp__error_new(TP_ECLOSED, 0, NULL,
+                            "%s of %s: the agent is shut down", what, who);
     tp_error_unref(e);
     return w;
 }
@@ -601,13 +599,13 @@ tp_rref_local_object(tp_rref *obj, int64_t timeout_ms, void **state_p,
     return st;
 }
 
-// ---- RRefs in args -----------------------------------------------------------------
+// ---- RRefs in args
+// -----------------------------------------------------------------
 
 tp_status
 tp_args_add_rref(tp_args *args, tp_rref *r)
 {
-    if (args == NULL || r == NULL ||
-        tp_args_nrrefs(args) >= TP_RPC_MAX_RREFS) {
+    if (args == NULL || r == NULL || tp_args_nrrefs(args) >= TP_RPC_MAX_RREFS) {
         return TP_EINVAL;
     }
     return tp__args_add_obj(args, r, &rr_obj_ops);
@@ -638,7 +636,8 @@ tp_args_rref(const tp_args *args, size_t i)
     return NULL;
 }
 
-// ---- proxies and methods ------------------------------------------------------------
+// ---- proxies and methods
+// ------------------------------------------------------------
 
 // CALL on the owner of @r: a registered function (RRef 0 = the value) or
 // a method of the object.
@@ -648,10 +647,10 @@ call(tp_rref *r, uint32_t flags, const char *name, const tp_args *in,
 {
     size_t nlen = name != NULL ? strlen(name) : 0;
     if (name == NULL || !ag_fn_name_valid(name, nlen)) {
-        return failed_future(tp__error_new(
-            TP_EINVAL, 0, NULL, "rref: %s name \"%s\"",
-            (flags & RR_CALL_METHOD) ? "method" : "function",
-            name != NULL ? name : "(null)"));
+        return failed_future(
+            tp__error_new(TP_EINVAL, 0, NULL, "rref: %s name \"%s\"",
+                          (flags & RR_CALL_METHOD) ? "method" : "function",
+                          name != NULL ? name : "(null)"));
     }
     if ((flags & RR_CALL_METHOD) && !r->r_is_object) {
         char who[TP_RPC_MAX_NAME + 96];
@@ -690,8 +689,8 @@ call_sync(tp_rref *r, uint32_t flags, const char *name, const tp_args *in,
     if (f == NULL) {
         return tp__error_set(err_p, TP_ENOMEM, "rref: out of memory");
     }
-    tp_status st = tp_rpc_wait(f, t > 0 ? t + RR_WAIT_GRACE_MS : 0, out_p,
-                               err_p);
+    tp_status st =
+        tp_rpc_wait(f, t > 0 ? t + RR_WAIT_GRACE_MS : 0, out_p, err_p);
     tp_future_unref(f);
     return st;
 }
@@ -742,10 +741,9 @@ tp_remote_create(tp_agent *a, const char *to, const char *type,
         *obj_p = NULL;
     }
     if (to == NULL || tp_rpc_get_worker_info(a, to, &wi) != TP_OK) {
-        return tp__error_set(err_p, TP_ENOENT,
-                             "rref: create \"%s\": no worker named \"%s\"",
-                             type != NULL ? type : "(null)",
-                             to != NULL ? to : "(null)");
+        return tp__error_set(
+            err_p, TP_ENOENT, "rref: create \"%s\": no worker named \"%s\"",
+            type != NULL ? type : "(null)", to != NULL ? to : "(null)");
     }
     tp_rref *r = NULL;
     tp_status st = remote_start(a, wi.rank, type, in, timeout_ms,

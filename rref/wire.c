@@ -96,8 +96,7 @@ rr_hdr_decode(unsigned kind, const uint8_t *buf, size_t len, uint32_t from,
     memset(m, 0, sizeof(*m));
     size_t want = rr_hdr_size(kind);
     if (want == 0) {
-        return tp__error_set(err_p, TP_EPROTO, "rref message of kind %u",
-                             kind);
+        return tp__error_set(err_p, TP_EPROTO, "rref message of kind %u", kind);
     }
     if (buf == NULL || len != want) {
         return tp__error_set(err_p, TP_EPROTO,
@@ -128,9 +127,8 @@ rr_hdr_decode(unsigned kind, const uint8_t *buf, size_t len, uint32_t from,
             return tp__error_set(err_p, TP_EPROTO,
                                  "rref REMOTE from rank %u creating RRef "
                                  "(%u:%llu) with fork (%u:%llu)",
-                                 from, m->m_id.w,
-                                 (unsigned long long)m->m_id.n, m->m_fork.w,
-                                 (unsigned long long)m->m_fork.n);
+                                 from, m->m_id.w, (unsigned long long)m->m_id.n,
+                                 m->m_fork.w, (unsigned long long)m->m_fork.n);
         }
         if (ok) {
             st = id_check("id", m->m_id, world, err_p);
@@ -163,8 +161,7 @@ rr_hdr_decode(unsigned kind, const uint8_t *buf, size_t len, uint32_t from,
         }
         break;
     case RR_KIND_CALL:
-        ok = id_get(buf, &m->m_id) &&
-             tp__get_u32le(buf + RR_ID_BYTES + 4) == 0;
+        ok = id_get(buf, &m->m_id) && tp__get_u32le(buf + RR_ID_BYTES + 4) == 0;
         m->m_flags = tp__get_u32le(buf + RR_ID_BYTES);
         if (ok && (m->m_flags & ~RR_CALL_METHOD) != 0) {
             return tp__error_set(err_p, TP_EPROTO,

@@ -38,8 +38,9 @@ enum {
 #define RR_REMOTE_PROXY  0x2u /* the target's value is the function's RRef 0 */
 /* CALL flags */
 #define RR_CALL_METHOD 0x1u /* the name is a method of the object */
-#define RR_CALL_COPY   0x100u /* local only, never on the wire: a copy of
-                                 the value (to_here on the owner) */
+#define RR_CALL_COPY                                                           \
+    0x100u /* local only, never on the wire: a copy of                         \
+              the value (to_here on the owner) */
 /* RRef descriptor flags */
 #define RR_DESC_OBJECT 0x1u /* the value is a remote object */
 

@@ -115,9 +115,8 @@ TP_API tp_status tp_rref_wait_created(tp_rref *r, int64_t timeout_ms,
  * tp_rref_id - the RRef's global id (the creator's rank and a number) and
  * this handle's fork id ({0, 0} on the owner), for messages and tests.
  */
-TP_API void tp_rref_id(const tp_rref *r, uint32_t *creator_p,
-                       uint64_t *local_p, uint32_t *fork_creator_p,
-                       uint64_t *fork_local_p);
+TP_API void tp_rref_id(const tp_rref *r, uint32_t *creator_p, uint64_t *local_p,
+                       uint32_t *fork_creator_p, uint64_t *fork_local_p);
 
 /* ---- the value ------------------------------------------------------- */
 
@@ -256,13 +255,13 @@ TP_API tp_status tp_rref_local_object(tp_rref *obj, int64_t timeout_ms,
 
 /** tp_rref_stats - the RRef protocol's state on one worker. */
 typedef struct tp_rref_stats {
-    uint64_t owners;            /* values owned here, alive */
-    uint64_t users;             /* user RRefs here not yet deleted */
-    uint64_t forks;             /* users of our values known here */
-    uint64_t pending_forks;     /* RRefs we passed on, not yet accepted */
-    uint64_t pending_users;     /* our user RRefs not yet confirmed */
-    uint64_t pending_messages;  /* protocol messages queued to send */
-    uint64_t created, deleted;  /* owner values made and freed so far */
+    uint64_t owners;           /* values owned here, alive */
+    uint64_t users;            /* user RRefs here not yet deleted */
+    uint64_t forks;            /* users of our values known here */
+    uint64_t pending_forks;    /* RRefs we passed on, not yet accepted */
+    uint64_t pending_users;    /* our user RRefs not yet confirmed */
+    uint64_t pending_messages; /* protocol messages queued to send */
+    uint64_t created, deleted; /* owner values made and freed so far */
 } tp_rref_stats;
 
 /** tp_rref_get_stats - the counters of @a's RRef protocol. */

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // fuzz_rpc.c - libFuzzer target for ag_wire_decode, the RPC agent's
-// message metadata decoder (docs/rpc-wire.md).
+// message metadata decoder, and its extension sections
+// (docs/rpc-wire.md).
 //
 // Input: byte 0 = number of tensors the pipe message carries (mod 5),
 // byte 1 = number of payloads (mod 3), then one u64le length per tensor,
@@ -49,13 +50,31 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     FUZZ_CHECK(err == NULL);
     FUZZ_CHECK(h.h_ntensors == nt);
-    FUZZ_CHECK(h.h_kind >= AG_KIND_REQUEST && h.h_kind <= AG_KIND_ERROR);
+    FUZZ_CHECK((h.h_kind >= AG_KIND_REQUEST && h.h_kind <= AG_KIND_ERROR) ||
+               ag_kind_is_proto(h.h_kind));
     FUZZ_CHECK(h.h_ext_len <= AG_WIRE_MAX_EXT);
     if (h.h_kind == AG_KIND_REQUEST) {
         FUZZ_CHECK(ag_fn_name_valid(h.h_fn_name, h.h_fn_name_len));
+    } else if (ag_kind_is_proto(h.h_kind)) {
+        FUZZ_CHECK(h.h_fn_name_len == 0 ||
+                   ag_fn_name_valid(h.h_fn_name, h.h_fn_name_len));
     } else {
         FUZZ_CHECK(h.h_fn_name_len == 0);
     }
+    // The sections tile the extension: each inside it, ids ascending.
+    size_t covered = 0;
+    for (unsigned i = 0; i < AG_WIRE_MAX_SECTIONS; i++) {
+        if (h.h_sec_mask & (1u << i)) {
+            FUZZ_CHECK(h.h_sec[i] >= h.h_ext + AG_WIRE_SEC_HDR &&
+                       h.h_sec[i] + h.h_sec_len[i] <= h.h_ext + h.h_ext_len);
+            FUZZ_CHECK(i != 0 || ag_kind_is_proto(h.h_kind));
+            covered += AG_WIRE_SEC_HDR + h.h_sec_len[i];
+        } else {
+            FUZZ_CHECK(h.h_sec[i] == NULL && h.h_sec_len[i] == 0);
+        }
+    }
+    FUZZ_CHECK(covered == h.h_ext_len);
+    FUZZ_CHECK(h.h_kind != AG_KIND_ERROR || h.h_ext_len == 0);
     uint64_t total = 0;
     for (uint32_t i = 0; i < nt; i++) {
         FUZZ_CHECK(metas[i].tm_nbytes == lens[i]);

@@ -11,9 +11,12 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "agent/agent_int.h"
+#include "agent/wire.h"
 #include "core/wire.h"
 #include "fuzz.h"
 #include "pipe/wire.h"
+#include "rref/wire.h"
 
 static const char *gen_root;
 static int gen_count;
@@ -222,6 +225,180 @@ gen_handshake_all(void)
     gen_write_hs(2, "join-bad-reg-id", j, sizeof(j));
 }
 
+// ---- RPC agent messages (fuzz_rpc) ----
+
+// Writes the fuzz_rpc input of a message @h with @nt f32 tensors of 4
+// elements and @np payloads.
+static void
+gen_rpc(const char *name, const ag_hdr *h, uint32_t nt, uint32_t np)
+{
+    tp_args *args = NULL;
+    FUZZ_CHECK(ag_args_create_empty(nt, &args) == TP_OK);
+    for (uint32_t i = 0; i < nt; i++) {
+        int64_t shape[2] = {2, 2};
+        tp_tensor *t = NULL;
+        FUZZ_CHECK(tp_tensor_empty(TP_F32, 2, shape, &t, NULL) == TP_OK);
+        ag_args_push_tensor(args, t);
+    }
+    size_t msize = ag_wire_size(h->h_fn_name_len, h->h_ext_len, args);
+    size_t size = 2 + 8u * nt + msize;
+    uint8_t *buf = malloc(size);
+    FUZZ_CHECK(buf != NULL);
+    buf[0] = (uint8_t)nt;
+    buf[1] = (uint8_t)np;
+    for (uint32_t i = 0; i < nt; i++) {
+        tp__put_u64le(buf + 2 + 8 * i, 16);
+    }
+    ag_wire_encode(buf + 2 + 8u * nt, h, args);
+    gen_write("fuzz_rpc", name, buf, size);
+    free(buf);
+    tp_args_unref(args);
+}
+
+// Appends section @id of @n bytes to @ext at *@off.
+static void
+gen_section(uint8_t *ext, size_t *off, unsigned id, const uint8_t *p, size_t n)
+{
+    ext[*off] = (uint8_t)id;
+    memset(ext + *off + 1, 0, 3);
+    tp__put_u32le(ext + *off + 4, (uint32_t)n);
+    memcpy(ext + *off + AG_WIRE_SEC_HDR, p, n);
+    *off += AG_WIRE_SEC_HDR + n;
+}
+
+static void
+gen_rpc_all(void)
+{
+    ag_hdr h;
+    memset(&h, 0, sizeof(h));
+    h.h_kind = AG_KIND_REQUEST;
+    h.h_call_id = 7;
+    h.h_fn_name = "tp.noop";
+    h.h_fn_name_len = 7;
+    h.h_fn_id = 0x1234;
+    gen_rpc("request-noop", &h, 0, 0);
+    h.h_fn_name = "tp.echo";
+    gen_rpc("request-echo-2t", &h, 2, 1);
+    // A request carrying two RRefs in the rref protocol's section.
+    rr_desc d[2] = {
+        {.d_id = {1, 5}, .d_fork = {0, 9}, .d_owner = 1},
+        {.d_id = {2, 1}, .d_fork = {0, 10}, .d_owner = 2, .d_flags = 1},
+    };
+    uint8_t sec[256], ext[512];
+    rr_sec_encode(d, 2, sec);
+    size_t off = 0;
+    gen_section(ext, &off, 1, sec, rr_sec_size(2));
+    h.h_ext = ext;
+    h.h_ext_len = (uint32_t)off;
+    gen_rpc("request-rrefs", &h, 1, 1);
+    memset(&h, 0, sizeof(h));
+    h.h_kind = AG_KIND_RESPONSE;
+    h.h_call_id = 7;
+    gen_rpc("response-1t", &h, 1, 1);
+    h.h_ext = ext;
+    h.h_ext_len = (uint32_t)off;
+    gen_rpc("response-rrefs", &h, 0, 0);
+    memset(&h, 0, sizeof(h));
+    h.h_kind = AG_KIND_ERROR;
+    h.h_call_id = 8;
+    h.h_status = TP_EINVAL;
+    gen_rpc("error", &h, 0, 1);
+    // RRef protocol messages: section 0 is the kind's header.
+    static const struct {
+        unsigned kind;
+        const char *name, *fn;
+    } kinds[] = {
+        {RR_KIND_REMOTE, "rref-remote", "t.make"},
+        {RR_KIND_FETCH, "rref-fetch", NULL},
+        {RR_KIND_FORK, "rref-fork", NULL},
+        {RR_KIND_CHILD_ACCEPT, "rref-child-accept", NULL},
+        {RR_KIND_DELETE, "rref-delete", NULL},
+        {RR_KIND_CALL, "rref-call", "forward"},
+    };
+    for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++) {
+        rr_msg m = {.m_id = {0, 3}, .m_fork = {0, 3}};
+        uint8_t kh[64];
+        rr_hdr_encode(kinds[i].kind, &m, kh);
+        off = 0;
+        gen_section(ext, &off, 0, kh, rr_hdr_size(kinds[i].kind));
+        memset(&h, 0, sizeof(h));
+        h.h_kind = (ag_kind)kinds[i].kind;
+        h.h_call_id = 40 + i;
+        h.h_fn_name = kinds[i].fn;
+        h.h_fn_name_len =
+            kinds[i].fn != NULL ? (uint16_t)strlen(kinds[i].fn) : 0;
+        h.h_ext = ext;
+        h.h_ext_len = (uint32_t)off;
+        gen_rpc(kinds[i].name, &h, 0, 0);
+    }
+    // Near misses: sections out of order, a section 0 in a request.
+    off = 0;
+    gen_section(ext, &off, 1, sec, rr_sec_size(2));
+    gen_section(ext, &off, 0, sec, 8);
+    memset(&h, 0, sizeof(h));
+    h.h_kind = (ag_kind)RR_KIND_FETCH;
+    h.h_ext = ext;
+    h.h_ext_len = (uint32_t)off;
+    gen_rpc("bad-section-order", &h, 0, 0);
+    h.h_kind = AG_KIND_REQUEST;
+    h.h_fn_name = "tp.noop";
+    h.h_fn_name_len = 7;
+    off = 0;
+    gen_section(ext, &off, 0, sec, 8);
+    h.h_ext_len = (uint32_t)off;
+    gen_rpc("bad-section-zero", &h, 0, 0);
+}
+
+// ---- RRef protocol (fuzz_rref) ----
+
+static void
+gen_rref(const char *name, unsigned what, uint8_t from, uint8_t world,
+         const uint8_t *p, size_t n)
+{
+    uint8_t buf[4096];
+    FUZZ_CHECK(n + 3 <= sizeof(buf));
+    buf[0] = (uint8_t)what;
+    buf[1] = from;
+    buf[2] = world;
+    memcpy(buf + 3, p, n);
+    gen_write("fuzz_rref", name, buf, n + 3);
+}
+
+static void
+gen_rref_all(void)
+{
+    static const char *const names[] = {"remote",       "fetch",  "fork",
+                                        "child-accept", "delete", "call"};
+    for (unsigned k = 0; k < 6; k++) {
+        rr_msg m = {.m_id = {1, 3}, .m_fork = {1, 3}};
+        if (k == 0) {
+            m.m_flags = RR_REMOTE_PROXY;
+            m.m_target = (rr_id){2, 8};
+        }
+        if (k == 5) {
+            m.m_flags = RR_CALL_METHOD;
+        }
+        uint8_t h[64];
+        rr_hdr_encode(RR_KIND_REMOTE + k, &m, h);
+        gen_rref(names[k], k, 1, 4, h, rr_hdr_size(RR_KIND_REMOTE + k));
+    }
+    rr_desc d[3] = {
+        {.d_id = {0, 1}, .d_fork = {2, 4}, .d_owner = 0},
+        {.d_id = {3, 77}, .d_fork = {2, 5}, .d_owner = 1, .d_flags = 1},
+        {.d_id = {2, 2}, .d_fork = {2, 6}, .d_owner = 2},
+    };
+    uint8_t sec[256];
+    rr_sec_encode(d, 3, sec);
+    gen_rref("section", 6, 2, 4, sec, rr_sec_size(3));
+    // Near misses: a fork not made by its sender, an owner out of range.
+    gen_rref("bad-section-fork", 6, 1, 4, sec, rr_sec_size(3));
+    gen_rref("bad-section-world", 6, 2, 3, sec, rr_sec_size(3));
+    rr_msg m = {.m_id = {1, 3}, .m_fork = {1, 4}};
+    uint8_t h[64];
+    rr_hdr_encode(RR_KIND_REMOTE, &m, h);
+    gen_rref("bad-remote-fork", 0, 1, 4, h, rr_hdr_size(RR_KIND_REMOTE));
+}
+
 int
 main(int argc, char **argv)
 {
@@ -237,6 +414,8 @@ main(int argc, char **argv)
     gen_desc_all();
     gen_brochure_all();
     gen_handshake_all();
+    gen_rpc_all();
+    gen_rref_all();
     printf("wrote %d seed files under %s\n", gen_count, gen_root);
     return 0;
 }

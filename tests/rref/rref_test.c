@@ -39,7 +39,8 @@ static atomic_int g_objects;       // live "t.linear" objects here
 static atomic_int g_leak_reports;  // TP-RREF-LEAK log lines here
 static atomic_int g_release;       // set by "t.release"
 
-// ---- values -------------------------------------------------------------------
+// ---- values
+// -------------------------------------------------------------------
 
 static tp_tensor *
 f32_tensor(float v)
@@ -97,7 +98,8 @@ args_rref(tp_rref *r, int64_t v)
     return x;
 }
 
-// ---- functions the workers run --------------------------------------------------
+// ---- functions the workers run
+// --------------------------------------------------
 
 // "t.make": bytes "made" + f32_tensor(in as int64).
 static tp_status
@@ -154,8 +156,8 @@ fn_keep(const tp_rpc_call_info *call, const tp_args *in, void *arg,
     (void)err_p;
     int64_t slot = get_i64(in);
     TP_CHECK(slot >= 0 && slot < 8 && tp_args_nrrefs(in) == 1);
-    tp_rref *old = atomic_exchange(&g_kept[slot],
-                                   tp_rref_ref(tp_args_rref(in, 0)));
+    tp_rref *old =
+        atomic_exchange(&g_kept[slot], tp_rref_ref(tp_args_rref(in, 0)));
     tp_rref_unref(old);
     return TP_OK;
 }
@@ -213,9 +215,8 @@ fn_pass(const tp_rpc_call_info *call, const tp_args *in, void *arg,
     (void)arg;
     int64_t to = get_i64(in);
     tp_args *a = args_rref(tp_args_rref(in, 0), 0);
-    tp_status st =
-        tp_rpc_sync_rank(call->agent, (int)to, "t.here", a, WAIT_MS, out_p,
-                         err_p);
+    tp_status st = tp_rpc_sync_rank(call->agent, (int)to, "t.here", a, WAIT_MS,
+                                    out_p, err_p);
     tp_args_unref(a);
     return st;
 }
@@ -346,7 +347,8 @@ wait_release(void)
     }
 }
 
-// ---- a remote type: "t.linear" ----------------------------------------------------
+// ---- a remote type: "t.linear"
+// ----------------------------------------------------
 
 typedef struct linear {
     tp_tensor *w;
@@ -444,7 +446,8 @@ static const tp_remote_method k_linear_methods[] = {
     {"parameters", linear_parameters},
 };
 
-// ---- workers ---------------------------------------------------------------------
+// ---- workers
+// ---------------------------------------------------------------------
 
 static void
 log_sink(tp_log_level level, const char *id, const char *msg, void *arg)
@@ -468,10 +471,10 @@ setup(int rank)
         const char *name;
         tp_rpc_fn fn;
     } fns[] = {
-        {"t.make", fn_make},   {"t.fail", fn_fail},   {"t.sleep", fn_sleep},
-        {"t.keep", fn_keep},   {"t.drop", fn_drop},   {"t.here", fn_here},
-        {"t.pass", fn_pass},   {"t.mkref", fn_mkref}, {"t.sum", fn_sum},
-        {"t.scale", fn_scale}, {"t.stats", fn_stats}, {"t.pid", fn_pid},
+        {"t.make", fn_make},       {"t.fail", fn_fail},   {"t.sleep", fn_sleep},
+        {"t.keep", fn_keep},       {"t.drop", fn_drop},   {"t.here", fn_here},
+        {"t.pass", fn_pass},       {"t.mkref", fn_mkref}, {"t.sum", fn_sum},
+        {"t.scale", fn_scale},     {"t.stats", fn_stats}, {"t.pid", fn_pid},
         {"t.release", fn_release},
     };
     tp_error *err = NULL;
@@ -610,7 +613,8 @@ run(int world, tp_job_fn fn, void *arg)
     tp_job_run(&j);
 }
 
-// ---- cases ---------------------------------------------------------------------
+// ---- cases
+// ---------------------------------------------------------------------
 
 // remote() to another worker and to self, to_here, local values, RRef(v).
 static void
@@ -736,8 +740,7 @@ w_errors(int rank, int world, const char *url, void *arg)
         TP_CHECK_EQ(st, TP_ETIMEDOUT);
         TP_CHECK(tp_job_now_ms() - t0 < tp_test_ms(1400));
         TP_CHECK_STR_CONTAINS(tp_error_message(err), "to_here of RRef");
-        TP_CHECK_STR_CONTAINS(tp_error_message(err),
-                              "owned by bravo (rank 1)");
+        TP_CHECK_STR_CONTAINS(tp_error_message(err), "owned by bravo (rank 1)");
         TP_CHECK_STR_CONTAINS(tp_error_message(err), "200 ms");
         tp_error_unref(err);
         err = NULL;
@@ -835,8 +838,8 @@ w_arg_and_result(int rank, int world, const char *url, void *arg)
         tp_args *in = args_i64(4);
         tp_args *out = NULL;
         tp_error *err = NULL;
-        TP_CHECK_OK(
-            tp_rpc_sync(a, "bravo", "t.mkref", in, WAIT_MS, &out, &err), err);
+        TP_CHECK_OK(tp_rpc_sync(a, "bravo", "t.mkref", in, WAIT_MS, &out, &err),
+                    err);
         tp_args_unref(in);
         TP_CHECK_EQ(tp_args_nrrefs(out), 1);
         tp_rref *r = tp_rref_ref(tp_args_rref(out, 0));
@@ -852,17 +855,16 @@ w_arg_and_result(int rank, int world, const char *url, void *arg)
         in = args_rref(r, 0);
         TP_CHECK_EQ(call_i64(a, 2, "t.here", in), 8);
         // ... and back from a call: tp.echo returns the same RRef.
-        TP_CHECK_OK(tp_rpc_sync(a, "charlie", "tp.echo", in, WAIT_MS, &out,
-                                &err),
-                    err);
+        TP_CHECK_OK(
+            tp_rpc_sync(a, "charlie", "tp.echo", in, WAIT_MS, &out, &err), err);
         TP_CHECK_EQ(tp_args_nrrefs(out), 1);
         v = here_ok(tp_args_rref(out, 0));
         check_tensor(tp_args_tensor(v, 0), 4);
         tp_args_unref(v);
         tp_args_unref(out);
         // To self: the same handle, no fork.
-        TP_CHECK_OK(
-            tp_rpc_sync(a, "alpha", "tp.echo", in, WAIT_MS, &out, &err), err);
+        TP_CHECK_OK(tp_rpc_sync(a, "alpha", "tp.echo", in, WAIT_MS, &out, &err),
+                    err);
         TP_CHECK(tp_args_rref(out, 0) == r);
         tp_args_unref(out);
         tp_args_unref(in);
@@ -1049,9 +1051,9 @@ w_user_killed(int rank, int world, const char *url, void *arg)
                       "bravo still keeps %lld values for the dead charlie",
                       (long long)v[0]);
         } while (v[0] != 0 || v[2] != 0);
-        TP_CHECK_OK(tp_rpc_sync(a, "bravo", "t.release", NULL, WAIT_MS, NULL,
-                                &err),
-                    err);
+        TP_CHECK_OK(
+            tp_rpc_sync(a, "bravo", "t.release", NULL, WAIT_MS, NULL, &err),
+            err);
     } else {
         wait_release();
     }
@@ -1096,7 +1098,8 @@ w_shutdown_alive(int rank, int world, const char *url, void *arg)
     }
     tp_error *err = NULL;
     tp_status st = tp_rpc_shutdown(a, true, &err);
-    TP_CHECKF(st == TP_OK, "rank %d: shutdown: %s", rank, tp_error_message(err));
+    TP_CHECKF(st == TP_OK, "rank %d: shutdown: %s", rank,
+              tp_error_message(err));
     if (rank == 0) {
         // Only our own RRef(5) is reported; bravo's value was freed.
         TP_CHECK_EQ(atomic_load(&g_leak_reports), 1);
@@ -1196,9 +1199,9 @@ w_objects(int rank, int world, const char *url, void *arg)
         tp_error *err = NULL;
         tp_args *in = args_i64(1);
         tp_rref *m = NULL;
-        TP_CHECK_OK(tp_remote_create(a, "bravo", "t.linear", in, WAIT_MS, &m,
-                                     &err),
-                    err);
+        TP_CHECK_OK(
+            tp_remote_create(a, "bravo", "t.linear", in, WAIT_MS, &m, &err),
+            err);
         TP_CHECK(strcmp(tp_rref_owner_name(m), "bravo") == 0);
         // forward: w . x with w = 1..16 and x = 0..15.
         tp_args *x = NULL;
@@ -1253,9 +1256,9 @@ w_objects(int rank, int world, const char *url, void *arg)
         tp_error_unref(err);
         err = NULL;
         tp_rref *bad = NULL;
-        TP_CHECK_EQ(tp_remote_create(a, "delta", "t.linear", in, WAIT_MS, &bad,
-                                     &err),
-                    TP_ENOENT);
+        TP_CHECK_EQ(
+            tp_remote_create(a, "delta", "t.linear", in, WAIT_MS, &bad, &err),
+            TP_ENOENT);
         TP_CHECK_STR_CONTAINS(tp_error_message(err), "t.linear");
         TP_CHECK_STR_CONTAINS(tp_error_message(err), "delta");
         TP_CHECK(bad == NULL);
@@ -1279,9 +1282,9 @@ w_objects(int rank, int world, const char *url, void *arg)
         stats_of(a, 1, v);
         TP_CHECK_EQ(v[6], 1);
         tp_rref *local = NULL;
-        TP_CHECK_OK(tp_remote_create(a, "alpha", "t.linear", in, WAIT_MS,
-                                     &local, &err),
-                    err);
+        TP_CHECK_OK(
+            tp_remote_create(a, "alpha", "t.linear", in, WAIT_MS, &local, &err),
+            err);
         void *state = NULL;
         TP_CHECK_OK(tp_rref_local_object(local, WAIT_MS, &state, &err), err);
         TP_CHECK(state != NULL);
