@@ -1,0 +1,95 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* bench_rpc.h (internal) - what the two files of `tpipe bench rpc` share:
+ * bench_rpc.c (options, output, main) and bench_rpc_run.c (the worker
+ * processes and the measurements). */
+#ifndef TP_TOOLS_BENCH_RPC_H
+#define TP_TOOLS_BENCH_RPC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <tpipe/rpc.h>
+
+#include "core/config.h"
+
+#define BR_MAX_TRANSPORTS 4
+#define BR_MAX_SIZES      16
+#define BR_MIN_NOOP       100u     // noop calls measured at least
+#define BR_MAX_NOOP       5000000u // ... and at most
+#define BR_MIN_ECHO       5u
+#define BR_MIN_ASYNC      640u
+#define BR_MAX_INFLIGHT   1024u
+#define BR_DEFAULT_SIZES  "64,1M,64M"
+
+// The allow list each --transport name puts in tp_agent_options.transports.
+// "shm" alone: the agent then listens and dials on shm only, so the pipe
+// cannot end up on tcp.
+typedef struct br_transport {
+    const char *bt_name;  // --transport, the JSON "transport"
+    const char *bt_allow; // tp_agent_options.transports
+} br_transport;
+
+
+
+typedef struct br_opts {
+    const br_transport *bo_tr[BR_MAX_TRANSPORTS];
+    size_t bo_ntr;
+    bool bo_all_tr;
+    const char *bo_channel; // NULL: every channel
+    bool bo_noop, bo_echo, bo_async, bo_init;
+    uint64_t bo_sizes[BR_MAX_SIZES];
+    size_t bo_nsizes;
+    double bo_budget;
+    unsigned bo_reps;
+    unsigned bo_inflight;
+    double bo_stall_s;
+    bool bo_json;
+    bool bo_verbose;
+    tp_config bo_cfg;
+} br_opts;
+
+// Statistics of one cell (a test and size) per repetition.
+enum {
+    BR_F_P50,
+    BR_F_P10,
+    BR_F_P90,
+    BR_F_MIN,
+    BR_F_MAX,
+    BR_F_GBPS,
+    BR_F_CPS,
+    BR_F_RANKS_MAX, // init: the slower of the two ranks
+    BR_F_CALLS,
+    BR_NF
+};
+
+// Cells: noop, async, init, then one per echo size.
+enum { BR_C_NOOP, BR_C_ASYNC, BR_C_INIT, BR_C_ECHO };
+
+// One transport's repetitions.
+typedef struct br_run {
+    const br_opts *rr_opts;
+    const br_transport *rr_tr;
+    size_t rr_ncells;
+    double *rr_vals; // [cell][field][rep]
+    unsigned rr_nreps;
+    char rr_channel[16]; // negotiated, from the last repetition
+    char rr_transport[16];
+    int rr_base_threads; // threads of this process before any agent
+    char rr_err[1024];
+} br_run;
+
+static inline double *
+br_val(br_run *r, size_t cell, int field, unsigned rep)
+{
+    return &r->rr_vals[(cell * BR_NF + (size_t)field) * r->rr_opts->bo_reps +
+                       rep];
+}
+
+// One repetition: a fresh pair of processes. False after writing what
+// failed to r->rr_err.
+bool br_run_rep(br_run *r, unsigned rep);
+// The threads of this process (0 if unknown).
+int br_thread_count(void);
+
+#endif
