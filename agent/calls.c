@@ -296,6 +296,7 @@ typedef struct ag_callspec {
     const void *cs_hdr;  // protocol kinds: section 0
     size_t cs_hdr_len;
     const char *cs_what; // for messages: the function or the kind's name
+    bool cs_nowait;      // fail with TP_EAGAIN rather than connect
 } ag_callspec;
 
 static tp_future *
@@ -361,9 +362,12 @@ agent_call(tp_agent *a, ag_peer *p, const ag_callspec *cs, const tp_args *in,
                                      cs->cs_what, ag_name(a), p->p_info.name));
         return result;
     }
-    // Bound to the pool under the lock: a_pool is stable while the agent
-    // is not closed.
-    tp__future_set_pool(c->c_fut, a->a_pool);
+    // An RPC future is bound to the pool (its callbacks are user code),
+    // under the lock: a_pool is stable while the agent is not closed. A
+    // protocol's is not (proto.h): its callbacks run where it resolves.
+    if (cs->cs_kind == AG_KIND_REQUEST) {
+        tp__future_set_pool(c->c_fut, a->a_pool);
+    }
     tp_pool *pool = a->a_pool;
     // Counted before the connection may be made (unlocked) or the pool
     // used: shutdown keeps the context and the pool until every such
@@ -371,7 +375,12 @@ agent_call(tp_agent *a, ag_peer *p, const ag_callspec *cs, const tp_args *in,
     atomic_fetch_add_explicit(&a->a_writers, 1, memory_order_acquire);
     ag_wslot *w = NULL;
     if (!self) {
-        ag_conn *conn = ag_conn_get_locked(a, p, &err);
+        ag_conn *conn = NULL;
+        if (cs->cs_nowait && p->p_out == NULL) {
+            tp__error_set(&err, TP_EAGAIN, "no connection yet");
+        } else {
+            conn = ag_conn_get_locked(a, p, &err);
+        }
         if (conn != NULL) {
             w = ag_slot_get_locked(conn);
             if (w == NULL) {
@@ -472,6 +481,34 @@ tp__agent_call_kind(tp_agent *a, int to, uint8_t kind, const void *hdr,
                       .cs_hdr_len = hdr_len,
                       .cs_what = name != NULL && name[0] ? name : kd->k_name};
     return agent_call(a, &a->a_peers[to], &cs, in, timeout_ms);
+}
+
+tp_status
+tp__agent_call_kind_now(tp_agent *a, int to, uint8_t kind, const void *hdr,
+                        size_t hdr_len, const tp_args *in, int64_t timeout_ms,
+                        tp_future **f_p)
+{
+    const ag_kind_desc *kd = ag_kind_get(kind);
+    if (to < 0 || to >= a->a_world || kd == NULL || !ag_kind_is_proto(kind) ||
+        to == a->a_rank) {
+        return TP_EINVAL;
+    }
+    ag_callspec cs = {.cs_kind = (ag_kind)kind,
+                      .cs_hdr = hdr,
+                      .cs_hdr_len = hdr_len,
+                      .cs_what = kd->k_name,
+                      .cs_nowait = true};
+    tp_future *f = agent_call(a, &a->a_peers[to], &cs, in, timeout_ms);
+    if (f == NULL) {
+        return TP_ENOMEM;
+    }
+    const tp_error *e = tp_future_is_done(f) ? tp_future_error(f) : NULL;
+    if (e != NULL && tp_error_status(e) == TP_EAGAIN) {
+        tp_future_unref(f);
+        return TP_EAGAIN;
+    }
+    *f_p = f;
+    return TP_OK;
 }
 
 static tp_future *

@@ -101,6 +101,9 @@ typedef struct tp__proto_msg {
 typedef enum tp__proto_verdict {
     TP__PROTO_DONE = 0, /* answered: *result_p (may be NULL) or *err_p */
     TP__PROTO_RUN = 1,  /* go on with pk_run on the pool */
+    TP__PROTO_WAIT = 2, /* answered when the future in *ctx_p (taken,
+                           bound to the pool) resolves, on the thread that
+                           resolves it: no pool hand-over */
 } tp__proto_verdict;
 
 typedef struct tp__proto_kind {
@@ -108,8 +111,8 @@ typedef struct tp__proto_kind {
     const char *pk_name; /* "RREF_FETCH", for messages */
     /* Loop thread, in arrival order on the pipe; must not block. Returns
      * DONE with a result (*result_p, taken; NULL = empty) or an error
-     * (*err_p set: an ERROR reply naming this worker), or RUN with a
-     * context for pk_run in *ctx_p. */
+     * (*err_p set: an ERROR reply naming this worker), RUN with a context
+     * for pk_run in *ctx_p, or WAIT with a future in *ctx_p. */
     tp__proto_verdict (*pk_on_loop)(void *state, const tp__proto_msg *m,
                                     void **ctx_p, tp_args **result_p,
                                     tp_error **err_p);
@@ -188,11 +191,24 @@ void tp__agent_bind_future(tp_agent *a, tp_future *f);
  * header @hdr (section 0), an optional @name, and @in (may be NULL),
  * answered like a call: the future resolves with the reply's tp_args * or
  * an error naming the worker (deadline, peer failure, shutdown as for
- * tp_rpc_async). NULL only without memory for the future.
+ * tp_rpc_async). NULL only without memory for the future. Unlike RPC
+ * futures, it is not bound to the pool: its callbacks run on the thread
+ * that resolves it, often a loop thread (the protocol's own callbacks
+ * must not block; bind it with tp__agent_bind_future before handing it to
+ * user code). May connect: not from a loop thread.
  */
 tp_future *tp__agent_call_kind(tp_agent *a, int to, uint8_t kind,
                                const void *hdr, size_t hdr_len,
                                const char *name, const tp_args *in,
                                int64_t timeout_ms);
+/*
+ * As tp__agent_call_kind without a name, for any thread including a loop
+ * thread: TP_EAGAIN, sending nothing, when the connection to @to does not
+ * exist yet (the caller then sends from the pool). *@f_p on TP_OK.
+ */
+tp_status tp__agent_call_kind_now(tp_agent *a, int to, uint8_t kind,
+                                  const void *hdr, size_t hdr_len,
+                                  const tp_args *in, int64_t timeout_ms,
+                                  tp_future **f_p);
 
 #endif

@@ -13,6 +13,8 @@
 #include "core/hash.h"
 #include "core/log.h"
 
+static void req_async_done(tp_future *f, void *arg);
+
 // What a protocol's handler sees of request @r.
 static void
 req_proto_msg(ag_req *r, tp__proto_msg *m)
@@ -40,10 +42,23 @@ req_proto_on_loop(ag_req *r)
     void *ctx = NULL;
     tp_args *result = NULL;
     tp_error *err = NULL;
-    if (state != NULL && kd->k_proto->pk_on_loop(state, &m, &ctx, &result,
-                                                 &err) == TP__PROTO_RUN) {
+    tp__proto_verdict v =
+        state != NULL ? kd->k_proto->pk_on_loop(state, &m, &ctx, &result, &err)
+                      : TP__PROTO_DONE;
+    if (v == TP__PROTO_RUN) {
         r->r_proto_ctx = ctx;
         return true;
+    }
+    if (v == TP__PROTO_WAIT) {
+        // Answered by whoever resolves the future (a pool thread).
+        if (tp_future_then(ctx, req_async_done, r) != TP_OK) {
+            tp_future_unref(ctx);
+            err = tp__error_new(TP_ENOMEM, 0, NULL, "%s on %s", kd->k_name,
+                                ag_name(r->r_agent));
+            ag_req_reply(r, NULL, err);
+            tp_error_unref(err);
+        }
+        return false;
     }
     if (state == NULL) {
         err = tp__error_new(TP_ECLOSED, 0, NULL, "%s: the agent is shut down",

@@ -65,6 +65,12 @@ tp__loop_on_thread(const tp_loop *loop)
     return loop_current == loop;
 }
 
+bool
+tp__loop_any_on_thread(void)
+{
+    return loop_current != NULL;
+}
+
 const char *
 tp__loop_backend_name(const tp_loop *loop)
 {

@@ -118,6 +118,9 @@ const char *tp__loop_backend_name(const tp_loop *loop);
 // True if the caller runs on @loop's thread.
 bool tp__loop_on_thread(const tp_loop *loop);
 #define TP_ASSERT_ON_LOOP(loop) TP_ASSERT(tp__loop_on_thread(loop))
+// True if the caller runs on the thread of any loop (where nothing may
+// block: work that may wait is handed to a pool instead).
+bool tp__loop_any_on_thread(void);
 // Probes whether io_uring works here; on false, @why says why.
 bool tp__loop_uring_viable(char *why, size_t why_len);
 

@@ -9,6 +9,7 @@
 
 #include "core/alloc.h"
 #include "core/log.h"
+#include "core/loop.h"
 #include "rr_impl.h"
 
 // The value of a deleted owner RRef, freed with no lock held: an
@@ -444,18 +445,13 @@ note_done(tp_future *f, void *arg)
     note_free(n);
 }
 
-// Pool thread: sends note @n (a protocol message) and waits for its
-// answer in the background.
+// Sends note @n (a protocol message) and waits for its answer in the
+// background. Off a loop thread; on one only once the call was made
+// (@f, from tp__agent_call_kind_now).
 static void
-note_run(void *arg)
+note_sent(rr_note *n, tp_future *f)
 {
-    rr_note *n = arg;
     rr_ctx *x = n->n_ctx;
-    uint8_t hdr[64];
-    size_t len = rr_hdr_size(n->n_kind);
-    rr_hdr_encode(n->n_kind, &n->n_msg, hdr);
-    tp_future *f = tp__agent_call_kind(x->x_agent, n->n_to, n->n_kind, hdr, len,
-                                       NULL, NULL, TP_TIMEOUT_DEFAULT);
     // Counted as a call from here on (the agent's pending calls).
     tp__mtx_lock(&x->x_mtx);
     x->x_nqueued--;
@@ -472,6 +468,34 @@ note_run(void *arg)
         tp_future_unref(f);
         note_free(n);
     }
+}
+
+static void
+note_run(void *arg)
+{
+    rr_note *n = arg;
+    uint8_t hdr[64];
+    rr_hdr_encode(n->n_kind, &n->n_msg, hdr);
+    note_sent(n, tp__agent_call_kind(n->n_ctx->x_agent, n->n_to, n->n_kind, hdr,
+                                     rr_hdr_size(n->n_kind), NULL, NULL,
+                                     TP_TIMEOUT_DEFAULT));
+}
+
+// A loop thread sends @n at once when the connection exists (writing
+// does not block); false: it needs the pool.
+static bool
+note_try_now(rr_note *n)
+{
+    uint8_t hdr[64];
+    rr_hdr_encode(n->n_kind, &n->n_msg, hdr);
+    tp_future *f = NULL;
+    if (tp__agent_call_kind_now(n->n_ctx->x_agent, n->n_to, n->n_kind, hdr,
+                                rr_hdr_size(n->n_kind), NULL,
+                                TP_TIMEOUT_DEFAULT, &f) != TP_OK) {
+        return false;
+    }
+    note_sent(n, f);
+    return true;
 }
 
 // A note that cannot be sent (shutting down): what it would have
@@ -502,11 +526,15 @@ rr_flush(rr_ctx *x)
     rr_doomed *doomed = x->x_doomed;
     x->x_doomed = NULL;
     tp__mtx_unlock(&x->x_mtx);
+    // Off a loop thread (the program's, a pool thread) the work is done
+    // here: no hand-over. A loop thread must not block: it goes to the
+    // pool.
+    bool inline_ok = !tp__loop_any_on_thread();
     while (doomed != NULL) {
         rr_doomed *d = doomed;
         doomed = d->d_next;
         tp__task_init(&d->d_task, doomed_run, d);
-        if (tp__agent_submit(x->x_agent, &d->d_task) != TP_OK) {
+        if (inline_ok || tp__agent_submit(x->x_agent, &d->d_task) != TP_OK) {
             doomed_run(d);
         }
     }
@@ -521,6 +549,13 @@ rr_flush(rr_ctx *x)
     while (rev != NULL) {
         rr_note *n = rev;
         rev = n->n_next;
+        if (inline_ok) {
+            note_run(n);
+            continue;
+        }
+        if (note_try_now(n)) {
+            continue;
+        }
         tp__task_init(&n->n_task, note_run, n);
         if (tp__agent_submit(x->x_agent, &n->n_task) != TP_OK) {
             note_drop(n);

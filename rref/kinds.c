@@ -472,10 +472,8 @@ value_ready(tp_future *vf, void *arg)
 }
 
 static tp_future *
-value_run(void *state, const tp__proto_msg *m, void *ctx)
+value_run(rr_ctx *x, const tp__proto_msg *m, value_job *v)
 {
-    rr_ctx *x = state;
-    value_job *v = ctx;
     v->v_ctx = x;
     v->v_reply = future_new(x);
     tp_future *vf = rr_owner_value(v->v_rref);
@@ -506,6 +504,21 @@ value_run(void *state, const tp__proto_msg *m, void *ctx)
         vjob_free(v);
     }
     return reply;
+}
+
+// FETCH and CALL wait for the value without a pool thread: the reply
+// future goes back to the agent (WAIT); the work runs in value_ready, on
+// the thread that creates the value (or on the pool if it exists).
+static tp__proto_verdict
+wait_value(rr_ctx *x, const tp__proto_msg *m, value_job *v, void **ctx_p,
+           tp_error **err_p)
+{
+    tp_future *f = value_run(x, m, v);
+    if (f == NULL) {
+        return fail(tp__error_nomem(), err_p);
+    }
+    *ctx_p = f;
+    return TP__PROTO_WAIT;
 }
 
 static tp__proto_verdict
@@ -542,8 +555,9 @@ fetch_on_loop(void *state, const tp__proto_msg *m, void **ctx_p,
         return fail(tp__error_nomem(), err_p);
     }
     v->v_rref = r;
-    *ctx_p = v;
-    return TP__PROTO_RUN;
+    // Answered by the thread that sets the value (a pool thread), with no
+    // hand-over in between.
+    return wait_value(x, m, v, ctx_p, err_p);
 }
 
 // Local versions for an owner on this worker: the same steps, started by
@@ -634,8 +648,7 @@ call_on_loop(void *state, const tp__proto_msg *m, void **ctx_p,
     v->v_rref = r;
     v->v_call = true;
     v->v_flags = h.m_flags;
-    *ctx_p = v;
-    return TP__PROTO_RUN;
+    return wait_value(x, m, v, ctx_p, err_p);
 }
 
 // ---- FORK, CHILD_ACCEPT, DELETE: bookkeeping on the loop
@@ -723,9 +736,9 @@ delete_on_loop(void *state, const tp__proto_msg *m, void **ctx_p,
 
 const tp__proto_kind rr_kinds[RR_NKINDS] = {
     {RR_KIND_REMOTE, "RREF_REMOTE", remote_on_loop, remote_run},
-    {RR_KIND_FETCH, "RREF_FETCH", fetch_on_loop, value_run},
+    {RR_KIND_FETCH, "RREF_FETCH", fetch_on_loop, NULL},
     {RR_KIND_FORK, "RREF_FORK", fork_on_loop, NULL},
     {RR_KIND_CHILD_ACCEPT, "RREF_CHILD_ACCEPT", child_accept_on_loop, NULL},
     {RR_KIND_DELETE, "RREF_DELETE", delete_on_loop, NULL},
-    {RR_KIND_CALL, "RREF_CALL", call_on_loop, value_run},
+    {RR_KIND_CALL, "RREF_CALL", call_on_loop, NULL},
 };

@@ -676,8 +676,13 @@ call(tp_rref *r, uint32_t flags, const char *name, const tp_args *in,
     rr_msg m = {.m_id = r->r_id, .m_flags = flags};
     uint8_t hdr[RR_ID_BYTES + 8];
     rr_hdr_encode(RR_KIND_CALL, &m, hdr);
-    return tp__agent_call_kind(x->x_agent, r->r_owner, RR_KIND_CALL, hdr,
-                               sizeof(hdr), name, in, timeout_ms);
+    tp_future *f = tp__agent_call_kind(x->x_agent, r->r_owner, RR_KIND_CALL,
+                                       hdr, sizeof(hdr), name, in, timeout_ms);
+    if (f != NULL) {
+        // The program's future: its callbacks run on the pool.
+        tp__agent_bind_future(x->x_agent, f);
+    }
+    return f;
 }
 
 static tp_status

@@ -20,6 +20,11 @@
 //   async  calls/s of tp_rpc_async("tp.noop") in batches of --inflight,
 //          each batch waited for with tp_rpc_wait
 //   init   rank 0's tp_rpc_init time (and the slower of the two ranks)
+//   remote tp_remote(worker1, "tp.noop") + tp_rref_to_here: p50/p10/...
+//   rref_fork  a user RRef (owned by worker1) passed to worker2 and back
+//          (tp.echo): each pass forks it twice; the protocol's FORK and
+//          CHILD_ACCEPT messages run in the background. A third worker is
+//          started for this test only.
 // Every repetition yields one value per statistic; the output is the
 // median over repetitions. Every call has a deadline (--stall-timeout: the
 // agent's rpc_timeout_ms, init_timeout_ms and rank 0's shutdown timeout),
@@ -60,12 +65,16 @@ br_usage(FILE *f)
         "batch\n"
         "  init   tp_rpc_init of 2 workers, us (worker0; the slower rank "
         "too)\n"
+        "  remote remote(worker1, \"tp.noop\") + to_here, us\n"
+        "  rref_fork  rpc_sync(worker2, \"tp.echo\") of a user RRef owned by "
+        "worker1\n"
+        "         (forked there and back), us; starts a third worker\n"
         "\n"
         "  --transport shm|tcp|all   (comma list; default all: shm, then "
         "tcp)\n"
         "  --channel NAME            allow only this channel (default: "
         "every one)\n"
-        "  --test noop,echo,async,init|all  (default all)\n"
+        "  --test noop,echo,async,init,remote,rref_fork|all  (default all)\n"
         "  --sizes LIST              echo tensor sizes, K/M/G = KiB/MiB/GiB, "
         "multiples\n"
         "                            of 4 (default %s)\n"
@@ -144,6 +153,7 @@ br_parse_tests(const char *list, br_opts *o)
          tok = strtok_r(NULL, ",", &save)) {
         if (strcmp(tok, "all") == 0) {
             o->bo_noop = o->bo_echo = o->bo_async = o->bo_init = true;
+            o->bo_remote = o->bo_fork = true;
         } else if (strcmp(tok, "noop") == 0) {
             o->bo_noop = true;
         } else if (strcmp(tok, "echo") == 0) {
@@ -152,14 +162,19 @@ br_parse_tests(const char *list, br_opts *o)
             o->bo_async = true;
         } else if (strcmp(tok, "init") == 0) {
             o->bo_init = true;
+        } else if (strcmp(tok, "remote") == 0) {
+            o->bo_remote = true;
+        } else if (strcmp(tok, "rref_fork") == 0) {
+            o->bo_fork = true;
         } else {
             tool_err("bench rpc: unknown test \"%s\" (noop, echo, async, "
-                     "init, all)",
+                     "init, remote, rref_fork, all)",
                      tok);
             return false;
         }
     }
-    if (!o->bo_noop && !o->bo_echo && !o->bo_async && !o->bo_init) {
+    if (!o->bo_noop && !o->bo_echo && !o->bo_async && !o->bo_init &&
+        !o->bo_remote && !o->bo_fork) {
         tool_err("bench rpc: --test is empty");
         return false;
     }
@@ -405,6 +420,12 @@ br_print_run(br_run *r, tool_table *tab)
     }
     if (o->bo_init) {
         br_print_cell(r, BR_C_INIT, "init", 0, tab);
+    }
+    if (o->bo_remote) {
+        br_print_cell(r, BR_C_REMOTE, "remote", 0, tab);
+    }
+    if (o->bo_fork) {
+        br_print_cell(r, BR_C_FORK, "rref_fork", 0, tab);
     }
 }
 

@@ -30,14 +30,12 @@ typedef struct br_transport {
     const char *bt_allow; // tp_agent_options.transports
 } br_transport;
 
-
-
 typedef struct br_opts {
     const br_transport *bo_tr[BR_MAX_TRANSPORTS];
     size_t bo_ntr;
     bool bo_all_tr;
     const char *bo_channel; // NULL: every channel
-    bool bo_noop, bo_echo, bo_async, bo_init;
+    bool bo_noop, bo_echo, bo_async, bo_init, bo_remote, bo_fork;
     uint64_t bo_sizes[BR_MAX_SIZES];
     size_t bo_nsizes;
     double bo_budget;
@@ -64,7 +62,7 @@ enum {
 };
 
 // Cells: noop, async, init, then one per echo size.
-enum { BR_C_NOOP, BR_C_ASYNC, BR_C_INIT, BR_C_ECHO };
+enum { BR_C_NOOP, BR_C_ASYNC, BR_C_INIT, BR_C_REMOTE, BR_C_FORK, BR_C_ECHO };
 
 // One transport's repetitions.
 typedef struct br_run {
@@ -85,6 +83,33 @@ br_val(br_run *r, size_t cell, int field, unsigned rep)
     return &r->rr_vals[(cell * BR_NF + (size_t)field) * r->rr_opts->bo_reps +
                        rep];
 }
+
+// The workers of a repetition: worker2 only for rref_fork.
+static inline int
+br_world(const br_opts *o)
+{
+    return o->bo_fork ? 3 : 2;
+}
+
+// Latency samples of one measurement, in us.
+typedef struct br_lat {
+    double *bl_v;
+    size_t bl_n, bl_cap;
+} br_lat;
+
+bool br_lat_add(br_lat *l, double us);
+// Stores the latency statistics of @l as repetition @rep of @cell.
+void br_lat_record(br_run *r, size_t cell, unsigned rep, br_lat *l,
+                   double size);
+// Arms the watchdog for @what; br_watch_again re-arms it (progress).
+void br_watch(const br_opts *o, const char *tr, const char *what);
+void br_watch_again(void);
+// Writes "<what>: <message>" of @err to @buf and drops @err.
+void br_error(char *buf, size_t len, tp_status st, tp_error *err,
+              const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+// bench_rpc_rref.c: remote() + to_here, and an RRef to worker2 and back.
+bool br_measure_remote(br_run *r, tp_agent *a, unsigned rep);
+bool br_measure_fork(br_run *r, tp_agent *a, unsigned rep);
 
 // One repetition: a fresh pair of processes. False after writing what
 // failed to r->rr_err.

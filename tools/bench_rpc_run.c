@@ -39,7 +39,7 @@ br_alarm_handler(int sig)
 }
 
 // Arms the watchdog for @what (a phase; the message is built now).
-static void
+void
 br_watch(const br_opts *o, const char *tr, const char *what)
 {
     alarm(0); // a pending alarm must not see the message half rewritten
@@ -57,7 +57,7 @@ br_watch(const br_opts *o, const char *tr, const char *what)
 }
 
 // Re-arms it for the same phase: progress was made.
-static void
+void
 br_watch_again(void)
 {
     alarm(br_alarm_s);
@@ -65,12 +65,7 @@ br_watch_again(void)
 
 // ---- helpers ---------------------------------------------------------------
 
-// Writes "<what>: <message>" of @err to @buf and drops @err.
-static void br_error(char *buf, size_t len, tp_status st, tp_error *err,
-                     const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-
-static void
+void
 br_error(char *buf, size_t len, tp_status st, tp_error *err, const char *fmt,
          ...)
 {
@@ -122,8 +117,10 @@ br_thread_count(void)
 // on @fd: "ok INIT_US" or "error <what failed>". Never returns.
 static void
 br_child_main(const br_opts *o, const br_transport *tr, const char *init,
-              int fd)
+              int rank, int fd)
 {
+    char name[16];
+    snprintf(name, sizeof(name), "worker%d", rank);
     tp_agent_options ao;
     // The graceful shutdown waits for worker0's measurements: worker0
     // bounds them, and kills this process if they fail.
@@ -132,7 +129,7 @@ br_child_main(const br_opts *o, const br_transport *tr, const char *init,
     tp_error *err = NULL;
     char line[1024];
     uint64_t t0 = tp__now_ns();
-    tp_status st = tp_rpc_init("worker1", 1, 2, &ao, &a, &err);
+    tp_status st = tp_rpc_init(name, rank, br_world(o), &ao, &a, &err);
     double init_us = (double)(tp__now_ns() - t0) / 1e3;
     if (st != TP_OK) {
         br_error(line, sizeof(line), st, err, "tp_rpc_init");
@@ -151,13 +148,7 @@ br_child_main(const br_opts *o, const br_transport *tr, const char *init,
 
 // ---- worker0: the measurements ---------------------------------------------
 
-// Latency samples of one measurement, in us.
-typedef struct br_lat {
-    double *bl_v;
-    size_t bl_n, bl_cap;
-} br_lat;
-
-static bool
+bool
 br_lat_add(br_lat *l, double us)
 {
     if (l->bl_n == l->bl_cap) {
@@ -173,8 +164,7 @@ br_lat_add(br_lat *l, double us)
     return true;
 }
 
-// Stores the latency statistics of @l as repetition @rep of @cell.
-static void
+void
 br_lat_record(br_run *r, size_t cell, unsigned rep, br_lat *l, double size)
 {
     qsort(l->bl_v, l->bl_n, sizeof(double), tool_cmp_double);
@@ -481,11 +471,11 @@ br_rank0(br_run *r, unsigned rep, const char *init, bool last)
     tp_error *err = NULL;
     br_watch(o, tr, "tp_rpc_init");
     uint64_t t0 = tp__now_ns();
-    tp_status st = tp_rpc_init("worker0", 0, 2, &ao, &a, &err);
+    tp_status st = tp_rpc_init("worker0", 0, br_world(o), &ao, &a, &err);
     double init_us = (double)(tp__now_ns() - t0) / 1e3;
     if (st != TP_OK) {
         br_error(r->rr_err, sizeof(r->rr_err), st, err,
-                 "tp_rpc_init(worker0, rank 0 of 2, %s)", init);
+                 "tp_rpc_init(worker0, rank 0 of %d, %s)", br_world(o), init);
         alarm(0);
         return false;
     }
@@ -501,6 +491,12 @@ br_rank0(br_run *r, unsigned rep, const char *init, bool last)
     }
     if (ok && o->bo_async) {
         ok = br_measure_async(r, a, rep);
+    }
+    if (ok && o->bo_remote) {
+        ok = br_measure_remote(r, a, rep);
+    }
+    if (ok && o->bo_fork) {
+        ok = br_measure_fork(r, a, rep);
     }
     if (ok) {
         ok = br_check_pipe(r, a);
@@ -551,42 +547,57 @@ br_run_rep(br_run *r, unsigned rep)
                 "some)\n",
                 nthreads, rep + 1, r->rr_base_threads);
     }
-    int fd = -1;
-    pid_t pid = bench_fork_server(&fd, r->rr_err, sizeof(r->rr_err));
-    if (pid < 0) {
-        return false;
-    }
-    if (pid == 0) {
-        br_child_main(o, r->rr_tr, init, fd);
+    int world = br_world(o);
+    int fds[3] = {-1, -1, -1};
+    pid_t pids[3] = {0, 0, 0};
+    for (int k = 1; k < world; k++) {
+        pids[k] = bench_fork_server(&fds[k], r->rr_err, sizeof(r->rr_err));
+        if (pids[k] < 0) {
+            for (int j = 1; j < k; j++) {
+                close(fds[j]);
+                bench_reap_server(pids[j], false, why, sizeof(why));
+            }
+            return false;
+        }
+        if (pids[k] == 0) {
+            br_child_main(o, r->rr_tr, init, k, fds[k]);
+        }
     }
     bool ok = br_rank0(r, rep, init, rep + 1 == o->bo_reps);
-    // worker1's line: at once after a failure (it may say why), else
+    // Each worker's line: at once after a failure (it may say why), else
     // after its shutdown, which follows ours.
-    char line[1024] = "";
-    uint64_t wait_ns =
-        ok ? (uint64_t)(o->bo_stall_s * 1e9) + 5000000000u : 2000000000u;
-    tool_line_status ls = tool_read_line(fd, tp__now_ns() + wait_ns, line,
-                                         sizeof(line), why, sizeof(why));
-    close(fd);
     double child_us = NAN;
-    if (ls == TOOL_LINE_OK && strncmp(line, "ok ", 3) == 0) {
-        child_us = strtod(line + 3, NULL);
-    } else if (ls == TOOL_LINE_OK && strncmp(line, "error ", 6) == 0) {
-        size_t off = strlen(r->rr_err);
-        snprintf(r->rr_err + off, sizeof(r->rr_err) - off, "%sworker1: %.900s",
-                 ok ? "" : "; ", line + 6);
-        ok = false;
-    } else if (ok) {
-        snprintf(r->rr_err, sizeof(r->rr_err), "worker1 (pid %d): %s", (int)pid,
-                 ls == TOOL_LINE_TIMEOUT ? "no report after its shutdown"
-                 : ls == TOOL_LINE_EOF   ? "exited without a report"
-                                         : why);
-        ok = false;
+    for (int k = 1; k < world; k++) {
+        char line[1024] = "";
+        uint64_t wait_ns =
+            ok ? (uint64_t)(o->bo_stall_s * 1e9) + 5000000000u : 2000000000u;
+        tool_line_status ls =
+            tool_read_line(fds[k], tp__now_ns() + wait_ns, line, sizeof(line),
+                           why, sizeof(why));
+        close(fds[k]);
+        if (ls == TOOL_LINE_OK && strncmp(line, "ok ", 3) == 0) {
+            double us = strtod(line + 3, NULL);
+            child_us = isfinite(child_us) && child_us > us ? child_us : us;
+        } else if (ls == TOOL_LINE_OK && strncmp(line, "error ", 6) == 0) {
+            size_t off = strlen(r->rr_err);
+            snprintf(r->rr_err + off, sizeof(r->rr_err) - off,
+                     "%sworker%d: %.900s", ok ? "" : "; ", k, line + 6);
+            ok = false;
+        } else if (ok) {
+            snprintf(r->rr_err, sizeof(r->rr_err), "worker%d (pid %d): %s", k,
+                     (int)pids[k],
+                     ls == TOOL_LINE_TIMEOUT ? "no report after its shutdown"
+                     : ls == TOOL_LINE_EOF   ? "exited without a report"
+                                             : why);
+            ok = false;
+        }
     }
-    char reap[256] = "";
-    if (!bench_reap_server(pid, ok, reap, sizeof(reap)) && ok) {
-        snprintf(r->rr_err, sizeof(r->rr_err), "worker1: %s", reap);
-        ok = false;
+    for (int k = 1; k < world; k++) {
+        char reap[256] = "";
+        if (!bench_reap_server(pids[k], ok, reap, sizeof(reap)) && ok) {
+            snprintf(r->rr_err, sizeof(r->rr_err), "worker%d: %s", k, reap);
+            ok = false;
+        }
     }
     if (ok) {
         double p0 = *br_val(r, BR_C_INIT, BR_F_P50, rep);

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # bench_rpc_test.sh TPIPE [PYTHON3] - `tpipe bench rpc` end to end: the
-# JSON lines (schema, values, one per transport, test and size) over shm
-# (when viable here) and tcp with 2 repetitions, the table, and usage
-# errors (exit 2).
+# JSON lines (schema, values, one per transport, test and size, the RRef
+# tests remote and rref_fork included) over shm (when viable here) and tcp
+# with 2 repetitions, the table, and usage errors (exit 2).
 set -u
 TPIPE=$1
 PY=${2:-python3}
@@ -34,7 +34,13 @@ for line in lines:
     assert o["reps"] == 2, line
     assert isinstance(o["channel"], str) and o["channel"], line
     t = o["test"]
-    if t in ("noop", "echo"):
+    if t in ("remote", "rref_fork"):
+        assert o["size"] == 0 and o["gbps"] is None, line
+        assert all(num(o[k]) for k in ("p50_us", "p10_us", "p90_us",
+                                       "min_us", "max_us")), line
+        assert o["min_us"] <= o["p50_us"] <= o["max_us"], line
+        assert o["calls_per_s"] is None and o["calls"] >= 200, line
+    elif t in ("noop", "echo"):
         assert all(num(o[k]) for k in ("p50_us", "p10_us", "p90_us",
                                        "min_us", "max_us")), line
         assert o["min_us"] <= o["p10_us"] <= o["p50_us"] <= o["p90_us"] \
@@ -63,7 +69,8 @@ if "shm" not in trs:
     assert "skipping shm" in open(sys.argv[2]).read(), "shm neither " \
         "measured nor skipped with a reason"
 want = {(tr, t, s) for tr in trs for t, s in (("noop", 0), ("echo", 64),
-        ("echo", 1 << 20), ("async", 0), ("init", 0))}
+        ("echo", 1 << 20), ("async", 0), ("init", 0), ("remote", 0),
+        ("rref_fork", 0))}
 assert seen == want and len(lines) == len(want), "got %s" % sorted(seen)
 PYEOF
 
