@@ -326,7 +326,10 @@ agent_call(tp_agent *a, ag_peer *p, const ag_callspec *cs, const tp_args *in,
         tp__free(c);
         return future_failed(tp__error_nomem());
     }
-    snprintf(c->c_fn_name, sizeof(c->c_fn_name), "%s", cs->cs_what);
+    size_t wlen = strlen(cs->cs_what);
+    wlen = wlen < sizeof(c->c_fn_name) ? wlen : sizeof(c->c_fn_name) - 1;
+    memcpy(c->c_fn_name, cs->cs_what, wlen);
+    c->c_fn_name[wlen] = '\0';
     c->c_peer = p;
     c->c_timeout_ms = agent_timeout(a, timeout_ms);
     // The call may end (and be freed) as soon as it is in the table: its

@@ -498,12 +498,15 @@ conn_check_sender(ag_conn *c, const ag_hdr *h, tp_error **err_p)
 {
     tp_agent *a = c->c_agent;
     ag_peer *sender = &a->a_peers[h->h_src_rank];
-    tp__mtx_lock(&a->a_mtx);
-    if (c->c_peer == NULL) {
-        c->c_peer = sender;
-    }
+    // c_peer is written once, before the pipe reads (outgoing) or here on
+    // this loop thread (incoming): reading it here needs no lock.
     ag_peer *p = c->c_peer;
-    tp__mtx_unlock(&a->a_mtx);
+    if (p == NULL) {
+        tp__mtx_lock(&a->a_mtx);
+        c->c_peer = sender;
+        tp__mtx_unlock(&a->a_mtx);
+        p = sender;
+    }
     if (p != sender) {
         return tp__error_set(err_p, TP_EPROTO,
                              "rpc %s says it is from rank %u on a pipe %s "

@@ -9,9 +9,12 @@
 // Each worker registers a function of its own ("demo.scale"), joins the
 // job as "worker<rank>", then calls its right neighbour: the builtin
 // "tp.echo", "demo.scale" synchronously, a few "demo.scale" calls in flight
-// at once, and a function nobody registered (to show the error). It prints
-// one line per result, its counters per peer, and shuts down gracefully
-// (waiting for the others). Any failure: the message on stderr, exit 1.
+// at once, and a function nobody registered (to show the error). Then
+// RRefs: remote() runs "demo.scale" on the neighbour and keeps the result
+// there; to_here fetches a copy; "demo.total" runs where the value is
+// (rref.rpc_sync). It prints one line per result, its counters per peer,
+// and shuts down gracefully (waiting for the others). Any failure: the
+// message on stderr, exit 1.
 
 // clock_gettime with -std=c11.
 #define _POSIX_C_SOURCE 200809L
@@ -91,6 +94,29 @@ demo_scale(const tp_rpc_call_info *call, const tp_args *in, void *arg,
 }
 
 // The arguments of demo.scale: @factor and the tensor @x (referenced).
+// "demo.total": runs on the owner of RRef 0 of its arguments (a proxy
+// call, tp_rref_rpc_sync): the sum of the tensor that RRef holds, as a
+// double, computed where the value lives.
+static tp_status
+demo_total(const tp_rpc_call_info *call, const tp_args *in, void *arg,
+           tp_args **out_p, tp_error **err_p)
+{
+    (void)call;
+    (void)arg;
+    tp_args *v = NULL;
+    tp_status st = tp_rref_local_value(tp_args_rref(in, 0), 1000, &v, err_p);
+    if (st != TP_OK) {
+        return st;
+    }
+    const tp_tensor *t = tp_args_tensor(v, 0);
+    const float *p = tp_tensor_data((tp_tensor *)t);
+    double sum = 0;
+    for (int64_t i = 0; i < tp_tensor_numel(t); i++) {
+        sum += p[i];
+    }
+    return tp_args_create(&sum, sizeof(sum), out_p);
+}
+
 static tp_args *
 scale_args(float factor, tp_tensor *x)
 {
@@ -149,6 +175,9 @@ main(void)
     tp_status st = tp_rpc_register("demo.scale", demo_scale, NULL, &err);
     if (st != TP_OK) {
         die("tp_rpc_register(demo.scale)", st, err);
+    }
+    if ((st = tp_rpc_register("demo.total", demo_total, NULL, &err)) != TP_OK) {
+        die("tp_rpc_register(demo.total)", st, err);
     }
 
     // 2. Join: blocks until all WORLD_SIZE workers have joined. Options
@@ -250,9 +279,44 @@ main(void)
            tp_error_message(err));
     tp_error_unref(err);
     err = NULL;
+
+    // 8. RRefs: remote() returns at once; the result of demo.scale stays
+    // on the neighbour (its owner). to_here fetches a copy; demo.total
+    // runs on the owner with the value as RRef 0; dropping the RRef lets
+    // the owner free the value.
+    in = scale_args(5.0f, x);
+    tp_rref *rr = NULL;
+    t0 = now_us();
+    st = tp_remote(a, right, "demo.scale", in, TP_TIMEOUT_DEFAULT, &rr, &err);
+    if (st != TP_OK) {
+        die("remote(demo.scale)", st, err);
+    }
+    if ((st = tp_rref_to_here(rr, TP_TIMEOUT_DEFAULT, &out, &err)) != TP_OK) {
+        die("rref to_here", st, err);
+    }
+    us = now_us() - t0;
+    check_scaled(out, x, 5.0f);
+    tp_args_unref(out);
+    if ((st = tp_rref_rpc_sync(rr, "demo.total", NULL, TP_TIMEOUT_DEFAULT, &out,
+                               &err)) != TP_OK) {
+        die("rref rpc_sync(demo.total)", st, err);
+    }
+    double total = 0;
+    const void *tb = tp_args_bytes(out, &len);
+    if (len != sizeof(total)) {
+        die("demo.total returned other bytes", TP_EPROTO, NULL);
+    }
+    memcpy(&total, tb, sizeof(total));
+    printf("%s: %s owns an RRef to %d floats scaled by 5.0 (remote + "
+           "to_here in %.0f us); their sum, computed there: %.0f\n",
+           me, tp_rref_owner_name(rr), N_FLOATS, us, total);
+    tp_args_unref(out);
+    tp_rref_unref(rr);
+    tp_args_unref(in);
     tp_tensor_unref(x);
 
-    // 8. Counters per peer (calls, bytes, latency, the pipe used).
+    // 9. Counters per peer (calls, bytes, latency, the pipe used) and of
+    // the RRef protocol.
     char *info = tp_rpc_get_debug_info(a);
     if (info != NULL) {
         printf("%s", info);
@@ -262,7 +326,7 @@ main(void)
         free(info);
     }
 
-    // 9. Graceful shutdown: waits until every worker is done calling.
+    // 10. Graceful shutdown: waits until every worker is done calling.
     if ((st = tp_rpc_shutdown(a, true, &err)) != TP_OK) {
         die("tp_rpc_shutdown", st, err);
     }

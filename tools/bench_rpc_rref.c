@@ -41,8 +41,7 @@ br_rref_settle(br_run *r, tp_agent *a, const char *what)
             snprintf(r->rr_err, sizeof(r->rr_err),
                      "%s: RRef work still in flight after %g s (users %llu, "
                      "pending forks %llu, confirmations %llu, messages %llu)",
-                     what, r->rr_opts->bo_stall_s,
-                     (unsigned long long)s.users,
+                     what, r->rr_opts->bo_stall_s, (unsigned long long)s.users,
                      (unsigned long long)s.pending_forks,
                      (unsigned long long)s.pending_users,
                      (unsigned long long)s.pending_messages);
@@ -82,7 +81,8 @@ br_measure_remote(br_run *r, tp_agent *a, unsigned rep)
         st = br_remote_once(a, &err);
     }
     uint64_t start = tp__now_ns(), budget = (uint64_t)(o->bo_budget * 1e9);
-    while (st == TP_OK && (l.bl_n < BR_MIN_RREF || tp__now_ns() - start < budget)) {
+    while (st == TP_OK &&
+           (l.bl_n < BR_MIN_RREF || tp__now_ns() - start < budget)) {
         tp_rref *rr = NULL;
         uint64_t t0 = tp__now_ns();
         st = tp_remote_rank(a, 1, "tp.noop", NULL, TP_TIMEOUT_DEFAULT, &rr,
@@ -138,9 +138,8 @@ br_measure_fork(br_run *r, tp_agent *a, unsigned rep)
         err = NULL;
     }
     uint64_t start = 0, budget = (uint64_t)(o->bo_budget * 1e9);
-    for (unsigned i = 0;
-         st == TP_OK &&
-         (i < 100 || l.bl_n < BR_MIN_RREF || tp__now_ns() - start < budget);
+    for (unsigned i = 0; st == TP_OK && (i < 100 || l.bl_n < BR_MIN_RREF ||
+                                         tp__now_ns() - start < budget);
          i++) {
         if (i == 100) {
             start = tp__now_ns(); // after the warm-up

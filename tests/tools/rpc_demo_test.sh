@@ -25,6 +25,8 @@ while [ "$r" -lt "$N" ]; do
         "^\[$r\] worker$r: worker$p scaled 1024 floats by 3\.0 (call 1 of 4 in flight" \
         "^\[$r\] worker$r: worker$p scaled 1024 floats by 6\.0 (call 4 of 4 in flight" \
         "^\[$r\] worker$r: worker$p has no demo\.missing, as expected: .*demo\.missing" \
+        "^\[$r\] worker$r: worker$p owns an RRef to 1024 floats scaled by 5\.0 (remote + to_here in [0-9]* us); their sum, computed there: 2618880\$" \
+        "^\[$r\] rrefs: owners [0-9]*, users [0-9]*, forks of owned values [0-9]*" \
         "^\[$r\] worker$r: done\$"; do
         grep -q "$pat" "$out/stdout" || fail "rank $r: no line matching: $pat"
     done
