@@ -4,7 +4,8 @@
 (TensorPipe agent; ../shared/peers/run_all.sh rpc), same session, with the
 RPC issue's targets.
 
-usage: compare_rpc.py OURS.jsonl PEERS_RAW.txt
+usage: compare_rpc.py OURS.jsonl PEERS_RAW.txt [pipe=PIPE.jsonl]
+                     [transport=TRANSPORT.jsonl]
 
 OURS.jsonl: lines of `tpipe bench rpc --json --reps R` (each already the
 median over R repetitions): {"bench":"rpc","transport":"shm","test":"noop",
@@ -13,6 +14,11 @@ raw.txt, lines "rep=N RPC backend=tensorpipe transports=default
 channels=default test=noop n=.. median_us=.." (torch_rpc_bench.py), also
 test=echo_67108864 (median_us, bidir_GBps), test=async64_noop
 (calls_per_s) and test=init_rpc (seconds).
+
+With the layer files (`tpipe bench pipe|transport --json` of the same
+session), it also prints the in-run ratios the RRef issue names: remote +
+to_here over the no-op round trip, the no-op over the pipe's 64 B round
+trip (shm+basic), the pipe's over the transport's (shm).
 
 Matching: our shm is PyTorch's default (transports shm > uv, channels cma >
 mpt_uv > basic: shm+cma between two local processes), our tcp is PyTorch's
@@ -46,6 +52,21 @@ ROWS = (
      {"shm": (200000, ">= 200000 calls/s")}),
     ("init, 2 workers (worker0)", "init", 0, "p50_us", 1e-3, "init_rpc",
      "seconds", 1e3, "ms", True, {"shm": (20, "<= 20 ms")}),
+    ("remote() + to_here() of a no-op", "remote", 0, "p50_us", 1,
+     "remote_to_here", "median_us", 1, "us", True, {}),
+    ("user RRef to a third worker and back (rref_fork)", "rref_fork", 0,
+     "p50_us", 1, "-", "median_us", 1, "us", True, {}),
+)
+
+# In-run ratios the RRef issue names: (title, numerator (transport, test),
+# denominator (bench, transport, test), target).
+RATIOS = (
+    ("remote + to_here / no-op round trip", ("shm", "remote"),
+     ("rpc", "shm", "noop"), 2.0),
+    ("no-op round trip / pipe 64 B round trip (shm+basic)", ("shm", "noop"),
+     ("pipe", "shm", "pingpong"), 2.0),
+    ("pipe 64 B round trip / transport 64 B round trip (shm)",
+     ("pipe:shm", "pingpong"), ("transport", "shm", "pingpong"), 1.5),
 )
 
 
@@ -70,6 +91,45 @@ def peer_value(recs, transport, test, field, scale):
         except (KeyError, ValueError):
             pass
     return (statistics.median(vals), len(vals)) if vals else (None, 0)
+
+
+def layer_p50(path, bench, transport, test):
+    """p50 of a 64-byte round trip from `tpipe bench pipe|transport --json`
+    (each line already the median of its reps)."""
+    vals = [r["p50_us"] for r in read_json_lines(path, bench=bench)
+            if (r.get("transport"), r.get("test"), r.get("size")) == (
+                transport, test, 64) and r.get("p50_us")]
+    # transport: one line per I/O backend; the faster one is the bar.
+    return min(vals) if vals else None
+
+
+def ratios(ours, layer_files):
+    """The in-run ratios, when the layer files (pipe.jsonl, transport.jsonl
+    of the same session) were given."""
+    files = dict(f.split("=", 1) for f in layer_files if "=" in f)
+    lines = []
+    for title, (ntr, ntest), (dbench, dtr, dtest), target in RATIOS:
+        if ntr.startswith("pipe:"):
+            nv = layer_p50(files.get("pipe", ""), "pipe", ntr[5:], ntest) \
+                if "pipe" in files else None
+        else:
+            nv, _ = ours_value(ours, ntr, ntest, 0, "p50_us", 1)
+        if dbench == "rpc":
+            dv, _ = ours_value(ours, dtr, dtest, 0, "p50_us", 1)
+        else:
+            dv = layer_p50(files.get(dbench, ""), dbench, dtr, dtest) \
+                if dbench in files else None
+        if nv is None or dv is None:
+            continue
+        r = nv / dv
+        lines.append("| %s | %s / %s us | %.2f | <= %.1f | %s |" % (
+            title, fmt(nv), fmt(dv), r, target,
+            "met" if r <= target else "**not met**"))
+    if lines:
+        print()
+        print("| ratio, same run | values | ratio | target | met |")
+        print("|---|---|---|---|---|")
+        print("\n".join(lines))
 
 
 def main(argv):
@@ -124,6 +184,7 @@ def main(argv):
     if not matched and ours:
         print("(no matching PyTorch rows: run `bash ../shared/peers/"
               "run_all.sh rpc` in the same session)")
+    ratios(ours, argv[3:] if len(argv) > 3 else [])
     # Our other rows (other echo sizes), for the record.
     rest = [r for r in ours if r.get("test") == "echo"
             and r.get("size") != ECHO_SIZE]

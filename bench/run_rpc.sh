@@ -14,6 +14,7 @@
 #   REPS=5 bash bench/run_rpc.sh
 #   SKIP_PEERS=1 bash bench/run_rpc.sh        # ours only
 #   TP_ARGS="--test noop,async" bash bench/run_rpc.sh
+#   SKIP_LAYERS=1 bash bench/run_rpc.sh       # no pipe/transport rows
 #
 # Env: TPIPE (the tpipe binary; default: built into $BUILD_DIR),
 #      BUILD_DIR (default <repo>/build-bench), REPS (3), PEERS (sections;
@@ -47,6 +48,19 @@ for run in "${RUN_LIST[@]}"; do
 done
 [ -s "$OUT/ours.log" ] && sed 's/^/  /' "$OUT/ours.log" >&2
 
+# The layers under the agent, same session, for the in-run ratios: the
+# pipe's and the transport's 64 B round trips over shm.
+if [ -z "${SKIP_LAYERS:-}" ]; then
+  log "tpipe bench pipe --transport shm --channel basic --sizes 64 --test pingpong"
+  "$TPIPE" bench pipe --transport shm --channel basic --sizes 64 \
+    --test pingpong --json --reps "$REPS" >"$OUT/pipe.jsonl" \
+    2>>"$OUT/ours.log" || log "tpipe bench pipe failed, see $OUT/ours.log"
+  log "tpipe bench transport --transport shm --sizes 64 --test pingpong"
+  "$TPIPE" bench transport --transport shm --sizes 64 --test pingpong \
+    --json --reps "$REPS" >"$OUT/transport.jsonl" 2>>"$OUT/ours.log" ||
+    log "tpipe bench transport failed, see $OUT/ours.log"
+fi
+
 run_peers
 
 {
@@ -56,7 +70,8 @@ run_peers
   echo "PyTorch: \`run_all.sh $PEERS\` (torch_rpc_bench.py, TensorPipe agent, REPS=$REPS, median over reps), same session."
   echo "Load average before / after: $LOAD0 / $(cut -d' ' -f1-3 /proc/loadavg) (anything else running skews the round trips)."
   echo
-  "$PY" "$HERE/compare_rpc.py" "$OUT/ours.jsonl" "$OUT/peers/raw.txt"
+  "$PY" "$HERE/compare_rpc.py" "$OUT/ours.jsonl" "$OUT/peers/raw.txt" \
+    pipe="$OUT/pipe.jsonl" transport="$OUT/transport.jsonl"
 } >"$OUT/report.md"
 finish_report rpc
 exit $rc

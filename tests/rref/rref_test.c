@@ -827,8 +827,8 @@ test_fork_chain(void)
     run(4, w_fork_chain, NULL);
 }
 
-// An RRef as the result of a call (the owner's own, created there) and
-// then as an argument to a third worker.
+// An RRef as the result of a call (the owner's own, created there), as an
+// argument to a third worker, inside a value (nested), and to self.
 static void
 w_arg_and_result(int rank, int world, const char *url, void *arg)
 {
@@ -862,6 +862,18 @@ w_arg_and_result(int rank, int world, const char *url, void *arg)
         check_tensor(tp_args_tensor(v, 0), 4);
         tp_args_unref(v);
         tp_args_unref(out);
+        // An RRef inside a value: remote() of "t.mkref" keeps on bravo a
+        // value holding bravo's own RRef; to_here forks that one to us.
+        tp_rref *outer = remote_ok(a, "bravo", "t.mkref", 6);
+        tp_args *ov = here_ok(outer);
+        TP_CHECK_EQ(tp_args_nrrefs(ov), 1);
+        tp_rref *inner = tp_args_rref(ov, 0);
+        TP_CHECK(strcmp(tp_rref_owner_name(inner), "bravo") == 0);
+        v = here_ok(inner);
+        check_tensor(tp_args_tensor(v, 0), 6);
+        tp_args_unref(v);
+        tp_args_unref(ov);
+        tp_rref_unref(outer);
         // To self: the same handle, no fork.
         TP_CHECK_OK(tp_rpc_sync(a, "alpha", "tp.echo", in, WAIT_MS, &out, &err),
                     err);
