@@ -38,19 +38,25 @@ rr_ctx_ref(rr_ctx *x)
 }
 
 void
-rr_ctx_unref(rr_ctx *x)
+rr_ctx_free(rr_ctx *x)
 {
-    if (atomic_fetch_sub_explicit(&x->x_refs, 1, memory_order_acq_rel) != 1) {
-        return;
-    }
     rr_map_fini(&x->x_owned);
     rr_map_fini(&x->x_users);
     rr_map_fini(&x->x_forks);
     rr_map_fini(&x->x_children);
     tp__free(x->x_dead);
     tp__mtx_fini(&x->x_mtx);
-    tp_agent *a = x->x_agent;
     tp__free(x);
+}
+
+void
+rr_ctx_unref(rr_ctx *x)
+{
+    if (atomic_fetch_sub_explicit(&x->x_refs, 1, memory_order_acq_rel) != 1) {
+        return;
+    }
+    tp_agent *a = x->x_agent;
+    rr_ctx_free(x);
     tp__agent_unref(a);
 }
 

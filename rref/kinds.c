@@ -190,15 +190,10 @@ job_free(remote_job *j)
 }
 
 static tp__proto_verdict
-remote_on_loop(void *state, const tp__proto_msg *m, void **ctx_p,
-               tp_args **result_p, tp_error **err_p)
+remote_on_loop(rr_ctx *x, const tp__proto_msg *m, const rr_msg *hp,
+               void **ctx_p, tp_args **result_p, tp_error **err_p)
 {
-    rr_ctx *x = state;
-    rr_msg h;
-    tp_error *err = decode(x, m, &h);
-    if (err != NULL) {
-        return fail(err, err_p);
-    }
+    rr_msg h = *hp;
     if (m->pm_name == NULL) {
         return fail(tp__error_new(TP_EPROTO, 0, NULL,
                                   "rref REMOTE without a function name"),
@@ -522,15 +517,10 @@ wait_value(rr_ctx *x, const tp__proto_msg *m, value_job *v, void **ctx_p,
 }
 
 static tp__proto_verdict
-fetch_on_loop(void *state, const tp__proto_msg *m, void **ctx_p,
+fetch_on_loop(rr_ctx *x, const tp__proto_msg *m, const rr_msg *hp, void **ctx_p,
               tp_args **result_p, tp_error **err_p)
 {
-    rr_ctx *x = state;
-    rr_msg h;
-    tp_error *err = decode(x, m, &h);
-    if (err != NULL) {
-        return fail(err, err_p);
-    }
+    rr_msg h = *hp;
     // The fast path: a value that exists goes back from here, the loop
     // thread (an object's copy is user code: the pool makes it).
     tp__mtx_lock(&x->x_mtx);
@@ -539,6 +529,7 @@ fetch_on_loop(void *state, const tp__proto_msg *m, void **ctx_p,
     if (vf != NULL && tp_future_is_done(vf) && !r->r_is_object) {
         const tp_error *verr = tp_future_error(vf);
         tp_args *out = tp_future_value(vf);
+        tp_error *err = NULL;
         if (verr != NULL) {
             err = tp_error_ref((tp_error *)verr);
         } else if (out != NULL) {
@@ -619,16 +610,11 @@ rr_local_remote(rr_ctx *x, tp_rref *r, uint32_t flags, tp_rref *target,
 }
 
 static tp__proto_verdict
-call_on_loop(void *state, const tp__proto_msg *m, void **ctx_p,
+call_on_loop(rr_ctx *x, const tp__proto_msg *m, const rr_msg *hp, void **ctx_p,
              tp_args **result_p, tp_error **err_p)
 {
-    rr_ctx *x = state;
-    rr_msg h;
-    tp_error *err = decode(x, m, &h);
+    rr_msg h = *hp;
     (void)result_p;
-    if (err != NULL) {
-        return fail(err, err_p);
-    }
     if (m->pm_name == NULL) {
         return fail(tp__error_new(TP_EPROTO, 0, NULL,
                                   "rref CALL without a function or method"),
@@ -655,16 +641,11 @@ call_on_loop(void *state, const tp__proto_msg *m, void **ctx_p,
 // -----------------------------
 
 static tp__proto_verdict
-fork_on_loop(void *state, const tp__proto_msg *m, void **ctx_p,
+fork_on_loop(rr_ctx *x, const tp__proto_msg *m, const rr_msg *hp, void **ctx_p,
              tp_args **result_p, tp_error **err_p)
 {
-    rr_ctx *x = state;
-    rr_msg h;
-    tp_error *err = decode(x, m, &h);
+    rr_msg h = *hp;
     (void)ctx_p;
-    if (err != NULL) {
-        return fail(err, err_p);
-    }
     tp__mtx_lock(&x->x_mtx);
     tp_rref *r = rr_owner_get_locked(x, h.m_id, (int)h.m_id.w);
     tp_status st =
@@ -683,16 +664,11 @@ fork_on_loop(void *state, const tp__proto_msg *m, void **ctx_p,
 }
 
 static tp__proto_verdict
-child_accept_on_loop(void *state, const tp__proto_msg *m, void **ctx_p,
-                     tp_args **result_p, tp_error **err_p)
+child_accept_on_loop(rr_ctx *x, const tp__proto_msg *m, const rr_msg *hp,
+                     void **ctx_p, tp_args **result_p, tp_error **err_p)
 {
-    rr_ctx *x = state;
-    rr_msg h;
-    tp_error *err = decode(x, m, &h);
+    rr_msg h = *hp;
     (void)ctx_p;
-    if (err != NULL) {
-        return fail(err, err_p);
-    }
     tp__mtx_lock(&x->x_mtx);
     bool known = rr_child_done_locked(x, h.m_fork, m->pm_from);
     tp__mtx_unlock(&x->x_mtx);
@@ -708,16 +684,11 @@ child_accept_on_loop(void *state, const tp__proto_msg *m, void **ctx_p,
 }
 
 static tp__proto_verdict
-delete_on_loop(void *state, const tp__proto_msg *m, void **ctx_p,
-               tp_args **result_p, tp_error **err_p)
+delete_on_loop(rr_ctx *x, const tp__proto_msg *m, const rr_msg *hp,
+               void **ctx_p, tp_args **result_p, tp_error **err_p)
 {
-    rr_ctx *x = state;
-    rr_msg h;
-    tp_error *err = decode(x, m, &h);
+    rr_msg h = *hp;
     (void)ctx_p;
-    if (err != NULL) {
-        return fail(err, err_p);
-    }
     tp__mtx_lock(&x->x_mtx);
     rr_fork *f = (rr_fork *)rr_map_get(&x->x_forks, h.m_fork);
     bool ok = f != NULL && rr_id_eq(f->f_rref->r_id, h.m_id) &&
@@ -734,11 +705,39 @@ delete_on_loop(void *state, const tp__proto_msg *m, void **ctx_p,
     return done(NULL, result_p);
 }
 
+// Loop thread: every kind's header is checked here first (a malformed
+// one is answered with TP_EPROTO), then its own step runs.
+static tp__proto_verdict
+kind_on_loop(void *state, const tp__proto_msg *m, void **ctx_p,
+             tp_args **result_p, tp_error **err_p)
+{
+    rr_ctx *x = state;
+    rr_msg h;
+    tp_error *err = decode(x, m, &h);
+    if (err != NULL) {
+        return fail(err, err_p);
+    }
+    switch (m->pm_kind) {
+    case RR_KIND_REMOTE:
+        return remote_on_loop(x, m, &h, ctx_p, result_p, err_p);
+    case RR_KIND_FETCH:
+        return fetch_on_loop(x, m, &h, ctx_p, result_p, err_p);
+    case RR_KIND_CALL:
+        return call_on_loop(x, m, &h, ctx_p, result_p, err_p);
+    case RR_KIND_FORK:
+        return fork_on_loop(x, m, &h, ctx_p, result_p, err_p);
+    case RR_KIND_CHILD_ACCEPT:
+        return child_accept_on_loop(x, m, &h, ctx_p, result_p, err_p);
+    default:
+        return delete_on_loop(x, m, &h, ctx_p, result_p, err_p);
+    }
+}
+
 const tp__proto_kind rr_kinds[RR_NKINDS] = {
-    {RR_KIND_REMOTE, "RREF_REMOTE", remote_on_loop, remote_run},
-    {RR_KIND_FETCH, "RREF_FETCH", fetch_on_loop, NULL},
-    {RR_KIND_FORK, "RREF_FORK", fork_on_loop, NULL},
-    {RR_KIND_CHILD_ACCEPT, "RREF_CHILD_ACCEPT", child_accept_on_loop, NULL},
-    {RR_KIND_DELETE, "RREF_DELETE", delete_on_loop, NULL},
-    {RR_KIND_CALL, "RREF_CALL", call_on_loop, NULL},
+    {RR_KIND_REMOTE, "RREF_REMOTE", kind_on_loop, remote_run},
+    {RR_KIND_FETCH, "RREF_FETCH", kind_on_loop, NULL},
+    {RR_KIND_FORK, "RREF_FORK", kind_on_loop, NULL},
+    {RR_KIND_CHILD_ACCEPT, "RREF_CHILD_ACCEPT", kind_on_loop, NULL},
+    {RR_KIND_DELETE, "RREF_DELETE", kind_on_loop, NULL},
+    {RR_KIND_CALL, "RREF_CALL", kind_on_loop, NULL},
 };

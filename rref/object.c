@@ -146,6 +146,25 @@ rr_type_name(const rr_type *t)
     return t->t_name;
 }
 
+// The failure @st of a type's function (@err from it, taken, may be
+// NULL): an error naming the function and the type.
+static tp_status
+user_error(tp_status st, tp_error *err, tp_error **err_p, const char *what,
+           const char *name, const char *type)
+{
+    tp_error *e =
+        tp__error_new(st, 0, err, "%s%s%s%s of remote type \"%s\"%s", what,
+                      name[0] ? " \"" : "", name, name[0] ? "\"" : "", type,
+                      err != NULL ? "" : " failed");
+    tp_error_unref(err);
+    if (err_p != NULL) {
+        *err_p = e;
+    } else {
+        tp_error_unref(e);
+    }
+    return st;
+}
+
 tp_status
 rr_obj_create(const rr_type *t, const tp_rpc_call_info *call, const tp_args *in,
               rr_obj **obj_p, tp_error **err_p)
@@ -162,16 +181,7 @@ rr_obj_create(const rr_type *t, const tp_rpc_call_info *call, const tp_args *in,
     tp_status st = t->t_def.create(call, in, t->t_def.arg, &state, &err);
     if (st != TP_OK) {
         tp__free(o);
-        tp_error *e =
-            tp__error_new(st, 0, err, "constructor of remote type \"%s\"%s",
-                          t->t_name, err != NULL ? "" : " failed");
-        tp_error_unref(err);
-        if (err_p != NULL) {
-            *err_p = e;
-        } else {
-            tp_error_unref(e);
-        }
-        return st;
+        return user_error(st, err, err_p, "constructor", "", t->t_name);
     }
     tp_error_unref(err);
     o->o_type = t;
@@ -225,16 +235,7 @@ rr_obj_call(rr_obj *o, const char *name, size_t len,
     }
     if (st != TP_OK) {
         tp_args_unref(out);
-        tp_error *e =
-            tp__error_new(st, 0, err, "method \"%s\" of remote type \"%s\"%s",
-                          m->name, t->t_name, err != NULL ? "" : " failed");
-        tp_error_unref(err);
-        if (err_p != NULL) {
-            *err_p = e;
-        } else {
-            tp_error_unref(e);
-        }
-        return st;
+        return user_error(st, err, err_p, "method", m->name, t->t_name);
     }
     tp_error_unref(err);
     *out_p = out;

@@ -56,13 +56,7 @@ rr_attach(tp_agent *a, void **state_p, tp_error **err_p)
         rr_map_init(&x->x_users) != TP_OK ||
         rr_map_init(&x->x_forks) != TP_OK ||
         rr_map_init(&x->x_children) != TP_OK) {
-        rr_map_fini(&x->x_owned);
-        rr_map_fini(&x->x_users);
-        rr_map_fini(&x->x_forks);
-        rr_map_fini(&x->x_children);
-        tp__free(x->x_dead);
-        tp__mtx_fini(&x->x_mtx);
-        tp__free(x);
+        rr_ctx_free(x);
         return tp__error_set(err_p, TP_ENOMEM, "rref: out of memory");
     }
     x->x_agent = tp__agent_ref(a);

@@ -164,6 +164,8 @@ extern const tp__proto_ops tp__rref_proto;
 rr_ctx *rr_ctx_get(const tp_agent *a); // NULL: detached
 rr_ctx *rr_ctx_ref(rr_ctx *x);
 void rr_ctx_unref(rr_ctx *x);
+// Frees @x's tables and memory (its agent reference is the caller's).
+void rr_ctx_free(rr_ctx *x);
 rr_id rr_next_id(rr_ctx *x);
 
 // Memory references (not handles).

@@ -556,24 +556,41 @@ tp_rref_to_here_async(tp_rref *r, int64_t timeout_ms)
     return out;
 }
 
-tp_status
-tp_rref_local_value(tp_rref *r, int64_t timeout_ms, tp_args **value_p,
-                    tp_error **err_p)
+// The value on the owner, once created: an args (@object false) or an
+// object's state (@object true), borrowed (it lives as long as the RRef:
+// its future is r_value).
+static tp_status
+owner_local(tp_rref *r, bool object, int64_t timeout_ms, void **out_p,
+            tp_error **err_p)
 {
+    const char *what = object ? "local_object" : "local_value";
     if (!r->r_is_owner) {
-        return not_owner(r, "local_value", err_p);
+        return not_owner(r, what, err_p);
     }
-    if (r->r_is_object) {
-        return tp__error_set(err_p, TP_EINVAL,
-                             "rref: local_value of a remote object (use "
-                             "tp_rref_local_object)");
+    if (r->r_is_object != object) {
+        return tp__error_set(
+            err_p, TP_EINVAL, "rref: %s of %s (use tp_rref_%s)", what,
+            object ? "a value that is not a remote object" : "a remote object",
+            object ? "local_value" : "local_object");
     }
     tp_future *v = NULL;
     tp_status st = owner_wait(r, timeout_ms, &v, err_p);
     if (st == TP_OK) {
-        // The value lives as long as the RRef (its future is r_value).
-        *value_p = tp_future_value(v);
+        void *val = tp_future_value(v);
+        *out_p = object ? ((rr_obj *)val)->o_state : val;
         tp_future_unref(v);
+    }
+    return st;
+}
+
+tp_status
+tp_rref_local_value(tp_rref *r, int64_t timeout_ms, tp_args **value_p,
+                    tp_error **err_p)
+{
+    void *v = NULL;
+    tp_status st = owner_local(r, false, timeout_ms, &v, err_p);
+    if (st == TP_OK) {
+        *value_p = v;
     }
     return st;
 }
@@ -582,21 +599,7 @@ tp_status
 tp_rref_local_object(tp_rref *obj, int64_t timeout_ms, void **state_p,
                      tp_error **err_p)
 {
-    if (!obj->r_is_owner) {
-        return not_owner(obj, "local_object", err_p);
-    }
-    if (!obj->r_is_object) {
-        return tp__error_set(err_p, TP_EINVAL,
-                             "rref: local_object of a value that is not a "
-                             "remote object (use tp_rref_local_value)");
-    }
-    tp_future *v = NULL;
-    tp_status st = owner_wait(obj, timeout_ms, &v, err_p);
-    if (st == TP_OK) {
-        *state_p = ((rr_obj *)tp_future_value(v))->o_state;
-        tp_future_unref(v);
-    }
-    return st;
+    return owner_local(obj, true, timeout_ms, state_p, err_p);
 }
 
 // ---- RRefs in args

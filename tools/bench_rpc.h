@@ -107,6 +107,23 @@ void br_watch_again(void);
 // Writes "<what>: <message>" of @err to @buf and drops @err.
 void br_error(char *buf, size_t len, tp_status st, tp_error *err,
               const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+// One timed operation of a latency test: what it does (@bo_run: TP_OK,
+// or a status and *err_p; what it leaves in *keep_p goes to @bo_drop,
+// untimed) and its names for messages.
+typedef struct br_op {
+    const char *bo_test; // "noop"
+    const char *bo_what; // "rpc_sync(worker1, \"tp.noop\")"
+    tp_status (*bo_run)(tp_agent *a, void *arg, void **keep_p,
+                        tp_error **err_p);
+    void (*bo_drop)(void *keep);
+    void *bo_arg;
+} br_op;
+
+// Runs @op 100 times, then for the budget (at least 100 times), and
+// records the latencies as repetition @rep of @cell. False after writing
+// what failed to r->rr_err.
+bool br_measure_lat(br_run *r, tp_agent *a, unsigned rep, size_t cell,
+                    const br_op *op);
 // bench_rpc_rref.c: remote() + to_here, and an RRef to worker2 and back.
 bool br_measure_remote(br_run *r, tp_agent *a, unsigned rep);
 bool br_measure_fork(br_run *r, tp_agent *a, unsigned rep);

@@ -178,29 +178,37 @@ br_lat_record(br_run *r, size_t cell, unsigned rep, br_lat *l, double size)
     *br_val(r, cell, BR_F_CALLS, rep) = (double)l->bl_n;
 }
 
-static bool
-br_measure_noop(br_run *r, tp_agent *a, unsigned rep)
+bool
+br_measure_lat(br_run *r, tp_agent *a, unsigned rep, size_t cell,
+               const br_op *op)
 {
     const br_opts *o = r->rr_opts;
     br_lat l = {0};
     tp_error *err = NULL;
     tp_status st = TP_OK;
-    br_watch(o, r->rr_tr->bt_name, "noop");
+    void *keep = NULL;
+    br_watch(o, r->rr_tr->bt_name, op->bo_test);
     // Warm-up: the first call may also set up the pipe.
     for (int i = 0; i < 100 && st == TP_OK; i++) {
-        st = tp_rpc_sync_rank(a, 1, "tp.noop", NULL, TP_TIMEOUT_DEFAULT, NULL,
-                              &err);
+        st = op->bo_run(a, op->bo_arg, &keep, &err);
+        if (op->bo_drop != NULL) {
+            op->bo_drop(keep);
+        }
     }
     uint64_t start = tp__now_ns(), budget = (uint64_t)(o->bo_budget * 1e9);
     while (st == TP_OK &&
            (l.bl_n < BR_MIN_NOOP ||
             (l.bl_n < BR_MAX_NOOP && tp__now_ns() - start < budget))) {
         uint64_t t0 = tp__now_ns();
-        st = tp_rpc_sync_rank(a, 1, "tp.noop", NULL, TP_TIMEOUT_DEFAULT, NULL,
-                              &err);
+        st = op->bo_run(a, op->bo_arg, &keep, &err);
         uint64_t t1 = tp__now_ns();
+        // What the operation leaves (an RRef to drop) goes untimed.
+        if (op->bo_drop != NULL) {
+            op->bo_drop(keep);
+        }
         if (st == TP_OK && !br_lat_add(&l, (double)(t1 - t0) / 1e3)) {
-            snprintf(r->rr_err, sizeof(r->rr_err), "noop: out of memory");
+            snprintf(r->rr_err, sizeof(r->rr_err), "%s: out of memory",
+                     op->bo_test);
             free(l.bl_v);
             return false;
         }
@@ -209,18 +217,35 @@ br_measure_noop(br_run *r, tp_agent *a, unsigned rep)
         }
     }
     if (st != TP_OK) {
-        br_error(r->rr_err, sizeof(r->rr_err), st, err,
-                 "noop: rpc_sync(worker1, \"tp.noop\") after %zu calls",
-                 l.bl_n);
+        br_error(r->rr_err, sizeof(r->rr_err), st, err, "%s: %s after %zu",
+                 op->bo_test, op->bo_what, l.bl_n);
         free(l.bl_v);
         return false;
     }
-    br_lat_record(r, BR_C_NOOP, rep, &l, 0);
-    tool_verbose(o->bo_verbose, "bench rpc", "%s: noop: %zu calls, p50 %.2f us",
-                 r->rr_tr->bt_name, l.bl_n,
-                 *br_val(r, BR_C_NOOP, BR_F_P50, rep));
+    br_lat_record(r, cell, rep, &l, 0);
+    tool_verbose(o->bo_verbose, "bench rpc", "%s: %s: %zu times, p50 %.2f us",
+                 r->rr_tr->bt_name, op->bo_test, l.bl_n,
+                 *br_val(r, cell, BR_F_P50, rep));
     free(l.bl_v);
     return true;
+}
+
+static tp_status
+br_noop_once(tp_agent *a, void *arg, void **keep_p, tp_error **err_p)
+{
+    (void)arg;
+    *keep_p = NULL;
+    return tp_rpc_sync_rank(a, 1, "tp.noop", NULL, TP_TIMEOUT_DEFAULT, NULL,
+                            err_p);
+}
+
+static bool
+br_measure_noop(br_run *r, tp_agent *a, unsigned rep)
+{
+    static const br_op op = {.bo_test = "noop",
+                             .bo_what = "rpc_sync(worker1, \"tp.noop\")",
+                             .bo_run = br_noop_once};
+    return br_measure_lat(r, a, rep, BR_C_NOOP, &op);
 }
 
 // Checks that @out is one float32 tensor equal to @t.
