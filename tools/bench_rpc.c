@@ -23,8 +23,9 @@
 //   remote tp_remote(worker1, "tp.noop") + tp_rref_to_here: p50/p10/...
 //   rref_fork  a user RRef (owned by worker1) passed to worker2 and back
 //          (tp.echo): each pass forks it twice; the protocol's FORK and
-//          CHILD_ACCEPT messages run in the background. A third worker is
-//          started for this test only.
+//          CHILD_ACCEPT messages run in the background. It runs in a
+//          pass of its own, with a third worker (init stays a 2-worker
+//          init).
 // Every repetition yields one value per statistic; the output is the
 // median over repetitions. Every call has a deadline (--stall-timeout: the
 // agent's rpc_timeout_ms, init_timeout_ms and rank 0's shutdown timeout),
@@ -487,7 +488,15 @@ tool_bench_rpc_main(int argc, char **argv)
         for (unsigned rep = 0; rep < o.bo_reps && ok; rep++) {
             tool_verbose(o.bo_verbose, "bench rpc", "%s: repetition %u of %u",
                          tr->bt_name, rep + 1, o.bo_reps);
-            ok = br_run_rep(&r, rep);
+            // The 2-worker tests, then rref_fork with a third worker.
+            bool two = o.bo_noop || o.bo_echo || o.bo_async || o.bo_init ||
+                       o.bo_remote;
+            r.rr_fork_pass = false;
+            ok = !two || br_run_rep(&r, rep);
+            if (ok && o.bo_fork) {
+                r.rr_fork_pass = true;
+                ok = br_run_rep(&r, rep);
+            }
             if (ok) {
                 r.rr_nreps++;
             }

@@ -74,6 +74,7 @@ typedef struct br_run {
     char rr_channel[16]; // negotiated, from the last repetition
     char rr_transport[16];
     int rr_base_threads; // threads of this process before any agent
+    bool rr_fork_pass;   // this pass measures rref_fork only (3 workers)
     char rr_err[1024];
 } br_run;
 
@@ -84,11 +85,12 @@ br_val(br_run *r, size_t cell, int field, unsigned rep)
                        rep];
 }
 
-// The workers of a repetition: worker2 only for rref_fork.
+// The workers of a repetition: rref_fork runs in a pass of its own with
+// a third worker (so that init stays a 2-worker init).
 static inline int
-br_world(const br_opts *o)
+br_world(const br_run *r)
 {
-    return o->bo_fork ? 3 : 2;
+    return r->rr_fork_pass ? 3 : 2;
 }
 
 // Latency samples of one measurement, in us.

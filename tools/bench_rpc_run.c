@@ -117,7 +117,7 @@ br_thread_count(void)
 // on @fd: "ok INIT_US" or "error <what failed>". Never returns.
 static void
 br_child_main(const br_opts *o, const br_transport *tr, const char *init,
-              int rank, int fd)
+              int rank, int world, int fd)
 {
     char name[16];
     snprintf(name, sizeof(name), "worker%d", rank);
@@ -129,7 +129,7 @@ br_child_main(const br_opts *o, const br_transport *tr, const char *init,
     tp_error *err = NULL;
     char line[1024];
     uint64_t t0 = tp__now_ns();
-    tp_status st = tp_rpc_init(name, rank, br_world(o), &ao, &a, &err);
+    tp_status st = tp_rpc_init(name, rank, world, &ao, &a, &err);
     double init_us = (double)(tp__now_ns() - t0) / 1e3;
     if (st != TP_OK) {
         br_error(line, sizeof(line), st, err, "tp_rpc_init");
@@ -496,31 +496,35 @@ br_rank0(br_run *r, unsigned rep, const char *init, bool last)
     tp_error *err = NULL;
     br_watch(o, tr, "tp_rpc_init");
     uint64_t t0 = tp__now_ns();
-    tp_status st = tp_rpc_init("worker0", 0, br_world(o), &ao, &a, &err);
+    tp_status st = tp_rpc_init("worker0", 0, br_world(r), &ao, &a, &err);
     double init_us = (double)(tp__now_ns() - t0) / 1e3;
     if (st != TP_OK) {
         br_error(r->rr_err, sizeof(r->rr_err), st, err,
-                 "tp_rpc_init(worker0, rank 0 of %d, %s)", br_world(o), init);
+                 "tp_rpc_init(worker0, rank 0 of %d, %s)", br_world(r), init);
         alarm(0);
         return false;
     }
-    *br_val(r, BR_C_INIT, BR_F_P50, rep) = init_us;
+    bool fork_pass = r->rr_fork_pass;
+    if (!fork_pass) {
+        *br_val(r, BR_C_INIT, BR_F_P50, rep) = init_us;
+    }
     tool_verbose(o->bo_verbose, "bench rpc", "%s: repetition %u: init %.0f us",
                  tr, rep + 1, init_us);
     bool ok = true;
-    if (ok && o->bo_noop) {
+    if (ok && o->bo_noop && !fork_pass) {
         ok = br_measure_noop(r, a, rep);
     }
-    for (size_t i = 0; ok && o->bo_echo && i < o->bo_nsizes; i++) {
+    for (size_t i = 0; ok && o->bo_echo && !fork_pass && i < o->bo_nsizes;
+         i++) {
         ok = br_measure_echo(r, a, rep, i);
     }
-    if (ok && o->bo_async) {
+    if (ok && o->bo_async && !fork_pass) {
         ok = br_measure_async(r, a, rep);
     }
-    if (ok && o->bo_remote) {
+    if (ok && o->bo_remote && !fork_pass) {
         ok = br_measure_remote(r, a, rep);
     }
-    if (ok && o->bo_fork) {
+    if (ok && fork_pass) {
         ok = br_measure_fork(r, a, rep);
     }
     if (ok) {
@@ -572,7 +576,7 @@ br_run_rep(br_run *r, unsigned rep)
                 "some)\n",
                 nthreads, rep + 1, r->rr_base_threads);
     }
-    int world = br_world(o);
+    int world = br_world(r);
     int fds[3] = {-1, -1, -1};
     pid_t pids[3] = {0, 0, 0};
     for (int k = 1; k < world; k++) {
@@ -585,7 +589,7 @@ br_run_rep(br_run *r, unsigned rep)
             return false;
         }
         if (pids[k] == 0) {
-            br_child_main(o, r->rr_tr, init, k, fds[k]);
+            br_child_main(o, r->rr_tr, init, k, world, fds[k]);
         }
     }
     bool ok = br_rank0(r, rep, init, rep + 1 == o->bo_reps);
@@ -624,7 +628,7 @@ br_run_rep(br_run *r, unsigned rep)
             ok = false;
         }
     }
-    if (ok) {
+    if (ok && !r->rr_fork_pass) {
         double p0 = *br_val(r, BR_C_INIT, BR_F_P50, rep);
         *br_val(r, BR_C_INIT, BR_F_RANKS_MAX, rep) =
             isfinite(child_us) && child_us > p0 ? child_us : p0;
