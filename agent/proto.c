@@ -61,8 +61,7 @@ ag_kind_get(unsigned kind)
     return &ag_kinds[kind];
 }
 
-// ---- protocol states
-// ---------------------------------------------------------
+// ---- protocol states -------------------------------------------------------
 
 void *
 ag_proto_state_at(const tp_agent *a, size_t idx)
@@ -112,8 +111,7 @@ ag_protos_detach(tp_agent *a)
     }
 }
 
-// ---- extension sections
-// ------------------------------------------------------
+// ---- extension sections ----------------------------------------------------
 
 void
 tp__ext_init(tp__ext *x)
@@ -190,8 +188,7 @@ ag_ext_section(tp__ext *x, unsigned id, const void *p, size_t n)
     return TP_OK;
 }
 
-// ---- hooks
-// -------------------------------------------------------------------
+// ---- hooks -----------------------------------------------------------------
 
 tp_status
 ag_proto_send(tp_agent *a, int to, const tp_args *args, tp__ext *ext,
@@ -349,8 +346,7 @@ ag_proto_debug(tp_agent *a, char *buf, size_t len)
     return off;
 }
 
-// ---- the agent, for protocols
-// ------------------------------------------------
+// ---- the agent, for protocols ----------------------------------------------
 
 tp_agent *
 tp__agent_ref(tp_agent *a)

@@ -124,8 +124,7 @@ rref_alloc(rr_ctx *x, rr_id id, int owner, const char *what)
     return r;
 }
 
-// ---- owner RRefs
-// -------------------------------------------------------------
+// ---- owner RRefs -----------------------------------------------------------
 
 tp_rref *
 rr_owner_new_locked(rr_ctx *x, rr_id id, int creator, const char *what)
@@ -270,8 +269,7 @@ rr_fork_del_locked(rr_ctx *x, rr_id fork, int holder)
     return true;
 }
 
-// ---- user RRefs
-// --------------------------------------------------------------
+// ---- user RRefs ------------------------------------------------------------
 
 tp_rref *
 rr_user_new_locked(rr_ctx *x, rr_id id, rr_id fork, int owner, bool confirmed,
@@ -351,8 +349,7 @@ rr_user_confirm(tp_rref *r, const tp_error *err)
     rr_flush(x);
 }
 
-// ---- pending children
-// --------------------------------------------------------
+// ---- pending children ------------------------------------------------------
 
 tp_status
 rr_child_add_locked(rr_ctx *x, tp_rref *parent, rr_id fork, int to)
@@ -389,8 +386,7 @@ rr_child_done_locked(rr_ctx *x, rr_id fork, int from)
     return true;
 }
 
-// ---- messages
-// ------------------------------------------------------------------
+// ---- messages --------------------------------------------------------------
 
 static void note_run(void *arg);
 

@@ -24,8 +24,7 @@
 #include "core/log.h"
 #include "rr_impl.h"
 
-// ---- helpers
-// ---------------------------------------------------------------------
+// ---- helpers ---------------------------------------------------------------
 
 static tp_error *
 decode(rr_ctx *x, const tp__proto_msg *m, rr_msg *out)
@@ -166,8 +165,7 @@ run_fn(rr_ctx *x, const tp__proto_msg *m, const char *name, const tp_args *in)
     return f;
 }
 
-// ---- REMOTE
-// ----------------------------------------------------------------------
+// ---- REMOTE ----------------------------------------------------------------
 
 typedef struct remote_job {
     tp_rref *j_rref;   // held (r_holds)
@@ -344,8 +342,7 @@ remote_run(void *state, const tp__proto_msg *m, void *ctx)
     return reply;
 }
 
-// ---- FETCH and CALL: waiting for the value
-// ---------------------------------------
+// ---- FETCH and CALL: waiting for the value ---------------------------------
 
 typedef struct value_job {
     tp_rref *v_rref; // held (r_holds)
@@ -637,8 +634,7 @@ call_on_loop(rr_ctx *x, const tp__proto_msg *m, const rr_msg *hp, void **ctx_p,
     return wait_value(x, m, v, ctx_p, err_p);
 }
 
-// ---- FORK, CHILD_ACCEPT, DELETE: bookkeeping on the loop
-// -----------------------------
+// ---- FORK, CHILD_ACCEPT, DELETE: bookkeeping on the loop -------------------
 
 static tp__proto_verdict
 fork_on_loop(rr_ctx *x, const tp__proto_msg *m, const rr_msg *hp, void **ctx_p,

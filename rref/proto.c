@@ -36,8 +36,7 @@ const tp__args_obj_ops rr_obj_ops = {
     .ao_unref = obj_unref,
 };
 
-// ---- attach / detach
-// -----------------------------------------------------------
+// ---- attach / detach -------------------------------------------------------
 
 static tp_status
 rr_attach(tp_agent *a, void **state_p, tp_error **err_p)
@@ -131,8 +130,7 @@ rr_detach(void *state)
     rr_ctx_unref(x); // the attachment
 }
 
-// ---- sending args: forks
-// ---------------------------------------------------------
+// ---- sending args: forks ---------------------------------------------------
 
 // What a sent message did, undone if it is never written.
 typedef struct rr_sendtok {
@@ -269,8 +267,7 @@ rr_sent(void *state, void *tok, const tp_error *err)
     tp__free(t);
 }
 
-// ---- receiving args: RRefs
-// ---------------------------------------------------------
+// ---- receiving args: RRefs -------------------------------------------------
 
 static tp_status
 rr_recv(void *state, int from, const uint8_t *sec, size_t len, tp_args *args,
@@ -361,8 +358,7 @@ rr_recv(void *state, int from, const uint8_t *sec, size_t len, tp_args *args,
     return st;
 }
 
-// ---- peer failure
-// -------------------------------------------------------------------
+// ---- peer failure ----------------------------------------------------------
 
 // A list of pointers collected under the lock and used after it. Without
 // memory an element is dropped (logged): what it would settle then waits
@@ -470,8 +466,7 @@ rr_peer_failed(void *state, int rank, const tp_error *err)
     rr_flush(x);
 }
 
-// ---- shutdown
-// ------------------------------------------------------------------------
+// ---- shutdown --------------------------------------------------------------
 
 static void
 rr_shutdown_begin(void *state)

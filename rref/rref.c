@@ -34,8 +34,7 @@ failed_future(tp_error *err)
     return f;
 }
 
-// ---- creating
-// -----------------------------------------------------------------
+// ---- creating --------------------------------------------------------------
 
 typedef struct remote_wait {
     tp_rref *w_rref; // held
@@ -214,8 +213,7 @@ tp_rref_create(tp_agent *a, tp_args *value, tp_rref **rref_p, tp_error **err_p)
     return TP_OK;
 }
 
-// ---- handles
-// ---------------------------------------------------------------------
+// ---- handles ---------------------------------------------------------------
 
 tp_rref *
 tp_rref_ref(tp_rref *r)
@@ -249,8 +247,7 @@ tp_rref_unref(tp_rref *r)
     rr_release(r); // may free @r and the context: last
 }
 
-// ---- what it is
-// ----------------------------------------------------------------
+// ---- what it is ------------------------------------------------------------
 
 bool
 tp_rref_is_owner(const tp_rref *r)
@@ -357,8 +354,7 @@ tp_rref_wait_created(tp_rref *r, int64_t timeout_ms, tp_error **err_p)
     return wait_named(r, r->r_confirm, t, "waiting for the creation", err_p);
 }
 
-// ---- the value
-// -----------------------------------------------------------------
+// ---- the value -------------------------------------------------------------
 
 // The value of owner RRef @r once it exists (@timeout_ms), with a
 // reference to its future in *@vf_p.
@@ -602,8 +598,7 @@ tp_rref_local_object(tp_rref *obj, int64_t timeout_ms, void **state_p,
     return owner_local(obj, true, timeout_ms, state_p, err_p);
 }
 
-// ---- RRefs in args
-// -----------------------------------------------------------------
+// ---- RRefs in args ---------------------------------------------------------
 
 tp_status
 tp_args_add_rref(tp_args *args, tp_rref *r)
@@ -639,8 +634,7 @@ tp_args_rref(const tp_args *args, size_t i)
     return NULL;
 }
 
-// ---- proxies and methods
-// ------------------------------------------------------------
+// ---- proxies and methods ---------------------------------------------------
 
 // CALL on the owner of @r: a registered function (RRef 0 = the value) or
 // a method of the object.
