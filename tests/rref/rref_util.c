@@ -20,15 +20,14 @@
 #include "rref_util.h"
 #include "tp_test_job.h"
 
-
 const char *const k_names[4] = {"alpha", "bravo", "charlie", "delta"};
 
 int g_rank = -1;
 tp_agent *g_agent;
-tp_rref *_Atomic g_kept[8]; // RRefs kept by "t.keep"
-atomic_int g_objects;       // live "t.linear" objects here
-atomic_int g_leak_reports;  // TP-RREF-LEAK log lines here
-static atomic_int g_release;       // set by "t.release"
+tp_rref *_Atomic g_kept[8];  // RRefs kept by "t.keep"
+atomic_int g_objects;        // live "t.linear" objects here
+atomic_int g_leak_reports;   // TP-RREF-LEAK log lines here
+static atomic_int g_release; // set by "t.release"
 
 // ---- values ----------------------------------------------------------------
 
@@ -599,4 +598,3 @@ run(int world, tp_job_fn fn, void *arg)
     j.names = k_names;
     tp_job_run(&j);
 }
-
