@@ -511,8 +511,13 @@ br_rank0(br_run *r, unsigned rep, const char *init, bool last)
     tool_verbose(o->bo_verbose, "bench rpc", "%s: repetition %u: init %.0f us",
                  tr, rep + 1, init_us);
     bool ok = true;
+    // remote right after noop: the two are compared (remote + to_here
+    // against the round trip), so they run under the same conditions.
     if (ok && o->bo_noop && !fork_pass) {
         ok = br_measure_noop(r, a, rep);
+    }
+    if (ok && o->bo_remote && !fork_pass) {
+        ok = br_measure_remote(r, a, rep);
     }
     for (size_t i = 0; ok && o->bo_echo && !fork_pass && i < o->bo_nsizes;
          i++) {
@@ -520,9 +525,6 @@ br_rank0(br_run *r, unsigned rep, const char *init, bool last)
     }
     if (ok && o->bo_async && !fork_pass) {
         ok = br_measure_async(r, a, rep);
-    }
-    if (ok && o->bo_remote && !fork_pass) {
-        ok = br_measure_remote(r, a, rep);
     }
     if (ok && fork_pass) {
         ok = br_measure_fork(r, a, rep);
