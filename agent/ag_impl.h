@@ -197,8 +197,10 @@ struct tp_agent {
     ag_call **a_table;
     size_t a_table_size; // power of two
     size_t a_npending;
-    uint64_t a_activity; // calls made + requests received, for shutdown
-    tp_cv a_idle_cv;     // broadcast when a_npending drops to 0
+    uint64_t a_activity;   // calls made + requests received, for shutdown
+    uint64_t a_notes_sent; // notifications written (or being written)
+    uint64_t a_notes_recv; // notifications received
+    tp_cv a_idle_cv;       // broadcast when a_npending drops to 0
     // timer
     ag_tclass *a_tclasses;
     pthread_t a_timer;
@@ -285,6 +287,7 @@ typedef struct ag_kind_desc {
     void (*k_dispatch)(ag_conn *c, const ag_hdr *h, tp_args *args);
     const tp__proto_kind *k_proto; // a protocol's kind: its handlers
     size_t k_proto_idx;            // ... and the protocol's index
+    bool k_note;                   // a notification: no reply
 } ag_kind_desc;
 
 /* The kind @kind, NULL if nothing here handles it. */

@@ -487,6 +487,72 @@ tp__agent_call_kind(tp_agent *a, int to, uint8_t kind, const void *hdr,
 }
 
 tp_status
+tp__agent_notify(tp_agent *a, int to, uint8_t kind, const void *hdr,
+                 size_t hdr_len, bool nowait, tp_error **err_p)
+{
+    const ag_kind_desc *kd = ag_kind_get(kind);
+    if (to < 0 || to >= a->a_world || to == a->a_rank || kd == NULL ||
+        !kd->k_note) {
+        return tp__error_set(err_p, TP_EINVAL,
+                             "rpc %s: notification of kind %u to rank %d",
+                             ag_name(a), kind, to);
+    }
+    ag_peer *p = &a->a_peers[to];
+    tp_error *err = NULL;
+    tp__mtx_lock(&a->a_mtx);
+    if (a->a_state == AG_CLOSED) {
+        tp__mtx_unlock(&a->a_mtx);
+        return tp__error_set(err_p, TP_ECLOSED, "rpc %s: %s to %s: shut down",
+                             ag_name(a), kd->k_name, p->p_info.name);
+    }
+    if (nowait && p->p_out == NULL) {
+        tp__mtx_unlock(&a->a_mtx);
+        return TP_EAGAIN;
+    }
+    atomic_fetch_add_explicit(&a->a_writers, 1, memory_order_acquire);
+    ag_wslot *w = NULL;
+    ag_conn *conn = ag_conn_get_locked(a, p, &err);
+    if (conn != NULL && (w = ag_slot_get_locked(conn)) == NULL) {
+        tp__error_set(&err, TP_ENOMEM, "out of memory");
+    }
+    if (w != NULL) {
+        // Counted as sent from now: the shutdown agreement then waits for
+        // its arrival (a write that fails takes it back).
+        a->a_notes_sent++;
+        a->a_activity++;
+    }
+    tp__mtx_unlock(&a->a_mtx);
+    tp_status st = TP_OK;
+    if (w != NULL) {
+        ag_hdr h;
+        memset(&h, 0, sizeof(h));
+        h.h_kind = (ag_kind)kind;
+        h.h_src_rank = (uint32_t)a->a_rank;
+        st = ag_slot_send(w, &h, true, hdr, hdr_len, NULL, NULL, &err);
+        if (st != TP_OK) {
+            tp__mtx_lock(&a->a_mtx);
+            ag_slot_put_locked(w);
+            a->a_notes_sent--;
+            tp__mtx_unlock(&a->a_mtx);
+        }
+    } else {
+        st = tp_error_status(err);
+    }
+    atomic_fetch_sub_explicit(&a->a_writers, 1, memory_order_release);
+    if (st != TP_OK) {
+        tp_error *e = tp__error_new(st, 0, err, "rpc %s: %s to %s (rank %d)",
+                                    ag_name(a), kd->k_name, p->p_info.name, to);
+        tp_error_unref(err);
+        if (err_p != NULL) {
+            *err_p = e;
+        } else {
+            tp_error_unref(e);
+        }
+    }
+    return st;
+}
+
+tp_status
 tp__agent_call_kind_now(tp_agent *a, int to, uint8_t kind, const void *hdr,
                         size_t hdr_len, const tp_args *in, int64_t timeout_ms,
                         tp_future **f_p)

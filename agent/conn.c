@@ -206,6 +206,23 @@ slot_write_step(ag_wslot *w)
     if (any_tok) {
         ag_proto_sent(a, toks, err);
     }
+    const ag_kind_desc *kd = ag_kind_get(kind);
+    if (kd != NULL && kd->k_note) {
+        if (err != NULL) {
+            // It will never arrive: the agreement must not wait for it.
+            tp__mtx_lock(&a->a_mtx);
+            a->a_notes_sent--;
+            tp__mtx_unlock(&a->a_mtx);
+            if (TP_STATUS_IS_CONN(tp_error_status(err))) {
+                ag_conn_fail(c, err);
+            } else {
+                TP_LOG_WARN("TP-RPC-NOTE", "rpc %s: %s not sent: %s",
+                            ag_name(a), kd->k_name, tp_error_message(err));
+            }
+            tp_error_unref(err);
+        }
+        return;
+    }
     if (err != NULL) {
         if (TP_STATUS_IS_CONN(tp_error_status(err))) {
             ag_conn_fail(c, err);

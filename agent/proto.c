@@ -39,13 +39,15 @@ kinds_init(void)
             const tp__proto_kind *pk = &po->po_kinds[k];
             TP_ASSERT(ag_kind_is_proto(pk->pk_kind) &&
                       ag_kinds[pk->pk_kind].k_name == NULL &&
-                      pk->pk_on_loop != NULL);
+                      pk->pk_on_loop != NULL &&
+                      (!pk->pk_note || pk->pk_run == NULL));
             ag_kinds[pk->pk_kind] = (ag_kind_desc){
                 .k_name = pk->pk_name,
                 .k_request = true,
                 .k_dispatch = ag_serve_request,
                 .k_proto = pk,
                 .k_proto_idx = i,
+                .k_note = pk->pk_note,
             };
         }
     }

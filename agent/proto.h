@@ -120,6 +120,9 @@ typedef struct tp__proto_kind {
      * or an error, whose reply goes back; NULL means out of memory. May
      * be NULL if pk_on_loop never returns RUN. */
     tp_future *(*pk_run)(void *state, const tp__proto_msg *m, void *ctx);
+    /* A notification: sent with tp__agent_notify, answered by nothing;
+     * pk_on_loop must return DONE (its result or error is dropped). */
+    bool pk_note;
 } tp__proto_kind;
 
 /* ---- the protocol --------------------------------------------------- */
@@ -201,6 +204,17 @@ tp_future *tp__agent_call_kind(tp_agent *a, int to, uint8_t kind,
                                const void *hdr, size_t hdr_len,
                                const char *name, const tp_args *in,
                                int64_t timeout_ms);
+/*
+ * Sends the notification @kind (a kind with pk_note) to @to: a one-way
+ * message, no reply, no future. TP_OK once it is handed to the pipe (a
+ * write that fails later is only logged: the peer is gone); TP_EAGAIN,
+ * sending nothing, with @nowait when the connection to @to does not exist
+ * yet (from a loop thread, which must not connect); TP_ECLOSED, memory
+ * or connection errors otherwise. The graceful shutdown's agreement waits
+ * until every notification sent was received.
+ */
+tp_status tp__agent_notify(tp_agent *a, int to, uint8_t kind, const void *hdr,
+                           size_t hdr_len, bool nowait, tp_error **err_p);
 /*
  * As tp__agent_call_kind without a name, for any thread including a loop
  * thread: TP_EAGAIN, sending nothing, when the connection to @to does not

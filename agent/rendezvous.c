@@ -242,12 +242,17 @@ ag_shutdown_round(tp_agent *a, int round, uint64_t deadline,
                   uint64_t *pending_p, uint64_t *activity_p, tp_error **err_p)
 {
     char key[128];
-    char val[64];
+    char val[96];
     tp__mtx_lock(&a->a_mtx);
     uint64_t pend = a->a_npending, act = a->a_activity;
+    uint64_t sent = a->a_notes_sent, recv = a->a_notes_recv;
     tp__mtx_unlock(&a->a_mtx);
     pend += ag_proto_pending(a);
-    int n = snprintf(val, sizeof(val), "%" PRIu64 " %" PRIu64, pend, act);
+    // Notifications (one-way messages) in flight: sent by someone and not
+    // yet received by anyone, counted from the sums of both.
+    int n = snprintf(val, sizeof(val),
+                     "%" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64, pend, act,
+                     sent, recv);
     snprintf(key, sizeof(key), "%sshutdown/%d/%d", a->a_prefix, round,
              a->a_rank);
     tp_status st = tp_store_set(a->a_store, key, val, (size_t)n,
@@ -255,7 +260,7 @@ ag_shutdown_round(tp_agent *a, int round, uint64_t deadline,
     if (st != TP_OK) {
         return st;
     }
-    uint64_t sp = 0, sa = 0;
+    uint64_t sp = 0, sa = 0, ss = 0, sr = 0;
     for (int r = 0; r < a->a_world; r++) {
         snprintf(key, sizeof(key), "%sshutdown/%d/%d", a->a_prefix, round, r);
         void *v = NULL;
@@ -282,8 +287,8 @@ ag_shutdown_round(tp_agent *a, int round, uint64_t deadline,
             }
             return st;
         }
-        unsigned long long p = 0, ac = 0;
-        if (sscanf(v, "%llu %llu", &p, &ac) != 2) {
+        unsigned long long p = 0, ac = 0, ns = 0, nr = 0;
+        if (sscanf(v, "%llu %llu %llu %llu", &p, &ac, &ns, &nr) != 4) {
             free(v);
             return tp__error_set(err_p, TP_EPROTO,
                                  "malformed shutdown record of rank %d", r);
@@ -291,8 +296,10 @@ ag_shutdown_round(tp_agent *a, int round, uint64_t deadline,
         free(v);
         sp += p;
         sa += ac;
+        ss += ns;
+        sr += nr;
     }
-    *pending_p = sp;
+    *pending_p = sp + (ss > sr ? ss - sr : 0);
     *activity_p = sa;
     return TP_OK;
 }

@@ -15,6 +15,37 @@
 
 static void req_async_done(tp_future *f, void *arg);
 
+// Loop thread: a notification: its handler runs here; nothing answers.
+static void
+serve_note(ag_conn *c, const ag_kind_desc *kd, const ag_hdr *h, tp_args *args)
+{
+    tp_agent *a = c->c_agent;
+    void *state = ag_proto_state_at(a, kd->k_proto_idx);
+    tp__proto_msg m = {
+        .pm_agent = a,
+        .pm_from = c->c_peer->p_info.rank,
+        .pm_kind = (uint8_t)h->h_kind,
+        .pm_hdr = h->h_sec[0],
+        .pm_hdr_len = h->h_sec_len[0],
+        .pm_args = args,
+    };
+    void *ctx = NULL;
+    tp_args *result = NULL;
+    tp_error *err = NULL;
+    if (state != NULL) {
+        tp__proto_verdict v =
+            kd->k_proto->pk_on_loop(state, &m, &ctx, &result, &err);
+        TP_ASSERT(v == TP__PROTO_DONE);
+    }
+    if (err != NULL) {
+        TP_LOG_DEBUG("TP-RPC-NOTE", "rpc %s: %s from %s: %s", ag_name(a),
+                     kd->k_name, c->c_peer->p_info.name, tp_error_message(err));
+    }
+    tp_error_unref(err);
+    tp_args_unref(result);
+    tp_args_unref(args);
+}
+
 // What a protocol's handler sees of request @r.
 static void
 req_proto_msg(ag_req *r, tp__proto_msg *m)
@@ -80,14 +111,20 @@ ag_serve_request(ag_conn *c, const ag_hdr *h, tp_args *args)
     tp_agent *a = c->c_agent;
     ag_peer *caller = c->c_peer; // checked against h_src_rank
 
+    const ag_kind_desc *kd = ag_kind_get(h->h_kind);
     tp__mtx_lock(&a->a_mtx);
     bool closed = a->a_state == AG_CLOSED;
     caller->p_stats.s_calls_received++;
     caller->p_stats.s_bytes_received += ag_args_nbytes(args);
     a->a_activity++;
+    a->a_notes_recv += kd->k_note ? 1 : 0;
     tp__mtx_unlock(&a->a_mtx);
     if (closed) {
         tp_args_unref(args);
+        return;
+    }
+    if (kd->k_note) {
+        serve_note(c, kd, h, args);
         return;
     }
     ag_req *r = tp__zalloc(sizeof(*r));

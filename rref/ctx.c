@@ -472,10 +472,48 @@ note_sent(rr_note *n, tp_future *f)
     }
 }
 
+// DELETE and CHILD_ACCEPT are notifications (no reply): once handed to
+// the agent (which counts them until they arrive), the note is done.
+static bool
+note_is_notification(const rr_note *n)
+{
+    return n->n_kind == RR_KIND_DELETE || n->n_kind == RR_KIND_CHILD_ACCEPT;
+}
+
+// Sends a notification; false only for TP_EAGAIN (@nowait and no
+// connection yet: the pool sends it).
+static bool
+note_notify(rr_note *n, bool nowait)
+{
+    rr_ctx *x = n->n_ctx;
+    uint8_t hdr[64];
+    rr_hdr_encode(n->n_kind, &n->n_msg, hdr);
+    tp_error *err = NULL;
+    tp_status st = tp__agent_notify(x->x_agent, n->n_to, n->n_kind, hdr,
+                                    rr_hdr_size(n->n_kind), nowait, &err);
+    if (st == TP_EAGAIN) {
+        return false;
+    }
+    if (st != TP_OK) {
+        // The peer is gone or we shut down: nothing waits for it.
+        TP_LOG_DEBUG("TP-RREF-MSG", "rref: %s", tp_error_message(err));
+        tp_error_unref(err);
+    }
+    tp__mtx_lock(&x->x_mtx);
+    x->x_nqueued--;
+    tp__mtx_unlock(&x->x_mtx);
+    note_free(n);
+    return true;
+}
+
 static void
 note_run(void *arg)
 {
     rr_note *n = arg;
+    if (note_is_notification(n)) {
+        note_notify(n, false);
+        return;
+    }
     uint8_t hdr[64];
     rr_hdr_encode(n->n_kind, &n->n_msg, hdr);
     note_sent(n, tp__agent_call_kind(n->n_ctx->x_agent, n->n_to, n->n_kind, hdr,
@@ -488,6 +526,9 @@ note_run(void *arg)
 static bool
 note_try_now(rr_note *n)
 {
+    if (note_is_notification(n)) {
+        return note_notify(n, true);
+    }
     uint8_t hdr[64];
     rr_hdr_encode(n->n_kind, &n->n_msg, hdr);
     tp_future *f = NULL;

@@ -730,10 +730,10 @@ kind_on_loop(void *state, const tp__proto_msg *m, void **ctx_p,
 }
 
 const tp__proto_kind rr_kinds[RR_NKINDS] = {
-    {RR_KIND_REMOTE, "RREF_REMOTE", kind_on_loop, remote_run},
-    {RR_KIND_FETCH, "RREF_FETCH", kind_on_loop, NULL},
-    {RR_KIND_FORK, "RREF_FORK", kind_on_loop, NULL},
-    {RR_KIND_CHILD_ACCEPT, "RREF_CHILD_ACCEPT", kind_on_loop, NULL},
-    {RR_KIND_DELETE, "RREF_DELETE", kind_on_loop, NULL},
-    {RR_KIND_CALL, "RREF_CALL", kind_on_loop, NULL},
+    {RR_KIND_REMOTE, "RREF_REMOTE", kind_on_loop, remote_run, false},
+    {RR_KIND_FETCH, "RREF_FETCH", kind_on_loop, NULL, false},
+    {RR_KIND_FORK, "RREF_FORK", kind_on_loop, NULL, false},
+    {RR_KIND_CHILD_ACCEPT, "RREF_CHILD_ACCEPT", kind_on_loop, NULL, true},
+    {RR_KIND_DELETE, "RREF_DELETE", kind_on_loop, NULL, true},
+    {RR_KIND_CALL, "RREF_CALL", kind_on_loop, NULL, false},
 };
