@@ -2,7 +2,7 @@
 /* transport.h - the transport contract and its generic layer.
  *
  * A transport moves a reliable, ordered byte stream between two endpoints.
- * A backend (tcp.c, shm.c, ...) fills a static const tp_transport_ops and
+ * A backend (tcp/, shm.c, ...) fills a static const tp_transport_ops and
  * is listed in transport/registry.c. The generic layer (transport.c):
  *  - owns the public-facing objects tp_transport, tp_listener, tp_conn;
  *  - runs every backend op that touches loop state on the loop thread, so

@@ -1,0 +1,106 @@
+// SPDX-License-Identifier: Apache-2.0
+// tcp.c - the TCP transport: non-blocking sockets on the loop thread.
+// Its parts: tcp_impl.h.
+//
+// Everything here except tcp_is_viable, tcp_ctx_init and tcp_listen runs on
+// the loop thread (transport.c guarantees it), so there are no locks.
+//
+// Each socket is registered once with the loop for READ|WRITE; readiness
+// is edge-style, so I/O runs until EAGAIN, and tc_readable/tc_writable
+// remember whether the last attempt hit EAGAIN (then the next attempt
+// waits for an event instead of making a syscall that would fail). A new
+// operation is tried at once (optimistic I/O): a write submitted on the
+// loop thread (unless submissions from other threads are queued ahead of
+// it) is on the wire before conn_write returns.
+//
+// Reads and writes are queues of aios; a syscall gathers the remaining
+// iovs of the queued aios in order (readv / sendmsg, at most TCP_MAX_IOV
+// iovecs and TCP_IO_CAP bytes), straight into or out of the caller's
+// buffers. a_prov_u64[0] counts the bytes an aio has moved, a_prov_u64[1]
+// is its total, a_prov_data[0] the queue it is on. Only the head of a
+// queue can have moved bytes without being complete.
+//
+// A connection error (EOF, reset, a canceled op that had moved bytes,
+// close) is recorded once in tc_err; every pending op and every later op
+// fails with a reference to that one error.
+//
+// Connection set-up: both sides send a 16-byte hello (TP_HELLO_MAGIC,
+// u32le version, u32le flags) and read the peer's. A listener hands a
+// connection to an accept aio only after a valid hello; a bad one is
+// logged (TP-TCP-HELLO) and dropped. A listener takes connections from the
+// kernel as soon as it exists, whether or not an accept is pending (so a
+// connect completes without waiting for the peer to call accept); those not
+// yet asked for wait, handshaked, in tl_readyq (at most TCP_MAX_PENDING per
+// listener, with those still handshaking; beyond that they wait in the
+// kernel's backlog).
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "core/alloc.h"
+#include "core/log.h"
+#include "core/wire.h"
+#include "transport/sockaddr.h"
+#include "transport/tcp/tcp_impl.h"
+
+// ---- transport -------------------------------------------------------------
+
+static bool
+tcp_is_viable(const tp_config *cfg, char *why, size_t why_len)
+{
+    TP_UNUSED(cfg);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        int e = errno;
+        fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0) {
+            snprintf(why, why_len, "socket(AF_INET, SOCK_STREAM): %s (%s)",
+                     strerror(e), tp__errno_name(e));
+            return false;
+        }
+    }
+    close(fd);
+    return true;
+}
+
+static tp_status
+tcp_ctx_init(tp_transport *t, tp_error **err_p)
+{
+    TP_UNUSED(err_p);
+    // TCP reaches any host that routes to the address: universal.
+    snprintf(t->t_domain, sizeof(t->t_domain), "tcp");
+    return TP_OK;
+}
+
+static void
+tcp_ctx_fini(tp_transport *t)
+{
+    TP_UNUSED(t);
+}
+
+const tp_transport_ops tp__transport_tcp_ops = {
+    .abi_version = TP_TRANSPORT_ABI_V1,
+    .name = "tcp",
+    .ctx_size = 0,
+    .listener_size = sizeof(tcp_listener),
+    .conn_size = sizeof(tcp_conn),
+    .is_viable = tcp_is_viable,
+    .ctx_init = tcp_ctx_init,
+    .ctx_fini = tcp_ctx_fini,
+    .listen = tcp_listen,
+    .accept = tcp_accept,
+    .listener_close = tcp_listener_close,
+    .connect = tcp_connect,
+    .conn_read = tcp_conn_read,
+    .conn_write = tcp_conn_write,
+    .conn_close = tcp_conn_close,
+    .conn_fini = tcp_conn_fini,
+};
