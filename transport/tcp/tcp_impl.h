@@ -96,7 +96,6 @@ struct tcp_listener {
     tp_error *tl_err;      // registration failed: accepts fail with this
 };
 
-
 static inline tcp_conn *
 tcp_conn_of(tp_conn *c)
 {
