@@ -110,6 +110,7 @@ struct ag_conn {
     tp_aio *c_raio;     // reads the rest of a message
     tp_message *c_rmsg; // the message being read
     tp_args *c_rargs;   // its args, tensors allocated at the descriptor
+    ag_hdr c_rhdr;      // its header, decoded at the descriptor
     ag_tensor_meta *c_metas;
     uint32_t c_metas_cap;
     ag_wslot *c_slots;     // free write slots

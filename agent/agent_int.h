@@ -48,8 +48,14 @@ tp_status ag_args_create_empty(size_t ntensors, tp_args **args_p);
 void ag_args_push_tensor(tp_args *args, tp_tensor *t);
 /* Sum of the bytes and tensor bytes. */
 uint64_t ag_args_nbytes(const tp_args *args);
-/* A copy whose tensors have their own storage (calls to self); its
- * objects are the same ones, referenced again. */
+/* A copy of @in (may be NULL) with its bytes copied, its tensors cloned
+ * (own storage) with @clone_tensors or else shared, and its objects
+ * referenced again, after @first (with @first_ops) as object 0 if not
+ * NULL. */
+tp_status ag_args_copy(const tp_args *in, bool clone_tensors, void *first,
+                       const struct tp__args_obj_ops *first_ops,
+                       tp_args **out_p, tp_error **err_p);
+/* ag_args_copy with cloned tensors and no first object (calls to self). */
 tp_status ag_args_clone(const tp_args *in, tp_args **out_p, tp_error **err_p);
 
 /* A registered function. Entries are never freed (process lifetime). */

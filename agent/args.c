@@ -164,7 +164,9 @@ ag_args_nbytes(const tp_args *args)
 }
 
 tp_status
-ag_args_clone(const tp_args *in, tp_args **out_p, tp_error **err_p)
+ag_args_copy(const tp_args *in, bool clone_tensors, void *first,
+             const tp__args_obj_ops *first_ops, tp_args **out_p,
+             tp_error **err_p)
 {
     tp_args *out;
     size_t nt = in != NULL ? in->a_ntensors : 0;
@@ -172,11 +174,7 @@ ag_args_clone(const tp_args *in, tp_args **out_p, tp_error **err_p)
     if (st != TP_OK) {
         return tp__error_set(err_p, st, "copying rpc arguments: out of memory");
     }
-    if (in == NULL) {
-        *out_p = out;
-        return TP_OK;
-    }
-    if (in->a_len > 0) {
+    if (in != NULL && in->a_len > 0) {
         out->a_owned = tp__alloc(in->a_len);
         if (out->a_owned == NULL) {
             tp_args_unref(out);
@@ -188,24 +186,31 @@ ag_args_clone(const tp_args *in, tp_args **out_p, tp_error **err_p)
         out->a_len = in->a_len;
     }
     for (size_t i = 0; i < nt; i++) {
-        tp_tensor *c;
-        st = tp__clone_raw(in->a_tensors[i], &c, err_p);
-        if (st != TP_OK) {
+        tp_tensor *c = in->a_tensors[i];
+        if (!clone_tensors) {
+            tp_tensor_ref(c);
+        } else if ((st = tp__clone_raw(c, &c, err_p)) != TP_OK) {
             tp_args_unref(out);
             return st;
         }
         ag_args_push_tensor(out, c);
     }
-    for (size_t i = 0; i < in->a_nobjs; i++) {
+    st = first != NULL ? tp__args_add_obj(out, first, first_ops) : TP_OK;
+    for (size_t i = 0; st == TP_OK && in != NULL && i < in->a_nobjs; i++) {
         st = tp__args_add_obj(out, in->a_objs[i].o_ptr, in->a_objs[i].o_ops);
-        if (st != TP_OK) {
-            tp_args_unref(out);
-            return tp__error_set(err_p, st,
-                                 "copying rpc arguments: out of memory");
-        }
+    }
+    if (st != TP_OK) {
+        tp_args_unref(out);
+        return tp__error_set(err_p, st, "copying rpc arguments: out of memory");
     }
     *out_p = out;
     return TP_OK;
+}
+
+tp_status
+ag_args_clone(const tp_args *in, tp_args **out_p, tp_error **err_p)
+{
+    return ag_args_copy(in, true, NULL, NULL, out_p, err_p);
 }
 
 tp_status

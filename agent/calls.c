@@ -299,6 +299,27 @@ typedef struct ag_callspec {
     bool cs_nowait;      // fail with TP_EAGAIN rather than connect
 } ag_callspec;
 
+// Called with a_mtx held (it may drop it to connect): a write slot on the
+// outgoing connection to @p, or NULL with *@err_p (TP_EAGAIN with @nowait
+// when that would mean connecting).
+static ag_wslot *
+call_slot_locked(tp_agent *a, ag_peer *p, bool nowait, tp_error **err_p)
+{
+    if (nowait && p->p_out == NULL) {
+        tp__error_set(err_p, TP_EAGAIN, "no connection yet");
+        return NULL;
+    }
+    ag_conn *conn = ag_conn_get_locked(a, p, err_p);
+    if (conn == NULL) {
+        return NULL;
+    }
+    ag_wslot *w = ag_slot_get_locked(conn);
+    if (w == NULL) {
+        tp__error_set(err_p, TP_ENOMEM, "out of memory");
+    }
+    return w;
+}
+
 static tp_future *
 agent_call(tp_agent *a, ag_peer *p, const ag_callspec *cs, const tp_args *in,
            int64_t timeout_ms)
@@ -378,18 +399,7 @@ agent_call(tp_agent *a, ag_peer *p, const ag_callspec *cs, const tp_args *in,
     atomic_fetch_add_explicit(&a->a_writers, 1, memory_order_acquire);
     ag_wslot *w = NULL;
     if (!self) {
-        ag_conn *conn = NULL;
-        if (cs->cs_nowait && p->p_out == NULL) {
-            tp__error_set(&err, TP_EAGAIN, "no connection yet");
-        } else {
-            conn = ag_conn_get_locked(a, p, &err);
-        }
-        if (conn != NULL) {
-            w = ag_slot_get_locked(conn);
-            if (w == NULL) {
-                tp__error_set(&err, TP_ENOMEM, "out of memory");
-            }
-        }
+        w = call_slot_locked(a, p, cs->cs_nowait, &err);
         if (w == NULL) {
             tp__mtx_unlock(&a->a_mtx);
             atomic_fetch_sub_explicit(&a->a_writers, 1, memory_order_release);
@@ -403,7 +413,7 @@ agent_call(tp_agent *a, ag_peer *p, const ag_callspec *cs, const tp_args *in,
             ag_call_finish(c, NULL, e);
             return result;
         }
-        c->c_conn = conn;
+        c->c_conn = w->w_conn;
         p->p_stats.s_bytes_sent += ag_args_nbytes(in);
     }
     c->c_start_ns = tp__now_ns();
@@ -505,16 +515,8 @@ tp__agent_notify(tp_agent *a, int to, uint8_t kind, const void *hdr,
         return tp__error_set(err_p, TP_ECLOSED, "rpc %s: %s to %s: shut down",
                              ag_name(a), kd->k_name, p->p_info.name);
     }
-    if (nowait && p->p_out == NULL) {
-        tp__mtx_unlock(&a->a_mtx);
-        return TP_EAGAIN;
-    }
     atomic_fetch_add_explicit(&a->a_writers, 1, memory_order_acquire);
-    ag_wslot *w = NULL;
-    ag_conn *conn = ag_conn_get_locked(a, p, &err);
-    if (conn != NULL && (w = ag_slot_get_locked(conn)) == NULL) {
-        tp__error_set(&err, TP_ENOMEM, "out of memory");
-    }
+    ag_wslot *w = call_slot_locked(a, p, nowait, &err);
     if (w != NULL) {
         // Counted as sent from now: the shutdown agreement then waits for
         // its arrival (a write that fails takes it back).
@@ -539,7 +541,9 @@ tp__agent_notify(tp_agent *a, int to, uint8_t kind, const void *hdr,
         st = tp_error_status(err);
     }
     atomic_fetch_sub_explicit(&a->a_writers, 1, memory_order_release);
-    if (st != TP_OK) {
+    if (st == TP_EAGAIN) {
+        tp_error_unref(err); // not sent: the caller sends it otherwise
+    } else if (st != TP_OK) {
         tp_error *e = tp__error_new(st, 0, err, "rpc %s: %s to %s (rank %d)",
                                     ag_name(a), kd->k_name, p->p_info.name, to);
         tp_error_unref(err);
@@ -671,9 +675,9 @@ tp_rpc_wait(tp_future *f, int64_t timeout_ms, tp_args **out_p, tp_error **err_p)
     return st;
 }
 
-static tp_status
-rpc_sync_wait(tp_agent *a, tp_future *f, int64_t timeout_ms, tp_args **out_p,
-              tp_error **err_p)
+tp_status
+tp__agent_wait(tp_agent *a, tp_future *f, int64_t timeout_ms, tp_args **out_p,
+               tp_error **err_p)
 {
     // The call ends by itself at its deadline (the timer thread); the
     // wait's own deadline is only a backstop.
@@ -688,6 +692,14 @@ rpc_sync_wait(tp_agent *a, tp_future *f, int64_t timeout_ms, tp_args **out_p,
                        "%lld ms deadline",
                        ag_name(a), AG_SYNC_GRACE_MS, (long long)t);
     }
+    return st;
+}
+
+static tp_status
+rpc_sync_wait(tp_agent *a, tp_future *f, int64_t timeout_ms, tp_args **out_p,
+              tp_error **err_p)
+{
+    tp_status st = tp__agent_wait(a, f, timeout_ms, out_p, err_p);
     tp_future_unref(f);
     return st;
 }

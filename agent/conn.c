@@ -206,31 +206,22 @@ slot_write_step(ag_wslot *w)
     if (any_tok) {
         ag_proto_sent(a, toks, err);
     }
-    const ag_kind_desc *kd = ag_kind_get(kind);
-    if (kd != NULL && kd->k_note) {
-        if (err != NULL) {
-            // It will never arrive: the agreement must not wait for it.
-            tp__mtx_lock(&a->a_mtx);
-            a->a_notes_sent--;
-            tp__mtx_unlock(&a->a_mtx);
-            if (TP_STATUS_IS_CONN(tp_error_status(err))) {
-                ag_conn_fail(c, err);
-            } else {
-                TP_LOG_WARN("TP-RPC-NOTE", "rpc %s: %s not sent: %s",
-                            ag_name(a), kd->k_name, tp_error_message(err));
-            }
-            tp_error_unref(err);
-        }
+    if (err == NULL) {
         return;
     }
-    if (err != NULL) {
-        if (TP_STATUS_IS_CONN(tp_error_status(err))) {
-            ag_conn_fail(c, err);
-        } else {
-            ag_write_failed_locally(c, kind, call_id, err);
-        }
-        tp_error_unref(err);
+    if (ag_kind_get(kind)->k_note) {
+        // A notification that will never arrive: the shutdown agreement
+        // must not wait for it.
+        tp__mtx_lock(&a->a_mtx);
+        a->a_notes_sent--;
+        tp__mtx_unlock(&a->a_mtx);
     }
+    if (TP_STATUS_IS_CONN(tp_error_status(err))) {
+        ag_conn_fail(c, err);
+    } else {
+        ag_write_failed_locally(c, kind, call_id, err);
+    }
+    tp_error_unref(err);
 }
 
 void
@@ -495,6 +486,9 @@ conn_desc_step(ag_conn *c)
         msg->tensors[i].data = m->tm_nbytes > 0 ? tp_tensor_data(t) : NULL;
     }
     c->c_rargs = args;
+    // The header's pointers are into msg's metadata, which stays where it
+    // is until the message is freed: the read step uses it as it is.
+    c->c_rhdr = h;
     atomic_fetch_add_explicit(&c->c_ops, 1, memory_order_relaxed);
     tp_pipe_read(c->c_pipe, msg, c->c_raio);
 }
@@ -549,37 +543,16 @@ conn_read_step(ag_conn *c)
         ag_conn_fail(c, aerr);
         return;
     }
-    // Decoded again (cheap) so the header's pointers refer to the
+    // Checked and decoded at the descriptor; its pointers are into the
     // metadata that the args now keep.
-    ag_hdr h;
-    uint64_t lens_inline[16];
-    uint64_t *lens = lens_inline;
-    if (msg->ntensors > 16) {
-        lens = tp__alloc(msg->ntensors * sizeof(uint64_t));
-        if (lens == NULL) {
-            tp_args_unref(args);
-            tp_message_destroy(msg);
-            ag_conn_fail(c, tp__error_nomem());
-            return;
-        }
-    }
-    for (uint32_t i = 0; i < msg->ntensors; i++) {
-        lens[i] = msg->tensors[i].len;
-    }
-    tp_status st =
-        ag_wire_decode(msg->metadata, msg->metadata_len, msg->npayloads,
-                       msg->ntensors, lens, &h, c->c_metas, NULL);
-    if (lens != lens_inline) {
-        tp__free(lens);
-    }
-    TP_ASSERT(st == TP_OK); // checked at the descriptor
+    const ag_hdr h = c->c_rhdr;
     args->a_msg = msg;
     if (msg->npayloads == 1) {
         args->a_bytes = msg->payloads[0].data;
         args->a_len = msg->payloads[0].len;
     }
     tp_error *err = NULL;
-    st = conn_check_sender(c, &h, &err);
+    tp_status st = conn_check_sender(c, &h, &err);
     if (st == TP_OK && h.h_kind != AG_KIND_ERROR) {
         // The protocols read their sections (RRefs in the args).
         st = ag_proto_recv(c->c_agent, (int)h.h_src_rank, &h, args, &err);

@@ -111,8 +111,10 @@ typedef struct tp__proto_kind {
     const char *pk_name; /* "RREF_FETCH", for messages */
     /* Loop thread, in arrival order on the pipe; must not block. Returns
      * DONE with a result (*result_p, taken; NULL = empty) or an error
-     * (*err_p set: an ERROR reply naming this worker), RUN with a context
-     * for pk_run in *ctx_p, or WAIT with a future in *ctx_p. */
+     * (*err_p set: an ERROR reply naming this worker; TP_EPROTO, for a
+     * malformed header, closes the pipe with a protocol error naming the
+     * peer instead), RUN with a context for pk_run in *ctx_p, or WAIT with
+     * a future in *ctx_p. */
     tp__proto_verdict (*pk_on_loop)(void *state, const tp__proto_msg *m,
                                     void **ctx_p, tp_args **result_p,
                                     tp_error **err_p);
@@ -190,6 +192,14 @@ tp_status tp__agent_submit(tp_agent *a, tp_task *task);
 /* A pool-bound future for protocol results made outside a call. */
 void tp__agent_bind_future(tp_agent *a, tp_future *f);
 /*
+ * Runs the function registered as @name with @in on this pool thread, as
+ * a call from worker @caller would (an async handler's future is bound to
+ * the pool). A future with the result (tp_args * or NULL) or an error
+ * naming the function and this worker; NULL only without memory.
+ */
+tp_future *tp__agent_run_fn(tp_agent *a, int caller, const char *name,
+                            const tp_args *in);
+/*
  * Sends a message of protocol kind @kind to @to (another worker) with the
  * header @hdr (section 0), an optional @name, and @in (may be NULL),
  * answered like a call: the future resolves with the reply's tp_args * or
@@ -204,6 +214,15 @@ tp_future *tp__agent_call_kind(tp_agent *a, int to, uint8_t kind,
                                const void *hdr, size_t hdr_len,
                                const char *name, const tp_args *in,
                                int64_t timeout_ms);
+/*
+ * Waits for the future @f of a call made with @timeout_ms (an RPC or a
+ * protocol message), as tp_rpc_sync does: the call ends by its own
+ * deadline; this wait adds a grace period as a backstop. On success
+ * *@out_p (may be NULL) is a new reference to the result. @f is not
+ * unreferenced.
+ */
+tp_status tp__agent_wait(tp_agent *a, tp_future *f, int64_t timeout_ms,
+                         tp_args **out_p, tp_error **err_p);
 /*
  * Sends the notification @kind (a kind with pk_note) to @to: a one-way
  * message, no reply, no future. TP_OK once it is handed to the pipe (a

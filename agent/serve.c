@@ -15,6 +15,35 @@
 
 static void req_async_done(tp_future *f, void *arg);
 
+// Drops request @r (answered or not): its args, its hold on the
+// connection and on the agent.
+static void
+req_free(ag_req *r)
+{
+    tp_agent *a = r->r_agent;
+    tp_args_unref(r->r_args);
+    if (r->r_conn != NULL) {
+        ag_conn_op_done(r->r_conn);
+    }
+    tp__free(r);
+    ag_agent_unref(a);
+}
+
+// Loop thread: a protocol's handler found message @kind from the peer of
+// @c malformed (TP_EPROTO): that pipe closes, naming the peer, as for a
+// malformed agent header. False (and nothing done) for other errors.
+static bool
+proto_malformed(ag_conn *c, const ag_kind_desc *kd, const tp_error *err)
+{
+    if (err == NULL || tp_error_status(err) != TP_EPROTO) {
+        return false;
+    }
+    tp_error *e = tp__error_new(TP_EPROTO, 0, err, "%s", kd->k_name);
+    ag_conn_protocol_error(c, e);
+    tp_error_unref(e);
+    return true;
+}
+
 // Loop thread: a notification: its handler runs here; nothing answers.
 static void
 serve_note(ag_conn *c, const ag_kind_desc *kd, const ag_hdr *h, tp_args *args)
@@ -37,7 +66,7 @@ serve_note(ag_conn *c, const ag_kind_desc *kd, const ag_hdr *h, tp_args *args)
             kd->k_proto->pk_on_loop(state, &m, &ctx, &result, &err);
         TP_ASSERT(v == TP__PROTO_DONE);
     }
-    if (err != NULL) {
+    if (err != NULL && !proto_malformed(c, kd, err)) {
         TP_LOG_DEBUG("TP-RPC-NOTE", "rpc %s: %s from %s: %s", ag_name(a),
                      kd->k_name, c->c_peer->p_info.name, tp_error_message(err));
     }
@@ -98,6 +127,11 @@ req_proto_on_loop(ag_req *r)
     if (err != NULL) {
         tp_args_unref(result);
         result = NULL;
+    }
+    if (proto_malformed(r->r_conn, kd, err)) {
+        req_free(r);
+        tp_error_unref(err);
+        return false;
     }
     ag_req_reply(r, result, err);
     tp_error_unref(err);
@@ -312,12 +346,7 @@ ag_req_reply(ag_req *r, tp_args *result, const tp_error *err)
         }
         tp_error_unref(serr);
     }
-    tp_args_unref(r->r_args);
-    if (r->r_conn != NULL) {
-        ag_conn_op_done(r->r_conn);
-    }
-    tp__free(r);
-    ag_agent_unref(a);
+    req_free(r);
 }
 
 // Loop thread: a message could not be sent for a reason of its own (a
@@ -331,7 +360,15 @@ ag_write_failed_locally(ag_conn *c, ag_kind kind, uint64_t call_id,
     tp_agent *a = c->c_agent;
     char who[AG_MAX_URL + 160];
     ag_conn_describe(c, who, sizeof(who));
-    if (kind == AG_KIND_REQUEST) {
+    const ag_kind_desc *kd = ag_kind_get(kind);
+    if (kd->k_note) {
+        TP_LOG_WARN("TP-RPC-NOTE", "rpc %s: %s to %s not sent: %s", ag_name(a),
+                    kd->k_name, who, tp_error_message(err));
+        return;
+    }
+    // A request of any kind (a function's or a protocol's) fails its own
+    // call; only a reply is answered with an error reply.
+    if (kd->k_request) {
         tp_status st = tp_error_status(err);
         tp__mtx_lock(&a->a_mtx);
         ag_call *call = ag_pending_take_locked(a, call_id, c, st);
@@ -405,6 +442,58 @@ req_proto_run(ag_req *r)
     }
 }
 
+// The function registered as @name (@id: its hash), or NULL with an error
+// naming the function and worker @a.
+static const ag_fn *
+fn_find(tp_agent *a, uint64_t id, const char *name, tp_error **err_p)
+{
+    const ag_fn *fn = ag_registry_find(id);
+    if (fn == NULL || strcmp(fn->fn_name, name) != 0) {
+        *err_p = tp__error_new(TP_ENOENT, 0, NULL,
+                               "function \"%s\" is not registered on %s "
+                               "(rank %d)",
+                               name, ag_name(a), a->a_rank);
+        return NULL;
+    }
+    return fn;
+}
+
+// Runs the synchronous handler @fn: TP_OK with its result in *@out_p, or
+// its failure with an error carrying that status (the handler's own, or
+// one naming @fn).
+static tp_status
+fn_call_sync(const ag_fn *fn, const tp_rpc_call_info *ci, const tp_args *in,
+             tp_args **out_p, tp_error **err_p)
+{
+    tp_args *out = NULL;
+    tp_error *err = NULL;
+    tp_status st = fn->fn_sync(ci, in, fn->fn_arg, &out, &err);
+    if (st == TP_OK) {
+        tp_error_unref(err); // a success with an error object: ignored
+        *out_p = out;
+        return TP_OK;
+    }
+    tp_args_unref(out);
+    if (err == NULL) {
+        err = tp__error_new(st, 0, NULL, "function \"%s\" failed: %s",
+                            fn->fn_name, tp_status_describe(st));
+    } else if (tp_error_status(err) != st) {
+        tp_error *e = tp__error_new(st, 0, err, "function \"%s\"", fn->fn_name);
+        tp_error_unref(err);
+        err = e;
+    }
+    *err_p = err;
+    return st;
+}
+
+static tp_error *
+fn_no_future(const ag_fn *fn)
+{
+    return tp__error_new(TP_ENOMEM, 0, NULL,
+                         "async function \"%s\" returned no future",
+                         fn->fn_name);
+}
+
 // Pool thread: run the handler of @r.
 void
 ag_req_run(void *arg)
@@ -416,13 +505,8 @@ ag_req_run(void *arg)
         req_proto_run(r);
         return;
     }
-    const ag_fn *fn = ag_registry_find(r->r_fn_id);
-
-    if (fn == NULL || strcmp(fn->fn_name, r->r_fn_name) != 0) {
-        err = tp__error_new(TP_ENOENT, 0, NULL,
-                            "function \"%s\" is not registered on %s "
-                            "(rank %d)",
-                            r->r_fn_name, ag_name(a), a->a_rank);
+    const ag_fn *fn = fn_find(a, r->r_fn_id, r->r_fn_name, &err);
+    if (fn == NULL) {
         ag_req_reply(r, NULL, err);
         tp_error_unref(err);
         return;
@@ -431,42 +515,61 @@ ag_req_run(void *arg)
     r->r_info.fn_name = fn->fn_name;
     r->r_info.caller = &r->r_caller->p_info;
     r->r_info.call_id = r->r_call_id;
+    tp_args *out = NULL;
     if (fn->fn_async != NULL) {
         tp_future *f = fn->fn_async(&r->r_info, r->r_args, fn->fn_arg);
-        if (f == NULL) {
-            err = tp__error_new(TP_ENOMEM, 0, NULL,
-                                "async function \"%s\" returned no future",
-                                fn->fn_name);
-            ag_req_reply(r, NULL, err);
-            tp_error_unref(err);
+        if (f != NULL && tp_future_then(f, req_async_done, r) == TP_OK) {
             return;
         }
-        if (tp_future_then(f, req_async_done, r) != TP_OK) {
-            tp_future_unref(f);
-            err = tp__error_new(TP_ENOMEM, 0, NULL, "function \"%s\"",
-                                fn->fn_name);
-            ag_req_reply(r, NULL, err);
-            tp_error_unref(err);
-        }
-        return;
+        err = f == NULL ? fn_no_future(fn)
+                        : tp__error_new(TP_ENOMEM, 0, NULL, "function \"%s\"",
+                                        fn->fn_name);
+        tp_future_unref(f);
+    } else {
+        fn_call_sync(fn, &r->r_info, r->r_args, &out, &err);
     }
+    ag_req_reply(r, out, err);
+    tp_error_unref(err);
+}
+
+tp_future *
+tp__agent_run_fn(tp_agent *a, int caller, const char *name, const tp_args *in)
+{
+    tp_error *err = NULL;
     tp_args *out = NULL;
-    tp_status st = fn->fn_sync(&r->r_info, r->r_args, fn->fn_arg, &out, &err);
-    if (st != TP_OK) {
-        tp_args_unref(out);
-        if (err == NULL) {
-            err = tp__error_new(st, 0, NULL, "function \"%s\" failed: %s",
-                                fn->fn_name, tp_status_describe(st));
-        } else if (tp_error_status(err) != st) {
-            tp_error *e =
-                tp__error_new(st, 0, err, "function \"%s\"", fn->fn_name);
+    const ag_fn *fn = fn_find(a, tp__hash64(name, strlen(name)), name, &err);
+    if (fn != NULL) {
+        tp_rpc_call_info ci = {
+            .agent = a,
+            .fn_name = fn->fn_name,
+            .caller = tp__agent_worker(a, caller),
+        };
+        if (fn->fn_async != NULL) {
+            tp_future *f = fn->fn_async(&ci, in, fn->fn_arg);
+            if (f != NULL) {
+                tp__agent_bind_future(a, f);
+                return f;
+            }
+            err = fn_no_future(fn);
+        } else if (fn_call_sync(fn, &ci, in, &out, &err) != TP_OK) {
+            tp_error *e = tp__error_new(tp_error_status(err), 0, err,
+                                        "function \"%s\" on %s (rank %d)",
+                                        fn->fn_name, ag_name(a), a->a_rank);
             tp_error_unref(err);
             err = e;
         }
-        ag_req_reply(r, NULL, err);
-        tp_error_unref(err);
-        return;
     }
-    tp_error_unref(err); // a success with an error object: ignored
-    ag_req_reply(r, out, NULL);
+    tp_future *f = NULL;
+    if (tp_future_create(&f) == TP_OK) {
+        tp__agent_bind_future(a, f);
+        if (err != NULL) {
+            tp_future_set_error(f, err);
+        } else {
+            tp_future_set_value(f, out, (tp_future_free_fn)tp_args_unref);
+            out = NULL;
+        }
+    }
+    tp_args_unref(out);
+    tp_error_unref(err);
+    return f;
 }

@@ -110,17 +110,12 @@ rref_alloc(rr_ctx *x, rr_id id, int owner, const char *what)
     if (r == NULL) {
         return NULL;
     }
-    if (tp_future_create(&r->r_confirm) != TP_OK) {
-        tp__free(r);
-        return NULL;
-    }
     atomic_init(&r->r_refs, 1);
     r->r_ctx = rr_ctx_ref(x);
     r->r_id = id;
     r->r_owner = owner;
     r->r_creator = (int)id.w;
     snprintf(r->r_what, sizeof(r->r_what), "%s", what != NULL ? what : "");
-    tp__agent_bind_future(x->x_agent, r->r_confirm);
     return r;
 }
 
@@ -279,6 +274,11 @@ rr_user_new_locked(rr_ctx *x, rr_id id, rr_id fork, int owner, bool confirmed,
     if (r == NULL) {
         return NULL;
     }
+    if (tp_future_create(&r->r_confirm) != TP_OK) {
+        rr_release(r);
+        return NULL;
+    }
+    tp__agent_bind_future(x->x_agent, r->r_confirm);
     r->r_fork = fork;
     r->r_is_object = object;
     r->r_users = 1;

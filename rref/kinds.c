@@ -20,7 +20,6 @@
 
 #include "agent/agent_int.h"
 #include "core/alloc.h"
-#include "core/hash.h"
 #include "core/log.h"
 #include "rr_impl.h"
 
@@ -74,95 +73,6 @@ static const char *
 my_name(rr_ctx *x)
 {
     return tp__agent_worker(x->x_agent, x->x_rank)->name;
-}
-
-// A copy of @in (bytes copied, tensors and RRefs shared) with @first as
-// RRef 0: what a function called through an RRef sees.
-static tp_status
-args_with_first(const tp_args *in, tp_rref *first, tp_args **out_p)
-{
-    size_t nt = tp_args_ntensors(in);
-    tp_args *out = NULL;
-    tp_status st = ag_args_create_empty(nt, &out);
-    if (st != TP_OK) {
-        return st;
-    }
-    size_t len = 0;
-    const void *b = tp_args_bytes(in, &len);
-    if (len > 0) {
-        out->a_owned = tp__alloc(len);
-        if (out->a_owned == NULL) {
-            tp_args_unref(out);
-            return TP_ENOMEM;
-        }
-        memcpy(out->a_owned, b, len);
-        out->a_bytes = out->a_owned;
-        out->a_len = len;
-    }
-    for (size_t i = 0; i < nt; i++) {
-        ag_args_push_tensor(out, tp_tensor_ref(tp_args_tensor(in, i)));
-    }
-    st = tp__args_add_obj(out, first, &rr_obj_ops);
-    for (size_t i = 0; st == TP_OK && i < tp__args_nobjs(in); i++) {
-        const tp__args_obj_ops *ops = NULL;
-        void *o = tp__args_obj(in, i, &ops);
-        st = tp__args_add_obj(out, o, ops);
-    }
-    if (st != TP_OK) {
-        tp_args_unref(out);
-        return st;
-    }
-    *out_p = out;
-    return TP_OK;
-}
-
-// Runs the registered function @name with @in; a future with its result
-// (tp_args * or NULL) or error. The error names the function and worker.
-static tp_future *
-run_fn(rr_ctx *x, const tp__proto_msg *m, const char *name, const tp_args *in)
-{
-    size_t len = strlen(name);
-    const ag_fn *fn = ag_registry_find(tp__hash64(name, len));
-    if (fn == NULL || strcmp(fn->fn_name, name) != 0) {
-        tp_future *f = future_new(x);
-        if (f != NULL) {
-            tp_error *e = tp__error_new(TP_ENOENT, 0, NULL,
-                                        "function \"%s\" is not registered "
-                                        "on %s (rank %d)",
-                                        name, my_name(x), x->x_rank);
-            tp_future_set_error(f, e);
-            tp_error_unref(e);
-        }
-        return f;
-    }
-    tp_rpc_call_info ci;
-    call_info(x, m, fn->fn_name, &ci);
-    if (fn->fn_async != NULL) {
-        tp_future *f = fn->fn_async(&ci, in, fn->fn_arg);
-        if (f != NULL) {
-            tp__agent_bind_future(x->x_agent, f);
-        }
-        return f;
-    }
-    tp_future *f = future_new(x);
-    if (f == NULL) {
-        return NULL;
-    }
-    tp_args *out = NULL;
-    tp_error *err = NULL;
-    tp_status st = fn->fn_sync(&ci, in, fn->fn_arg, &out, &err);
-    if (st != TP_OK) {
-        tp_args_unref(out);
-        tp_error *e = tp__error_new(st, 0, err, "function \"%s\" on %s",
-                                    fn->fn_name, my_name(x));
-        tp_error_unref(err);
-        tp_future_set_error(f, e);
-        tp_error_unref(e);
-    } else {
-        tp_error_unref(err);
-        tp_future_set_value(f, out, (tp_future_free_fn)tp_args_unref);
-    }
-    return f;
 }
 
 // ---- REMOTE ----------------------------------------------------------------
@@ -325,14 +235,15 @@ remote_run(void *state, const tp__proto_msg *m, void *ctx)
     }
     const tp_args *in = m->pm_args;
     if (j->j_target != NULL) {
-        if (args_with_first(in, j->j_target, &j->j_in) != TP_OK) {
+        if (ag_args_copy(in, false, j->j_target, &rr_obj_ops, &j->j_in, NULL) !=
+            TP_OK) {
             tp_future_set_error(j->j_reply, tp__error_nomem());
             job_free(j);
             return reply;
         }
         in = j->j_in;
     }
-    tp_future *f = run_fn(x, m, name, in);
+    tp_future *f = tp__agent_run_fn(x->x_agent, m->pm_from, name, in);
     if (f == NULL || tp_future_then(f, remote_done, j) != TP_OK) {
         tp_future_unref(f);
         rr_owner_set_value(j->j_rref, NULL, NULL, tp__error_nomem());
@@ -439,10 +350,12 @@ value_ready(tp_future *vf, void *arg)
         }
     } else {
         tp_args *in = NULL;
-        if (args_with_first(v->v_in, v->v_rref, &in) != TP_OK) {
+        if (ag_args_copy(v->v_in, false, v->v_rref, &rr_obj_ops, &in, NULL) !=
+            TP_OK) {
             err = tp_error_ref((tp_error *)tp__error_nomem());
         } else {
-            tp_future *f = run_fn(x, &v->v_msg, v->v_name, in);
+            tp_future *f =
+                tp__agent_run_fn(x->x_agent, v->v_msg.pm_from, v->v_name, in);
             tp_args_unref(in);
             if (f != NULL && tp_future_then(f, call_done, v) == TP_OK) {
                 tp_future_unref(vf);

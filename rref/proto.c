@@ -87,35 +87,25 @@ rr_detach(void *state)
     tp__mtx_lock(&x->x_mtx);
     x->x_attached = false;
     // Forks and children end with the agent: nothing can confirm or
-    // delete them any more.
+    // delete them any more (and, detached, nothing is sent).
     for (rr_node *n = rr_map_first(&x->x_forks); n != NULL;) {
         rr_node *next = rr_map_next(&x->x_forks, n);
-        rr_fork *f = (rr_fork *)n;
-        rr_map_del(&x->x_forks, n->n_key);
-        f->f_rref->r_nforks--;
-        rr_release(f->f_rref);
-        tp__free(f);
+        rr_fork_del_locked(x, n->n_key, -1);
         n = next;
     }
     for (rr_node *n = rr_map_first(&x->x_children); n != NULL;) {
         rr_node *next = rr_map_next(&x->x_children, n);
-        rr_child *c = (rr_child *)n;
-        rr_map_del(&x->x_children, n->n_key);
-        c->c_parent->r_nchildren--;
-        rr_release(c->c_parent);
-        tp__free(c);
+        rr_child_done_locked(x, n->n_key, -1);
         n = next;
     }
-    // Owner RRefs that the program still holds stay usable locally (their
-    // value goes with the last handle); the others go now.
+    // Owner RRefs that the program or a running function still holds stay
+    // usable locally (their value goes with the last reference); the
+    // others go now.
     for (rr_node *n = rr_map_first(&x->x_owned); n != NULL;) {
         rr_node *next = rr_map_next(&x->x_owned, n);
-        tp_rref *r = (tp_rref *)n;
-        r->r_holds = 0;
-        rr_hold(r);
+        tp_rref *r = rr_hold((tp_rref *)n); // the table's may be the last
         rr_owner_maybe_delete_locked(x, r);
         if (r->r_in_table) {
-            // Kept by handles: out of the table, its value with it.
             rr_map_del(&x->x_owned, r->r_id);
             r->r_in_table = false;
             atomic_fetch_sub_explicit(&r->r_refs, 1, memory_order_acq_rel);
@@ -473,7 +463,6 @@ rr_shutdown_begin(void *state)
 {
     rr_ctx *x = state;
     tp__mtx_lock(&x->x_mtx);
-    x->x_shutting_down = true;
     // As PyTorch: the user RRefs the program still holds are let go, so
     // that their owners can free the values (the handles stay valid
     // here; their values are gone).

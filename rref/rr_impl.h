@@ -99,7 +99,7 @@ struct tp_rref {
     bool r_deleted;       // DELETE queued (or not needed: owner gone)
     long r_nchildren;     // forks passed on, not yet accepted
     tp_error *r_err;      // creation failed / owner died (set once)
-    tp_future *r_confirm; // resolves at confirmation (wait_created)
+    tp_future *r_confirm; // users: resolves at confirmation (wait_created)
     // (x) owner side
     long r_nforks; // users known here
     long r_holds;  // operations in progress (a creation, a fetch)
@@ -142,16 +142,15 @@ struct rr_ctx {
     int x_world;
     _Atomic uint64_t x_next; // ids and forks made here: (x_rank, n)
     tp_mtx x_mtx;
-    bool x_attached;      // (x) false after detach: no more messages
-    bool x_shutting_down; // (x)
-    rr_map x_owned;       // (x) owner RRefs by id
-    rr_map x_users;       // (x) user RRefs by fork, until deleted
-    rr_map x_forks;       // (x) rr_fork by fork id
-    rr_map x_children;    // (x) rr_child by fork id
-    bool *x_dead;         // (x) by rank: peers that failed
-    rr_note *x_outbox;    // (x) to send after unlocking
-    rr_doomed *x_doomed;  // (x) values of deleted RRefs, to free
-    uint64_t x_nqueued;   // (x) notes queued, not yet sent
+    bool x_attached;     // (x) false after detach: no more messages
+    rr_map x_owned;      // (x) owner RRefs by id
+    rr_map x_users;      // (x) user RRefs by fork, until deleted
+    rr_map x_forks;      // (x) rr_fork by fork id
+    rr_map x_children;   // (x) rr_child by fork id
+    bool *x_dead;        // (x) by rank: peers that failed
+    rr_note *x_outbox;   // (x) to send after unlocking
+    rr_doomed *x_doomed; // (x) values of deleted RRefs, to free
+    uint64_t x_nqueued;  // (x) notes queued, not yet sent
     uint64_t x_nunconfirmed;
     uint64_t x_created, x_deleted;
 };

@@ -11,8 +11,6 @@
 #include "core/platform.h"
 #include "rr_impl.h"
 
-#define RR_WAIT_GRACE_MS 5000 // a wait beyond the call's own deadline
-
 static rr_ctx *
 ctx_of(tp_agent *a, tp_error **err_p)
 {
@@ -467,15 +465,15 @@ tp_rref_to_here(tp_rref *r, int64_t timeout_ms, tp_args **out_p,
     if (f == NULL) {
         return tp__error_set(err_p, TP_ENOMEM, "rref: out of memory");
     }
-    // The call ends by its own deadline; this wait is a backstop.
     tp_error *err = NULL;
-    tp_status st =
-        tp_rpc_wait(f, t > 0 ? t + RR_WAIT_GRACE_MS : 0, out_p, &err);
+    tp_status st = tp__agent_wait(r->r_ctx->x_agent, f, t, out_p, &err);
+    bool ended = tp_future_is_done(f);
     tp_future_unref(f);
     if (st != TP_OK) {
         char who[TP_RPC_MAX_NAME + 96];
         rr_describe(r, who, sizeof(who));
-        if (st == TP_ETIMEDOUT) {
+        if (st == TP_ETIMEDOUT && ended) {
+            // The call's own deadline: say which RRef, owner, how long.
             tp__error_set(err_p, st, "to_here of %s: timed out after %lld ms",
                           who, (long long)t);
         } else if (err_p != NULL) {
@@ -691,8 +689,7 @@ call_sync(tp_rref *r, uint32_t flags, const char *name, const tp_args *in,
     if (f == NULL) {
         return tp__error_set(err_p, TP_ENOMEM, "rref: out of memory");
     }
-    tp_status st =
-        tp_rpc_wait(f, t > 0 ? t + RR_WAIT_GRACE_MS : 0, out_p, err_p);
+    tp_status st = tp__agent_wait(r->r_ctx->x_agent, f, t, out_p, err_p);
     tp_future_unref(f);
     return st;
 }

@@ -40,6 +40,14 @@ w_basic(int rank, int world, const char *url, void *arg)
         tp_worker_info wi;
         TP_CHECK_OK(tp_rref_owner(r, &wi), NULL);
         TP_CHECK_EQ(wi.rank, 1);
+        // Created here: our rank in its id, and remote()'s own handle is
+        // the fork with the same id.
+        uint32_t cw = 9, fw = 9;
+        uint64_t cn = 0, fn = 0;
+        tp_rref_id(r, &cw, &cn, &fw, &fn);
+        TP_CHECK_EQ(cw, 0);
+        TP_CHECK(cn != 0);
+        TP_CHECK(fw == cw && fn == cn);
         tp_args *v = here_ok(r);
         size_t n = 0;
         const void *b = tp_args_bytes(v, &n);
@@ -64,6 +72,8 @@ w_basic(int rank, int world, const char *url, void *arg)
         // Owned here: remote() to self.
         r = remote_ok(a, "alpha", "t.make", 3);
         TP_CHECK(tp_rref_is_owner(r));
+        tp_rref_id(r, &cw, &cn, &fw, &fn);
+        TP_CHECK(cw == 0 && cn != 0 && fw == 0 && fn == 0); // no fork
         TP_CHECK(tp_rref_confirmed_by_owner(r));
         v = here_ok(r);
         TP_CHECK_OK(tp_rref_local_value(r, WAIT_MS, &lv, &err), err);

@@ -23,7 +23,6 @@
 const char *const k_names[4] = {"alpha", "bravo", "charlie", "delta"};
 
 int g_rank = -1;
-tp_agent *g_agent;
 tp_rref *_Atomic g_kept[8];  // RRefs kept by "t.keep"
 atomic_int g_objects;        // live "t.linear" objects here
 atomic_int g_leak_reports;   // TP-RREF-LEAK log lines here
@@ -496,7 +495,6 @@ join(int rank, int world, const char *url)
     tp_error *err = NULL;
     tp_status st = tp_rpc_init(k_names[rank], rank, world, &o, &a, &err);
     TP_CHECKF(st == TP_OK, "rank %d: init: %s", rank, tp_error_message(err));
-    g_agent = a;
     return a;
 }
 

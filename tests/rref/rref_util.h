@@ -21,7 +21,6 @@
 
 extern const char *const k_names[4];
 extern int g_rank;
-extern tp_agent *g_agent;
 extern tp_rref *_Atomic g_kept[8]; // RRefs kept by "t.keep"
 extern atomic_int g_objects;       // live "t.linear" objects here
 extern atomic_int g_leak_reports;  // TP-RREF-LEAK log lines here
