@@ -131,6 +131,29 @@ future_drain_task(void *arg)
     tp_future_unref(f);
 }
 
+// Called with f_mtx held, @f resolved and callbacks queued: drains them
+// (f_draining), then unlocks. A future bound to a pool runs its callbacks
+// there (user code must not run on the loop thread that resolved it),
+// unless the caller is one of the pool's threads or the pool no longer
+// takes work (shutting down): then they run here.
+static void
+future_drain_start_unlock(tp_future *f)
+{
+    // A callback may drop the last reference the caller relied on; keep
+    // the future alive until the list is drained.
+    tp_future_ref(f);
+    f->f_draining = true;
+    if (f->f_pool != NULL && !tp__pool_on_thread(f->f_pool)) {
+        tp__task_init(&f->f_task, future_drain_task, f);
+        if (tp__pool_submit(f->f_pool, &f->f_task) == TP_OK) {
+            tp__mtx_unlock(&f->f_mtx);
+            return;
+        }
+    }
+    future_drain_unlock(f);
+    tp_future_unref(f);
+}
+
 void
 tp__future_set_pool(tp_future *f, tp_pool *pool)
 {
@@ -159,22 +182,7 @@ future_resolve(tp_future *f, void *value, tp_future_free_fn free_fn,
         tp__mtx_unlock(&f->f_mtx);
         return TP_OK;
     }
-    // A callback may drop the last reference the caller relied on; keep
-    // the future alive until the list is drained.
-    tp_future_ref(f);
-    f->f_draining = true;
-    // A future bound to a pool runs its callbacks there (user code must not
-    // run on the loop thread that resolved it). If the pool no longer
-    // takes work, they run here.
-    if (f->f_pool != NULL && !tp__pool_on_thread(f->f_pool)) {
-        tp__task_init(&f->f_task, future_drain_task, f);
-        if (tp__pool_submit(f->f_pool, &f->f_task) == TP_OK) {
-            tp__mtx_unlock(&f->f_mtx);
-            return TP_OK;
-        }
-    }
-    future_drain_unlock(f);
-    tp_future_unref(f);
+    future_drain_start_unlock(f);
     return TP_OK;
 }
 
@@ -279,15 +287,6 @@ tp_future_then(tp_future *f, tp_future_cb cb, void *arg)
     }
     // Drained by a pool task, as on resolution: callbacks added meanwhile
     // queue behind this one (f_draining), so the order holds.
-    tp_future_ref(f);
-    f->f_draining = true;
-    tp__task_init(&f->f_task, future_drain_task, f);
-    if (tp__pool_submit(f->f_pool, &f->f_task) == TP_OK) {
-        tp__mtx_unlock(&f->f_mtx);
-        return TP_OK;
-    }
-    // The pool no longer takes work (it is shutting down): run here.
-    future_drain_unlock(f);
-    tp_future_unref(f);
+    future_drain_start_unlock(f);
     return TP_OK;
 }

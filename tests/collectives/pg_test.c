@@ -30,6 +30,7 @@
 
 #include "core/wire.h"
 #include "tp_test.h"
+#include "tp_test_job.h"
 
 #define MAX_WORLD 64
 
@@ -43,78 +44,21 @@ now_ms(void)
 
 // ---- jobs of forked ranks -------------------------------------------------
 
-typedef void (*rank_fn)(int rank, int world, const char *url, void *arg);
-
-typedef struct job {
-    int world;
-    int nstart; // ranks started (default world)
-    char url[256];
-    rank_fn fn;
-    void *arg;
-    int killed_rank; // this rank is expected to die by SIGKILL (-1: none)
-    int64_t limit_ms;
-    const char *env[8]; // "NAME=value" set in every rank
-} job;
-
+// Runs @j (tp_test_job.h) on loopback only, whatever the init method; a
+// minute unless the case says otherwise.
 static void
-job_run(job *j)
+job_run(tp_job *j)
 {
-    int n = j->nstart > 0 ? j->nstart : j->world;
-    pid_t pid[MAX_WORLD];
-    fflush(stdout);
-    fflush(stderr);
-    for (int r = 0; r < n; r++) {
-        pid[r] = fork();
-        TP_CHECK(pid[r] >= 0);
-        if (pid[r] == 0) {
-            // Loopback only, whatever the init method.
-            setenv("TP_SOCKET_IFNAME", "lo", 1);
-            for (int e = 0; e < 8 && j->env[e] != NULL; e++) {
-                putenv((char *)j->env[e]);
-            }
-            j->fn(r, j->world, j->url, j->arg);
-            fflush(stdout);
-            fflush(stderr);
-            _exit(0);
-        }
+    int e = 0;
+    while (e < TP_JOB_MAX_ENV - 1 && j->env[e] != NULL) {
+        e++;
     }
-    int64_t dl = now_ms() + tp_test_ms(j->limit_ms > 0 ? j->limit_ms : 60000);
-    bool done[MAX_WORLD] = {false};
-    int left = n;
-    char why[256] = "";
-    while (left > 0 && why[0] == '\0') {
-        for (int r = 0; r < n; r++) {
-            int status;
-            if (done[r] || waitpid(pid[r], &status, WNOHANG) != pid[r]) {
-                continue;
-            }
-            done[r] = true;
-            left--;
-            if (r == j->killed_rank) {
-                if (!WIFSIGNALED(status) || WTERMSIG(status) != SIGKILL) {
-                    snprintf(why, sizeof(why),
-                             "rank %d ended with 0x%x, not SIGKILL", r, status);
-                }
-            } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-                snprintf(why, sizeof(why), "rank %d failed (status 0x%x)", r,
-                         status);
-            }
-        }
-        if (left > 0 && now_ms() > dl) {
-            snprintf(why, sizeof(why), "job did not end in %" PRId64 " ms",
-                     tp_test_ms(j->limit_ms > 0 ? j->limit_ms : 60000));
-        }
-        if (left > 0 && why[0] == '\0') {
-            usleep(2000);
-        }
+    TP_CHECK(j->env[e] == NULL);
+    j->env[e] = "TP_SOCKET_IFNAME=lo";
+    if (j->limit_ms == 0) {
+        j->limit_ms = 60000;
     }
-    for (int r = 0; r < n; r++) {
-        if (!done[r]) {
-            kill(pid[r], SIGKILL);
-            waitpid(pid[r], NULL, 0);
-        }
-    }
-    TP_CHECKF(why[0] == '\0', "%s", why);
+    tp_job_run(j);
 }
 
 static void
@@ -512,10 +456,7 @@ matrix_rank(int rank, int world, const char *url, void *arg)
 static void
 run_matrix(int world, const char *const *env)
 {
-    job j = {.world = world,
-             .fn = matrix_rank,
-             .killed_rank = -1,
-             .limit_ms = 240000};
+    tp_job j = {.world = world, .fn = matrix_rank, .limit_ms = 240000};
     for (int e = 0; env != NULL && env[e] != NULL; e++) {
         j.env[e] = env[e];
     }
@@ -657,13 +598,12 @@ test_64mib(void)
 {
     static const char *const *envs[] = {k_env_pipe, k_env_auto};
     for (size_t e = 0; e < 2; e++) {
-        job j = {
-            .world = 2, .fn = big_rank, .killed_rank = -1, .limit_ms = 120000};
+        tp_job j = {.world = 2, .fn = big_rank, .limit_ms = 120000};
         j.env[0] = envs[e][0];
         file_url(j.url, sizeof(j.url));
         job_run(&j);
     }
-    job j = {.world = 3, .fn = big_rank, .killed_rank = -1, .limit_ms = 120000};
+    tp_job j = {.world = 3, .fn = big_rank, .limit_ms = 120000};
     j.env[0] = "TP_COLL_ENGINE=pipe";
     file_url(j.url, sizeof(j.url));
     job_run(&j);
@@ -739,7 +679,7 @@ test_subgroups(void)
 {
     const char *const *envs[] = {k_env_pipe, k_env_auto};
     for (int e = 0; e < 2; e++) {
-        job j = {.world = 4, .fn = subgroup_rank, .killed_rank = -1};
+        tp_job j = {.world = 4, .fn = subgroup_rank};
         j.env[0] = envs[e][0];
         file_url(j.url, sizeof(j.url));
         job_run(&j);
@@ -806,7 +746,7 @@ test_async(void)
 {
     const char *const *envs[] = {k_env_pipe, k_env_auto};
     for (int e = 0; e < 2; e++) {
-        job j = {.world = 3, .fn = async_rank, .killed_rank = -1};
+        tp_job j = {.world = 3, .fn = async_rank};
         j.env[0] = envs[e][0];
         file_url(j.url, sizeof(j.url));
         job_run(&j);
@@ -933,7 +873,7 @@ p2p_rank(int rank, int world, const char *url, void *arg)
 static void
 test_p2p(void)
 {
-    job j = {.world = 3, .fn = p2p_rank, .killed_rank = -1};
+    tp_job j = {.world = 3, .fn = p2p_rank};
     file_url(j.url, sizeof(j.url));
     job_run(&j);
 }
@@ -1016,7 +956,7 @@ args_rank(int rank, int world, const char *url, void *arg)
 static void
 test_arg_errors(void)
 {
-    job j = {.world = 2, .fn = args_rank, .killed_rank = -1};
+    tp_job j = {.world = 2, .fn = args_rank};
     file_url(j.url, sizeof(j.url));
     job_run(&j);
 }
@@ -1051,7 +991,7 @@ test_debug_mismatch(void)
 {
     const char *engines[] = {"TP_COLL_ENGINE=pipe", "TP_COLL_ENGINE=auto"};
     for (int e = 0; e < 2; e++) {
-        job j = {.world = 2, .fn = mismatch_rank, .killed_rank = -1};
+        tp_job j = {.world = 2, .fn = mismatch_rank};
         j.env[0] = "TP_DEBUG_COLLECTIVES=1";
         j.env[1] = engines[e];
         file_url(j.url, sizeof(j.url));
@@ -1087,7 +1027,7 @@ test_timeout(void)
 {
     const char *engines[] = {"TP_COLL_ENGINE=pipe", "TP_COLL_ENGINE=auto"};
     for (int e = 0; e < 2; e++) {
-        job j = {.world = 2, .fn = timeout_rank, .killed_rank = -1};
+        tp_job j = {.world = 2, .fn = timeout_rank};
         j.env[0] = engines[e];
         file_url(j.url, sizeof(j.url));
         job_run(&j);
@@ -1197,7 +1137,7 @@ malformed_rank(int rank, int world, const char *url, void *arg)
 static void
 test_malformed(void)
 {
-    job j = {.world = 2, .fn = malformed_rank, .killed_rank = -1};
+    tp_job j = {.world = 2, .fn = malformed_rank};
     j.env[0] = "TP_COLL_ENGINE=pipe";
     file_url(j.url, sizeof(j.url));
     job_run(&j);
@@ -1273,7 +1213,7 @@ destroy_pending_rank(int rank, int world, const char *url, void *arg)
 static void
 test_destroy_pending(void)
 {
-    job j = {.world = 2, .fn = destroy_pending_rank, .killed_rank = -1};
+    tp_job j = {.world = 2, .fn = destroy_pending_rank};
     file_url(j.url, sizeof(j.url));
     job_run(&j);
 }
@@ -1310,7 +1250,7 @@ count_mismatch_rank(int rank, int world, const char *url, void *arg)
 static void
 test_count_mismatch(void)
 {
-    job j = {.world = 3, .fn = count_mismatch_rank, .killed_rank = -1};
+    tp_job j = {.world = 3, .fn = count_mismatch_rank};
     j.env[0] = "TP_COLL_ENGINE=pipe";
     file_url(j.url, sizeof(j.url));
     job_run(&j);
@@ -1349,7 +1289,7 @@ test_gave_up(void)
 {
     const char *engines[] = {"TP_COLL_ENGINE=pipe", "TP_COLL_ENGINE=auto"};
     for (int e = 0; e < 2; e++) {
-        job j = {.world = 3, .fn = gave_up_rank, .killed_rank = -1};
+        tp_job j = {.world = 3, .fn = gave_up_rank};
         j.env[0] = engines[e];
         file_url(j.url, sizeof(j.url));
         job_run(&j);
@@ -1402,7 +1342,7 @@ test_rank_killed(void)
 {
     const char *engines[] = {"TP_COLL_ENGINE=pipe", "TP_COLL_ENGINE=auto"};
     for (int e = 0; e < 2; e++) {
-        job j = {.world = 3, .fn = kill_rank, .killed_rank = 2};
+        tp_job j = {.world = 3, .fn = kill_rank, .expect_sig[2] = SIGKILL};
         j.env[0] = engines[e];
         file_url(j.url, sizeof(j.url));
         job_run(&j);
@@ -1467,13 +1407,13 @@ missing_rank(int rank, int world, const char *url, void *arg)
 static void
 test_init_methods(void)
 {
-    job j = {.world = 3, .fn = small_rank, .killed_rank = -1};
+    tp_job j = {.world = 3, .fn = small_rank};
     tcp_url(j.url, sizeof(j.url));
     job_run(&j);
-    job je = {.world = 2, .fn = env_rank, .killed_rank = -1};
+    tp_job je = {.world = 2, .fn = env_rank};
     snprintf(je.url, sizeof(je.url), "%d", tp_test_free_port());
     job_run(&je);
-    job jm = {.world = 3, .nstart = 2, .fn = missing_rank, .killed_rank = -1};
+    tp_job jm = {.world = 3, .nstart = 2, .fn = missing_rank};
     file_url(jm.url, sizeof(jm.url));
     job_run(&jm);
     // bad arguments
@@ -1489,12 +1429,10 @@ test_init_methods(void)
 static void
 slow_world64(void)
 {
-    job j = {
-        .world = 64, .fn = small_rank, .killed_rank = -1, .limit_ms = 300000};
+    tp_job j = {.world = 64, .fn = small_rank, .limit_ms = 300000};
     file_url(j.url, sizeof(j.url));
     job_run(&j);
-    job j2 = {
-        .world = 64, .fn = small_rank, .killed_rank = -1, .limit_ms = 300000};
+    tp_job j2 = {.world = 64, .fn = small_rank, .limit_ms = 300000};
     j2.env[0] = "TP_COLL_ENGINE=pipe";
     file_url(j2.url, sizeof(j2.url));
     job_run(&j2);

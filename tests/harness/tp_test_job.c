@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -48,6 +49,9 @@ tp_job_run(tp_job *j)
         pid[r] = fork();
         TP_CHECK(pid[r] >= 0);
         if (pid[r] == 0) {
+            for (int e = 0; e < TP_JOB_MAX_ENV && j->env[e] != NULL; e++) {
+                putenv((char *)j->env[e]);
+            }
             if (j->setup != NULL) {
                 j->setup(r);
             }
@@ -112,15 +116,14 @@ tp_job_run(tp_job *j)
             return;
         }
         if (why[0] == '\0' && tp_job_now_ms() > dl) {
-            char *p = why;
-            p += snprintf(p, sizeof(why),
-                          "job did not end in %lld ms; still "
-                          "running:",
-                          (long long)limit);
-            for (int r = 0; r < n; r++) {
+            size_t off = (size_t)snprintf(why, sizeof(why),
+                                          "job did not end in %lld ms; still "
+                                          "running:",
+                                          (long long)limit);
+            for (int r = 0; r < n && off < sizeof(why); r++) {
                 if (!done[r]) {
-                    p += snprintf(p, (size_t)(why + sizeof(why) - p),
-                                  " rank %d (%s)", r, job_name(j, r));
+                    off += (size_t)snprintf(why + off, sizeof(why) - off,
+                                            " rank %d (%s)", r, job_name(j, r));
                 }
             }
         }

@@ -11,7 +11,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#define TP_JOB_MAX_WORLD 8
+#define TP_JOB_MAX_WORLD 64
+#define TP_JOB_MAX_ENV   8
 
 typedef void (*tp_job_fn)(int rank, int world, const char *url, void *arg);
 
@@ -21,6 +22,8 @@ typedef struct tp_job {
     char url[512]; // init method
     tp_job_fn fn;
     void *arg;
+    // "NAME=value" put in each child's environment, in order, before setup.
+    const char *env[TP_JOB_MAX_ENV];
     // Runs in each child before fn (registering functions); may be NULL.
     void (*setup)(int rank);
     const char *const *names;         // worker names, for messages
