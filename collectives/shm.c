@@ -355,11 +355,11 @@ shm_check_members(const shm_op *o, uint32_t p, uint64_t start, uint64_t now)
             *o->o_timed_out = timed_out;
             shm_who(m, *o->o_blame, blamed, sizeof(blamed));
             return shm_fail(o, timed_out ? TP_ETIMEDOUT : TP_ECONNRESET,
-                            "%s gave up%s%s", who,
+                            "%s gave up%s%s (waited %" PRIu64 " ms)", who,
                             b == x      ? ""
                             : timed_out ? " waiting for "
                                         : " after a failure of ",
-                            b == x ? "" : blamed);
+                            b == x ? "" : blamed, (now - start) / 1000000);
         }
         if (shm_dead(m, x) &&
             !shm_reached(
