@@ -259,8 +259,8 @@ void ag_slot_put_locked(ag_wslot *w);
  * @args), payload @args's bytes or @errmsg, @args's tensors. Takes @args.
  * On failure nothing was written: the caller puts @w back. */
 tp_status ag_slot_send(ag_wslot *w, ag_hdr *h, bool has_hdr, const void *hdr,
-                       size_t hdr_len, tp_args *args, const char *errmsg,
-                       tp_error **err_p);
+                       size_t hdr_len, tp_args *args, const tp_args *req,
+                       const char *errmsg, tp_error **err_p);
 
 // calls.c
 void ag_pending_unlink_locked(tp_agent *a, ag_call *c, tp_status st);
@@ -301,8 +301,9 @@ tp_status ag_ext_section(tp__ext *x, unsigned id, const void *p, size_t n);
 /* Every protocol's po_send for a message to @to carrying @args (NULL: no
  * args, nothing to do); tokens in @toks, *@any_p if one was given. On
  * failure the tokens taken are given back. */
-tp_status ag_proto_send(tp_agent *a, int to, const tp_args *args, tp__ext *ext,
-                        void **toks, bool *any_p, tp_error **err_p);
+tp_status ag_proto_send(tp_agent *a, int to, const tp_args *args,
+                        const tp_args *req, tp__ext *ext, void **toks,
+                        bool *any_p, tp_error **err_p);
 void ag_proto_sent(tp_agent *a, void **toks, const tp_error *err);
 tp_status ag_proto_recv(tp_agent *a, int from, const ag_hdr *h, tp_args *args,
                         tp_error **err_p);

@@ -457,8 +457,9 @@ agent_call(tp_agent *a, ag_peer *p, const ag_callspec *cs, const tp_args *in,
     h.h_fn_name_len = (uint16_t)fnlen;
     h.h_src_rank = (uint32_t)a->a_rank;
     tp_args *ref = in != NULL ? tp_args_ref((tp_args *)in) : NULL;
-    tp_status st = ag_slot_send(w, &h, cs->cs_kind != AG_KIND_REQUEST,
-                                cs->cs_hdr, cs->cs_hdr_len, ref, NULL, &err);
+    tp_status st =
+        ag_slot_send(w, &h, cs->cs_kind != AG_KIND_REQUEST, cs->cs_hdr,
+                     cs->cs_hdr_len, ref, NULL, NULL, &err);
     if (st != TP_OK) {
         tp__mtx_lock(&a->a_mtx);
         ag_slot_put_locked(w);
@@ -530,7 +531,7 @@ tp__agent_notify(tp_agent *a, int to, uint8_t kind, const void *hdr,
         memset(&h, 0, sizeof(h));
         h.h_kind = (ag_kind)kind;
         h.h_src_rank = (uint32_t)a->a_rank;
-        st = ag_slot_send(w, &h, true, hdr, hdr_len, NULL, NULL, &err);
+        st = ag_slot_send(w, &h, true, hdr, hdr_len, NULL, NULL, NULL, &err);
         if (st != TP_OK) {
             tp__mtx_lock(&a->a_mtx);
             ag_slot_put_locked(w);

@@ -136,8 +136,8 @@ slot_fill(ag_wslot *w, const ag_hdr *h, tp_args *args, const char *errmsg)
 
 tp_status
 ag_slot_send(ag_wslot *w, ag_hdr *h, bool has_hdr, const void *hdr,
-             size_t hdr_len, tp_args *args, const char *errmsg,
-             tp_error **err_p)
+             size_t hdr_len, tp_args *args, const tp_args *req,
+             const char *errmsg, tp_error **err_p)
 {
     tp_agent *a = w->w_conn->c_agent;
     int to = w->w_conn->c_peer != NULL ? w->w_conn->c_peer->p_info.rank : -1;
@@ -149,7 +149,7 @@ ag_slot_send(ag_wslot *w, ag_hdr *h, bool has_hdr, const void *hdr,
         st = ag_ext_section(&ext, 0, hdr, hdr_len);
     }
     if (st == TP_OK && errmsg == NULL) {
-        st = ag_proto_send(a, to, args, &ext, w->w_tok, &any_tok, err_p);
+        st = ag_proto_send(a, to, args, req, &ext, w->w_tok, &any_tok, err_p);
     } else if (st != TP_OK) {
         tp__error_set(err_p, st, "rpc %s: a protocol header of %zu bytes",
                       ag_name(a), hdr_len);

@@ -193,8 +193,8 @@ ag_ext_section(tp__ext *x, unsigned id, const void *p, size_t n)
 // ---- hooks -----------------------------------------------------------------
 
 tp_status
-ag_proto_send(tp_agent *a, int to, const tp_args *args, tp__ext *ext,
-              void **toks, bool *any_p, tp_error **err_p)
+ag_proto_send(tp_agent *a, int to, const tp_args *args, const tp_args *req,
+              tp__ext *ext, void **toks, bool *any_p, tp_error **err_p)
 {
     static const uint8_t zero[AG_WIRE_SEC_HDR];
     *any_p = false;
@@ -208,7 +208,7 @@ ag_proto_send(tp_agent *a, int to, const tp_args *args, tp__ext *ext,
         size_t mark = ext->x_len;
         tp_status st = tp__ext_append(ext, zero, sizeof(zero));
         if (st == TP_OK) {
-            st = po->po_send(state, to, args, ext, &toks[i], err_p);
+            st = po->po_send(state, to, args, req, ext, &toks[i], err_p);
         } else {
             tp__error_set(err_p, st, "rpc %s: message extension", ag_name(a));
         }
@@ -286,6 +286,32 @@ ag_proto_recv(tp_agent *a, int from, const ag_hdr *h, tp_args *args,
         }
     }
     return TP_OK;
+}
+
+void
+tp__agent_run_begin(tp_agent *a, const tp_args *in, void *toks[TP__PROTO_MAX])
+{
+    for (size_t i = 0; i < tp__agent_nprotos; i++) {
+        const tp__proto_ops *po = tp__agent_protos[i];
+        void *state = ag_proto_state_at(a, i);
+        toks[i] = NULL;
+        if (state != NULL && po->po_run_begin != NULL) {
+            toks[i] = po->po_run_begin(state, in);
+        }
+    }
+}
+
+void
+tp__agent_run_end(tp_agent *a, void *toks[TP__PROTO_MAX])
+{
+    for (size_t i = tp__agent_nprotos; i-- > 0;) {
+        const tp__proto_ops *po = tp__agent_protos[i];
+        void *state = ag_proto_state_at(a, i);
+        if (state != NULL && po->po_run_end != NULL) {
+            po->po_run_end(state, toks[i]);
+        }
+        toks[i] = NULL;
+    }
 }
 
 void

@@ -140,12 +140,16 @@ typedef struct tp__proto_ops {
     /* tp_rpc_shutdown, once no hook of this agent runs any more and the
      * pool is gone: the agent forgets @state. */
     void (*po_detach)(void *state);
-    /* A message carrying @args goes to rank @to (not this worker), on the
-     * sending thread, before it is written. Appends the section's bytes
-     * to @ext (none: no section). A token in *tok_p (NULL: none) is given
-     * back to po_sent exactly once. An error fails the message. */
-    tp_status (*po_send)(void *state, int to, const tp_args *args, tp__ext *ext,
-                         void **tok_p, tp_error **err_p);
+    /* A message carrying @args (may be NULL) goes to rank @to (not this
+     * worker), on the sending thread, before it is written; @req is the
+     * request a reply answers (its args as received, with the objects
+     * po_recv attached), NULL for any other message. Appends the
+     * section's bytes to @ext (none: no section). A token in *tok_p
+     * (NULL: none) is given back to po_sent exactly once. An error fails
+     * the message. */
+    tp_status (*po_send)(void *state, int to, const tp_args *args,
+                         const tp_args *req, tp__ext *ext, void **tok_p,
+                         tp_error **err_p);
     /* The message of @tok was written (@err NULL) or will never be (its
      * error). Any thread, no lock held. */
     void (*po_sent)(void *state, void *tok, const tp_error *err);
@@ -158,6 +162,14 @@ typedef struct tp__proto_ops {
      * the peer is gone (or broken). Any thread, no lock held; may be
      * called more than once for one peer. */
     void (*po_peer_failed)(void *state, int rank, const tp_error *err);
+    /* A function (a registered one, or a remote object's method) is about
+     * to run with @in on this thread (a pool thread), for a message that
+     * arrived; po_run_end(@tok) follows on the same thread once it
+     * returned (an async function: once it handed back its future). Lets
+     * a protocol make state carried by @in current on the thread while
+     * the function runs (distributed autograd's context). Optional. */
+    void *(*po_run_begin)(void *state, const tp_args *in);
+    void (*po_run_end)(void *state, void *tok);
     /* Graceful shutdown: before the first round of the agreement. */
     void (*po_shutdown_begin)(void *state);
     /* Work of the protocol in flight here (messages expected from other
@@ -199,6 +211,14 @@ void tp__agent_bind_future(tp_agent *a, tp_future *f);
  */
 tp_future *tp__agent_run_fn(tp_agent *a, int caller, const char *name,
                             const tp_args *in);
+/*
+ * Brackets a function that a protocol runs itself with @in (not through
+ * tp__agent_run_fn, which does it): every protocol's po_run_begin, then
+ * po_run_end in reverse order with the tokens kept in @toks.
+ */
+void tp__agent_run_begin(tp_agent *a, const tp_args *in,
+                         void *toks[TP__PROTO_MAX]);
+void tp__agent_run_end(tp_agent *a, void *toks[TP__PROTO_MAX]);
 /*
  * Sends a message of protocol kind @kind to @to (another worker) with the
  * header @hdr (section 0), an optional @name, and @in (may be NULL),

@@ -285,7 +285,8 @@ req_send(ag_req *r, tp_args *result, const tp_error *err, tp_error **err_p)
         tp_args_unref(result); // shutting down, or the pipe failed
         return TP_OK;
     }
-    tp_status st = ag_slot_send(w, &h, false, NULL, 0, result, errmsg, err_p);
+    tp_status st =
+        ag_slot_send(w, &h, false, NULL, 0, result, r->r_args, errmsg, err_p);
     if (st != TP_OK) {
         tp__mtx_lock(&a->a_mtx);
         ag_slot_put_locked(w);
@@ -516,8 +517,11 @@ ag_req_run(void *arg)
     r->r_info.caller = &r->r_caller->p_info;
     r->r_info.call_id = r->r_call_id;
     tp_args *out = NULL;
+    void *toks[TP__PROTO_MAX];
+    tp__agent_run_begin(a, r->r_args, toks);
     if (fn->fn_async != NULL) {
         tp_future *f = fn->fn_async(&r->r_info, r->r_args, fn->fn_arg);
+        tp__agent_run_end(a, toks);
         if (f != NULL && tp_future_then(f, req_async_done, r) == TP_OK) {
             return;
         }
@@ -527,6 +531,7 @@ ag_req_run(void *arg)
         tp_future_unref(f);
     } else {
         fn_call_sync(fn, &r->r_info, r->r_args, &out, &err);
+        tp__agent_run_end(a, toks);
     }
     ag_req_reply(r, out, err);
     tp_error_unref(err);
@@ -544,14 +549,22 @@ tp__agent_run_fn(tp_agent *a, int caller, const char *name, const tp_args *in)
             .fn_name = fn->fn_name,
             .caller = tp__agent_worker(a, caller),
         };
+        void *toks[TP__PROTO_MAX];
+        tp__agent_run_begin(a, in, toks);
+        tp_status st = TP_OK;
         if (fn->fn_async != NULL) {
             tp_future *f = fn->fn_async(&ci, in, fn->fn_arg);
+            tp__agent_run_end(a, toks);
             if (f != NULL) {
                 tp__agent_bind_future(a, f);
                 return f;
             }
             err = fn_no_future(fn);
-        } else if (fn_call_sync(fn, &ci, in, &out, &err) != TP_OK) {
+        } else {
+            st = fn_call_sync(fn, &ci, in, &out, &err);
+            tp__agent_run_end(a, toks);
+        }
+        if (st != TP_OK) {
             tp_error *e = tp__error_new(tp_error_status(err), 0, err,
                                         "function \"%s\" on %s (rank %d)",
                                         fn->fn_name, ag_name(a), a->a_rank);

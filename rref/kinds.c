@@ -345,8 +345,11 @@ value_ready(tp_future *vf, void *arg)
         } else {
             tp_rpc_call_info ci;
             call_info(x, &v->v_msg, v->v_name, &ci);
+            void *toks[TP__PROTO_MAX];
+            tp__agent_run_begin(x->x_agent, v->v_in, toks);
             rr_obj_call(val, v->v_name, strlen(v->v_name), &ci, v->v_in, &out,
                         &err);
+            tp__agent_run_end(x->x_agent, toks);
         }
     } else {
         tp_args *in = NULL;
