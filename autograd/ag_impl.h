@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* ag_impl.h (internal) - node layout, recording helpers and raw kernels. */
+/* ag_impl.h (internal) - what the files of autograd/ share: the node layout,
+ * graph and gradient-map internals, op helpers and the raw kernels. */
 #ifndef TP_AUTOGRAD_AG_IMPL_H
 #define TP_AUTOGRAD_AG_IMPL_H
 
@@ -46,6 +47,20 @@ struct tp_node {
     tp_tensor **n_buf; // n_nout accumulated gradients
 };
 
+// ---- the graph (node.c) ----------------------------------------------------
+
+// The t_ag_release of tensors with autograd state: drops .grad, grad_fn.
+void tp__tensor_ag_release(tp_tensor *t);
+// True for the accumulate node of a leaf (n_leaf is set), which the engine
+// runs itself.
+bool tp__node_is_accumulate(const tp_node *n);
+// Drops the saved state, running ops->release, exactly once per node:
+// after a pass without retain_graph, or when the node is freed.
+void tp__node_release_saved(tp_node *n);
+// The node a gradient for @t goes to, with a new reference (for a leaf, a
+// fresh accumulate node); NULL if @t does not require grad.
+tp_status tp__edge_target(tp_tensor *t, tp_node **node_p, int *nr_p,
+                          tp_error **err_p);
 // True if grad mode is on and any of @inputs requires grad.
 bool tp__ag_should_record(int n, tp_tensor *const *inputs);
 // Creates a node of @ops with edges to @inputs, makes @out its output 0,
@@ -57,7 +72,40 @@ tp_status tp__ag_record(const tp_node_ops *ops, int n, tp_tensor *const *in,
 tp_status tp__node_save(tp_node *node, int i, const tp_tensor *t,
                         tp_error **err_p);
 
-// ---- raw kernels (kernels.c): no recording, f32/f64 ------------------------
+// ---- op helpers (ops.c), shared by ops.c, ops_reduce.c and ops_nn.c -----
+
+// True if input @i of @n has an edge (its gradient is wanted).
+bool tp__op_needs(const tp_node *n, int i);
+// Reduces @g (taken) to the shape of input @i and stores it in @gin[i].
+tp_status tp__op_to_input(const tp_node *n, int i, tp_tensor *g,
+                          tp_tensor **gin, tp_error **err_p);
+// Records @ops over @in for the fresh output *@o if needed. On failure
+// drops *@o. *@node_p is NULL when nothing was recorded.
+tp_status tp__op_record(const tp_node_ops *ops, int nin, tp_tensor *const *in,
+                        tp_tensor **o, tp_node **node_p, tp_error **err_p);
+// Saves @t in slot @slot of @n if @n is not NULL. On failure drops *@o.
+tp_status tp__op_save(tp_node *n, int slot, const tp_tensor *t, tp_tensor **o,
+                      tp_error **err_p);
+// TP_EINTERNAL if slot @slot of @n holds no saved tensor.
+tp_status tp__op_saved_or_fail(const tp_node *n, int slot, tp_error **err_p);
+
+// Defines the backward function NAME of a built-in op.
+#define TP__BW_FN(NAME)                                                        \
+    static tp_status NAME(tp_node *n, tp_tensor *const *gout, tp_tensor **gin, \
+                          tp_error **err_p)
+
+// ---- gradient maps (grad_map.c) --------------------------------------------
+
+// The map's lock, held around tp__grad_map_slot_locked and the use of the
+// slot it returns.
+void tp__grad_map_lock(tp_grad_map *m);
+void tp__grad_map_unlock(tp_grad_map *m);
+// The gradient slot of @leaf in @m, added (holding NULL, with a reference
+// to @leaf) if there was none.
+tp_status tp__grad_map_slot_locked(tp_grad_map *m, tp_tensor *leaf,
+                                   tp_tensor ***slot_p, tp_error **err_p);
+
+// ---- raw kernels (kernels*.c): no recording, f32/f64 ----------------------
 
 typedef enum tp__binop {
     TP__ADD,
