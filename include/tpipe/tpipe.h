@@ -14,6 +14,8 @@
 #include <tpipe/store.h>
 #include <tpipe/rpc.h>
 #include <tpipe/rref.h>
+#include <tpipe/dist_autograd.h>
+#include <tpipe/optim.h>
 #include <tpipe/collectives.h>
 
 #ifdef __cplusplus
