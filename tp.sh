@@ -206,7 +206,7 @@ ctest_fuzz() {
 build_fuzz() {
     configure build-fuzz "${FUZZ_OPTS[@]}" &&
         cmake --build build-fuzz -j"$JOBS" --target fuzz_desc fuzz_brochure fuzz_rpc \
-            fuzz_handshake fuzz_p2p fuzz_rref
+            fuzz_handshake fuzz_p2p fuzz_rref fuzz_dist_autograd
 }
 
 tsan_test_count() {

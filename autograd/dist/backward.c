@@ -166,10 +166,12 @@ da_part_send(da_part *p, da_ctx *c, int to, uint64_t send_id,
                              "dist autograd %s: gradients for %s (rank %d)",
                              da_name(x), who, to);
     }
-    uint8_t hdr[DA_BW_HDR] = {DA_WIRE_VERSION, p->p_retain ? DA_BW_RETAIN : 0};
-    da_put64(hdr + 8, (uint64_t)c->c_id);
-    da_put64(hdr + 16, send_id);
-    da_put64(hdr + 24, p->p_pass);
+    uint8_t hdr[DA_BW_HDR];
+    da_bw_encode(&(da_bw){.b_ctx = c->c_id,
+                          .b_send = send_id,
+                          .b_pass = p->p_pass,
+                          .b_retain = p->p_retain},
+                 hdr);
     bool prev = da_sending_own;
     da_sending_own = true;
     tp_future *f =
@@ -290,9 +292,8 @@ abort_everywhere(da_ctx *c, uint64_t pass)
     tp__mtx_lock(&x->x_mtx);
     memcpy(peers, c->c_peers, (size_t)world * sizeof(bool));
     tp__mtx_unlock(&x->x_mtx);
-    uint8_t hdr[DA_NOTE_HDR] = {DA_WIRE_VERSION};
-    da_put64(hdr + 8, (uint64_t)c->c_id);
-    da_put64(hdr + 16, pass);
+    uint8_t hdr[DA_NOTE_HDR];
+    da_note_encode(&(da_note){.n_ctx = c->c_id, .n_pass = pass}, hdr);
     for (int r = 0; r < world; r++) {
         if (!peers[r] || r == x->x_rank || da_is_dead(x, r)) {
             continue;

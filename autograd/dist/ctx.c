@@ -183,8 +183,8 @@ da_ctx_add_peer(da_ctx *c, int rank)
 static void
 send_release(da_state *x, int64_t id, int to)
 {
-    uint8_t hdr[DA_NOTE_HDR] = {DA_WIRE_VERSION};
-    da_put64(hdr + 8, (uint64_t)id);
+    uint8_t hdr[DA_NOTE_HDR];
+    da_note_encode(&(da_note){.n_ctx = id}, hdr);
     tp_error *err = NULL;
     bool prev = da_sending_own;
     da_sending_own = true;

@@ -28,6 +28,7 @@
 #include "agent/proto.h"
 #include "core/error.h"
 #include "core/platform.h"
+#include "wire.h"
 
 #define DA_PROTO_ID 2
 /* Message kinds (32..47 are distributed autograd's). */
@@ -36,19 +37,6 @@ enum {
     DA_KIND_RELEASE = 33,  /* note: a context ended */
     DA_KIND_ABORT = 34,    /* note: a backward pass failed: stop its parts */
 };
-#define DA_WIRE_VERSION 1
-/* Section: u8 version, u8 flags, u16 n, u32 0, i64 ctx, u64 send id, then
- * n u32 indices of the args' tensors that the send function covers. */
-#define DA_SEC_FIXED   24
-#define DA_MAX_TENSORS 4096
-/* BACKWARD header: u8 version, u8 flags, u16 0, u32 0, i64 ctx, u64 send
- * id, u64 pass id. RELEASE / ABORT: u8 version, 3 x 0, u32 0, i64 ctx,
- * u64 pass id (ABORT). */
-#define DA_BW_HDR    32
-#define DA_NOTE_HDR  24
-#define DA_BW_RETAIN 0x01
-#define DA_CTX_BITS  48 /* the creator's rank above */
-
 typedef struct da_state da_state;
 typedef struct da_ctx da_ctx;
 
@@ -142,37 +130,6 @@ tp_future *da_backward_remote(da_ctx *c, int from, uint64_t send_id,
                               uint64_t pass, bool retain, const tp_args *grads);
 /* Whether @c's pass @pass was aborted. */
 bool da_pass_aborted(da_ctx *c, uint64_t pass);
-
-/* ---- wire helpers ------------------------------------------------------ */
-static inline void
-da_put64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++) {
-        p[i] = (uint8_t)(v >> (8 * i));
-    }
-}
-static inline uint64_t
-da_get64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++) {
-        v |= (uint64_t)p[i] << (8 * i);
-    }
-    return v;
-}
-static inline void
-da_put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++) {
-        p[i] = (uint8_t)(v >> (8 * i));
-    }
-}
-static inline uint32_t
-da_get32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
-           (uint32_t)p[3] << 24;
-}
 
 extern const tp__proto_ops tp__dist_autograd_proto;
 

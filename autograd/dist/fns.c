@@ -224,10 +224,8 @@ da_record_send(da_ctx *c, int to, const tp_args *args, tp__ext *ext,
         tp__free(idx);
         return st;
     }
-    uint8_t fixed[DA_SEC_FIXED] = {DA_WIRE_VERSION, 0, (uint8_t)n,
-                                   (uint8_t)(n >> 8)};
-    da_put64(fixed + 8, (uint64_t)c->c_id);
-    da_put64(fixed + 16, send_id);
+    uint8_t fixed[DA_SEC_FIXED];
+    da_sec_encode_fixed(c->c_id, send_id, (uint32_t)n, fixed);
     st = tp__ext_append(ext, fixed, sizeof(fixed));
     for (size_t i = 0; i < n && st == TP_OK; i++) {
         uint8_t b[4];
@@ -299,14 +297,15 @@ static const tp_node_ops recv_ops = {
     .destroy = recv_destroy,
 };
 
+// Names the peer in a decoder's TP_EPROTO.
 static tp_status
-sec_bad(da_state *x, int from, tp_error **err_p, const char *why)
+sec_bad(da_state *x, int from, tp_error **err_p)
 {
     const tp_worker_info *wi = tp__agent_worker(x->x_agent, from);
-    return tp__error_set(err_p, TP_EPROTO,
-                         "dist autograd %s: malformed section from %s (rank "
-                         "%d): %s",
-                         da_name(x), wi != NULL ? wi->name : "?", from, why);
+    return tp__error_wrap(err_p, TP_EPROTO,
+                          "dist autograd %s: malformed section from %s (rank "
+                          "%d)",
+                          da_name(x), wi != NULL ? wi->name : "?", from);
 }
 
 tp_status
@@ -314,35 +313,20 @@ da_record_recv(da_state *x, int from, const uint8_t *sec, size_t len,
                tp_args *args, da_ctx **c_p, tp_error **err_p)
 {
     *c_p = NULL;
-    if (len < DA_SEC_FIXED) {
-        return sec_bad(x, from, err_p, "shorter than its header");
+    da_sec s;
+    if (da_sec_decode(sec, len, (uint32_t)x->x_world, tp_args_ntensors(args),
+                      &s, err_p) != TP_OK) {
+        return sec_bad(x, from, err_p);
     }
-    if (sec[0] != DA_WIRE_VERSION || sec[1] != 0 || da_get32(sec + 4) != 0) {
-        return sec_bad(x, from, err_p, "unknown version or flags");
-    }
-    size_t n = (size_t)sec[2] | (size_t)sec[3] << 8;
-    int64_t id = (int64_t)da_get64(sec + 8);
-    uint64_t send_id = da_get64(sec + 16);
-    if (len != DA_SEC_FIXED + 4 * n || n > DA_MAX_TENSORS) {
-        return sec_bad(x, from, err_p, "length does not match its count");
-    }
-    if (id < 0 || (int)((uint64_t)id >> DA_CTX_BITS) >= x->x_world) {
-        return sec_bad(x, from, err_p, "context id of no worker");
-    }
-    if ((n == 0) != (send_id == 0)) {
-        return sec_bad(x, from, err_p, "send function and tensors disagree");
-    }
-    size_t nt = tp_args_ntensors(args);
-    for (size_t i = 0; i < n; i++) {
-        uint32_t k = da_get32(sec + DA_SEC_FIXED + 4 * i);
-        if (k >= nt ||
-            (i > 0 && k <= da_get32(sec + DA_SEC_FIXED + 4 * i - 4))) {
-            return sec_bad(x, from, err_p,
-                           "tensor index out of range or not ascending");
-        }
-        if (!tp_dtype_is_floating(tp_tensor_dtype(tp_args_tensor(args, k)))) {
-            return sec_bad(x, from, err_p,
-                           "a tensor requiring grad is not floating point");
+    size_t n = s.s_n;
+    int64_t id = s.s_ctx;
+    uint64_t send_id = s.s_send;
+    for (uint32_t i = 0; i < s.s_n; i++) {
+        tp_tensor *t = tp_args_tensor(args, da_sec_idx(&s, i));
+        if (!tp_dtype_is_floating(tp_tensor_dtype(t))) {
+            tp__error_set(err_p, TP_EPROTO, "tensor %u requires grad but is %s",
+                          da_sec_idx(&s, i), tp_dtype_name(tp_tensor_dtype(t)));
+            return sec_bad(x, from, err_p);
         }
     }
     da_ctx *c = da_ctx_get_or_add(x, id, from);
@@ -380,7 +364,7 @@ da_record_recv(da_state *x, int from, const uint8_t *sec, size_t len,
         return st;
     }
     for (size_t i = 0; i < n && st == TP_OK; i++) {
-        uint32_t k = da_get32(sec + DA_SEC_FIXED + 4 * i);
+        uint32_t k = da_sec_idx(&s, (uint32_t)i);
         tp_tensor *t = args->a_tensors[k];
         tp_tensor *v = NULL;
         st = tp_detach(t, &v, err_p);

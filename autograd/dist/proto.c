@@ -213,13 +213,15 @@ typedef struct bw_job {
     bool j_retain;
 } bw_job;
 
+// Names the peer in a decoder's TP_EPROTO (the agent closes that pipe).
 static tp_status
-hdr_bad(da_state *x, const tp__proto_msg *m, const char *what, tp_error **err_p)
+hdr_bad(da_state *x, const tp__proto_msg *m, tp_error **err_p)
 {
     const tp_worker_info *wi = tp__agent_worker(x->x_agent, m->pm_from);
-    return tp__error_set(
+    return tp__error_wrap(
         err_p, TP_EPROTO, "dist autograd %s: malformed %s from %s (rank %d)",
-        da_name(x), what, wi != NULL ? wi->name : "?", m->pm_from);
+        da_name(x), m->pm_kind == DA_KIND_BACKWARD ? "BACKWARD" : "note",
+        wi != NULL ? wi->name : "?", m->pm_from);
 }
 
 static tp__proto_verdict
@@ -228,14 +230,13 @@ bw_on_loop(void *state, const tp__proto_msg *m, void **ctx_p,
 {
     da_state *x = state;
     (void)result_p;
-    const uint8_t *h = m->pm_hdr;
-    if (h == NULL || m->pm_hdr_len != DA_BW_HDR || h[0] != DA_WIRE_VERSION ||
-        (h[1] & ~DA_BW_RETAIN) != 0 || h[2] != 0 || h[3] != 0 ||
-        da_get32(h + 4) != 0) {
-        hdr_bad(x, m, "BACKWARD header", err_p);
+    da_bw b;
+    if (da_bw_decode(m->pm_hdr, m->pm_hdr_len, (uint32_t)x->x_world, &b,
+                     err_p) != TP_OK) {
+        hdr_bad(x, m, err_p);
         return TP__PROTO_DONE;
     }
-    int64_t id = (int64_t)da_get64(h + 8);
+    int64_t id = b.b_ctx;
     da_ctx *c = da_ctx_find(x, id);
     if (c == NULL) {
         tp__error_set(err_p, TP_ENOENT,
@@ -251,9 +252,9 @@ bw_on_loop(void *state, const tp__proto_msg *m, void **ctx_p,
         return TP__PROTO_DONE;
     }
     j->j_ctx = c;
-    j->j_send = da_get64(h + 16);
-    j->j_pass = da_get64(h + 24);
-    j->j_retain = (h[1] & DA_BW_RETAIN) != 0;
+    j->j_send = b.b_send;
+    j->j_pass = b.b_pass;
+    j->j_retain = b.b_retain;
     da_ctx_add_peer(c, m->pm_from);
     *ctx_p = j;
     return TP__PROTO_RUN;
@@ -299,21 +300,20 @@ note_on_loop(void *state, const tp__proto_msg *m, void **ctx_p,
     da_state *x = state;
     (void)ctx_p;
     (void)result_p;
-    const uint8_t *h = m->pm_hdr;
-    const char *what = m->pm_kind == DA_KIND_RELEASE ? "RELEASE" : "ABORT";
-    if (h == NULL || m->pm_hdr_len != DA_NOTE_HDR || h[0] != DA_WIRE_VERSION ||
-        h[1] != 0 || h[2] != 0 || h[3] != 0 || da_get32(h + 4) != 0) {
-        hdr_bad(x, m, what, err_p);
+    da_note nt;
+    if (da_note_decode(m->pm_hdr, m->pm_hdr_len, (uint32_t)x->x_world, &nt,
+                       err_p) != TP_OK) {
+        hdr_bad(x, m, err_p);
         return TP__PROTO_DONE;
     }
-    int64_t id = (int64_t)da_get64(h + 8);
+    int64_t id = nt.n_ctx;
     da_ctx *c = da_ctx_find(x, id);
     if (c == NULL) {
         return TP__PROTO_DONE; // unknown here, or already gone
     }
     if (m->pm_kind == DA_KIND_ABORT) {
         tp__mtx_lock(&x->x_mtx);
-        c->c_abort_pass = da_get64(h + 16);
+        c->c_abort_pass = nt.n_pass;
         tp__mtx_unlock(&x->x_mtx);
         da_ctx_unref(c);
         return TP__PROTO_DONE;
