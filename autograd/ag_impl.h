@@ -45,6 +45,11 @@ struct tp_node {
     uint64_t n_pass;
     int n_deps;
     tp_tensor **n_buf; // n_nout accumulated gradients
+    // Accumulate nodes, with on_leaf_grad: the first accumulate node of
+    // the same leaf in the pass, and (in that one) how many of them have
+    // yet to run.
+    tp_node *n_acc_head;
+    int n_acc_left;
 };
 
 // ---- the graph (node.c) ----------------------------------------------------
@@ -100,6 +105,9 @@ tp_status tp__op_saved_or_fail(const tp_node *n, int slot, tp_error **err_p);
 // slot it returns.
 void tp__grad_map_lock(tp_grad_map *m);
 void tp__grad_map_unlock(tp_grad_map *m);
+// The gradient slot of @leaf in @m, or NULL if it has none.
+tp_tensor **tp__grad_map_find_locked(const tp_grad_map *m,
+                                     const tp_tensor *leaf);
 // The gradient slot of @leaf in @m, added (holding NULL, with a reference
 // to @leaf) if there was none.
 tp_status tp__grad_map_slot_locked(tp_grad_map *m, tp_tensor *leaf,

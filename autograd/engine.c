@@ -9,6 +9,7 @@
 // guarded: a leaf's .grad by leaf_grad_mtx, a gradient map by its lock.
 // Never both at once.
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "ag_impl.h"
@@ -164,34 +165,122 @@ meta_matches(const tp__shape_meta *m, const tp_tensor *g)
             tp__shape_equal(m->m_ndim, m->m_shape, g->t_ndim, g->t_shape));
 }
 
+// Adds @g (taken; NULL adds nothing) into @leaf's gradient: its .grad, or
+// its entry in o->grads. If @final_p, stores there a new reference to the
+// gradient after that (NULL if the leaf has none), read under the same
+// lock so that a concurrent pass cannot free it first.
+static tp_status
+leaf_accumulate(tp_tensor *leaf, tp_tensor *g, const tp_backward_options *o,
+                tp_tensor **final_p, tp_error **err_p)
+{
+    tp_status st = TP_OK;
+    tp_tensor **slot = NULL;
+    if (o->grads) {
+        tp__grad_map_lock(o->grads);
+        if (g) {
+            st = tp__grad_map_slot_locked(o->grads, leaf, &slot, err_p);
+        } else {
+            slot = tp__grad_map_find_locked(o->grads, leaf);
+        }
+    } else {
+        tp__mtx_lock(&leaf_grad_mtx);
+        if (g) {
+            leaf->t_ag_release = tp__tensor_ag_release;
+        }
+        slot = &leaf->t_grad;
+    }
+    if (st == TP_OK && g) {
+        st = accumulate(slot, g, true, err_p);
+        g = NULL;
+    }
+    if (st == TP_OK && final_p) {
+        *final_p = slot ? tp_tensor_ref(*slot) : NULL;
+    }
+    if (o->grads) {
+        tp__grad_map_unlock(o->grads);
+    } else {
+        tp__mtx_unlock(&leaf_grad_mtx);
+    }
+    tp_tensor_unref(g); // not taken by accumulate: the slot failed
+    return st;
+}
+
+// Runs the accumulate node @n: adds its gradient into the leaf and, when
+// this was the leaf's last accumulate node in the pass, reports the leaf
+// to o->on_leaf_grad (outside every lock, on this thread).
 static tp_status
 run_accumulate_node(tp_node *n, const tp_backward_options *o, tp_error **err_p)
 {
-    tp_tensor *g = n->n_buf[0];
-    n->n_buf[0] = NULL;
-    if (!g || !n->n_leaf) {
+    tp_tensor *g = NULL;
+    if (n->n_buf) {
+        g = n->n_buf[0];
+        n->n_buf[0] = NULL;
+    }
+    if (!n->n_leaf) {
         tp_tensor_unref(g);
         return TP_OK;
     }
-    tp_status st;
-    if (o->grads) {
-        tp_grad_map *m = o->grads;
-        tp__grad_map_lock(m);
-        tp_tensor **slot;
-        st = tp__grad_map_slot_locked(m, n->n_leaf, &slot, err_p);
-        if (st == TP_OK) {
-            st = accumulate(slot, g, true, err_p);
-        } else {
-            tp_tensor_unref(g);
-        }
-        tp__grad_map_unlock(m);
-        return st;
+    bool report = false;
+    if (o->on_leaf_grad && n->n_acc_head) {
+        report = --n->n_acc_head->n_acc_left == 0;
     }
-    tp__mtx_lock(&leaf_grad_mtx);
-    n->n_leaf->t_ag_release = tp__tensor_ag_release;
-    st = accumulate(&n->n_leaf->t_grad, g, true, err_p);
-    tp__mtx_unlock(&leaf_grad_mtx);
+    if (!g && !report) {
+        return TP_OK;
+    }
+    tp_tensor *final = NULL;
+    tp_status st =
+        leaf_accumulate(n->n_leaf, g, o, report ? &final : NULL, err_p);
+    if (st == TP_OK && report) {
+        o->on_leaf_grad(n->n_leaf, final, o->on_leaf_grad_arg);
+    }
+    tp_tensor_unref(final);
     return st;
+}
+
+static int
+acc_by_leaf(const void *a, const void *b)
+{
+    uintptr_t x = (uintptr_t)(*(tp_node *const *)a)->n_leaf;
+    uintptr_t y = (uintptr_t)(*(tp_node *const *)b)->n_leaf;
+    return x < y ? -1 : x > y;
+}
+
+// For on_leaf_grad: groups the accumulate nodes of the pass by leaf (each
+// use of a leaf has its own), pointing each at its group's first node,
+// which counts the group's nodes that have yet to run.
+static tp_status
+group_leaves(engine_run *r, tp_error **err_p)
+{
+    size_t nacc = 0;
+    for (size_t i = 0; i < r->n; i++) {
+        if (r->nodes[i]->n_leaf) {
+            nacc++;
+        }
+    }
+    tp_node **acc = tp__alloc(sizeof(*acc) * (nacc ? nacc : 1));
+    if (!acc) {
+        return tp__error_set(err_p, TP_ENOMEM, "autograd: out of memory");
+    }
+    nacc = 0;
+    for (size_t i = 0; i < r->n; i++) {
+        tp_node *n = r->nodes[i];
+        n->n_acc_head = NULL;
+        if (n->n_leaf) {
+            acc[nacc++] = n;
+        }
+    }
+    qsort(acc, nacc, sizeof(*acc), acc_by_leaf);
+    tp_node *head = NULL;
+    for (size_t i = 0; i < nacc; i++) {
+        if (!head || head->n_leaf != acc[i]->n_leaf) {
+            head = acc[i];
+            head->n_acc_left = 0;
+        }
+        acc[i]->n_acc_head = head;
+        head->n_acc_left++;
+    }
+    tp__free(acc);
+    return TP_OK;
 }
 
 static tp_status
@@ -277,8 +366,17 @@ run_node(tp_node *n, const tp_backward_options *o, engine_run *r,
                 tp_tensor_unref(g);
             }
         }
-        if (--e->e_node->n_deps == 0) {
+        if (--e->e_node->n_deps > 0) {
+            continue;
+        }
+        if (!tp__node_is_accumulate(e->e_node)) {
             r->ready[r->nready++] = e->e_node;
+        } else if (st == TP_OK) {
+            // Run it now rather than when popped, so that the leaf's
+            // gradient is complete (and reported) as soon as it can be:
+            // data-parallel training starts reducing it then (PyTorch
+            // gives AccumulateGrad the highest priority for this).
+            st = run_accumulate_node(e->e_node, o, err_p);
         }
     }
     if (gin != gin_small) {
@@ -299,7 +397,10 @@ tp_backward_run(const tp_backward_options *o_in, int n_roots,
     if (o_in) {
         memcpy(&o, o_in, TP_MIN(o_in->size, sizeof(o)));
     }
-    if (n_roots < 0 || (n_roots && !roots)) {
+    if (n_roots <= 0) {
+        return tp__error_set(err_p, TP_EINVAL, "backward: no roots");
+    }
+    if (!roots) {
         return tp__error_set(err_p, TP_EINVAL, "backward: bad roots");
     }
     engine_run r = {0};
@@ -307,8 +408,7 @@ tp_backward_run(const tp_backward_options *o_in, int n_roots,
                                        memory_order_relaxed) +
              1;
     tp_status st = TP_OK;
-    tp_node **root_nodes =
-        tp__zalloc(sizeof(tp_node *) * (size_t)(n_roots ? n_roots : 1));
+    tp_node **root_nodes = tp__zalloc(sizeof(tp_node *) * (size_t)n_roots);
     if (!root_nodes) {
         return tp__error_set(err_p, TP_ENOMEM, "autograd: out of memory");
     }
@@ -381,6 +481,9 @@ tp_backward_run(const tp_backward_options *o_in, int n_roots,
     for (int i = 0; i < n_roots && st == TP_OK; i++) {
         st = discover(&r, root_nodes[i], err_p);
     }
+    if (st == TP_OK && o.on_leaf_grad) {
+        st = group_leaves(&r, err_p);
+    }
     if (st == TP_OK) {
         r.ready = tp__alloc(sizeof(tp_node *) * (r.n ? r.n : 1));
         if (!r.ready) {
@@ -441,6 +544,9 @@ tp_backward(int n_roots, tp_tensor *const *roots, tp_tensor *const *grad_roots,
 {
     tp_backward_root small[8];
     tp_backward_root *rs = small;
+    if (n_roots > 0 && !roots) {
+        return tp__error_set(err_p, TP_EINVAL, "backward: bad roots");
+    }
     if (n_roots > 8) {
         rs = tp__zalloc(sizeof(*rs) * (size_t)n_roots);
         if (!rs) {

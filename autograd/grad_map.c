@@ -44,8 +44,8 @@ tp_grad_map_destroy(tp_grad_map *m)
     tp__free(m);
 }
 
-static tp_tensor **
-grad_map_slot(const tp_grad_map *m, const tp_tensor *leaf)
+tp_tensor **
+tp__grad_map_find_locked(const tp_grad_map *m, const tp_tensor *leaf)
 {
     // Linear: maps hold the parameters of one worker's part of a model,
     // which is tens of tensors. A hash table can come when that changes.
@@ -62,10 +62,45 @@ tp_grad_map_get(const tp_grad_map *m, const tp_tensor *leaf)
 {
     tp_grad_map *mm = (tp_grad_map *)m; // the lock is not the contents
     tp__mtx_lock(&mm->m_mtx);
-    tp_tensor **slot = grad_map_slot(m, leaf);
+    tp_tensor **slot = tp__grad_map_find_locked(m, leaf);
     tp_tensor *g = slot ? *slot : NULL;
     tp__mtx_unlock(&mm->m_mtx);
     return g;
+}
+
+tp_status
+tp_grad_map_copy(const tp_grad_map *src, tp_grad_map **dst_p, tp_error **err_p)
+{
+    if (!src || !dst_p) {
+        return tp__error_set(err_p, TP_EINVAL, "grad map copy: bad arguments");
+    }
+    tp_grad_map *d;
+    if (tp_grad_map_create(&d) != TP_OK) {
+        return tp__error_set(err_p, TP_ENOMEM, "autograd: out of memory");
+    }
+    tp_grad_map *s = (tp_grad_map *)src; // the lock is not the contents
+    tp__mtx_lock(&s->m_mtx);
+    size_t n = s->m_n;
+    if (n > 0) {
+        d->m_keys = tp__alloc(sizeof(*d->m_keys) * n);
+        d->m_grads = tp__alloc(sizeof(*d->m_grads) * n);
+        if (!d->m_keys || !d->m_grads) {
+            tp__mtx_unlock(&s->m_mtx);
+            tp_grad_map_destroy(d);
+            return tp__error_set(err_p, TP_ENOMEM, "autograd: out of memory");
+        }
+    }
+    // References, not copies: accumulation never writes into a gradient
+    // tensor that is in a map, it replaces the map's entry (see
+    // engine.c's accumulate), so @src's later passes leave these alone.
+    for (size_t i = 0; i < n; i++) {
+        d->m_keys[i] = tp_tensor_ref(s->m_keys[i]);
+        d->m_grads[i] = tp_tensor_ref(s->m_grads[i]);
+    }
+    d->m_n = d->m_cap = n;
+    tp__mtx_unlock(&s->m_mtx);
+    *dst_p = d;
+    return TP_OK;
 }
 
 size_t
@@ -110,7 +145,7 @@ tp_status
 tp__grad_map_slot_locked(tp_grad_map *m, tp_tensor *leaf, tp_tensor ***slot_p,
                          tp_error **err_p)
 {
-    tp_tensor **slot = grad_map_slot(m, leaf);
+    tp_tensor **slot = tp__grad_map_find_locked(m, leaf);
     if (slot) {
         *slot_p = slot;
         return TP_OK;

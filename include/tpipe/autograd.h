@@ -161,6 +161,23 @@ TP_API size_t tp_grad_map_size(const tp_grad_map *map);
 /** tp_grad_map_entry - entry @i (< size): key and gradient, borrowed. */
 TP_API tp_status tp_grad_map_entry(const tp_grad_map *map, size_t i,
                                    tp_tensor **leaf_p, tp_tensor **grad_p);
+/**
+ * tp_grad_map_copy - a new map with the same entries as @src: it holds its
+ * own references to the same leaves and the same gradient tensors (they
+ * are shared, not copied).
+ * Ownership: @src is borrowed; the caller owns *@dst_p (free it with
+ *   tp_grad_map_destroy).
+ * Later passes that accumulate into @src replace @src's entries with new
+ * tensors and never write into the old ones, so they do not change the
+ * copy; an in-place change to a shared gradient tensor (tp_tensor_axpy,
+ * tp_tensor_copy) shows in both maps.
+ * Errors: TP_EINVAL (NULL @src or @dst_p), TP_ENOMEM.
+ * Thread safety: any thread; it takes @src's lock, so passes may be
+ *   accumulating into @src meanwhile (the copy then holds the entries of
+ *   one moment between two accumulations).
+ */
+TP_API tp_status tp_grad_map_copy(const tp_grad_map *src, tp_grad_map **dst_p,
+                                  tp_error **err_p);
 
 /**
  * tp_backward_root - one place the engine starts: either @tensor (which
@@ -174,13 +191,48 @@ typedef struct tp_backward_root {
     tp_tensor *grad;
 } tp_backward_root;
 
+/**
+ * tp_leaf_grad_cb - told that @leaf's gradient for the running pass is
+ * final; see tp_backward_options.on_leaf_grad.
+ * @leaf: the leaf tensor (borrowed).
+ * @grad: its gradient after the pass's last contribution: its .grad, or
+ *   its entry in the options' grad map (borrowed; valid until the hook
+ *   returns; take a reference to keep it). NULL if the leaf has none (no
+ *   gradient reached it in this pass and it had none before).
+ */
+typedef void (*tp_leaf_grad_cb)(tp_tensor *leaf, tp_tensor *grad, void *arg);
+
 /** tp_backward_options - starts with its size; see _init for defaults. */
 typedef struct tp_backward_options {
     size_t size;
     bool retain_graph;  /* keep saved tensors for another pass (false) */
     tp_grad_map *grads; /* accumulate here instead of .grad (NULL) */
+    /*
+     * Optional (NULL): called once per leaf that the pass reaches, as soon
+     * as that leaf's gradient for the pass is final: right after the last
+     * of the pass's gradients for it was added (each use of a leaf in the
+     * graph delivers its own, so a leaf used twice is reported once, after
+     * both). The engine reports a leaf while it runs the node that
+     * delivered that last gradient, before it goes on to other nodes, so in
+     * a layered network the last layer's parameters come before the first
+     * layer's. Data-parallel training uses it to start reducing gradient
+     * buckets while the pass still runs (PyTorch DDP's reducer).
+     *
+     * Runs on the thread running the pass, inside tp_backward_run, with
+     * grad mode off and no autograd lock held. It must not run a backward
+     * pass, nor change the leaf's .grad or map entry. The pass does not
+     * touch that gradient again, so the hook may start asynchronous work
+     * that reads it or even writes it in place (an all_reduce), as long as
+     * no other pass accumulates into the same leaf before that work ends.
+     * If the pass fails, some leaves are not reported.
+     */
+    tp_leaf_grad_cb on_leaf_grad;
+    void *on_leaf_grad_arg; /* passed to on_leaf_grad as @arg */
 } tp_backward_options;
-/** tp_backward_options_init - defaults: no retain_graph, into .grad. */
+/**
+ * tp_backward_options_init - defaults: no retain_graph, into .grad, no
+ * on_leaf_grad.
+ */
 TP_API void tp_backward_options_init(tp_backward_options *o);
 
 /**
@@ -189,11 +241,12 @@ TP_API void tp_backward_options_init(tp_backward_options *o);
  * backward functions. Gradients reaching a tensor several ways add up.
  * Without retain_graph the saved tensors of the nodes it ran are dropped
  * and a second pass through them fails with TP_EINVAL.
- * Errors: TP_EINVAL (a root does not require grad, a gradient whose
- * dtype or shape differs from its tensor's, graph already freed), any
- * error of a backward function,
- * wrapped as "backward of <op>: ...". On error the leaves may have
- * received part of the gradients.
+ * Errors: TP_EINVAL ("backward: no roots" if @n_roots <= 0; a root that
+ * does not require grad, named by its index: "backward: root 1 does not
+ * require grad and has no grad_fn"; a gradient whose dtype or shape
+ * differs from its tensor's; graph already freed), any error of a
+ * backward function, wrapped as "backward of <op>: ...". On error the
+ * leaves may have received part of the gradients.
  */
 TP_API tp_status tp_backward_run(const tp_backward_options *o, int n_roots,
                                  const tp_backward_root *roots,

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // autograd_engine_test.c - the backward engine: diamonds, reuse,
 // retain_graph, no_grad, detach, several roots, gradient maps, custom and
-// boundary nodes, errors inside backward, threads sharing leaves. Training
-// steps end to end are in autograd_train_test.c.
+// boundary nodes, errors inside backward, bad roots, threads sharing
+// leaves. The per-pass leaf hook and grad map copies are in
+// autograd_leaf_hook_test.c, training steps in autograd_train_test.c.
 
 #include "ag_leak.h"
 #include "ag_test_util.h"
@@ -527,6 +528,63 @@ t_root_grad_dtype(void)
     tp_tensor_unref(x);
 }
 
+// The roots themselves: an empty list, and a root that does not require
+// grad, named by its index; nothing is accumulated.
+static void
+t_root_checks(void)
+{
+    tp_tensor *x = leaf(vec(3, -1, 1)), *l, *c = vec(1, 0, 1);
+    TP_CHECK_OK(tp_exp(x, &l, NULL), NULL);
+    tp_tensor *s = sum_of(l);
+    tp_error *err = NULL;
+    tp_backward_options o;
+    tp_backward_options_init(&o);
+    tp_backward_root r[2] = {{.tensor = s}, {.tensor = c}};
+    for (int n = -1; n <= 0; n++) {
+        TP_CHECK_EQ(tp_backward_run(&o, n, r, &err), TP_EINVAL);
+        TP_CHECK_STR_CONTAINS(tp_error_message(err), "backward: no roots");
+        tp_error_unref(err);
+        err = NULL;
+        TP_CHECK_EQ(tp_backward_run(NULL, n, NULL, &err), TP_EINVAL);
+        TP_CHECK_STR_CONTAINS(tp_error_message(err), "backward: no roots");
+        tp_error_unref(err);
+        err = NULL;
+        TP_CHECK_EQ(tp_backward(n, NULL, NULL, false, &err), TP_EINVAL);
+        TP_CHECK_STR_CONTAINS(tp_error_message(err), "backward: no roots");
+        tp_error_unref(err);
+        err = NULL;
+    }
+    TP_CHECK_EQ(tp_backward(1, NULL, NULL, false, &err), TP_EINVAL);
+    TP_CHECK_STR_CONTAINS(tp_error_message(err), "backward: bad roots");
+    tp_error_unref(err);
+    err = NULL;
+
+    // Root 1 does not require grad: the message names it, and root 0,
+    // which was fine, delivers nothing.
+    TP_CHECK_EQ(tp_backward_run(&o, 2, r, &err), TP_EINVAL);
+    TP_CHECK_STR_CONTAINS(tp_error_message(err),
+                          "backward: root 1 does not require grad");
+    tp_error_unref(err);
+    err = NULL;
+    tp_tensor *roots[2] = {c, s};
+    TP_CHECK_EQ(tp_backward(2, roots, NULL, false, &err), TP_EINVAL);
+    TP_CHECK_STR_CONTAINS(tp_error_message(err),
+                          "backward: root 0 does not require grad");
+    tp_error_unref(err);
+    TP_CHECK(tp_tensor_grad(x) == NULL);
+
+    // The graph is still whole.
+    TP_CHECK_OK(tp_backward(1, &s, NULL, false, NULL), NULL);
+    for (int i = 0; i < 3; i++) {
+        check_close(at(tp_tensor_grad(x), i), exp(at(x, i)), 1e-12, 0,
+                    "after root errors", i);
+    }
+    tp_tensor_unref(c);
+    tp_tensor_unref(s);
+    tp_tensor_unref(l);
+    tp_tensor_unref(x);
+}
+
 static void
 t_long_chain(void)
 {
@@ -651,6 +709,7 @@ AG_LEAK_CHECKED(t_boundary_send)
 AG_LEAK_CHECKED(t_error_in_backward)
 AG_LEAK_CHECKED(t_release_once)
 AG_LEAK_CHECKED(t_root_grad_dtype)
+AG_LEAK_CHECKED(t_root_checks)
 AG_LEAK_CHECKED(t_long_chain)
 AG_LEAK_CHECKED(t_leaf_rules)
 AG_LEAK_CHECKED(t_threads_share_leaves)
@@ -666,6 +725,7 @@ static const tp_test_case cases[] = {
     AG_TEST(t_error_in_backward),
     AG_TEST(t_release_once),
     AG_TEST(t_root_grad_dtype),
+    AG_TEST(t_root_checks),
     AG_TEST(t_long_chain),
     AG_TEST(t_leaf_rules),
     AG_TEST(t_threads_share_leaves),
