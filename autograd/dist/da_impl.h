@@ -45,12 +45,11 @@ struct da_ctx {
     da_state *c_x;
     int64_t c_id;
     int c_creator;
-    bool c_released; /* out of the table; no new functions */
-    bool *c_peers;   /* [world] workers it reached or came from */
+    _Atomic bool c_released; /* out of the table; no new functions */
+    bool *c_peers;           /* [world] workers it reached or came from */
     tp_grad_map *c_grads;
     tp_node **c_sends; /* send functions by id - 1 (referenced) */
     size_t c_nsends, c_cap_sends;
-    size_t c_nrecvs;       /* recv functions alive */
     uint64_t c_abort_pass; /* a failed pass: its parts stop (0: none) */
     tp_mtx c_run;          /* one local part at a time */
     da_ctx *c_next;        /* the table */

@@ -675,10 +675,66 @@ test_creator_dies(void)
     run(3, w_creator_dies, &j);
 }
 
+// PyTorch's trainer/PS case: charlie (rank 2) holds w; alpha and bravo, at
+// once, each in its own contexts in a loop, send x to charlie, who returns
+// x * w; loss = sum((x w)^2). Each context's gradient of w on charlie is
+// 2 x^2 w, of x on the trainer 2 x w^2: what a local computation gives.
+static void
+w_ps(int rank, int world, const char *url, void *arg)
+{
+    (void)arg;
+    tp_agent *a = join(rank, world, url);
+    if (rank < 2) {
+        for (int it = 0; it < 20; it++) {
+            tp_error *err = NULL;
+            int64_t id = -1;
+            TP_CHECK_OK(tp_dist_autograd_context_create(a, &id, &err), err);
+            double x0 = 1 + rank + 0.5 * it;
+            tp_tensor *x = vec(x0, 0.25, true);
+            int32_t path[1] = {2};
+            tp_tensor *y = hop(a, x, path, 1);
+            tp_tensor *yy = NULL;
+            TP_CHECK_OK(tp_mul(y, y, &yy, NULL), NULL);
+            tp_tensor *loss = sum(yy);
+            TP_CHECK_OK(tp_dist_autograd_backward(a, id, 1, &loss, false, &err),
+                        err);
+            double gx[N], gw[N];
+            for (int i = 0; i < N; i++) {
+                double xi = x0 + 0.25 * i;
+                gx[i] = 2 * xi * 16; // w = 4 on charlie
+                gw[i] = 2 * xi * xi * 4;
+            }
+            tp_grad_map *m = NULL;
+            TP_CHECK_OK(tp_dist_autograd_get_gradients(a, id, &m, &err), err);
+            check_vec(tp_grad_map_get(m, x), gx, "dx");
+            tp_grad_map_destroy(m);
+            tp_tensor *g = grad_of(a, 2, id);
+            check_vec(g, gw, "dw on charlie");
+            tp_tensor_unref(g);
+            TP_CHECK_OK(tp_dist_autograd_context_release(a, id, &err), err);
+            tp_tensor_unref(loss);
+            tp_tensor_unref(yy);
+            tp_tensor_unref(y);
+            tp_tensor_unref(x);
+        }
+        if (rank == 0) {
+            wait_clean(a, world, -1);
+        }
+    }
+    leave(a);
+}
+
+static void
+test_ps(void)
+{
+    run(3, w_ps, NULL);
+}
+
 static const tp_test_case cases[] = {
     TP_TEST_CASE_T(test_basic, 60),  TP_TEST_CASE_T(test_chain, 60),
     TP_TEST_CASE_T(test_rref, 60),   TP_TEST_CASE_T(test_errors, 60),
     TP_TEST_CASE_T(test_killed, 60), TP_TEST_CASE_T(test_creator_dies, 60),
+    TP_TEST_CASE_T(test_ps, 60),
 };
 
 TP_TEST_MAIN(cases)
