@@ -13,7 +13,8 @@ median over R repetitions): {"bench":"rpc","transport":"shm","test":"noop",
 raw.txt, lines "rep=N RPC backend=tensorpipe transports=default
 channels=default test=noop n=.. median_us=.." (torch_rpc_bench.py), also
 test=echo_67108864 (median_us, bidir_GBps), test=async64_noop
-(calls_per_s) and test=init_rpc (seconds).
+(calls_per_s), test=init_rpc (seconds), test=remote_to_here and
+test=dist_autograd_fwd_bwd (median_us; our remote and dist_autograd).
 
 With the layer files (`tpipe bench pipe|transport --json` of the same
 session), it also prints the in-run ratios the RRef issue names: remote +
@@ -56,6 +57,10 @@ ROWS = (
      "remote_to_here", "median_us", 1, "us", True, {}),
     ("user RRef to a third worker and back (rref_fork)", "rref_fork", 0,
      "p50_us", 1, "-", "median_us", 1, "us", True, {}),
+    ("distributed autograd fwd + bwd, 1024 floats", "dist_autograd", 0,
+     "p50_us", 1,
+     "dist_autograd_fwd_bwd", "median_us", 1, "us", True,
+     {"shm": (50, "<= 50 us")}),
 )
 
 # In-run ratios the RRef issue names: (title, numerator (transport, test),

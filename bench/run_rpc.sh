@@ -8,7 +8,9 @@
 #                                               defaults, then uv+basic)
 # in the same session, then prints a markdown comparison with the RPC
 # issue's targets (compare_rpc.py): noop shm <-> PyTorch default, noop tcp
-# <-> uv+basic, tensor echo 64 MiB, rpc_async calls/s (64 in flight), init.
+# <-> uv+basic, tensor echo 64 MiB, rpc_async calls/s (64 in flight), init,
+# remote + to_here, and one distributed autograd iteration (our
+# dist_autograd <-> PyTorch's dist_autograd_fwd_bwd).
 #
 #   bash bench/run_rpc.sh                     # everything (~2-4 min + apt)
 #   REPS=5 bash bench/run_rpc.sh

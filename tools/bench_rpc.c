@@ -26,6 +26,11 @@
 //          CHILD_ACCEPT messages run in the background. It runs in a
 //          pass of its own, with a third worker (init stays a 2-worker
 //          init).
+//   dist_autograd  one distributed autograd iteration (PyTorch's
+//          dist_autograd_fwd_bwd): a context, rpc_sync(worker1,
+//          "bench.mul") of two 1024-float leaves x and w (y = x * w there),
+//          loss = sum(y), backward, get_gradients, release: p50/p10/...
+//          "bench.mul" is registered before the workers are forked.
 // Every repetition yields one value per statistic; the output is the
 // median over repetitions. Every call has a deadline (--stall-timeout: the
 // agent's rpc_timeout_ms, init_timeout_ms and rank 0's shutdown timeout),
@@ -70,12 +75,19 @@ br_usage(FILE *f)
         "  rref_fork  rpc_sync(worker2, \"tp.echo\") of a user RRef owned by "
         "worker1\n"
         "         (forked there and back), us; starts a third worker\n"
+        "  dist_autograd  one distributed autograd iteration, us: context, "
+        "rpc_sync(\n"
+        "         worker1, \"bench.mul\", x, w) of 1024-float leaves (y = x * "
+        "w there),\n"
+        "         loss = sum(y), backward, get_gradients (x and w), release\n"
         "\n"
         "  --transport shm|tcp|all   (comma list; default all: shm, then "
         "tcp)\n"
         "  --channel NAME            allow only this channel (default: "
         "every one)\n"
-        "  --test noop,echo,async,init,remote,rref_fork|all  (default all)\n"
+        "  --test LIST|all           comma list of noop, echo, async, init, "
+        "remote,\n"
+        "                            rref_fork, dist_autograd (default all)\n"
         "  --sizes LIST              echo tensor sizes, K/M/G = KiB/MiB/GiB, "
         "multiples\n"
         "                            of 4 (default %s)\n"
@@ -154,7 +166,7 @@ br_parse_tests(const char *list, br_opts *o)
          tok = strtok_r(NULL, ",", &save)) {
         if (strcmp(tok, "all") == 0) {
             o->bo_noop = o->bo_echo = o->bo_async = o->bo_init = true;
-            o->bo_remote = o->bo_fork = true;
+            o->bo_remote = o->bo_fork = o->bo_autograd = true;
         } else if (strcmp(tok, "noop") == 0) {
             o->bo_noop = true;
         } else if (strcmp(tok, "echo") == 0) {
@@ -167,15 +179,17 @@ br_parse_tests(const char *list, br_opts *o)
             o->bo_remote = true;
         } else if (strcmp(tok, "rref_fork") == 0) {
             o->bo_fork = true;
+        } else if (strcmp(tok, "dist_autograd") == 0) {
+            o->bo_autograd = true;
         } else {
             tool_err("bench rpc: unknown test \"%s\" (noop, echo, async, "
-                     "init, remote, rref_fork, all)",
+                     "init, remote, rref_fork, dist_autograd, all)",
                      tok);
             return false;
         }
     }
     if (!o->bo_noop && !o->bo_echo && !o->bo_async && !o->bo_init &&
-        !o->bo_remote && !o->bo_fork) {
+        !o->bo_remote && !o->bo_fork && !o->bo_autograd) {
         tool_err("bench rpc: --test is empty");
         return false;
     }
@@ -428,6 +442,9 @@ br_print_run(br_run *r, tool_table *tab)
     if (o->bo_fork) {
         br_print_cell(r, BR_C_FORK, "rref_fork", 0, tab);
     }
+    if (o->bo_autograd) {
+        br_print_cell(r, BR_C_AUTOGRAD, "dist_autograd", 0, tab);
+    }
 }
 
 // ---- main ------------------------------------------------------------------
@@ -442,6 +459,12 @@ tool_bench_rpc_main(int argc, char **argv)
     }
     // A write to a dead peer must be an error, not a signal.
     signal(SIGPIPE, SIG_IGN);
+    // Before any fork: every worker then has the function.
+    char why_reg[512];
+    if (o.bo_autograd && !br_autograd_register(why_reg, sizeof(why_reg))) {
+        tool_err("bench rpc: %s", why_reg);
+        return TOOL_EXIT_FAIL;
+    }
 
     tool_table tab;
     tool_table_init(&tab, 12);
@@ -490,7 +513,7 @@ tool_bench_rpc_main(int argc, char **argv)
                          tr->bt_name, rep + 1, o.bo_reps);
             // The 2-worker tests, then rref_fork with a third worker.
             bool two = o.bo_noop || o.bo_echo || o.bo_async || o.bo_init ||
-                       o.bo_remote;
+                       o.bo_remote || o.bo_autograd;
             r.rr_fork_pass = false;
             ok = !two || br_run_rep(&r, rep);
             if (ok && o.bo_fork) {

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* bench_rpc.h (internal) - what the two files of `tpipe bench rpc` share:
- * bench_rpc.c (options, output, main) and bench_rpc_run.c (the worker
- * processes and the measurements). */
+/* bench_rpc.h (internal) - what the files of `tpipe bench rpc` share:
+ * bench_rpc.c (options, output, main), bench_rpc_run.c (the worker
+ * processes and the measurements), bench_rpc_rref.c (the RRef tests) and
+ * bench_rpc_autograd.c (distributed autograd). */
 #ifndef TP_TOOLS_BENCH_RPC_H
 #define TP_TOOLS_BENCH_RPC_H
 
@@ -35,7 +36,7 @@ typedef struct br_opts {
     size_t bo_ntr;
     bool bo_all_tr;
     const char *bo_channel; // NULL: every channel
-    bool bo_noop, bo_echo, bo_async, bo_init, bo_remote, bo_fork;
+    bool bo_noop, bo_echo, bo_async, bo_init, bo_remote, bo_fork, bo_autograd;
     uint64_t bo_sizes[BR_MAX_SIZES];
     size_t bo_nsizes;
     double bo_budget;
@@ -61,8 +62,17 @@ enum {
     BR_NF
 };
 
-// Cells: noop, async, init, then one per echo size.
-enum { BR_C_NOOP, BR_C_ASYNC, BR_C_INIT, BR_C_REMOTE, BR_C_FORK, BR_C_ECHO };
+// Cells: noop, async, init, remote, rref_fork, dist_autograd, then one per
+// echo size.
+enum {
+    BR_C_NOOP,
+    BR_C_ASYNC,
+    BR_C_INIT,
+    BR_C_REMOTE,
+    BR_C_FORK,
+    BR_C_AUTOGRAD,
+    BR_C_ECHO
+};
 
 // One transport's repetitions.
 typedef struct br_run {
@@ -129,6 +139,12 @@ bool br_measure_lat(br_run *r, tp_agent *a, unsigned rep, size_t cell,
 // bench_rpc_rref.c: remote() + to_here, and an RRef to worker2 and back.
 bool br_measure_remote(br_run *r, tp_agent *a, unsigned rep);
 bool br_measure_fork(br_run *r, tp_agent *a, unsigned rep);
+// bench_rpc_autograd.c: registers "bench.mul" (y = x * w, recorded) in
+// this process, before any worker is forked. False after writing what
+// failed to @err.
+bool br_autograd_register(char *err, size_t len);
+// One distributed autograd iteration (PyTorch's dist_autograd_fwd_bwd).
+bool br_measure_autograd(br_run *r, tp_agent *a, unsigned rep);
 
 // One repetition: a fresh pair of processes. False after writing what
 // failed to r->rr_err.

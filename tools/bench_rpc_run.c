@@ -519,6 +519,11 @@ br_rank0(br_run *r, unsigned rep, const char *init, bool last)
     if (ok && o->bo_remote && !fork_pass) {
         ok = br_measure_remote(r, a, rep);
     }
+    // Before the 64 MiB echo and the async bursts, like the other latency
+    // tests.
+    if (ok && o->bo_autograd && !fork_pass) {
+        ok = br_measure_autograd(r, a, rep);
+    }
     for (size_t i = 0; ok && o->bo_echo && !fork_pass && i < o->bo_nsizes;
          i++) {
         ok = br_measure_echo(r, a, rep, i);
