@@ -2,8 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 # tp.sh - build and check tpipe with one command.
 #
-#   ./tp.sh demo [ARGS...]  install missing packages, build, then run
-#                           `build/tools/tpipe bench pipe ARGS...`
+#   ./tp.sh demo [ARGS...]  install missing packages, build, then train an MLP
+#                           on Fashion-MNIST with a parameter server and data
+#                           parallel (build/examples/train/tp_train ARGS...)
 #   ./tp.sh test            what CI runs (.ci/run): build with -Werror, unit
 #                           tests, ASan+UBSan tests, TSan tests, format check
 #   ./tp.sh format          clang-format -i every tracked .c/.h file
@@ -25,7 +26,10 @@ cd "$(dirname "${BASH_SOURCE[0]}")"
 # Packages: needed to build at all, and wanted for the optional backends and
 # tooling (the build leaves a backend out when its package is missing).
 NEED_PKGS=(build-essential cmake pkg-config libxxhash-dev liburing-dev)
-WANT_PKGS=(libibverbs-dev librdmacm-dev libucx-dev libopenblas-dev clang clang-format)
+WANT_PKGS=(libibverbs-dev librdmacm-dev libucx-dev libopenblas-dev clang clang-format
+           zlib1g-dev)
+# The demo also needs the data set and zlib to read it (tp_train).
+DEMO_PKGS=(dataset-fashion-mnist zlib1g-dev)
 
 JOBS=$(nproc 2>/dev/null || echo 2)
 PLAIN_OPTS=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DTP_WERROR=ON)
@@ -240,35 +244,38 @@ format_check() {
 
 # ---- commands --------------------------------------------------------------
 cmd_demo() {
-    ensure_packages
+    ensure_packages "${DEMO_PKGS[@]}"
     run_stage "build (build/)" build_tree build "${PLAIN_OPTS[@]}" ||
         die "build failed"
     local tool=build/tools/tpipe
     [ -x "$tool" ] || die "$tool was not built (is tools/tpipe.c there?)"
-    local demo=build/examples/rpc_demo
-    [ -x "$demo" ] || die "$demo was not built (is examples/rpc_demo.c there?)"
-    # The demo: an RPC job of 4 local processes started by the launcher
-    # (each worker calls its neighbour: echo, a registered function, calls
-    # in flight, an unknown function; counters; graceful shutdown), then
-    # the RPC benchmark between two processes (no-op round trips, tensor
-    # echo 64 B..64 MiB, async throughput, init time; shm and tcp).
-    # Then two ranks' all_reduce and barrier (tpipe bench collective).
-    # Arguments go to tpipe bench rpc (e.g. ./tp.sh demo --transport tcp).
-    "$tool" info | sed -n '1,40p'
-    say "== $tool run -n 4 $demo"
-    "$tool" run -n 4 --timeout 120 -- "$demo" || die "the RPC demo failed"
-    # Then a process group of 4 (broadcast, async all_reduce avg,
-    # all_gather, a subgroup of two, small-collective timings).
-    local cdemo=build/examples/coll_demo
-    [ -x "$cdemo" ] || die "$cdemo was not built"
+    local train=build/examples/train/tp_train
+    [ -x "$train" ] || die "$train was not built (is examples/train there?)"
+    # The demo: one epoch of an MLP 784-512-10 on Fashion-MNIST (60000
+    # images, batch 64, SGD lr 0.05), first with a parameter server (rank
+    # 0 holds the model as a remote object; ranks 1 and 2 train on half
+    # the data each: RPC, distributed autograd, DistributedOptimizer),
+    # then data parallel on 2 ranks (gradient buckets all_reduced during
+    # backward). Each prints a line per epoch, the test accuracy beside
+    # the data set's benchmark table, and a "result:" line (samples/s).
+    # Arguments go to both runs (e.g. ./tp.sh demo --epochs 3).
+    # docs/training.md; bench/run_train.sh compares with PyTorch.
+    say "== $tool run -n 3 $train --mode ps $*"
+    "$tool" run -n 3 --timeout 300 -- "$train" --mode ps "$@" ||
+        die "the parameter-server training failed"
+    say "== $tool run -n 2 $train --mode ddp $*"
+    "$tool" run -n 2 --timeout 300 -- "$train" --mode ddp "$@" ||
+        die "the data-parallel training failed"
+    # The smaller examples: every RPC worker calls its neighbour (echo,
+    # registered functions, calls in flight, RRefs); a process group's
+    # broadcast, async all_reduce, all_gather and subgroup.
+    local demo=build/examples/rpc_demo cdemo=build/examples/coll_demo
+    say "== $tool run -n 3 $demo"
+    "$tool" run -n 3 --timeout 120 -- "$demo" || die "the RPC demo failed"
     say "== $tool run -n 4 $cdemo"
     "$tool" run -n 4 --timeout 120 -- "$cdemo" ||
         die "the collectives demo failed"
-    say "== $tool bench collective --op all_reduce,barrier --sizes 4K,1M,64M"
-    "$tool" bench collective --op all_reduce,barrier --sizes 4K,1M,64M \
-        --reps 1 || die "the collectives benchmark failed"
-    say "== $tool bench rpc $*"
-    exec "$tool" bench rpc "$@"
+    say "done; benchmarks: $tool bench rpc|collective|pipe, bash bench/run_train.sh"
 }
 
 cmd_test() {
