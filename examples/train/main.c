@@ -157,6 +157,7 @@ tr_train_loop(const tr_options *o, const tr_data *shard, tr_step_fn step,
             tp_tensor_unref(y);
             loss_sum += loss;
             right += ok;
+            st.loss = loss; // the last batch's, as the peer's final_loss
             double now = tr_now();
             if (o->progress_s > 0 && now >= next_progress && rc == TP_OK) {
                 int64_t done = e * nb + b + 1;
@@ -179,7 +180,7 @@ tr_train_loop(const tr_options *o, const tr_data *shard, tr_step_fn step,
         }
         double now = tr_now();
         st.samples += nb * o->batch;
-        st.loss = nb > 0 ? loss_sum / (double)nb : 0;
+        double mean = nb > 0 ? loss_sum / (double)nb : 0;
         st.train_acc = nb > 0 ? (double)right / (double)(nb * o->batch) : 0;
         double rate = (double)st.samples / (now - t0);
         char left[32];
@@ -187,7 +188,7 @@ tr_train_loop(const tr_options *o, const tr_data *shard, tr_step_fn step,
                      sizeof(left));
         printf("%s: epoch %d/%d: loss %.4f, train acc %.4f, %" PRId64
                " samples in %.2f s (%.0f samples/s), %s left\n",
-               who, e + 1, o->epochs, st.loss, st.train_acc, nb * o->batch,
+               who, e + 1, o->epochs, mean, st.train_acc, nb * o->batch,
                now - te, (double)(nb * o->batch) / (now - te), left);
         fflush(stdout);
     }

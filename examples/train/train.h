@@ -162,8 +162,8 @@ typedef tp_status (*tr_step_fn)(void *arg, tp_tensor *x, tp_tensor *y,
                                 double *loss_p, int64_t *correct_p,
                                 tp_error **err_p);
 
-// What a trainer did: samples trained, seconds, the last epoch's mean loss
-// and training accuracy.
+// What a trainer did: samples trained, seconds, the loss of its last batch
+// (the peer's final_loss) and the last epoch's training accuracy.
 typedef struct tr_stats {
     int64_t samples;
     double seconds;
