@@ -66,7 +66,7 @@ tp_optim_kind_name(tp_optim_kind kind)
     return "?";
 }
 
-// ---- checks ----------------------------------------------------------------
+// ---- checks -----------------------------------------------------------------
 
 // `!(v >= 0)` rather than `v < 0`, so that NaN fails too (PyTorch's
 // `not 0.0 <= v` does the same).
@@ -220,8 +220,7 @@ op_options_load(const tp_optim_options *in, tp_optim_options *out_p,
     return st;
 }
 
-// ---- wire form
-// ---------------------------------------------------------------
+// ---- wire form --------------------------------------------------------------
 //
 // u32le version (OP_WIRE_VERSION), u8 kind, u8 flags (OP_F_*), u16le 0,
 // then ten f64 as the u64le of their bits, in the order of op_wire_f64.

@@ -28,8 +28,7 @@
 #define TOL32_REL 1e-5
 #define TOL32_ABS 1e-6
 
-// ---- helpers
-// -----------------------------------------------------------------
+// ---- helpers ----------------------------------------------------------------
 
 static double *
 field(tp_optim_options *o, const char *name)
@@ -271,8 +270,7 @@ run_case(const ref_case *c, tp_dtype dt, bool use_map, diff_stats *ds)
     tp_tensor_unref(cp);
 }
 
-// ---- against PyTorch
-// -----------------------------------------------------------
+// ---- against PyTorch --------------------------------------------------------
 
 static void
 run_all(tp_dtype dt, bool use_map)
@@ -365,8 +363,7 @@ t_grad_and_map_agree(void)
     tp_tensor_unref(p2);
 }
 
-// ---- defaults and names
-// --------------------------------------------------------
+// ---- defaults and names -----------------------------------------------------
 
 static void
 t_defaults(void)
@@ -394,8 +391,7 @@ t_defaults(void)
     TP_CHECK(strcmp(tp_optim_kind_name((tp_optim_kind)99), "?") == 0);
 }
 
-// ---- option checks
-// ---------------------------------------------------------------
+// ---- option checks ----------------------------------------------------------
 
 static void
 expect_bad(const tp_optim_options *o, tp_status want, const char *needle)
@@ -508,8 +504,7 @@ t_option_checks(void)
     tp_tensor_unref(p);
 }
 
-// ---- parameter checks
-// -------------------------------------------------------------
+// ---- parameter checks -------------------------------------------------------
 
 static void
 expect_bad_params(size_t n, tp_tensor *const *ps, tp_status want,
@@ -594,8 +589,7 @@ t_param_checks(void)
     tp_error_unref(err);
 }
 
-// ---- skipping, zero_grad, failures
-// -------------------------------------------------
+// ---- skipping, zero_grad, failures ------------------------------------------
 
 // A parameter without a gradient keeps its value and its state: when it
 // gets one later, its first step is a first step (Adam's bias correction
