@@ -790,7 +790,7 @@ tp__nccl_all_reduce(tp__nccl_comm *c, const void *send, void *recv,
                     size_t count, tp_dtype dt, tp_reduce_op op,
                     int64_t timeout_ms, tp_error **err_p)
 {
-    int ndt, nop;
+    int ndt = 0, nop = 0;
     tp_status st =
         nccl_begin(c, "all_reduce", dt, &ndt, &op, &nop, INT_MIN, err_p);
     if (st != TP_OK) {
@@ -806,7 +806,7 @@ tp_status
 tp__nccl_broadcast(tp__nccl_comm *c, const void *send, void *recv, size_t count,
                    tp_dtype dt, int root, int64_t timeout_ms, tp_error **err_p)
 {
-    int ndt;
+    int ndt = 0;
     tp_status st =
         nccl_begin(c, "broadcast", dt, &ndt, NULL, NULL, root, err_p);
     if (st != TP_OK) {
@@ -822,7 +822,7 @@ tp__nccl_reduce(tp__nccl_comm *c, const void *send, void *recv, size_t count,
                 tp_dtype dt, tp_reduce_op op, int root, int64_t timeout_ms,
                 tp_error **err_p)
 {
-    int ndt, nop;
+    int ndt = 0, nop = 0;
     tp_status st = nccl_begin(c, "reduce", dt, &ndt, &op, &nop, root, err_p);
     if (st != TP_OK) {
         return st;
@@ -838,7 +838,7 @@ tp__nccl_all_gather(tp__nccl_comm *c, const void *send, void *recv,
                     size_t send_count, tp_dtype dt, int64_t timeout_ms,
                     tp_error **err_p)
 {
-    int ndt;
+    int ndt = 0;
     tp_status st =
         nccl_begin(c, "all_gather", dt, &ndt, NULL, NULL, INT_MIN, err_p);
     if (st != TP_OK) {
@@ -854,7 +854,7 @@ tp__nccl_reduce_scatter(tp__nccl_comm *c, const void *send, void *recv,
                         size_t recv_count, tp_dtype dt, tp_reduce_op op,
                         int64_t timeout_ms, tp_error **err_p)
 {
-    int ndt, nop;
+    int ndt = 0, nop = 0;
     tp_status st =
         nccl_begin(c, "reduce_scatter", dt, &ndt, &op, &nop, INT_MIN, err_p);
     if (st != TP_OK) {
@@ -870,7 +870,7 @@ tp_status
 tp__nccl_send(tp__nccl_comm *c, const void *buf, size_t count, tp_dtype dt,
               int peer, int64_t timeout_ms, tp_error **err_p)
 {
-    int ndt;
+    int ndt = 0;
     if (c->nc_comm != NULL && peer == c->nc_rank) {
         // Each call is its own NCCL group: a send to itself would wait for
         // a matching call that cannot be posted, until the deadline.
@@ -891,7 +891,7 @@ tp_status
 tp__nccl_recv(tp__nccl_comm *c, void *buf, size_t count, tp_dtype dt, int peer,
               int64_t timeout_ms, tp_error **err_p)
 {
-    int ndt;
+    int ndt = 0;
     if (c->nc_comm != NULL && peer == c->nc_rank) {
         // Each call is its own NCCL group: a recv to itself would wait for
         // a matching call that cannot be posted, until the deadline.

@@ -48,7 +48,9 @@ part_new(da_ctx *c, uint64_t pass, bool retain)
         tp__free(p);
         return NULL;
     }
-    tp__agent_bind_future(c->c_x->x_agent, p->p_done);
+    // Not bound to the pool: a remote part's reply is written by the
+    // thread that finishes it (a loop thread when the last piece is a
+    // reply), saving a hand-over per hop; nothing here blocks.
     atomic_init(&p->p_refs, 1);
     p->p_x = c->c_x;
     da_state_ref(p->p_x);
