@@ -430,16 +430,19 @@ parse_options(int argc, char **argv, tr_options *o)
             }
             break;
         }
-        case O_OPTIM:
-            rc = bad_option("--optim", optarg,
-                            "want sgd, adam, adamw, adagrad or rmsprop");
-            for (size_t i = 0; i < sizeof(optims) / sizeof(optims[0]); i++) {
-                if (strcmp(optarg, optims[i]) == 0) {
-                    o->optim = (tp_optim_kind)i;
-                    rc = 0;
-                }
+        case O_OPTIM: {
+            size_t i = 0, n = sizeof(optims) / sizeof(optims[0]);
+            while (i < n && strcmp(optarg, optims[i]) != 0) {
+                i++;
+            }
+            if (i == n) {
+                rc = bad_option("--optim", optarg,
+                                "want sgd, adam, adamw, adagrad or rmsprop");
+            } else {
+                o->optim = (tp_optim_kind)i;
             }
             break;
+        }
         case O_HIDDEN:
             rc = parse_hidden(o, optarg);
             break;

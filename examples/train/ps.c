@@ -274,18 +274,24 @@ ps_parameters(const tp_rpc_call_info *call, void *state, const tp_args *in,
         }
         tp_args_unref(v);
     }
+    tp_args *out = NULL;
     if (st == TP_OK) {
-        st = tp_args_create(NULL, 0, out_p);
+        st = tp_args_create(NULL, 0, &out);
     }
     for (int i = 0; i < s->nrefs && st == TP_OK; i++) {
-        st = tp_args_add_rref(*out_p, tp_rref_ref(s->refs[i]));
+        st = tp_args_add_rref(out, s->refs[i]); // takes its own handle
     }
     pthread_mutex_unlock(&s->mtx);
-    if (st != TP_OK && err_p != NULL && *err_p == NULL) {
-        *err_p =
-            tp_error_create(st, NULL, "parameters for %s", call->caller->name);
+    if (st != TP_OK) {
+        tp_args_unref(out);
+        if (*err_p == NULL) {
+            *err_p = tp_error_create(st, NULL, "parameters for %s",
+                                     call->caller->name);
+        }
+        return st;
     }
-    return st;
+    *out_p = out;
+    return TP_OK;
 }
 
 static bool
@@ -319,9 +325,10 @@ ps_barrier(const tp_rpc_call_info *call, const tp_args *in, void *arg,
 {
     (void)in;
     (void)out_p;
-    ps_model *s = ps_state(arg, NULL);
-    if (s == NULL) {
-        return ps_err(err_p, TP_ETIMEDOUT, "%s: no model on %s", PS_BARRIER,
+    tp_rref *ref = NULL; // keeps the object while this waits
+    ps_model *s = ps_state(arg, &ref);
+    if (ref == NULL) {
+        return ps_err(err_p, TP_ENOENT, "%s: no model on %s", PS_BARRIER,
                       PS_NAME);
     }
     pthread_mutex_lock(&s->mtx);
@@ -330,6 +337,7 @@ ps_barrier(const tp_rpc_call_info *call, const tp_args *in, void *arg,
     bool ok = ps_wait(&s->cv, &s->mtx, s->timeout_ms, all_arrived, s);
     int arrived = s->arrived;
     pthread_mutex_unlock(&s->mtx);
+    tp_rref_unref(ref);
     if (!ok) {
         return ps_err(err_p, TP_ETIMEDOUT,
                       "barrier (%s): only %d trainer(s) arrived",
@@ -346,10 +354,10 @@ ps_lock(const tp_rpc_call_info *call, const tp_args *in, void *arg,
 {
     (void)in;
     (void)out_p;
-    ps_model *s = ps_state(arg, NULL);
-    if (s == NULL) {
-        return ps_err(err_p, TP_ETIMEDOUT, "%s: no model on %s", PS_LOCK,
-                      PS_NAME);
+    tp_rref *ref = NULL; // keeps the object while this waits
+    ps_model *s = ps_state(arg, &ref);
+    if (ref == NULL) {
+        return ps_err(err_p, TP_ENOENT, "%s: no model on %s", PS_LOCK, PS_NAME);
     }
     pthread_mutex_lock(&s->mtx);
     bool got = ps_wait(&s->cv, &s->mtx, s->timeout_ms, lock_free, s);
@@ -357,12 +365,14 @@ ps_lock(const tp_rpc_call_info *call, const tp_args *in, void *arg,
         s->holder = call->caller->rank;
     }
     int holder = s->holder;
+    int64_t waited = s->timeout_ms;
     pthread_mutex_unlock(&s->mtx);
+    tp_rref_unref(ref);
     if (!got) {
         return ps_err(err_p, TP_ETIMEDOUT,
                       "%s from %s: the lock is still held by rank %d after "
                       "%" PRId64 " ms",
-                      PS_LOCK, call->caller->name, holder, s->timeout_ms);
+                      PS_LOCK, call->caller->name, holder, waited);
     }
     return TP_OK;
 }
@@ -410,14 +420,26 @@ ps_get_model(const tp_rpc_call_info *call, const tp_args *in, void *arg,
     (void)in;
     tp_rref *r = NULL;
     ps_state(arg, &r);
-    tp_status st = tp_args_create(NULL, 0, out_p);
-    if (st == TP_OK && (st = tp_args_add_rref(*out_p, r)) != TP_OK) {
-        tp_args_unref(*out_p);
+    if (r == NULL) {
+        return ps_err(err_p, TP_ENOENT,
+                      "%s: %s serves no model (yet or any "
+                      "more)",
+                      PS_GET, PS_NAME);
     }
+    // The args take a handle of their own (as tp_args_add_tensor takes
+    // a reference): ours goes.
+    tp_args *out = NULL;
+    tp_status st = tp_args_create(NULL, 0, &out);
+    if (st == TP_OK) {
+        st = tp_args_add_rref(out, r);
+    }
+    tp_rref_unref(r);
     if (st != TP_OK) {
-        tp_rref_unref(r);
+        tp_args_unref(out);
+        return st;
     }
-    return st;
+    *out_p = out;
+    return TP_OK;
 }
 
 // ---- the server ----------------------------------------------------------
