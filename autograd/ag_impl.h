@@ -186,5 +186,19 @@ void tp__parallel_for(int64_t n, int64_t grain, tp__par_fn fn, void *ctx);
 // Forces the blocked fallback even when BLAS is built in (benchmarks).
 void tp__gemm_force_fallback(bool on);
 bool tp__gemm_have_blas(void);
+/* cblas_sgemm/dgemm as loaded by blas.c (row-major order 101, no
+ * transpose 111, transpose 112), or NULL: no BLAS could be loaded. */
+typedef void (*tp__sgemm_fn)(int order, int ta, int tb, int m, int n, int k,
+                             float alpha, const float *a, int lda,
+                             const float *b, int ldb, float beta, float *c,
+                             int ldc);
+typedef void (*tp__dgemm_fn)(int order, int ta, int tb, int m, int n, int k,
+                             double alpha, const double *a, int lda,
+                             const double *b, int ldb, double beta, double *c,
+                             int ldc);
+tp__sgemm_fn tp__blas_sgemm(void);
+tp__dgemm_fn tp__blas_dgemm(void);
+/* The OPENBLAS_CORETYPE this library set at load, or NULL. */
+const char *tp__blas_coretype(void);
 
 #endif

@@ -34,7 +34,7 @@ tp__gemm_force_fallback(bool on)
 bool
 tp__gemm_have_blas(void)
 {
-    return TP_HAVE_BLAS != 0;
+    return tp__blas_sgemm() != NULL;
 }
 
 // Blocked fallback (the GotoBLAS structure): B is packed into KC x NR
@@ -238,18 +238,19 @@ blas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs,
     {                                                                          \
         enum CBLAS_TRANSPOSE ta, tb;                                           \
         int64_t lda, ldb;                                                      \
-        if (!blas_layout(m, k, rsa, csa, &ta, &lda) ||                         \
+        if (CBLAS_FN() == NULL || !blas_layout(m, k, rsa, csa, &ta, &lda) ||   \
             !blas_layout(k, n, rsb, csb, &tb, &ldb) || m > INT32_MAX ||        \
             n > INT32_MAX || k > INT32_MAX || lda > INT32_MAX ||               \
             ldb > INT32_MAX) {                                                 \
             return false;                                                      \
         }                                                                      \
-        CBLAS_FN(CblasRowMajor, ta, tb, (int)m, (int)n, (int)k, 1, a,          \
-                 (int)lda, b, (int)ldb, 0, c, (int)n);                         \
+        CBLAS_FN()                                                             \
+        (CblasRowMajor, ta, tb, (int)m, (int)n, (int)k, 1, a, (int)lda, b,     \
+         (int)ldb, 0, c, (int)n);                                              \
         return true;                                                           \
     }
-DEF_GEMM_BLAS(f32, float, cblas_sgemm)
-DEF_GEMM_BLAS(f64, double, cblas_dgemm)
+DEF_GEMM_BLAS(f32, float, tp__blas_sgemm)
+DEF_GEMM_BLAS(f64, double, tp__blas_dgemm)
 #else
 #define DEF_GEMM_NOBLAS(SFX, T)                                                \
     static bool gemm_blas_##SFX(int64_t m, int64_t n, int64_t k, const T *a,   \

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # BLAS for autograd's matmul (cblas_sgemm/dgemm): TP_WITH_BLAS=AUTO|ON|OFF.
+# Loaded at run time (autograd/blas.c); the build needs cblas.h only.
 # Looks for OpenBLAS through pkg-config (openblas, then cblas). Sets
 # TP_HAVE_BLAS; autograd/ passes it to its own sources as a compile
 # definition, and the imported target joins TP_DEP_TARGETS.
@@ -26,9 +27,15 @@ if(NOT TP_WITH_BLAS STREQUAL "OFF")
     endif()
   endif()
 endif()
+if(TP_BLAS_OK)
+  set(TP_BLAS_DETAIL "${TP_BLAS_DETAIL}, loaded at first matmul")
+endif()
 tp_feature(BLAS TP_BLAS_OK "${TP_BLAS_DETAIL}")
+# Not linked: autograd/blas.c loads it with dlopen at the first matmul,
+# after choosing OpenBLAS's kernels for this CPU (OPENBLAS_CORETYPE); only
+# the header is needed here.
 if(TP_HAVE_BLAS)
-  list(APPEND TP_DEP_TARGETS PkgConfig::TPBLAS)
+  include_directories(${TP_CBLAS_INCLUDE})
 endif()
 
 # The tensor kernels use libm (exp, log, tanh, pow).
