@@ -52,8 +52,8 @@ typedef struct op_coef {
 // cannot fuse. fma is exactly rounded everywhere, so the result does not
 // depend on the clone (TP_CLONES) or the CPU.
 #define OP_RULES(T, SFX, SQRT_, FMA_)                                          \
-    K_CLONES static void sgd_##SFX(const op_coef *c, int64_t n, T *p,          \
-                                   const T *g, T *buf)                         \
+    K_CLONES static void sgd_##SFX(const op_coef *c, int64_t n, T *restrict p, \
+                                   const T *restrict g, T *restrict buf)       \
     {                                                                          \
         const T wd = (T)c->c_wd, mom = (T)c->c_momentum;                       \
         const T damp1 = (T)c->c_damp1, nlr = (T)-c->c_lr;                      \
@@ -72,8 +72,9 @@ typedef struct op_coef {
         }                                                                      \
     }                                                                          \
                                                                                \
-    K_CLONES static void adagrad_##SFX(const op_coef *c, int64_t n, T *p,      \
-                                       const T *g, T *sum)                     \
+    K_CLONES static void adagrad_##SFX(const op_coef *c, int64_t n,            \
+                                       T *restrict p, const T *restrict g,     \
+                                       T *restrict sum)                        \
     {                                                                          \
         const T wd = (T)c->c_wd, eps = (T)c->c_eps, nclr = (T)-c->c_clr;       \
         for (int64_t i = 0; i < n; i++) {                                      \
@@ -89,8 +90,9 @@ typedef struct op_coef {
                                                                                \
     /* Adam and AdamW: AdamW decays the parameter (c_decay) instead of         \
      * adding c_wd * p to the gradient. */                                     \
-    K_CLONES static void adam_##SFX(const op_coef *c, int64_t n, T *p,         \
-                                    const T *g, T *m, T *v, T *vmax)           \
+    K_CLONES static void adam_##SFX(                                           \
+        const op_coef *c, int64_t n, T *restrict p, const T *restrict g,       \
+        T *restrict m, T *restrict v, T *restrict vmax)                        \
     {                                                                          \
         const T wd = (T)c->c_wd, decay = (T)c->c_decay;                        \
         const T b1 = (T)c->c_beta1, b2 = (T)c->c_beta2;                        \
@@ -118,8 +120,9 @@ typedef struct op_coef {
         }                                                                      \
     }                                                                          \
                                                                                \
-    K_CLONES static void rmsprop_##SFX(const op_coef *c, int64_t n, T *p,      \
-                                       const T *g, T *sq, T *buf, T *gavg)     \
+    K_CLONES static void rmsprop_##SFX(                                        \
+        const op_coef *c, int64_t n, T *restrict p, const T *restrict g,       \
+        T *restrict sq, T *restrict buf, T *restrict gavg)                     \
     {                                                                          \
         const T wd = (T)c->c_wd, alpha = (T)c->c_alpha, oma = (T)c->c_1ma;     \
         const T eps = (T)c->c_eps, mom = (T)c->c_momentum;                     \
