@@ -55,11 +55,16 @@ if [ -z "${SKIP_PEERS:-}" ] && ! "$TORCH_PY" -c "import torch" 2>/dev/null; then
   exit 1
 fi
 
-# What OpenBLAS (used by both: libtpipe and torch link the same
-# libopenblas) picked for this CPU: in a VM it may fall back to a generic
-# kernel ("Prescott"), which is slow for both.
-BLAS_CORE=$(env ${ENV_BOTH:-} OPENBLAS_VERBOSE=2 "$TP_TRAIN" --help 2>&1 |
+# What OpenBLAS picked for this CPU in each: torch uses OpenBLAS's own
+# detection (in a VM it may fall back to the generic "Prescott" kernels);
+# libtpipe names the kernels from the CPU's features when it is loaded
+# (docs/autograd.md, "Which BLAS kernels"), unless OPENBLAS_CORETYPE is set.
+BLAS_CORE_TORCH=$(env ${ENV_BOTH:-} OPENBLAS_VERBOSE=2 /usr/bin/python3 -c \
+  'import torch; torch.ones(4, 4) @ torch.ones(4, 4)' 2>&1 |
   sed -n 's/^Core: //p' | head -1)
+BLAS_CORE_TP=$(env ${ENV_BOTH:-} OPENBLAS_VERBOSE=2 "$TP_TRAIN" --mode local \
+  --synthetic 256 --progress 0 2>&1 | sed -n 's/^Core: //p' | head -1)
+BLAS_CORE="PyTorch ${BLAS_CORE_TORCH:-unknown}, tpipe ${BLAS_CORE_TP:-unknown}"
 : >"$OUT/raw.txt"
 port=29600
 for rep in $(seq 1 "$REPS"); do
@@ -101,7 +106,7 @@ done
   echo
   echo "MLP 784-512-10, batch 64, SGD lr 0.05, one epoch over the 60000 training images split between 2 trainers (ps: plus a server) or 2 ranks (ddp); test accuracy on the 10000 test images."
   echo "PyTorch: \`/usr/bin/python3 ../shared/peers/torch_train_bench.py --mode ps|ddp --limit 0\` (its defaults: 1 torch thread per process, ps with the server lock from forward to step). tpipe: \`tpipe run -n 3|2 tp_train --mode ps|ddp\` ${TP_ARGS:+with \`$TP_ARGS\` }(its defaults; docs/training.md)."
-  echo "Runs alternate, $REPS of each; medians (min-max). OpenBLAS core: ${BLAS_CORE:-unknown}${ENV_BOTH:+; both run with \`$ENV_BOTH\`}. Load average before / after: $LOAD0 / $(cut -d' ' -f1-3 /proc/loadavg)."
+  echo "Runs alternate, $REPS of each; medians (min-max). OpenBLAS kernels: ${BLAS_CORE}${ENV_BOTH:+; both run with \`$ENV_BOTH\`}. Load average before / after: $LOAD0 / $(cut -d' ' -f1-3 /proc/loadavg)."
   echo
   "$PY" - "$OUT/raw.txt" <<'PYEOF'
 import re, statistics, sys

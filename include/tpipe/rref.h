@@ -148,8 +148,10 @@ TP_API tp_status tp_rref_local_value(tp_rref *r, int64_t timeout_ms,
 /* ---- RRefs in args --------------------------------------------------- */
 
 /**
- * tp_args_add_rref - append @r (takes a handle). Not once the args were
- * given to a call. Errors: TP_EINVAL (NULL, more than TP_RPC_MAX_RREFS),
+ * tp_args_add_rref - append @r: the args take a handle of their own, as
+ * tp_args_add_tensor takes a reference; the caller keeps its handle (drop
+ * it with tp_rref_unref when done). Not once the args were given to a
+ * call. Errors: TP_EINVAL (NULL, more than TP_RPC_MAX_RREFS),
  * TP_ENOMEM.
  */
 TP_API tp_status tp_args_add_rref(tp_args *args, tp_rref *r);
