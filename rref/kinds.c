@@ -256,6 +256,8 @@ remote_run(void *state, const tp__proto_msg *m, void *ctx)
 // ---- FETCH and CALL: waiting for the value ---------------------------------
 
 typedef struct value_job {
+    tp_task v_task;  // CALL: the call's own pool task
+    tp_future *v_vf; // CALL: the value, for the task (referenced)
     tp_rref *v_rref; // held (r_holds)
     tp_future *v_reply;
     tp_args *v_in; // CALL: the args
@@ -304,11 +306,38 @@ call_done(tp_future *f, void *arg)
     vjob_free(v);
 }
 
-// Pool (a callback of the value's future): the value exists now.
+static void value_work(value_job *v, tp_future *vf);
+
+static void
+value_task(void *arg)
+{
+    value_job *v = arg;
+    value_work(v, v->v_vf);
+}
+
+// Pool (a callback of the value's future): the value exists now. The
+// future's callbacks run one after the other; a CALL (a function or a
+// method, user code that may take long or wait) goes on to a pool task of
+// its own, so calls on one value or object run concurrently (a type with
+// `serialize` orders its methods itself).
 static void
 value_ready(tp_future *vf, void *arg)
 {
     value_job *v = arg;
+    rr_ctx *x = v->v_ctx;
+    if (v->v_call && tp_future_error(vf) == NULL) {
+        v->v_vf = vf;
+        tp__task_init(&v->v_task, value_task, v);
+        if (tp__agent_submit(x->x_agent, &v->v_task) == TP_OK) {
+            return;
+        }
+    }
+    value_work(v, vf);
+}
+
+static void
+value_work(value_job *v, tp_future *vf)
+{
     rr_ctx *x = v->v_ctx;
     const tp_error *verr = tp_future_error(vf);
     void *val = tp_future_value(vf);

@@ -4,11 +4,13 @@
 // constructed on another worker and on this one, its two methods sync and
 // async, its parameters as RRefs updated on the owner, to_here through
 // to_args, unknown methods and types, a failing constructor, destruction
-// through RRef deletion.
+// through RRef deletion; methods of a type without `serialize` run
+// concurrently.
 
 #include "tp_test.h"
 
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <tpipe/rpc.h>
@@ -138,8 +140,114 @@ test_objects(void)
     run(4, w_objects, NULL);
 }
 
+// "t.gate": "wait" returns 1 once "open" was called (0 after 5 s).
+typedef struct gate {
+    atomic_int g_open;
+} gate;
+
+static tp_status
+gate_create(const tp_rpc_call_info *call, const tp_args *in, void *arg,
+            void **state_p, tp_error **err_p)
+{
+    (void)call;
+    (void)in;
+    (void)arg;
+    (void)err_p;
+    gate *g = calloc(1, sizeof(*g));
+    TP_CHECK(g != NULL);
+    *state_p = g;
+    return TP_OK;
+}
+
+static void
+gate_destroy(void *state, void *arg)
+{
+    (void)arg;
+    free(state);
+}
+
+static tp_status
+gate_wait(const tp_rpc_call_info *call, void *state, const tp_args *in,
+          void *arg, tp_args **out_p, tp_error **err_p)
+{
+    (void)call;
+    (void)in;
+    (void)arg;
+    (void)err_p;
+    gate *g = state;
+    int64_t end = tp_job_now_ms() + 5000;
+    while (atomic_load(&g->g_open) == 0 && tp_job_now_ms() < end) {
+        tp_job_sleep_ms(1);
+    }
+    *out_p = args_i64(atomic_load(&g->g_open));
+    return TP_OK;
+}
+
+static tp_status
+gate_open(const tp_rpc_call_info *call, void *state, const tp_args *in,
+          void *arg, tp_args **out_p, tp_error **err_p)
+{
+    (void)call;
+    (void)in;
+    (void)arg;
+    (void)err_p;
+    (void)out_p;
+    atomic_store(&((gate *)state)->g_open, 1);
+    return TP_OK;
+}
+
+static const tp_remote_method k_gate_methods[] = {
+    {"wait", gate_wait},
+    {"open", gate_open},
+};
+
+// A method that waits for another method of the same object: without
+// `serialize` they run at once (before, calls on one object were drained
+// one after the other and "wait" held up "open").
+static void
+w_concurrent(int rank, int world, const char *url, void *arg)
+{
+    (void)arg;
+    tp_remote_type t = {
+        .size = sizeof(t),
+        .name = "t.gate",
+        .create = gate_create,
+        .destroy = gate_destroy,
+        .methods = k_gate_methods,
+        .nmethods = 2,
+    };
+    tp_error *err = NULL;
+    TP_CHECK_OK(tp_remote_type_register(&t, &err), err);
+    tp_agent *a = join(rank, world, url);
+    if (rank == 0) {
+        tp_rref *g = NULL;
+        TP_CHECK_OK(
+            tp_remote_create(a, "bravo", "t.gate", NULL, WAIT_MS, &g, &err),
+            err);
+        tp_future *w = tp_remote_call_async(g, "wait", NULL, WAIT_MS);
+        tp_job_sleep_ms(50); // "wait" is running on bravo
+        tp_args *out = NULL;
+        TP_CHECK_OK(tp_remote_call(g, "open", NULL, WAIT_MS, &out, &err), err);
+        tp_args_unref(out);
+        TP_CHECK_OK(tp_rpc_wait(w, WAIT_MS, &out, &err), err);
+        TP_CHECK_EQ(get_i64(out), 1);
+        tp_args_unref(out);
+        tp_future_unref(w);
+        tp_rref_unref(g);
+        wait_settled(a, world, 0);
+    }
+    leave(a);
+}
+
+static void
+test_concurrent_methods(void)
+{
+    run(2, w_concurrent, NULL);
+}
+
 static const tp_test_case cases[] = {
     TP_TEST_CASE_T(test_objects, 60),
+    TP_TEST_CASE_T(test_concurrent_methods, 60),
 };
 
 TP_TEST_MAIN(cases)
