@@ -208,7 +208,9 @@ ctest_fuzz() {
 }
 
 build_fuzz() {
-    configure build-fuzz "${FUZZ_OPTS[@]}" &&
+    # Always regenerated: a target added since the tree was configured is
+    # otherwise unknown to the generated Makefile ("No rule to make target").
+    cmake -S . -B build-fuzz "${FUZZ_OPTS[@]}" >/dev/null &&
         cmake --build build-fuzz -j"$JOBS" --target fuzz_desc fuzz_brochure fuzz_rpc \
             fuzz_handshake fuzz_p2p fuzz_rref fuzz_dist_autograd
 }

@@ -345,12 +345,9 @@ tp_dist_autograd_backward(tp_agent *a, int64_t ctx_id, int n_roots,
                                  da_name(x), ctx_id, i, tp_tensor_numel(t));
         }
     }
-    da_ctx *c = da_ctx_find(x, ctx_id);
+    da_ctx *c = da_ctx_find_or_fail(x, ctx_id, "backward", err_p);
     if (c == NULL) {
-        return tp__error_set(err_p, TP_ENOENT,
-                             "dist autograd %s: backward: no context %" PRId64
-                             " (unknown or already released)",
-                             da_name(x), ctx_id);
+        return TP_ENOENT;
     }
     uint64_t pass = ((uint64_t)x->x_rank << DA_CTX_BITS) |
                     (atomic_fetch_add(&x->x_next_pass, 1) + 1);

@@ -113,6 +113,19 @@ da_ctx_find(da_state *x, int64_t id)
     return c;
 }
 
+da_ctx *
+da_ctx_find_or_fail(da_state *x, int64_t id, const char *what, tp_error **err_p)
+{
+    da_ctx *c = da_ctx_find(x, id);
+    if (c == NULL) {
+        tp__error_set(err_p, TP_ENOENT,
+                      "dist autograd %s: %s: no context %" PRId64
+                      " (unknown or already released)",
+                      da_name(x), what, id);
+    }
+    return c;
+}
+
 static da_ctx *
 ctx_new(da_state *x, int64_t id)
 {
@@ -365,12 +378,9 @@ tp_dist_autograd_context_release(tp_agent *a, int64_t ctx_id, tp_error **err_p)
                              "releases it",
                              da_name(x), ctx_id, creator);
     }
-    da_ctx *c = da_ctx_find(x, ctx_id);
+    da_ctx *c = da_ctx_find_or_fail(x, ctx_id, "context_release", err_p);
     if (c == NULL) {
-        return tp__error_set(err_p, TP_ENOENT,
-                             "dist autograd %s: no context %" PRId64
-                             " (unknown or already released)",
-                             da_name(x), ctx_id);
+        return TP_ENOENT;
     }
     da_ctx_release(c, true, -1);
     da_ctx_unref(c);
@@ -386,12 +396,9 @@ tp_dist_autograd_set_current(tp_agent *a, int64_t ctx_id, tp_error **err_p)
     }
     da_ctx *c = NULL;
     if (ctx_id != -1) {
-        c = da_ctx_find(x, ctx_id);
+        c = da_ctx_find_or_fail(x, ctx_id, "set_current", err_p);
         if (c == NULL) {
-            return tp__error_set(err_p, TP_ENOENT,
-                                 "dist autograd %s: no context %" PRId64
-                                 " (unknown or already released)",
-                                 da_name(x), ctx_id);
+            return TP_ENOENT;
         }
     }
     da_ctx_unref(da_set_current(c));
@@ -414,12 +421,9 @@ tp_dist_autograd_get_gradients(tp_agent *a, int64_t ctx_id, tp_grad_map **map_p,
     if (state_or_fail(a, "get_gradients", &x, err_p) != TP_OK) {
         return tp_error_status(*err_p);
     }
-    da_ctx *c = da_ctx_find(x, ctx_id);
+    da_ctx *c = da_ctx_find_or_fail(x, ctx_id, "get_gradients", err_p);
     if (c == NULL) {
-        return tp__error_set(err_p, TP_ENOENT,
-                             "dist autograd %s: no context %" PRId64
-                             " (unknown or already released)",
-                             da_name(x), ctx_id);
+        return TP_ENOENT;
     }
     // No pass of this context may accumulate while the copy is made.
     tp__mtx_lock(&c->c_run);

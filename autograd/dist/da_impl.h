@@ -77,6 +77,9 @@ da_ctx *da_ctx_ref(da_ctx *c);
 void da_ctx_unref(da_ctx *c);
 /* The context @id, referenced; NULL if unknown or released. */
 da_ctx *da_ctx_find(da_state *x, int64_t id);
+/* As da_ctx_find; TP_ENOENT in *@err_p saying @what found no context. */
+da_ctx *da_ctx_find_or_fail(da_state *x, int64_t id, const char *what,
+                            tp_error **err_p);
 /* The context @id, made here on first sight (a message from @from).
  * NULL: its creator is dead, or out of memory. */
 da_ctx *da_ctx_get_or_add(da_state *x, int64_t id, int from);

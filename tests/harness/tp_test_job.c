@@ -149,3 +149,32 @@ tp_job_tcp(tp_job *j, int world, tp_job_fn fn, void *arg)
     j->arg = arg;
     snprintf(j->url, sizeof(j->url), "tcp://127.0.0.1:%d", tp_test_free_port());
 }
+
+tp_agent *
+tp_job_rpc_join(const char *name, int rank, int world, const char *url,
+                int64_t wait_ms, int64_t rpc_timeout_ms)
+{
+    tp_agent_options o;
+    tp_agent_options_init(&o);
+    o.init_method = url;
+    o.init_timeout_ms = tp_test_ms(wait_ms);
+    o.shutdown_timeout_ms = tp_test_ms(wait_ms);
+    if (rpc_timeout_ms > 0) {
+        o.rpc_timeout_ms = tp_test_ms(rpc_timeout_ms);
+    }
+    o.num_worker_threads = 4;
+    tp_agent *a = NULL;
+    tp_error *err = NULL;
+    tp_status st = tp_rpc_init(name, rank, world, &o, &a, &err);
+    TP_CHECKF(st == TP_OK, "rank %d: init: %s", rank, tp_error_message(err));
+    return a;
+}
+
+void
+tp_job_rpc_leave(tp_agent *a, int rank)
+{
+    tp_error *err = NULL;
+    tp_status st = tp_rpc_shutdown(a, true, &err);
+    TP_CHECKF(st == TP_OK, "rank %d: graceful shutdown: %s", rank,
+              tp_error_message(err));
+}

@@ -11,6 +11,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include <tpipe/rpc.h>
+
 #define TP_JOB_MAX_WORLD 64
 #define TP_JOB_MAX_ENV   8
 
@@ -36,6 +38,15 @@ typedef struct tp_job {
 void tp_job_tcp(tp_job *j, int world, tp_job_fn fn, void *arg);
 // Runs @j; fails the case if a worker fails or the job overruns.
 void tp_job_run(tp_job *j);
+// A worker of an RPC job: tp_rpc_init as @name (rank @rank of @world) at
+// @url with init and shutdown deadlines of tp_test_ms(@wait_ms), 4 pool
+// threads and, unless 0, tp_test_ms(@rpc_timeout_ms) as the default call
+// deadline. Fails the case on error.
+tp_agent *tp_job_rpc_join(const char *name, int rank, int world,
+                          const char *url, int64_t wait_ms,
+                          int64_t rpc_timeout_ms);
+// A graceful tp_rpc_shutdown; fails the case on error.
+void tp_job_rpc_leave(tp_agent *a, int rank);
 // Milliseconds of a monotonic clock, and a sleep that resumes after EINTR.
 int64_t tp_job_now_ms(void);
 void tp_job_sleep_ms(int64_t ms);

@@ -271,18 +271,7 @@ setup(int rank)
 static tp_agent *
 join(int rank, int world, const char *url)
 {
-    tp_agent_options o;
-    tp_agent_options_init(&o);
-    o.init_method = url;
-    o.init_timeout_ms = tp_test_ms(WAIT_MS);
-    o.shutdown_timeout_ms = tp_test_ms(WAIT_MS);
-    o.rpc_timeout_ms = tp_test_ms(WAIT_MS);
-    o.num_worker_threads = 4;
-    tp_agent *a = NULL;
-    tp_error *err = NULL;
-    tp_status st = tp_rpc_init(k_names[rank], rank, world, &o, &a, &err);
-    TP_CHECKF(st == TP_OK, "rank %d: init: %s", rank, tp_error_message(err));
-    return a;
+    return tp_job_rpc_join(k_names[rank], rank, world, url, WAIT_MS, WAIT_MS);
 }
 
 // Owners drop their RRefs and every worker shuts down gracefully (an

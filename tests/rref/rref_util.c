@@ -485,17 +485,7 @@ setup(int rank)
 tp_agent *
 join(int rank, int world, const char *url)
 {
-    tp_agent_options o;
-    tp_agent_options_init(&o);
-    o.init_method = url;
-    o.init_timeout_ms = tp_test_ms(WAIT_MS);
-    o.shutdown_timeout_ms = tp_test_ms(WAIT_MS);
-    o.num_worker_threads = 4;
-    tp_agent *a = NULL;
-    tp_error *err = NULL;
-    tp_status st = tp_rpc_init(k_names[rank], rank, world, &o, &a, &err);
-    TP_CHECKF(st == TP_OK, "rank %d: init: %s", rank, tp_error_message(err));
-    return a;
+    return tp_job_rpc_join(k_names[rank], rank, world, url, WAIT_MS, 0);
 }
 
 void
@@ -504,10 +494,7 @@ leave(tp_agent *a)
     for (int i = 0; i < 8; i++) {
         tp_rref_unref(atomic_exchange(&g_kept[i], NULL));
     }
-    tp_error *err = NULL;
-    tp_status st = tp_rpc_shutdown(a, true, &err);
-    TP_CHECKF(st == TP_OK, "rank %d: graceful shutdown: %s", g_rank,
-              tp_error_message(err));
+    tp_job_rpc_leave(a, g_rank);
 }
 
 // The counters of rank @r (fn_stats' layout).

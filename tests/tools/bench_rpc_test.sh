@@ -2,8 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # bench_rpc_test.sh TPIPE [PYTHON3] - `tpipe bench rpc` end to end: the
 # JSON lines (schema, values, one per transport, test and size, the RRef
-# tests remote and rref_fork included) over shm (when viable here) and tcp
-# with 2 repetitions, the table, and usage errors (exit 2).
+# tests remote and rref_fork and dist_autograd included) over shm (when
+# viable here) and tcp with 2 repetitions, the table, and usage errors (exit 2).
 set -u
 TPIPE=$1
 PY=${2:-python3}
@@ -34,7 +34,7 @@ for line in lines:
     assert o["reps"] == 2, line
     assert isinstance(o["channel"], str) and o["channel"], line
     t = o["test"]
-    if t in ("remote", "rref_fork"):
+    if t in ("remote", "rref_fork", "dist_autograd"):
         assert o["size"] == 0 and o["gbps"] is None, line
         assert all(num(o[k]) for k in ("p50_us", "p10_us", "p90_us",
                                        "min_us", "max_us")), line
@@ -70,7 +70,7 @@ if "shm" not in trs:
         "measured nor skipped with a reason"
 want = {(tr, t, s) for tr in trs for t, s in (("noop", 0), ("echo", 64),
         ("echo", 1 << 20), ("async", 0), ("init", 0), ("remote", 0),
-        ("rref_fork", 0))}
+        ("rref_fork", 0), ("dist_autograd", 0))}
 assert seen == want and len(lines) == len(want), "got %s" % sorted(seen)
 PYEOF
 
