@@ -20,24 +20,24 @@
 //
 // Like the peer, a trainer holds the server's lock from its forward to
 // its step: a step of another trainer in between would change, in place,
-// weights that this trainer's pending backward saved. As the peer, it
-// takes the lock with an RPC before the forward ("tp_train.ps_lock", which
-// waits on the server until the lock is free) and gives it back after the
-// step ("release"); the release is not waited for until the trainer's next
-// step, so it costs a message but no round trip. The trainers' steps thus
-// run one at a time on the server, as the peer's.
+// weights that this trainer's pending backward saved. The peer takes the
+// lock with an RPC of its own before the forward; here the forward takes
+// it ("forward" with the byte 'L': it waits on the server until the lock
+// is free, so the batch travels while the other trainer still steps), and
+// "release" gives it back after the step; the release is not waited for
+// until the trainer's next step, so it costs a message but no round trip.
+// The trainers' steps thus run one at a time on the server, as the peer's.
 //
 // Methods of the remote type "tp_train.mlp" (registered on every rank):
 //   forward     tensor x [B, D] -> tensor logits [B, C] (the caller must
-//               hold the lock)
+//               hold the lock, or send the byte 'L' to wait for it and
+//               take it first)
 //   release     gives the lock back
 //   parameters  -> one RRef per parameter (tp_rref_create of args holding
 //               the parameter tensor), for tp_dist_optim_create
 //   done        a trainer's totals (samples, seconds, loss, accuracy)
-// Functions (plain RPCs, since they wait: the agent runs the method calls
-// of one object one after the other, so a method must not block):
+// Functions (plain RPCs):
 //   tp_train.ps_model    -> the model's RRef (waits until it exists)
-//   tp_train.ps_lock     waits for the lock and takes it
 //   tp_train.ps_barrier  returns when every trainer has called it
 // The server then evaluates the test set with its parameters and prints
 // the job's result line.
@@ -55,7 +55,6 @@
 
 #define PS_TYPE    "tp_train.mlp"
 #define PS_GET     "tp_train.ps_model"
-#define PS_LOCK    "tp_train.ps_lock"
 #define PS_BARRIER "tp_train.ps_barrier"
 #define PS_NAME    "ps"
 
@@ -206,14 +205,27 @@ ps_forward(const tp_rpc_call_info *call, void *state, const tp_args *in,
                       "forward from %s: want one tensor [batch, %d]",
                       call->caller->name, (int)s->model.dims[0]);
     }
+    size_t nb = 0;
+    const char *b = tp_args_bytes(in, &nb);
+    bool take = nb == 1 && b[0] == 'L';
     pthread_mutex_lock(&s->mtx);
+    bool got = !take || ps_wait(&s->cv, &s->mtx, s->timeout_ms, lock_free, s);
+    if (take && got) {
+        s->holder = call->caller->rank;
+    }
     int holder = s->holder;
     pthread_mutex_unlock(&s->mtx);
+    if (!got) {
+        return ps_err(err_p, TP_ETIMEDOUT,
+                      "forward from %s: the lock is still held by rank %d "
+                      "after %" PRId64 " ms",
+                      call->caller->name, holder, s->timeout_ms);
+    }
     if (holder != call->caller->rank) {
         return ps_err(err_p, TP_EINVAL,
-                      "forward from %s: call %s first (the lock is held "
-                      "by rank %d)",
-                      call->caller->name, PS_LOCK, holder);
+                      "forward from %s: send 'L' to take the lock first "
+                      "(it is held by rank %d)",
+                      call->caller->name, holder);
     }
     tp_tensor *logits = NULL;
     tp_status st =
@@ -342,37 +354,6 @@ ps_barrier(const tp_rpc_call_info *call, const tp_args *in, void *arg,
         return ps_err(err_p, TP_ETIMEDOUT,
                       "barrier (%s): only %d trainer(s) arrived",
                       call->caller->name, arrived);
-    }
-    return TP_OK;
-}
-
-// "tp_train.ps_lock": waits until no trainer holds the step lock, then
-// gives it to the caller.
-static tp_status
-ps_lock(const tp_rpc_call_info *call, const tp_args *in, void *arg,
-        tp_args **out_p, tp_error **err_p)
-{
-    (void)in;
-    (void)out_p;
-    tp_rref *ref = NULL; // keeps the object while this waits
-    ps_model *s = ps_state(arg, &ref);
-    if (ref == NULL) {
-        return ps_err(err_p, TP_ENOENT, "%s: no model on %s", PS_LOCK, PS_NAME);
-    }
-    pthread_mutex_lock(&s->mtx);
-    bool got = ps_wait(&s->cv, &s->mtx, s->timeout_ms, lock_free, s);
-    if (got) {
-        s->holder = call->caller->rank;
-    }
-    int holder = s->holder;
-    int64_t waited = s->timeout_ms;
-    pthread_mutex_unlock(&s->mtx);
-    tp_rref_unref(ref);
-    if (!got) {
-        return ps_err(err_p, TP_ETIMEDOUT,
-                      "%s from %s: the lock is still held by rank %d after "
-                      "%" PRId64 " ms",
-                      PS_LOCK, call->caller->name, holder, waited);
     }
     return TP_OK;
 }
@@ -542,20 +523,14 @@ ps_step(void *arg, tp_tensor *x, tp_tensor *y, double *loss_p,
             return st;
         }
     }
-    if ((st = tp_rpc_sync(t->agent, PS_NAME, PS_LOCK, NULL, t->timeout_ms, NULL,
-                          err_p)) != TP_OK) {
-        return st;
-    }
     int64_t cid = -1;
     tp_args *in = NULL, *out = NULL;
     tp_tensor *loss = NULL;
     if ((st = tp_dist_autograd_context_create(t->agent, &cid, err_p)) !=
         TP_OK) {
-        t->release =
-            tp_remote_call_async(t->model, "release", NULL, t->timeout_ms);
-        return st;
+        return st; // the lock is not taken yet
     }
-    st = tp_args_create(NULL, 0, &in);
+    st = tp_args_create("L", 1, &in); // take the lock, then forward
     if (st == TP_OK) {
         st = tp_args_add_tensor(in, x);
     }
@@ -691,9 +666,6 @@ tr_run_ps(const tr_options *o)
     tp_status st = tp_remote_type_register(&type, &err);
     if (st == TP_OK) {
         st = tp_rpc_register(PS_GET, ps_get_model, &ps_the_slot, &err);
-    }
-    if (st == TP_OK) {
-        st = tp_rpc_register(PS_LOCK, ps_lock, &ps_the_slot, &err);
     }
     if (st == TP_OK) {
         st = tp_rpc_register(PS_BARRIER, ps_barrier, &ps_the_slot, &err);
