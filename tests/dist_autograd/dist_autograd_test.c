@@ -610,13 +610,20 @@ w_killed(int rank, int world, const char *url, void *arg)
     TP_CHECK(false);
 }
 
+// A job of @world in which rank @victim must end by SIGKILL.
+static void
+run_killed(int world, tp_job_fn fn, int victim)
+{
+    tp_job j;
+    tp_job_tcp(&j, world, fn, NULL);
+    j.expect_sig[victim] = SIGKILL;
+    run(world, fn, &j);
+}
+
 static void
 test_killed(void)
 {
-    tp_job j;
-    tp_job_tcp(&j, 2, w_killed, NULL);
-    j.expect_sig[1] = SIGKILL;
-    run(2, w_killed, &j);
+    run_killed(2, w_killed, 1);
 }
 
 // charlie makes a context that reaches bravo, then dies: bravo's copy of
@@ -655,10 +662,7 @@ w_creator_dies(int rank, int world, const char *url, void *arg)
 static void
 test_creator_dies(void)
 {
-    tp_job j;
-    tp_job_tcp(&j, 3, w_creator_dies, NULL);
-    j.expect_sig[2] = SIGKILL;
-    run(3, w_creator_dies, &j);
+    run_killed(3, w_creator_dies, 2);
 }
 
 // PyTorch's trainer/PS case: charlie (rank 2) holds w; alpha and bravo, at
