@@ -70,6 +70,10 @@ typedef struct ag_peer {
     ag_conn *p_out;    // outgoing connection, NULL until a call needs it
     ag_call *p_calls;  // pending calls to this peer (c_pnext list)
     bool p_sd_missing; // did not arrive in the last shutdown round
+    // Its pipe failed while this agent ran or agreed on shutdown: it died
+    // (or shut down abruptly), so it will not join the agreement.
+    bool p_dead;
+    char p_dead_why[200];
     ag_stats p_stats;
 } ag_peer;
 

@@ -319,6 +319,11 @@ ag_conn_fail(ag_conn *c, const tp_error *err)
     c->c_failed = true;
     ag_state state = a->a_state;
     ag_peer *p = c->c_peer;
+    if (p != NULL && p != a->a_self && state != AG_CLOSED && !p->p_dead) {
+        p->p_dead = true;
+        snprintf(p->p_dead_why, sizeof(p->p_dead_why), "%s",
+                 tp_error_message(err));
+    }
     if (p != NULL && c->c_outgoing) {
         if (p->p_out == c) {
             p->p_out = NULL;

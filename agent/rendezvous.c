@@ -235,6 +235,57 @@ ag_rendezvous(tp_agent *a, uint64_t deadline, tp_error **err_p)
 
 // ---- shutdown ------------------------------------------------------------
 
+// Reads rank @r's record @key of a shutdown round, by @deadline. A worker
+// whose pipe failed (it died, or shut down abruptly) will never write it:
+// once its record is not there, this fails at once with TP_ECONNRESET
+// naming it, instead of waiting out the shutdown timeout.
+static tp_status
+shutdown_get(tp_agent *a, int r, const char *key, uint64_t deadline, void **v_p,
+             size_t *len_p, tp_error **err_p)
+{
+    for (;;) {
+        tp__mtx_lock(&a->a_mtx);
+        ag_peer *p = &a->a_peers[r];
+        bool dead = p->p_dead;
+        char why[sizeof(p->p_dead_why)];
+        memcpy(why, p->p_dead_why, sizeof(why));
+        tp__mtx_unlock(&a->a_mtx);
+        // Known dead: only what it wrote before is there (no wait). Else
+        // wait in slices, to notice a death meanwhile.
+        int64_t ms = dead ? 1 : TP_MIN(ag_ms_left(deadline), 50);
+        tp_error *err = NULL;
+        tp_status st = tp_store_get(a->a_store, key, ms, v_p, len_p, &err);
+        if (st != TP_ETIMEDOUT) {
+            if (err_p != NULL) {
+                *err_p = err;
+            } else {
+                tp_error_unref(err);
+            }
+            return st;
+        }
+        if (dead) {
+            tp_error_unref(err);
+            // Rank 0 does not wait for its exit record either.
+            tp__mtx_lock(&a->a_mtx);
+            a->a_peers[r].p_sd_missing = true;
+            tp__mtx_unlock(&a->a_mtx);
+            return tp__error_set(err_p, TP_ECONNRESET,
+                                 "%s (rank %d) cannot take part in the "
+                                 "shutdown: its pipe failed (%s)",
+                                 a->a_peers[r].p_info.name, r, why);
+        }
+        if (tp__now_ns() >= deadline) {
+            if (err_p != NULL) {
+                *err_p = err;
+            } else {
+                tp_error_unref(err);
+            }
+            return TP_ETIMEDOUT;
+        }
+        tp_error_unref(err);
+    }
+}
+
 // One round of the shutdown agreement: publish (pending, activity), read
 // everyone's. Returns the sums.
 tp_status
@@ -266,8 +317,15 @@ ag_shutdown_round(tp_agent *a, int round, uint64_t deadline,
         void *v = NULL;
         size_t len = 0;
         tp_error *err = NULL;
-        st =
-            tp_store_get(a->a_store, key, ag_ms_left(deadline), &v, &len, &err);
+        st = shutdown_get(a, r, key, deadline, &v, &len, &err);
+        if (st == TP_ECONNRESET) {
+            if (err_p != NULL) {
+                *err_p = err;
+            } else {
+                tp_error_unref(err);
+            }
+            return st;
+        }
         if (st != TP_OK) {
             if (st == TP_ETIMEDOUT) {
                 // Name every worker still missing in this round.
