@@ -216,7 +216,10 @@ slot_write_step(ag_wslot *w)
         a->a_notes_sent--;
         tp__mtx_unlock(&a->a_mtx);
     }
-    if (TP_STATUS_IS_CONN(tp_error_status(err))) {
+    tp_status wst = tp_error_status(err);
+    if (TP_STATUS_IS_CONN(wst) || wst == TP_ETIMEDOUT) {
+        // The connection is gone (a write that timed out is TCP's user
+        // timeout or keepalive: the peer is unreachable).
         ag_conn_fail(c, err);
     } else {
         ag_write_failed_locally(c, kind, call_id, err);
@@ -351,8 +354,10 @@ ag_conn_fail(ag_conn *c, const tp_error *err)
         TP_LOG_DEBUG("TP-RPC-PIPE", "rpc %s: pipe %s %s ended: %s", ag_name(a),
                      c->c_outgoing ? "to" : "from", who, tp_error_message(err));
     }
+    // The calls fail with the connection's status; a timeout (connecting,
+    // the handshake, TCP's own ETIMEDOUT) stays a timeout.
     tp_status st = tp_error_status(err);
-    if (!TP_STATUS_IS_CONN(st)) {
+    if (!TP_STATUS_IS_CONN(st) && st != TP_ETIMEDOUT) {
         st = TP_ECONNRESET;
     }
     if (state == AG_RUNNING && p != NULL && p != a->a_self) {

@@ -1,8 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-// rpc_shutdown_test.c - graceful shutdown when a worker is already known
-// dead (its pipe failed): the agreement fails at once naming it, instead
-// of waiting out the shutdown timeout (issue 16). 3 worker processes on
-// loopback; charlie is killed after it served one call from each.
+// rpc_shutdown_test.c - faults around connections and shutdown (issue
+// 16), worker processes on loopback:
+//   - graceful shutdown when a worker is already known dead (its pipe
+//     failed): the agreement fails at once naming it, instead of waiting
+//     out the shutdown timeout; charlie is killed after it served one
+//     call from each;
+//   - a call to a stopped worker whose connection attempt times out fails
+//     with TP_ETIMEDOUT (the pipe's status), not TP_ECONNRESET.
 
 #include "tp_test.h"
 
@@ -63,8 +67,52 @@ test_dead_worker(void)
     tp_job_run(&j);
 }
 
+// bravo stops (SIGSTOP) before alpha ever connects to it: alpha's call
+// fails when the connection attempt times out, as a timeout.
+static void
+w_stopped(int rank, int world, const char *url, void *arg)
+{
+    (void)arg;
+    tp_agent *a =
+        tp_job_rpc_join(k_names[rank], rank, world, url, WAIT_MS, WAIT_MS);
+    if (rank == 1) {
+        raise(SIGSTOP); // killed by the harness once alpha is done
+        TP_CHECK(false);
+    }
+    tp_job_sleep_ms(100);
+    tp_error *err = NULL;
+    int64_t t0 = tp_job_now_ms();
+    tp_status st = tp_rpc_sync_rank(a, 1, "tp.noop", NULL, WAIT_MS, NULL, &err);
+    int64_t dt = tp_job_now_ms() - t0;
+    printf("rank 0: call to a stopped worker: %s after %lld ms: %s\n",
+           tp_status_name(st), (long long)dt, tp_error_message(err));
+    TP_CHECK_EQ(st, TP_ETIMEDOUT);
+    TP_CHECK_STR_CONTAINS(tp_error_message(err), "timed out");
+    TP_CHECK_STR_CONTAINS(tp_error_message(err), "bravo");
+    TP_CHECKF(dt < tp_test_ms(WAIT_MS) / 2,
+              "the call took %lld ms: the call's own deadline, not the "
+              "connection attempt's",
+              (long long)dt);
+    tp_error_unref(err);
+    tp_rpc_shutdown(a, false, NULL);
+}
+
+static void
+test_stopped_worker(void)
+{
+    tp_job j;
+    tp_job_tcp(&j, 2, w_stopped, NULL);
+    j.names = k_names;
+    j.env[0] = "TP_CONNECT_TIMEOUT_MS=500";
+    j.env[1] = "TP_HANDSHAKE_TIMEOUT_MS=500";
+    j.kill_last[1] = true;
+    j.expect_sig[1] = SIGKILL;
+    tp_job_run(&j);
+}
+
 static const tp_test_case cases[] = {
     TP_TEST_CASE_T(test_dead_worker, 60),
+    TP_TEST_CASE_T(test_stopped_worker, 60),
 };
 
 TP_TEST_MAIN(cases)
