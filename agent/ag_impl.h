@@ -305,7 +305,7 @@ tp_status ag_ext_section(tp__ext *x, unsigned id, const void *p, size_t n);
 /* Every protocol's po_send for a message to @to carrying @args (NULL: no
  * args, nothing to do); tokens in @toks, *@any_p if one was given. On
  * failure the tokens taken are given back. */
-tp_status ag_proto_send(tp_agent *a, int to, const tp_args *args,
+tp_status ag_proto_send(tp_agent *a, int to, uint8_t kind, const tp_args *args,
                         const tp_args *req, tp__ext *ext, void **toks,
                         bool *any_p, tp_error **err_p);
 void ag_proto_sent(tp_agent *a, void **toks, const tp_error *err);

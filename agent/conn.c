@@ -149,7 +149,8 @@ ag_slot_send(ag_wslot *w, ag_hdr *h, bool has_hdr, const void *hdr,
         st = ag_ext_section(&ext, 0, hdr, hdr_len);
     }
     if (st == TP_OK && errmsg == NULL) {
-        st = ag_proto_send(a, to, args, req, &ext, w->w_tok, &any_tok, err_p);
+        st = ag_proto_send(a, to, (uint8_t)h->h_kind, args, req, &ext, w->w_tok,
+                           &any_tok, err_p);
     } else if (st != TP_OK) {
         tp__error_set(err_p, st, "rpc %s: a protocol header of %zu bytes",
                       ag_name(a), hdr_len);

@@ -193,8 +193,9 @@ ag_ext_section(tp__ext *x, unsigned id, const void *p, size_t n)
 // ---- hooks -----------------------------------------------------------------
 
 tp_status
-ag_proto_send(tp_agent *a, int to, const tp_args *args, const tp_args *req,
-              tp__ext *ext, void **toks, bool *any_p, tp_error **err_p)
+ag_proto_send(tp_agent *a, int to, uint8_t kind, const tp_args *args,
+              const tp_args *req, tp__ext *ext, void **toks, bool *any_p,
+              tp_error **err_p)
 {
     static const uint8_t zero[AG_WIRE_SEC_HDR];
     *any_p = false;
@@ -208,7 +209,7 @@ ag_proto_send(tp_agent *a, int to, const tp_args *args, const tp_args *req,
         size_t mark = ext->x_len;
         tp_status st = tp__ext_append(ext, zero, sizeof(zero));
         if (st == TP_OK) {
-            st = po->po_send(state, to, args, req, ext, &toks[i], err_p);
+            st = po->po_send(state, to, kind, args, req, ext, &toks[i], err_p);
         } else {
             tp__error_set(err_p, st, "rpc %s: message extension", ag_name(a));
         }

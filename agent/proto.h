@@ -140,14 +140,15 @@ typedef struct tp__proto_ops {
     /* tp_rpc_shutdown, once no hook of this agent runs any more and the
      * pool is gone: the agent forgets @state. */
     void (*po_detach)(void *state);
-    /* A message carrying @args (may be NULL) goes to rank @to (not this
-     * worker), on the sending thread, before it is written; @req is the
+    /* A message of @kind (the agent's REQUEST 1 or RESPONSE 2, or a
+     * protocol's kind) carrying @args (may be NULL) goes to rank @to (not
+     * this worker), on the sending thread, before it is written; @req is the
      * request a reply answers (its args as received, with the objects
      * po_recv attached), NULL for any other message. Appends the
      * section's bytes to @ext (none: no section). A token in *tok_p
      * (NULL: none) is given back to po_sent exactly once. An error fails
      * the message. */
-    tp_status (*po_send)(void *state, int to, const tp_args *args,
+    tp_status (*po_send)(void *state, int to, uint8_t kind, const tp_args *args,
                          const tp_args *req, tp__ext *ext, void **tok_p,
                          tp_error **err_p);
     /* The message of @tok was written (@err NULL) or will never be (its

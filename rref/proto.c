@@ -145,9 +145,10 @@ sendtok_undo_locked(rr_ctx *x, const rr_sendtok *t)
 }
 
 static tp_status
-rr_send(void *state, int to, const tp_args *args, const tp_args *req,
-        tp__ext *ext, void **tok_p, tp_error **err_p)
+rr_send(void *state, int to, uint8_t kind, const tp_args *args,
+        const tp_args *req, tp__ext *ext, void **tok_p, tp_error **err_p)
 {
+    (void)kind;
     (void)req;
     rr_ctx *x = state;
     size_t nobj = tp__args_nobjs(args);

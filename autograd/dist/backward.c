@@ -91,8 +91,8 @@ da_pass_aborted(da_ctx *c, uint64_t pass)
     return ab;
 }
 
-static void
-mark_aborted(da_ctx *c, uint64_t pass)
+void
+da_pass_abort(da_ctx *c, uint64_t pass)
 {
     da_state *x = c->c_x;
     tp__mtx_lock(&x->x_mtx);
@@ -117,7 +117,7 @@ part_piece_done(da_part *p, const tp_error *err)
         return;
     }
     if (err != NULL) {
-        mark_aborted(p->p_ctx, p->p_pass); // the local parts stop too
+        da_pass_abort(p->p_ctx, p->p_pass); // the local parts stop too
         tp_future_set_error(p->p_done, err);
     } else {
         tp_future_set_value(p->p_done, NULL, NULL);
@@ -174,12 +174,9 @@ da_part_send(da_part *p, da_ctx *c, int to, uint64_t send_id,
                           .b_pass = p->p_pass,
                           .b_retain = p->p_retain},
                  hdr);
-    bool prev = da_sending_own;
-    da_sending_own = true;
     tp_future *f =
         tp__agent_call_kind(x->x_agent, to, DA_KIND_BACKWARD, hdr, sizeof(hdr),
                             NULL, args, TP_TIMEOUT_DEFAULT);
-    da_sending_own = prev;
     tp_args_unref(args);
     if (f == NULL) {
         return tp__error_set(err_p, TP_ENOMEM, "dist autograd: out of memory");
@@ -251,9 +248,10 @@ da_backward_remote(da_ctx *c, int from, uint64_t send_id, uint64_t pass,
                       " (released, or the graph ran without retain_graph)",
                       da_name(x), c->c_id, send_id);
     } else if (da_send_check(node, grads, &err) != TP_OK) {
+        const tp_worker_info *wi = tp__agent_worker(x->x_agent, from);
         tp__error_wrap(&err, TP_EPROTO,
-                       "dist autograd %s: backward from rank %d", da_name(x),
-                       from);
+                       "dist autograd %s: backward from %s (rank %d)",
+                       da_name(x), wi != NULL ? wi->name : "?", from);
     }
     if (err != NULL) {
         part_piece_done(p, err);
@@ -287,13 +285,10 @@ abort_everywhere(da_ctx *c, uint64_t pass)
 {
     da_state *x = c->c_x;
     int world = x->x_world;
-    bool *peers = tp__alloc((size_t)world * sizeof(bool));
+    bool *peers = da_ctx_peers(c);
     if (peers == NULL) {
         return;
     }
-    tp__mtx_lock(&x->x_mtx);
-    memcpy(peers, c->c_peers, (size_t)world * sizeof(bool));
-    tp__mtx_unlock(&x->x_mtx);
     uint8_t hdr[DA_NOTE_HDR];
     da_note_encode(&(da_note){.n_ctx = c->c_id, .n_pass = pass}, hdr);
     for (int r = 0; r < world; r++) {
@@ -301,11 +296,8 @@ abort_everywhere(da_ctx *c, uint64_t pass)
             continue;
         }
         tp_error *err = NULL;
-        bool prev = da_sending_own;
-        da_sending_own = true;
         (void)tp__agent_notify(x->x_agent, r, DA_KIND_ABORT, hdr, sizeof(hdr),
                                false, &err);
-        da_sending_own = prev;
         tp_error_unref(err);
     }
     tp__free(peers);
@@ -372,7 +364,7 @@ tp_dist_autograd_backward(tp_agent *a, int64_t ctx_id, int n_roots,
     tp_error *err = NULL;
     tp_status st = tp_future_wait(p->p_done, t > 0 ? 2 * t + 1000 : 0, &err);
     if (st != TP_OK) {
-        mark_aborted(c, pass);
+        da_pass_abort(c, pass);
         abort_everywhere(c, pass);
         if (err_p != NULL) {
             *err_p = err;

@@ -11,7 +11,6 @@
 #include "core/log.h"
 #include "da_impl.h"
 
-_Thread_local bool da_sending_own;
 static _Thread_local da_ctx *tl_cur; // referenced
 
 void
@@ -47,6 +46,19 @@ da_name(const da_state *x)
     return wi != NULL ? wi->name : "?";
 }
 
+bool *
+da_ctx_peers(da_ctx *c)
+{
+    da_state *x = c->c_x;
+    bool *peers = tp__alloc((size_t)x->x_world * sizeof(bool));
+    if (peers != NULL) {
+        tp__mtx_lock(&x->x_mtx);
+        memcpy(peers, c->c_peers, (size_t)x->x_world * sizeof(bool));
+        tp__mtx_unlock(&x->x_mtx);
+    }
+    return peers;
+}
+
 bool
 da_is_dead(da_state *x, int r)
 {
@@ -63,12 +75,11 @@ da_ctx_ref(da_ctx *c)
     return c;
 }
 
-// Drops what @c holds for the backward pass (x_mtx held or not: only the
-// last reference or a release calls it, on a context out of the table).
+// Drops send functions taken out of a context (its last reference, or a
+// release, on a context out of the table).
 static void
-ctx_drop_fns(da_ctx *c, tp_node **sends, size_t n)
+drop_sends(tp_node **sends, size_t n)
 {
-    (void)c;
     for (size_t i = 0; i < n; i++) {
         tp_node_unref(sends[i]);
     }
@@ -82,7 +93,7 @@ da_ctx_unref(da_ctx *c)
         atomic_fetch_sub_explicit(&c->c_refs, 1, memory_order_acq_rel) != 1) {
         return;
     }
-    ctx_drop_fns(c, c->c_sends, c->c_nsends);
+    drop_sends(c->c_sends, c->c_nsends);
     tp_grad_map_destroy(c->c_grads);
     tp__mtx_fini(&c->c_run);
     tp__free(c->c_peers);
@@ -153,7 +164,6 @@ insert_locked(da_state *x, da_ctx *c)
 {
     c->c_next = x->x_ctxs;
     x->x_ctxs = c;
-    x->x_nctx++;
     x->x_st.contexts++;
 }
 
@@ -199,11 +209,8 @@ send_release(da_state *x, int64_t id, int to)
     uint8_t hdr[DA_NOTE_HDR];
     da_note_encode(&(da_note){.n_ctx = id}, hdr);
     tp_error *err = NULL;
-    bool prev = da_sending_own;
-    da_sending_own = true;
     tp_status st = tp__agent_notify(x->x_agent, to, DA_KIND_RELEASE, hdr,
                                     sizeof(hdr), false, &err);
-    da_sending_own = prev;
     if (st != TP_OK) {
         TP_LOG_DEBUG("TP-DA-RELEASE",
                      "dist autograd %s: context %" PRId64
@@ -226,7 +233,6 @@ da_ctx_release(da_ctx *c, bool propagate, int from)
     for (da_ctx **pp = &x->x_ctxs; *pp != NULL; pp = &(*pp)->c_next) {
         if (*pp == c) {
             *pp = c->c_next;
-            x->x_nctx--;
             x->x_st.contexts--;
             break;
         }
@@ -240,15 +246,10 @@ da_ctx_release(da_ctx *c, bool propagate, int from)
     c->c_sends = NULL;
     c->c_nsends = c->c_cap_sends = 0;
     int world = x->x_world;
-    bool *peers = NULL;
-    if (propagate && x->x_attached) {
-        peers = tp__alloc((size_t)world * sizeof(bool));
-        if (peers != NULL) {
-            memcpy(peers, c->c_peers, (size_t)world * sizeof(bool));
-        }
-    }
+    bool notify = propagate && x->x_attached;
     tp__mtx_unlock(&x->x_mtx);
-    ctx_drop_fns(c, sends, nsends);
+    bool *peers = notify ? da_ctx_peers(c) : NULL;
+    drop_sends(sends, nsends);
     if (peers != NULL) {
         for (int r = 0; r < world; r++) {
             if (peers[r] && r != from && r != x->x_rank && !da_is_dead(x, r)) {

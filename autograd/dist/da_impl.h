@@ -61,7 +61,6 @@ struct da_state {
     int x_rank, x_world;
     tp_mtx x_mtx;
     da_ctx *x_ctxs;
-    uint64_t x_nctx;
     _Atomic uint64_t x_next_ctx, x_next_pass;
     bool x_attached;
     bool *x_dead; /* [world] */
@@ -83,6 +82,8 @@ da_ctx *da_ctx_find_or_fail(da_state *x, int64_t id, const char *what,
 /* The context @id, made here on first sight (a message from @from).
  * NULL: its creator is dead, or out of memory. */
 da_ctx *da_ctx_get_or_add(da_state *x, int64_t id, int from);
+/* A copy of @c's c_peers (free it), or NULL without memory. */
+bool *da_ctx_peers(da_ctx *c);
 /* Marks @rank as having taken part in @c. */
 void da_ctx_add_peer(da_ctx *c, int rank);
 /* Ends @c here (out of the table, functions dropped); with @propagate, a
@@ -98,10 +99,6 @@ bool da_is_dead(da_state *x, int r);
 da_ctx *da_current(const da_state *x);
 /* Makes @c (may be NULL) current on this thread; returns the previous. */
 da_ctx *da_set_current(da_ctx *c);
-
-/* While set, messages this thread sends carry no section (the protocol's
- * own messages). */
-extern _Thread_local bool da_sending_own;
 
 /* ---- fns.c ------------------------------------------------------------ */
 /* Send hook: records a send function over @args' tensors that require
@@ -130,6 +127,9 @@ tp_status da_part_send(da_part *p, da_ctx *c, int to, uint64_t send_id,
  * (NULL value) once this part and the parts it started are done. */
 tp_future *da_backward_remote(da_ctx *c, int from, uint64_t send_id,
                               uint64_t pass, bool retain, const tp_args *grads);
+/* Marks @c's pass @pass aborted: its parts here stop at their next send
+ * or recv function. */
+void da_pass_abort(da_ctx *c, uint64_t pass);
 /* Whether @c's pass @pass was aborted. */
 bool da_pass_aborted(da_ctx *c, uint64_t pass);
 

@@ -91,13 +91,13 @@ da_detach(void *state)
 // -------------------------------------------------------------------
 
 static tp_status
-da_send(void *state, int to, const tp_args *args, const tp_args *req,
-        tp__ext *ext, void **tok_p, tp_error **err_p)
+da_send(void *state, int to, uint8_t kind, const tp_args *args,
+        const tp_args *req, tp__ext *ext, void **tok_p, tp_error **err_p)
 {
     da_state *x = state;
     (void)tok_p;
-    if (da_sending_own) {
-        return TP_OK;
+    if (kind >= DA_KIND_BACKWARD && kind <= DA_KIND_ABORT) {
+        return TP_OK; // our own messages: gradients and notes, no context
     }
     // A reply belongs to its request's context; anything else to the
     // sending thread's.
@@ -272,23 +272,19 @@ bw_run(void *state, const tp__proto_msg *m, void *ctx)
     return f;
 }
 
-// A note's work that may send (RELEASE propagates, ABORT forwards): on the
-// pool, since a loop thread must not connect.
-typedef struct note_job {
+// A RELEASE propagates to the workers the context reached from here: on
+// the pool, since a loop thread must not connect.
+typedef struct release_job {
     tp_task n_task;
     da_ctx *n_ctx;
     int n_from;
-    uint8_t n_kind;
-    uint64_t n_pass;
-} note_job;
+} release_job;
 
 static void
-note_run(void *arg)
+release_run(void *arg)
 {
-    note_job *n = arg;
-    if (n->n_kind == DA_KIND_RELEASE) {
-        da_ctx_release(n->n_ctx, true, n->n_from);
-    }
+    release_job *n = arg;
+    da_ctx_release(n->n_ctx, true, n->n_from);
     da_ctx_unref(n->n_ctx);
     tp__free(n);
 }
@@ -312,13 +308,11 @@ note_on_loop(void *state, const tp__proto_msg *m, void **ctx_p,
         return TP__PROTO_DONE; // unknown here, or already gone
     }
     if (m->pm_kind == DA_KIND_ABORT) {
-        tp__mtx_lock(&x->x_mtx);
-        c->c_abort_pass = nt.n_pass;
-        tp__mtx_unlock(&x->x_mtx);
+        da_pass_abort(c, nt.n_pass);
         da_ctx_unref(c);
         return TP__PROTO_DONE;
     }
-    note_job *n = tp__alloc(sizeof(*n));
+    release_job *n = tp__alloc(sizeof(*n));
     if (n == NULL) {
         da_ctx_release(c, false, m->pm_from); // at least here
         da_ctx_unref(c);
@@ -326,9 +320,7 @@ note_on_loop(void *state, const tp__proto_msg *m, void **ctx_p,
     }
     n->n_ctx = c;
     n->n_from = m->pm_from;
-    n->n_kind = m->pm_kind;
-    n->n_pass = 0;
-    tp__task_init(&n->n_task, note_run, n);
+    tp__task_init(&n->n_task, release_run, n);
     if (tp__agent_submit(x->x_agent, &n->n_task) != TP_OK) {
         da_ctx_release(c, false, m->pm_from);
         da_ctx_unref(c);
