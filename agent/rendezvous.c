@@ -255,15 +255,7 @@ shutdown_get(tp_agent *a, int r, const char *key, uint64_t deadline, void **v_p,
         int64_t ms = dead ? 1 : TP_MIN(ag_ms_left(deadline), 50);
         tp_error *err = NULL;
         tp_status st = tp_store_get(a->a_store, key, ms, v_p, len_p, &err);
-        if (st != TP_ETIMEDOUT) {
-            if (err_p != NULL) {
-                *err_p = err;
-            } else {
-                tp_error_unref(err);
-            }
-            return st;
-        }
-        if (dead) {
+        if (st == TP_ETIMEDOUT && dead) {
             tp_error_unref(err);
             // Rank 0 does not wait for its exit record either.
             tp__mtx_lock(&a->a_mtx);
@@ -274,13 +266,13 @@ shutdown_get(tp_agent *a, int r, const char *key, uint64_t deadline, void **v_p,
                                  "shutdown: its pipe failed (%s)",
                                  a->a_peers[r].p_info.name, r, why);
         }
-        if (tp__now_ns() >= deadline) {
+        if (st != TP_ETIMEDOUT || tp__now_ns() >= deadline) {
             if (err_p != NULL) {
                 *err_p = err;
             } else {
                 tp_error_unref(err);
             }
-            return TP_ETIMEDOUT;
+            return st;
         }
         tp_error_unref(err);
     }
@@ -318,14 +310,6 @@ ag_shutdown_round(tp_agent *a, int round, uint64_t deadline,
         size_t len = 0;
         tp_error *err = NULL;
         st = shutdown_get(a, r, key, deadline, &v, &len, &err);
-        if (st == TP_ECONNRESET) {
-            if (err_p != NULL) {
-                *err_p = err;
-            } else {
-                tp_error_unref(err);
-            }
-            return st;
-        }
         if (st != TP_OK) {
             if (st == TP_ETIMEDOUT) {
                 // Name every worker still missing in this round.
