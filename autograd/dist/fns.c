@@ -20,12 +20,17 @@
 
 // ---- send functions -------------------------------------------------------
 
+// What was sent of each tensor, to check the gradients that come back.
+typedef struct send_tensor {
+    tp_dtype t_dtype;
+    int t_ndim;
+    int64_t t_shape[TP_TENSOR_MAX_DIMS];
+} send_tensor;
+
 typedef struct send_meta {
+    da_state *m_x; // referenced
     int m_n;
-    tp_dtype *m_dtype;
-    int *m_ndim;
-    int64_t *m_shape; // m_n x TP_TENSOR_MAX_DIMS
-    da_state *m_x;    // referenced
+    send_tensor m_t[];
 } send_meta;
 
 static tp_status
@@ -43,9 +48,6 @@ send_backward(tp_node *node, tp_tensor *const *gout, tp_tensor **gin,
 static void
 meta_free(send_meta *m)
 {
-    tp__free(m->m_dtype);
-    tp__free(m->m_ndim);
-    tp__free(m->m_shape);
     da_state_unref(m->m_x);
     tp__free(m);
 }
@@ -65,29 +67,17 @@ static const tp_node_ops send_ops = {
 static send_meta *
 meta_new(da_state *x, int n, tp_tensor *const *ts)
 {
-    send_meta *m = tp__zalloc(sizeof(*m));
+    send_meta *m = tp__alloc(sizeof(*m) + (size_t)n * sizeof(m->m_t[0]));
     if (m == NULL) {
-        return NULL;
-    }
-    m->m_dtype = tp__alloc((size_t)n * sizeof(tp_dtype));
-    m->m_ndim = tp__alloc((size_t)n * sizeof(int));
-    m->m_shape = tp__zalloc((size_t)n * TP_TENSOR_MAX_DIMS * sizeof(int64_t));
-    if (m->m_dtype == NULL || m->m_ndim == NULL || m->m_shape == NULL) {
-        tp__free(m->m_dtype);
-        tp__free(m->m_ndim);
-        tp__free(m->m_shape);
-        tp__free(m);
         return NULL;
     }
     m->m_n = n;
     for (int i = 0; i < n; i++) {
-        m->m_dtype[i] = tp_tensor_dtype(ts[i]);
-        int nd = tp_tensor_ndim(ts[i]);
-        m->m_ndim[i] = nd;
-        memcpy(&m->m_shape[(size_t)i * TP_TENSOR_MAX_DIMS],
-               tp_tensor_shape(ts[i]),
-               (size_t)(nd < TP_TENSOR_MAX_DIMS ? nd : TP_TENSOR_MAX_DIMS) *
-                   sizeof(int64_t));
+        send_tensor *t = &m->m_t[i];
+        t->t_dtype = tp_tensor_dtype(ts[i]);
+        t->t_ndim = tp_tensor_ndim(ts[i]);
+        memcpy(t->t_shape, tp_tensor_shape(ts[i]),
+               (size_t)t->t_ndim * sizeof(int64_t));
     }
     m->m_x = x;
     da_state_ref(x);
@@ -106,20 +96,17 @@ da_send_check(tp_node *n, const tp_args *grads, tp_error **err_p)
                              ng, m->m_n);
     }
     for (int i = 0; i < m->m_n; i++) {
+        const send_tensor *t = &m->m_t[i];
         tp_tensor *g = tp_args_tensor(grads, (size_t)i);
         int nd = tp_tensor_ndim(g);
-        bool ok =
-            tp_tensor_dtype(g) == m->m_dtype[i] && nd == m->m_ndim[i] &&
-            memcmp(tp_tensor_shape(g),
-                   &m->m_shape[(size_t)i * TP_TENSOR_MAX_DIMS],
-                   (size_t)(nd < TP_TENSOR_MAX_DIMS ? nd : TP_TENSOR_MAX_DIMS) *
-                       sizeof(int64_t)) == 0;
-        if (!ok) {
+        if (tp_tensor_dtype(g) != t->t_dtype || nd != t->t_ndim ||
+            memcmp(tp_tensor_shape(g), t->t_shape,
+                   (size_t)nd * sizeof(int64_t)) != 0) {
             return tp__error_set(err_p, TP_EPROTO,
                                  "gradient %d is %s with %d dims, the tensor "
                                  "sent was %s with %d dims (or another shape)",
                                  i, tp_dtype_name(tp_tensor_dtype(g)), nd,
-                                 tp_dtype_name(m->m_dtype[i]), m->m_ndim[i]);
+                                 tp_dtype_name(t->t_dtype), t->t_ndim);
         }
     }
     return TP_OK;
