@@ -237,9 +237,7 @@ ag_worker_name_valid(const char *name, size_t len)
 void ag_agent_unref(tp_agent *a);
 ag_peer *ag_peer_by_name(tp_agent *a, const char *name);
 
-// rendezvous.c: milliseconds until @deadline, at least 1 (a store
-// timeout of 0 would mean no limit).
-int64_t ag_ms_left(uint64_t deadline);
+// rendezvous.c
 tp_status ag_rendezvous(tp_agent *a, uint64_t deadline, tp_error **err_p);
 tp_status ag_shutdown_round(tp_agent *a, int round, uint64_t deadline,
                             uint64_t *pending_p, uint64_t *activity_p,

@@ -14,15 +14,6 @@
 
 // ---- rendezvous ------------------------------------------------------------
 
-// Milliseconds until @deadline, at least 1 (a store timeout of 0 would
-// mean no limit).
-int64_t
-ag_ms_left(uint64_t deadline)
-{
-    uint64_t now = tp__now_ns();
-    return now >= deadline ? 1 : (int64_t)((deadline - now) / 1000000u) + 1;
-}
-
 // "<prefix>worker/<rank>" = "<name>\n<world>\n<url>\n<url>..."
 static void
 worker_key(const tp_agent *a, char *buf, size_t len, int rank)
@@ -136,7 +127,7 @@ ag_rendezvous(tp_agent *a, uint64_t deadline, tp_error **err_p)
     // job of world_size workers adds world_size).
     int64_t joins = 0;
     tp_status st = tp_store_add(a->a_store, AG_KEY_PREFIX "joins", 1,
-                                ag_ms_left(deadline), &joins, err_p);
+                                tp__ms_left(deadline), &joins, err_p);
     if (st != TP_OK) {
         return tp__error_wrap(err_p, st, "rpc init of %s (rank %d)", ag_name(a),
                               a->a_rank);
@@ -148,7 +139,7 @@ ag_rendezvous(tp_agent *a, uint64_t deadline, tp_error **err_p)
         n += snprintf(val + n, sizeof(val) - (size_t)n, "%s\n", me->p_urls[i]);
     }
     worker_key(a, key, sizeof(key), a->a_rank);
-    st = tp_store_set(a->a_store, key, val, (size_t)n, ag_ms_left(deadline),
+    st = tp_store_set(a->a_store, key, val, (size_t)n, tp__ms_left(deadline),
                       err_p);
     if (st != TP_OK) {
         return tp__error_wrap(err_p, st, "rpc init of %s (rank %d)", ag_name(a),
@@ -159,7 +150,7 @@ ag_rendezvous(tp_agent *a, uint64_t deadline, tp_error **err_p)
             continue;
         }
         worker_key(a, key, sizeof(key), r);
-        int64_t left = ag_ms_left(deadline);
+        int64_t left = tp__ms_left(deadline);
         void *v = NULL;
         size_t vlen = 0;
         tp_error *err = NULL;
@@ -213,13 +204,13 @@ ag_rendezvous(tp_agent *a, uint64_t deadline, tp_error **err_p)
     // the records, so that each fails with this message, not a reset.
     snprintf(key, sizeof(key), "%sread/%d", a->a_prefix, a->a_rank);
     tp_error *e = NULL;
-    if (tp_store_set(a->a_store, key, "1", 1, ag_ms_left(deadline), &e) ==
+    if (tp_store_set(a->a_store, key, "1", 1, tp__ms_left(deadline), &e) ==
             TP_OK &&
         a->a_rank == 0) {
         for (int r = 1; r < a->a_world; r++) {
             snprintf(key, sizeof(key), "%sread/%d", a->a_prefix, r);
             const char *keys[1] = {key};
-            if (tp_store_wait(a->a_store, keys, 1, ag_ms_left(deadline), &e) !=
+            if (tp_store_wait(a->a_store, keys, 1, tp__ms_left(deadline), &e) !=
                 TP_OK) {
                 break;
             }
@@ -252,7 +243,7 @@ shutdown_get(tp_agent *a, int r, const char *key, uint64_t deadline, void **v_p,
         tp__mtx_unlock(&a->a_mtx);
         // Known dead: only what it wrote before is there (no wait). Else
         // wait in slices, to notice a death meanwhile.
-        int64_t ms = dead ? 1 : TP_MIN(ag_ms_left(deadline), 50);
+        int64_t ms = dead ? 1 : TP_MIN(tp__ms_left(deadline), 50);
         tp_error *err = NULL;
         tp_status st = tp_store_get(a->a_store, key, ms, v_p, len_p, &err);
         if (st == TP_ETIMEDOUT && dead) {
@@ -299,7 +290,7 @@ ag_shutdown_round(tp_agent *a, int round, uint64_t deadline,
     snprintf(key, sizeof(key), "%sshutdown/%d/%d", a->a_prefix, round,
              a->a_rank);
     tp_status st = tp_store_set(a->a_store, key, val, (size_t)n,
-                                ag_ms_left(deadline), err_p);
+                                tp__ms_left(deadline), err_p);
     if (st != TP_OK) {
         return st;
     }
@@ -355,7 +346,7 @@ ag_rendezvous_exit(tp_agent *a, uint64_t deadline)
     char key[128];
     snprintf(key, sizeof(key), "%sexit/%d", a->a_prefix, a->a_rank);
     tp_error *e = NULL;
-    if (tp_store_set(a->a_store, key, "1", 1, ag_ms_left(deadline), &e) ==
+    if (tp_store_set(a->a_store, key, "1", 1, tp__ms_left(deadline), &e) ==
             TP_OK &&
         a->a_rank == 0) {
         for (int r = 1; r < a->a_world; r++) {
@@ -364,7 +355,7 @@ ag_rendezvous_exit(tp_agent *a, uint64_t deadline)
             }
             snprintf(key, sizeof(key), "%sexit/%d", a->a_prefix, r);
             const char *keys[1] = {key};
-            if (tp_store_wait(a->a_store, keys, 1, ag_ms_left(deadline), &e) !=
+            if (tp_store_wait(a->a_store, keys, 1, tp__ms_left(deadline), &e) !=
                 TP_OK) {
                 break;
             }

@@ -80,6 +80,20 @@ tp__deadline_after_ms(int64_t timeout_ms)
     return tp__now_ns() + (uint64_t)timeout_ms * 1000000u;
 }
 
+// The timeout of a call that must end by @deadline: the milliseconds left,
+// rounded up and at least 1 (a deadline that passed still gives the call
+// one try), or 0 (no limit) for no deadline (UINT64_MAX).
+static inline int64_t
+tp__ms_left(uint64_t deadline)
+{
+    if (deadline == UINT64_MAX) {
+        return 0;
+    }
+    uint64_t now = tp__now_ns();
+    return now >= deadline ? 1
+                           : (int64_t)((deadline - now + 999999u) / 1000000u);
+}
+
 // Polls @done(@arg) for up to @spin_ns, yielding the CPU at the first
 // round (the caller usually just handed work to another thread, which may
 // need this core) and every 8 rounds after. Returns true once @done is

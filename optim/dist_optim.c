@@ -223,19 +223,6 @@ struct tp_dist_optim {
     do_owner *d_owners;
 };
 
-// The milliseconds left before @deadline (tp__deadline_after_ms) for a
-// call, as a timeout: 0 (no limit) when there is no deadline.
-static int64_t
-ms_left(uint64_t deadline)
-{
-    if (deadline == UINT64_MAX) {
-        return 0;
-    }
-    uint64_t now = tp__now_ns();
-    int64_t ms = now >= deadline ? 1 : (int64_t)((deadline - now) / 1000000u);
-    return ms > 0 ? ms : 1;
-}
-
 // Creates the optimizer of owner @w over the parameters of @params it
 // owns, into w->w_obj.
 static tp_status
@@ -244,7 +231,7 @@ owner_create(tp_agent *a, const tp_optim_options *o, size_t n_params,
              tp_error **err_p)
 {
     uint8_t b[DO_ARGS_LEN];
-    int64_t wait = ms_left(deadline);
+    int64_t wait = tp__ms_left(deadline);
     op_options_encode(o, b);
     tp__put_u64le(b + OP_OPTIONS_WIRE_LEN, (uint64_t)wait);
     tp_args *in = NULL;
