@@ -122,11 +122,6 @@ tp_status tp__nccl_comm_create(tp_store *store, const char *key_prefix,
 // pending work, then aborting) and destroys its stream. NULL is fine.
 void tp__nccl_comm_destroy(tp__nccl_comm *comm);
 
-// The rank, world size and device of @comm.
-int tp__nccl_comm_rank(const tp__nccl_comm *comm);
-int tp__nccl_comm_world(const tp__nccl_comm *comm);
-int tp__nccl_comm_device(const tp__nccl_comm *comm);
-
 // recv[i] = OP over ranks of send[i], @count elements. In place if @send
 // == @recv.
 tp_status tp__nccl_all_reduce(tp__nccl_comm *comm, const void *send, void *recv,
@@ -152,12 +147,5 @@ tp_status tp__nccl_reduce_scatter(tp__nccl_comm *comm, const void *send,
                                   void *recv, size_t recv_count, tp_dtype dt,
                                   tp_reduce_op op, int64_t timeout_ms,
                                   tp_error **err_p);
-// Point to point: @peer must issue the matching recv (send).
-tp_status tp__nccl_send(tp__nccl_comm *comm, const void *buf, size_t count,
-                        tp_dtype dt, int peer, int64_t timeout_ms,
-                        tp_error **err_p);
-tp_status tp__nccl_recv(tp__nccl_comm *comm, void *buf, size_t count,
-                        tp_dtype dt, int peer, int64_t timeout_ms,
-                        tp_error **err_p);
 
 #endif

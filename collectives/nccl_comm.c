@@ -76,8 +76,6 @@ nccl_load(void)
     NCCL_SYM(tp__nccl_lib.lib, reduce, "ncclReduce", true);
     NCCL_SYM(tp__nccl_lib.lib, all_gather, "ncclAllGather", true);
     NCCL_SYM(tp__nccl_lib.lib, reduce_scatter, "ncclReduceScatter", true);
-    NCCL_SYM(tp__nccl_lib.lib, send, "ncclSend", true);
-    NCCL_SYM(tp__nccl_lib.lib, recv, "ncclRecv", true);
 #undef NCCL_SYM
     if (tp__nccl_lib.why[0] != '\0') {
         return;
@@ -497,24 +495,6 @@ tp__nccl_comm_destroy(tp__nccl_comm *c)
     tp__free(c);
 }
 
-int
-tp__nccl_comm_rank(const tp__nccl_comm *c)
-{
-    return c->nc_rank;
-}
-
-int
-tp__nccl_comm_world(const tp__nccl_comm *c)
-{
-    return c->nc_world;
-}
-
-int
-tp__nccl_comm_device(const tp__nccl_comm *c)
-{
-    return c->nc_device;
-}
-
 #else // !TP_HAVE_NCCL
 
 bool
@@ -569,24 +549,6 @@ tp__nccl_comm_create(tp_store *store, const char *key_prefix, int rank,
 void
 tp__nccl_comm_destroy(tp__nccl_comm *comm)
 {
-}
-
-int
-tp__nccl_comm_rank(const tp__nccl_comm *comm)
-{
-    return -1;
-}
-
-int
-tp__nccl_comm_world(const tp__nccl_comm *comm)
-{
-    return 0;
-}
-
-int
-tp__nccl_comm_device(const tp__nccl_comm *comm)
-{
-    return -1;
 }
 
 #endif

@@ -69,10 +69,6 @@ typedef ncclResult_t (*nccl_reduce_fn)(const void *, void *, size_t,
 typedef ncclResult_t (*nccl_all_gather_fn)(const void *, void *, size_t,
                                            ncclDataType_t, ncclComm_t,
                                            cudaStream_t);
-typedef ncclResult_t (*nccl_send_fn)(const void *, size_t, ncclDataType_t, int,
-                                     ncclComm_t, cudaStream_t);
-typedef ncclResult_t (*nccl_recv_fn)(void *, size_t, ncclDataType_t, int,
-                                     ncclComm_t, cudaStream_t);
 
 // The entry points resolved from libnccl.so.2 (nccl_comm.c), valid once
 // tp__nccl_loadable has returned true.
@@ -95,8 +91,6 @@ typedef struct tp__nccl_syms {
     nccl_reduce_fn reduce;
     nccl_all_gather_fn all_gather;
     nccl_all_reduce_fn reduce_scatter; // same signature as all_reduce
-    nccl_send_fn send;
-    nccl_recv_fn recv;
     bool ok;
     char why[256];
 } tp__nccl_syms;

@@ -227,48 +227,6 @@ tp__nccl_reduce_scatter(tp__nccl_comm *c, const void *send, void *recv,
     return nccl_finish(c, "reduce_scatter", r, timeout_ms, err_p);
 }
 
-tp_status
-tp__nccl_send(tp__nccl_comm *c, const void *buf, size_t count, tp_dtype dt,
-              int peer, int64_t timeout_ms, tp_error **err_p)
-{
-    int ndt = 0;
-    if (c->nc_comm != NULL && peer == c->nc_rank) {
-        // Each call is its own NCCL group: a send to itself would wait for
-        // a matching call that cannot be posted, until the deadline.
-        return tp__error_set(err_p, TP_EINVAL,
-                             "nccl: send (rank %d of %d): peer is this rank",
-                             c->nc_rank, c->nc_world);
-    }
-    tp_status st = nccl_begin(c, "send", dt, &ndt, NULL, NULL, peer, err_p);
-    if (st != TP_OK) {
-        return st;
-    }
-    ncclResult_t r = tp__nccl_lib.send(buf, count, (ncclDataType_t)ndt, peer,
-                                       c->nc_comm, c->nc_stream);
-    return nccl_finish(c, "send", r, timeout_ms, err_p);
-}
-
-tp_status
-tp__nccl_recv(tp__nccl_comm *c, void *buf, size_t count, tp_dtype dt, int peer,
-              int64_t timeout_ms, tp_error **err_p)
-{
-    int ndt = 0;
-    if (c->nc_comm != NULL && peer == c->nc_rank) {
-        // Each call is its own NCCL group: a recv to itself would wait for
-        // a matching call that cannot be posted, until the deadline.
-        return tp__error_set(err_p, TP_EINVAL,
-                             "nccl: recv (rank %d of %d): peer is this rank",
-                             c->nc_rank, c->nc_world);
-    }
-    tp_status st = nccl_begin(c, "recv", dt, &ndt, NULL, NULL, peer, err_p);
-    if (st != TP_OK) {
-        return st;
-    }
-    ncclResult_t r = tp__nccl_lib.recv(buf, count, (ncclDataType_t)ndt, peer,
-                                       c->nc_comm, c->nc_stream);
-    return nccl_finish(c, "recv", r, timeout_ms, err_p);
-}
-
 #else // !TP_HAVE_NCCL
 
 tp_status
@@ -309,20 +267,6 @@ tp__nccl_reduce_scatter(tp__nccl_comm *comm, const void *send, void *recv,
                         int64_t timeout_ms, tp_error **err_p)
 {
     return nccl_off(err_p, "reduce_scatter");
-}
-
-tp_status
-tp__nccl_send(tp__nccl_comm *comm, const void *buf, size_t count, tp_dtype dt,
-              int peer, int64_t timeout_ms, tp_error **err_p)
-{
-    return nccl_off(err_p, "send");
-}
-
-tp_status
-tp__nccl_recv(tp__nccl_comm *comm, void *buf, size_t count, tp_dtype dt,
-              int peer, int64_t timeout_ms, tp_error **err_p)
-{
-    return nccl_off(err_p, "recv");
 }
 
 #endif

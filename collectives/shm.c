@@ -53,20 +53,6 @@ shm_layout_of(int n, size_t slot, shm_layout *l)
     return true;
 }
 
-// Remaining milliseconds for a store call; 0 (no limit) for no deadline.
-static int64_t
-shm_store_ms(uint64_t deadline_ns)
-{
-    if (deadline_ns == UINT64_MAX) {
-        return 0;
-    }
-    uint64_t now = tp__now_ns();
-    if (now >= deadline_ns) {
-        return 1;
-    }
-    return (int64_t)((deadline_ns - now + 999999) / 1000000);
-}
-
 // ---- open and close --------------------------------------------------------
 
 void
@@ -326,7 +312,7 @@ shm_publish_status(const tp__shm_setup *s, tp__shm *m, const char *fail,
     }
     snprintf(key, sizeof(key), "%sshm/ok/%d", s->prefix, s->rank);
     tp_status st = tp_store_set(s->store, key, rec, strlen(rec),
-                                shm_store_ms(s->deadline_ns), err_p);
+                                tp__ms_left(s->deadline_ns), err_p);
     if (st != TP_OK) {
         return tp__error_wrap(err_p, st,
                               "shm open (group \"%s\", rank %d): publishing "
@@ -357,7 +343,7 @@ shm_read_status(const tp__shm_setup *s, tp__shm *m, char *why, size_t why_len,
         snprintf(key, sizeof(key), "%sshm/ok/%d", s->prefix, q);
         void *val = NULL;
         size_t len = 0;
-        tp_status st = tp_store_get(s->store, key, shm_store_ms(s->deadline_ns),
+        tp_status st = tp_store_get(s->store, key, tp__ms_left(s->deadline_ns),
                                     &val, &len, err_p);
         if (st != TP_OK) {
             tp__free(rec);
@@ -469,7 +455,7 @@ tp__shm_open(const tp__shm_setup *s, tp__shm **shm_p, char *why, size_t why_len,
         snprintf(val, sizeof(val), "%s%s", fail[0] != '\0' ? "!" : "",
                  fail[0] != '\0' ? fail : name);
         st = tp_store_set(s->store, key, val, strlen(val),
-                          shm_store_ms(s->deadline_ns), err_p);
+                          tp__ms_left(s->deadline_ns), err_p);
         if (st != TP_OK) {
             tp__error_wrap(err_p, st,
                            "shm open (group \"%s\", rank 0): publishing the "
@@ -480,7 +466,7 @@ tp__shm_open(const tp__shm_setup *s, tp__shm **shm_p, char *why, size_t why_len,
     } else {
         void *val = NULL;
         size_t len = 0;
-        st = tp_store_get(s->store, key, shm_store_ms(s->deadline_ns), &val,
+        st = tp_store_get(s->store, key, tp__ms_left(s->deadline_ns), &val,
                           &len, err_p);
         if (st != TP_OK) {
             tp__error_wrap(err_p, st,
