@@ -4,8 +4,9 @@
  *   init.c        options, tp_rpc_init, worker infos, listening, teardown,
  *                 tp_rpc_shutdown
  *   rendezvous.c  the store: worker records at init, shutdown rounds, exit
- *   conn.c        connections: write slots, the read state machine, the
- *                 dispatch of messages by kind, failure, accept, connect
+ *   conn.c        connections: the read state machine, the dispatch of
+ *                 messages by kind, failure, accept, connect
+ *   slot.c        write slots: building, sending and completing writes
  *   calls.c       pending calls, the timer thread, tp_rpc_async/sync/wait
  *   serve.c       requests: handlers on the pool, replies
  *   stats.c       per-peer counters, latency histogram, debug info
@@ -254,8 +255,11 @@ void ag_conn_read_next(ag_conn *c);
 void ag_conn_op_done(ag_conn *c);
 ag_conn *ag_conn_get_locked(tp_agent *a, ag_peer *p, tp_error **err_p);
 void ag_accept_cb(void *arg);
+
+// slot.c
 ag_wslot *ag_slot_get_locked(ag_conn *c);
 void ag_slot_put_locked(ag_wslot *w);
+void ag_slot_free(ag_wslot *w);
 /* Builds and writes the message of @w: @h (its ext is filled here from a
  * protocol header @hdr when @has_hdr, and the protocols' sections for
  * @args), payload @args's bytes or @errmsg, @args's tensors. Takes @args.
