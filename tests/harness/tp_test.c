@@ -153,16 +153,23 @@ tp_test_main(int argc, char **argv, const tp_test_case *cases, size_t n)
     return 0;
 }
 
+// The port stays reserved: the socket is kept bound (SO_REUSEADDR, not
+// listening) until this process exits. While it is bound the kernel never
+// hands the port out to bind(0) or as the source port of a connect(), so
+// no other test can take it; a server that sets SO_REUSEADDR (the tcp
+// store does) can still bind and listen on it. The descriptor is
+// close-on-exec and inherited by forked workers, which is harmless.
 int
 tp_test_free_port(void)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     TP_CHECK(fd >= 0);
+    int one = 1;
+    TP_CHECK(setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) == 0);
     struct sockaddr_in a = {.sin_family = AF_INET};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     TP_CHECK(bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0);
     socklen_t l = sizeof(a);
     TP_CHECK(getsockname(fd, (struct sockaddr *)&a, &l) == 0);
-    close(fd);
-    return ntohs(a.sin_port);
+    return ntohs(a.sin_port); // fd deliberately kept open: the reservation
 }

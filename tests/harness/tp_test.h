@@ -45,8 +45,12 @@ void tp_test_skip(const char *fmt, ...)
     __attribute__((noreturn, format(printf, 1, 2)));
 // Scaled timeout in ms for waits inside a case.
 int64_t tp_test_ms(int64_t ms);
-// A free loopback tcp port (bound on 127.0.0.1, read back and released;
-// another process may take it in between). Fails the case on error.
+// A loopback tcp port reserved for the rest of the calling process (and
+// its forked children): a socket bound to 127.0.0.1:0 with SO_REUSEADDR,
+// never listening, stays open, so neither bind(0) nor an outgoing
+// connection of another test can take the port, while a server that sets
+// SO_REUSEADDR (the tcp store: "tcp://127.0.0.1:P", MASTER_PORT) binds it.
+// Safe under `ctest -j`. Fails the case on error.
 int tp_test_free_port(void);
 
 #define TP_CHECK(c)                                                            \
