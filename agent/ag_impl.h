@@ -36,13 +36,17 @@
 #include "proto.h"
 #include "wire.h"
 
-#define AG_MAX_URLS      4
-#define AG_MAX_URL       256
-#define AG_KEY_PREFIX    "tp.rpc/"
-#define AG_LAT_BUCKETS   (64 * 4)
-#define AG_META_INLINE   192
-#define AG_TEARDOWN_MS   5000 /* waiting for handlers at shutdown */
-#define AG_SYNC_GRACE_MS 5000 /* tp_rpc_sync beyond the call's deadline */
+#define AG_MAX_URLS    4
+#define AG_MAX_URL     256
+#define AG_KEY_PREFIX  "tp.rpc/"
+#define AG_LAT_BUCKETS (64 * 4)
+#define AG_META_INLINE 192
+#define AG_TEARDOWN_MS 5000 /* waiting for handlers at shutdown */
+/* Teardown waits for the pipes it closed until the shutdown deadline, and
+ * at least this long after it began (an agreement that timed out used the
+ * deadline up; closing pipes takes milliseconds). */
+#define AG_TEARDOWN_MIN_MS 1000
+#define AG_SYNC_GRACE_MS   5000 /* tp_rpc_sync beyond the call's deadline */
 
 typedef struct ag_conn ag_conn;
 typedef struct ag_call ag_call;
@@ -105,6 +109,10 @@ struct ag_conn {
     // Operations in flight on it (reads, writes) and requests whose reply
     // goes on it; a failed connection is freed when this is 0.
     _Atomic long c_ops;
+    // ... of which requests whose reply goes on it (a handler, maybe an
+    // async one that resolves late, holds them): teardown waits for the
+    // others, the pipe's own reads and writes.
+    _Atomic long c_reqs;
     tp_agent *c_agent;
     tp_pipe *c_pipe;
     bool c_outgoing;
@@ -197,7 +205,13 @@ struct tp_agent {
     tp_pool *a_pool;
     bool a_pool_leaked;
     ag_conn *a_conns;
-    _Atomic long a_writers; // threads inside a pipe call (shutdown waits)
+    // Threads inside a pipe call (shutdown waits): entered with an atomic
+    // add, left with ag_writers_exit (under a_mtx, for a_quiet_cv).
+    _Atomic long a_writers;
+    // Broadcast once the agent is closed, when a_writers or a connection's
+    // c_ops drops to 0 (both decremented under a_mtx): teardown waits on
+    // it for the pipes it closed.
+    tp_cv a_quiet_cv;
     // pending calls
     _Atomic uint64_t a_next_id;
     ag_call **a_table;
@@ -252,7 +266,10 @@ void ag_conn_describe(const ag_conn *c, char *buf, size_t len);
 void ag_conn_fail(ag_conn *c, const tp_error *err);
 void ag_conn_protocol_error(ag_conn *c, tp_error *err);
 void ag_conn_read_next(ag_conn *c);
+/* An operation on @c ended (no lock held; takes a_mtx). */
 void ag_conn_op_done(ag_conn *c);
+/* A thread counted in a_writers leaves its pipe call (no lock held). */
+void ag_writers_exit(tp_agent *a);
 ag_conn *ag_conn_get_locked(tp_agent *a, ag_peer *p, tp_error **err_p);
 void ag_accept_cb(void *arg);
 

@@ -402,7 +402,7 @@ agent_call(tp_agent *a, ag_peer *p, const ag_callspec *cs, const tp_args *in,
         w = call_slot_locked(a, p, cs->cs_nowait, &err);
         if (w == NULL) {
             tp__mtx_unlock(&a->a_mtx);
-            atomic_fetch_sub_explicit(&a->a_writers, 1, memory_order_release);
+            ag_writers_exit(a);
             tp_status st = tp_error_status(err);
             tp_error *e = tp__error_new(st, 0, err,
                                         "rpc \"%s\" from %s to %s "
@@ -444,7 +444,7 @@ agent_call(tp_agent *a, ag_peer *p, const ag_callspec *cs, const tp_args *in,
             ag_req_reply(r, NULL, e);
             tp_error_unref(e);
         }
-        atomic_fetch_sub_explicit(&a->a_writers, 1, memory_order_release);
+        ag_writers_exit(a);
         return result;
     }
 
@@ -473,7 +473,7 @@ agent_call(tp_agent *a, ag_peer *p, const ag_callspec *cs, const tp_args *in,
         }
         tp_error_unref(err);
     }
-    atomic_fetch_sub_explicit(&a->a_writers, 1, memory_order_release);
+    ag_writers_exit(a);
     return result;
 }
 
@@ -541,7 +541,7 @@ tp__agent_notify(tp_agent *a, int to, uint8_t kind, const void *hdr,
     } else {
         st = tp_error_status(err);
     }
-    atomic_fetch_sub_explicit(&a->a_writers, 1, memory_order_release);
+    ag_writers_exit(a);
     if (st == TP_EAGAIN) {
         tp_error_unref(err); // not sent: the caller sends it otherwise
     } else if (st != TP_OK) {

@@ -21,10 +21,31 @@
 
 // ---- connections ---------------------------------------------------------
 
+// The count drops under a_mtx: a teardown waiting for the pipe to be
+// quiet holds a_mtx to look, so it cannot see it quiet and free the agent
+// while this thread still touches it.
 void
 ag_conn_op_done(ag_conn *c)
 {
-    atomic_fetch_sub_explicit(&c->c_ops, 1, memory_order_release);
+    tp_agent *a = c->c_agent;
+    tp__mtx_lock(&a->a_mtx);
+    atomic_fetch_sub_explicit(&c->c_ops, 1, memory_order_acq_rel);
+    if (a->a_state == AG_CLOSED) {
+        tp__cv_broadcast(&a->a_quiet_cv);
+    }
+    tp__mtx_unlock(&a->a_mtx);
+}
+
+void
+ag_writers_exit(tp_agent *a)
+{
+    tp__mtx_lock(&a->a_mtx);
+    if (atomic_fetch_sub_explicit(&a->a_writers, 1, memory_order_acq_rel) ==
+            1 &&
+        a->a_state == AG_CLOSED) {
+        tp__cv_broadcast(&a->a_quiet_cv);
+    }
+    tp__mtx_unlock(&a->a_mtx);
 }
 
 static void conn_desc_cb(void *arg);
@@ -38,6 +59,7 @@ ag_conn_create(tp_agent *a, tp_pipe *pipe, bool outgoing)
         return NULL;
     }
     atomic_init(&c->c_ops, 0);
+    atomic_init(&c->c_reqs, 0);
     c->c_agent = a;
     c->c_pipe = pipe;
     c->c_outgoing = outgoing;

@@ -246,6 +246,7 @@ agent_free(tp_agent *a)
     tp__free(a->a_peers);
     tp__cv_fini(&a->a_timer_cv);
     tp__cv_fini(&a->a_idle_cv);
+    tp__cv_fini(&a->a_quiet_cv);
     tp__mtx_fini(&a->a_mtx);
     tp__free(a);
 }
@@ -258,35 +259,82 @@ ag_agent_unref(tp_agent *a)
     }
 }
 
-// Waits (bounded) until no thread is inside a pipe call for the agent.
-// False if one still is after AG_TEARDOWN_MS (its loop is stuck): the
-// context is then left alive rather than freed under it.
-static bool
-agent_wait_writers(tp_agent *a)
+// The reads and writes in flight on @c (its operations but the requests
+// held by handlers).
+static long
+conn_io(const ag_conn *c)
 {
-    uint64_t deadline = tp__deadline_after_ms(AG_TEARDOWN_MS);
-    while (atomic_load_explicit(&a->a_writers, memory_order_acquire) > 0) {
-        if (tp__now_ns() >= deadline) {
-            TP_LOG_ERROR("TP-RPC-SHUTDOWN",
-                         "rpc %s: a thread is still inside a pipe call %d ms "
-                         "after shutdown; leaving the pipes",
-                         ag_name(a), AG_TEARDOWN_MS);
-            return false;
+    ag_conn *mc = (ag_conn *)c;
+    return atomic_load_explicit(&mc->c_ops, memory_order_acquire) -
+           atomic_load_explicit(&mc->c_reqs, memory_order_acquire);
+}
+
+// Waits until no thread is inside a pipe call for the agent and, with
+// @conns, until every connection's operations ended (the pipes were
+// closed: reads and writes complete with TP_ECLOSED), at most until
+// @deadline. False if something is still busy then: its loop is stuck, so
+// the context and the agent's memory are left alive rather than freed
+// under it, and the log names each pipe that did not close.
+static bool
+agent_wait_quiet(tp_agent *a, uint64_t deadline, bool conns)
+{
+    tp__mtx_lock(&a->a_mtx);
+    for (;;) {
+        long w = atomic_load_explicit(&a->a_writers, memory_order_acquire);
+        const ag_conn *busy = NULL;
+        for (const ag_conn *c = a->a_conns; conns && c != NULL && !busy;
+             c = c->c_next) {
+            if (conn_io(c) > 0) {
+                busy = c;
+            }
         }
-        struct timespec ts = {0, 1000000}; // 1 ms
-        nanosleep(&ts, NULL);
+        if (w == 0 && busy == NULL) {
+            tp__mtx_unlock(&a->a_mtx);
+            return true;
+        }
+        if (tp__cv_wait_until(&a->a_quiet_cv, &a->a_mtx, deadline) ||
+            tp__now_ns() < deadline) {
+            continue;
+        }
+        // The deadline passed: say who is still busy (looked at again,
+        // the last wake-up may have been the last operation).
+        w = atomic_load_explicit(&a->a_writers, memory_order_acquire);
+        size_t nbusy = 0;
+        for (const ag_conn *c = a->a_conns; conns && c != NULL; c = c->c_next) {
+            long ops = conn_io(c);
+            if (ops == 0) {
+                continue;
+            }
+            char who[AG_MAX_URL + 160];
+            ag_conn_describe(c, who, sizeof(who));
+            TP_LOG_ERROR("TP-RPC-SHUTDOWN",
+                         "rpc %s: the pipe %s %s did not close by the "
+                         "shutdown deadline (%ld operations pending); "
+                         "leaving it",
+                         ag_name(a), c->c_outgoing ? "to" : "from", who, ops);
+            nbusy++;
+        }
+        if (w > 0) {
+            TP_LOG_ERROR("TP-RPC-SHUTDOWN",
+                         "rpc %s: %ld threads still inside a pipe call at the "
+                         "shutdown deadline; leaving the pipes",
+                         ag_name(a), w);
+        }
+        tp__mtx_unlock(&a->a_mtx);
+        return w == 0 && nbusy == 0;
     }
-    return true;
 }
 
 // Stops everything: pending calls fail with @why (borrowed, may be NULL
-// for a generic message), pipes close, timer, pool and context end. Then
-// drops the user's reference.
+// for a generic message), pipes close, timer, pool and context end, each
+// wait bounded by @deadline (at least AG_TEARDOWN_MIN_MS from now). The
+// caller then drops its reference.
 static void
-agent_teardown(tp_agent *a, const char *why)
+agent_teardown(tp_agent *a, const char *why, uint64_t deadline)
 {
     ag_call *all = NULL;
 
+    deadline = TP_MAX(deadline, tp__deadline_after_ms(AG_TEARDOWN_MIN_MS));
     tp__mtx_lock(&a->a_mtx);
     a->a_state = AG_CLOSED;
     for (size_t i = 0; a->a_table != NULL && i < a->a_table_size; i++) {
@@ -315,7 +363,7 @@ agent_teardown(tp_agent *a, const char *why)
     }
     // Threads that passed the state check are inside a pipe call; the
     // pipes must outlive it.
-    bool writers_out = agent_wait_writers(a);
+    bool quiet = agent_wait_quiet(a, deadline, false);
     if (a->a_timer_started) {
         pthread_join(a->a_timer, NULL);
         a->a_timer_started = false;
@@ -345,10 +393,20 @@ agent_teardown(tp_agent *a, const char *why)
         }
         a->a_pool = NULL;
     }
-    // Handlers that finished after the pool stopped may still write:
-    // wait for them before the pipes go.
-    writers_out = writers_out && agent_wait_writers(a);
-    if (a->a_ctx != NULL && !a->a_pool_leaked && writers_out) {
+    if (a->a_pool_leaked) {
+        return; // the context stays for their threads
+    }
+    // Handlers that finished after the pool stopped may still write, and
+    // the pipes closed above end their reads and writes: wait for all of
+    // it (counts and a condition, no polling) before the context goes.
+    quiet = quiet && agent_wait_quiet(a, deadline, true);
+    if (!quiet) {
+        // A callback of a pipe that did not close may still run and touch
+        // its connection and the agent: neither may be freed, ever.
+        atomic_fetch_add_explicit(&a->a_refs, 1, memory_order_relaxed);
+        return;
+    }
+    if (a->a_ctx != NULL) {
         tp_context_destroy(a->a_ctx);
         a->a_ctx = NULL;
     }
@@ -381,6 +439,7 @@ tp_rpc_init(const char *name, int rank, int world_size,
     tp__mtx_init(&a->a_mtx);
     tp__cv_init(&a->a_idle_cv);
     tp__cv_init(&a->a_timer_cv);
+    tp__cv_init(&a->a_quiet_cv);
     tp_status st = options_check(a, o, err_p);
     if (st != TP_OK) {
         goto fail_early;
@@ -474,7 +533,7 @@ tp_rpc_init(const char *name, int rank, int world_size,
     return TP_OK;
 
 fail:
-    agent_teardown(a, "init failed");
+    agent_teardown(a, "init failed", deadline);
     ag_protos_detach(a);
     tp_store_close(a->a_store);
     a->a_store = NULL;
@@ -565,9 +624,11 @@ tp_rpc_shutdown(tp_agent *a, bool graceful, tp_error **err_p)
         }
     }
     ag_proto_shutdown_end(a, graceful && st == TP_OK);
-    agent_teardown(a, graceful ? "the agent shut down before the reply"
-                               : "the agent was shut down (not graceful) "
-                                 "before the reply");
+    agent_teardown(a,
+                   graceful ? "the agent shut down before the reply"
+                            : "the agent was shut down (not graceful) "
+                              "before the reply",
+                   deadline);
     // No hook runs any more: the pool and the pipes are gone.
     ag_protos_detach(a);
     // The store server lives in rank 0's process: rank 0 closes it after

@@ -23,6 +23,7 @@ req_free(ag_req *r)
     tp_agent *a = r->r_agent;
     tp_args_unref(r->r_args);
     if (r->r_conn != NULL) {
+        atomic_fetch_sub_explicit(&r->r_conn->c_reqs, 1, memory_order_relaxed);
         ag_conn_op_done(r->r_conn);
     }
     tp__free(r);
@@ -169,6 +170,7 @@ ag_serve_request(ag_conn *c, const ag_hdr *h, tp_args *args)
     }
     atomic_fetch_add_explicit(&a->a_refs, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&c->c_ops, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&c->c_reqs, 1, memory_order_relaxed);
     r->r_agent = a;
     r->r_conn = c;
     r->r_caller = caller;
@@ -189,6 +191,7 @@ ag_serve_request(ag_conn *c, const ag_hdr *h, tp_args *args)
         // Shutting down: the caller's call fails with our pipe's close.
         tp_args_unref(args);
         tp__free(r);
+        atomic_fetch_sub_explicit(&c->c_reqs, 1, memory_order_relaxed);
         ag_conn_op_done(c);
         ag_agent_unref(a);
     }
@@ -292,7 +295,7 @@ req_send(ag_req *r, tp_args *result, const tp_error *err, tp_error **err_p)
         ag_slot_put_locked(w);
         tp__mtx_unlock(&a->a_mtx);
     }
-    atomic_fetch_sub_explicit(&a->a_writers, 1, memory_order_release);
+    ag_writers_exit(a);
     return st;
 }
 
@@ -400,6 +403,7 @@ ag_write_failed_locally(ag_conn *c, ag_kind kind, uint64_t call_id,
     }
     atomic_fetch_add_explicit(&a->a_refs, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&c->c_ops, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&c->c_reqs, 1, memory_order_relaxed);
     r->r_agent = a;
     r->r_conn = c;
     r->r_call_id = call_id;
