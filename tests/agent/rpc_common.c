@@ -24,6 +24,9 @@ pthread_t g_main_thread;
 atomic_int g_release;       // set by "t.release"
 atomic_int g_sleep_started; // "t.sleep" handlers entered
 atomic_int g_sleep_done;    // ... and returned
+atomic_int g_block_done;    // "t.block" handlers returned
+tp_job_latch g_entered = {{-1, -1}};
+tp_job_latch g_unblock = {{-1, -1}};
 
 // ---- small helpers ----------------------------------------------------------
 
@@ -271,9 +274,37 @@ fn_sleep(const tp_rpc_call_info *call, const tp_args *in, void *arg,
         return TP_EINVAL;
     }
     atomic_fetch_add(&g_sleep_started, 1);
+    if (g_entered.l_fd[1] >= 0) {
+        tp_job_latch_post(&g_entered);
+    }
     sleep_ms(ms);
     atomic_fetch_add(&g_sleep_done, 1);
     return tp_args_create("slept", 5, out_p);
+}
+
+// "t.block": tells the job it is running (g_entered), then waits for
+// g_unblock at most the int64 ms it is given; returns "unblocked", or fails
+// with TP_ETIMEDOUT if nobody unblocked it.
+static tp_status
+fn_block(const tp_rpc_call_info *call, const tp_args *in, void *arg,
+         tp_args **out_p, tp_error **err_p)
+{
+    int64_t ms = 0;
+    if (!args_get_i64(in, &ms) || g_entered.l_fd[1] < 0) {
+        *err_p = tp_error_create(TP_EINVAL, NULL,
+                                 "t.block wants an int64 and a job's latches");
+        return TP_EINVAL;
+    }
+    tp_job_latch_post(&g_entered);
+    int got = tp_job_latch_wait(&g_unblock, 1, ms);
+    atomic_fetch_add(&g_block_done, 1);
+    if (got != 1) {
+        *err_p =
+            tp_error_create(TP_ETIMEDOUT, NULL,
+                            "t.block: not unblocked in %lld ms", (long long)ms);
+        return TP_ETIMEDOUT;
+    }
+    return tp_args_create("unblocked", 9, out_p);
 }
 
 // How "t.fail", "t.fail_conn", "t.fail_ctx" and "t.fail_noerr" fail: a
@@ -559,7 +590,7 @@ register_fns(void)
         {"t.info", fn_info},   {"t.bounce", fn_bounce},
         {"t.chain", fn_chain}, {"t.stats", fn_stats},
         {"t.url", fn_url},     {"t.release", fn_release},
-        {"t.die", fn_die},
+        {"t.die", fn_die},     {"t.block", fn_block},
     };
     tp_error *err = NULL;
     for (size_t i = 0; i < sizeof(fns) / sizeof(fns[0]); i++) {
@@ -716,6 +747,10 @@ void
 job_tcp(job *j, int world, tp_job_fn fn, void *arg)
 {
     tp_job_tcp(j, world, fn, arg);
+    if (g_entered.l_fd[0] < 0) {
+        tp_job_latch_init(&g_entered);
+        tp_job_latch_init(&g_unblock);
+    }
     j->setup = job_setup;
     j->names = k_names;
 }

@@ -41,6 +41,12 @@ extern pthread_t g_main_thread;
 extern atomic_int g_release;       // set by "t.release"
 extern atomic_int g_sleep_started; // "t.sleep" handlers entered
 extern atomic_int g_sleep_done;    // ... and returned
+extern atomic_int g_block_done;    // "t.block" handlers returned
+// Made by job_tcp in the case process, shared by the job's workers:
+// "t.sleep" and "t.block" post g_entered when they start; "t.block" waits
+// for g_unblock.
+extern tp_job_latch g_entered;
+extern tp_job_latch g_unblock;
 extern pthread_mutex_t g_async_mtx;
 extern int g_async_arrived;
 extern tp_future *g_async_f[ASYNC_N];

@@ -38,8 +38,11 @@ worker_graceful(int rank, int world, const char *url, void *arg)
         tp_args_unref(in);
         // A call still outstanding when this worker shuts down: the
         // graceful shutdown waits for it.
-        in = args_i64(300);
+        in = args_i64(tp_test_ms(500));
         tp_future *f = tp_rpc_async(a, "charlie", "t.sleep", in, WAIT_MS);
+        TP_CHECKF(tp_job_latch_wait(&g_entered, 1, WAIT_MS) == 1,
+                  "t.sleep did not start on charlie");
+        TP_CHECKF(!tp_future_is_done(f), "t.sleep ended before the shutdown");
         leave(a);
         TP_CHECKF(tp_future_is_done(f), "graceful shutdown returned with a "
                                         "call outstanding");
@@ -59,7 +62,8 @@ test_shutdown_graceful_uneven(void)
     run_tcp(3, worker_graceful, NULL);
 }
 
-// alpha shuts down abruptly with three calls pending on bravo.
+// alpha shuts down abruptly with three calls running in handlers on bravo
+// (each has told the job it started, and blocks until alpha is closed).
 static void
 worker_abrupt(int rank, int world, const char *url, void *arg)
 {
@@ -67,11 +71,17 @@ worker_abrupt(int rank, int world, const char *url, void *arg)
     tp_error *err = NULL;
     if (rank == 0) {
         tp_future *f[3];
-        tp_args *in = args_i64(1500);
+        tp_args *in = args_i64(WAIT_MS);
         for (int i = 0; i < 3; i++) {
-            f[i] = tp_rpc_async(a, "bravo", "t.sleep", in, WAIT_MS);
+            f[i] = tp_rpc_async(a, "bravo", "t.block", in, WAIT_MS);
         }
-        sleep_ms(300);
+        int got = tp_job_latch_wait(&g_entered, 3, WAIT_MS);
+        TP_CHECKF(got == 3, "only %d of 3 t.block handlers started on bravo",
+                  got);
+        for (int i = 0; i < 3; i++) {
+            TP_CHECKF(!tp_future_is_done(f[i]),
+                      "call %d ended before the shutdown", i);
+        }
         int64_t t0 = now_ms();
         tp_status st = tp_rpc_shutdown(a, false, &err);
         int64_t dt = now_ms() - t0;
@@ -89,16 +99,19 @@ worker_abrupt(int rank, int world, const char *url, void *arg)
             tp_future_unref(f[i]);
         }
         tp_args_unref(in);
+        // Now bravo's handlers may return.
+        for (int i = 0; i < 3; i++) {
+            tp_job_latch_post(&g_unblock);
+        }
         return;
     }
-    // bravo: the handlers finish (their replies have nowhere to go), then
-    // it closes too, without waiting for alpha.
+    // bravo: the handlers finish once alpha is closed (their replies have
+    // nowhere to go), then it closes too, without waiting for alpha.
     int64_t dl = now_ms() + tp_test_ms(WAIT_MS);
-    while (atomic_load(&g_sleep_done) < 3) {
-        TP_CHECKF(now_ms() < dl, "t.sleep handlers did not finish");
+    while (atomic_load(&g_block_done) < 3) {
+        TP_CHECKF(now_ms() < dl, "t.block handlers did not finish");
         sleep_ms(5);
     }
-    sleep_ms(200);
     tp_status st = tp_rpc_shutdown(a, false, &err);
     TP_CHECKF(st == TP_OK, "abrupt shutdown of bravo: %s: %s",
               tp_status_name(st), tp_error_message(err));
@@ -173,8 +186,9 @@ worker_killed(int rank, int world, const char *url, void *arg)
     for (int i = 0; i < 4; i++) {
         f[i] = tp_rpc_async(a, "bravo", "t.sleep", in, 0);
     }
-    // Make sure they reached bravo before it dies.
-    tp_args_unref(call_ok(a, "bravo", "tp.noop", NULL, WAIT_MS));
+    // They are running in handlers on bravo before it dies.
+    int got = tp_job_latch_wait(&g_entered, 4, WAIT_MS);
+    TP_CHECKF(got == 4, "only %d of 4 t.sleep calls started on bravo", got);
     f[4] = tp_rpc_async(a, "bravo", "t.die", NULL, 0);
     int64_t t0 = now_ms();
     for (int i = 0; i < 5; i++) {

@@ -4,6 +4,8 @@
 #include "tp_test_job.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +29,66 @@ tp_job_sleep_ms(int64_t ms)
     struct timespec ts = {.tv_sec = (time_t)(ms / 1000),
                           .tv_nsec = (long)(ms % 1000) * 1000000L};
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+void
+tp_job_latch_init(tp_job_latch *l)
+{
+    TP_CHECK(pipe2(l->l_fd, O_CLOEXEC) == 0);
+    TP_CHECK(fcntl(l->l_fd[1], F_SETFL, O_NONBLOCK) == 0);
+}
+
+void
+tp_job_latch_post(tp_job_latch *l)
+{
+    TP_CHECK(l->l_fd[1] >= 0);
+    ssize_t w;
+    while ((w = write(l->l_fd[1], "x", 1)) < 0 && errno == EINTR) {
+    }
+    TP_CHECKF(w == 1, "latch post: %s", strerror(errno));
+}
+
+int
+tp_job_latch_wait(tp_job_latch *l, int n, int64_t ms)
+{
+    TP_CHECK(l->l_fd[0] >= 0);
+    int64_t dl = tp_job_now_ms() + tp_test_ms(ms);
+    int got = 0;
+    while (got < n) {
+        int64_t left = dl - tp_job_now_ms();
+        if (left <= 0) {
+            break;
+        }
+        struct pollfd p = {.fd = l->l_fd[0], .events = POLLIN};
+        int r = poll(&p, 1, (int)(left > 1000 ? 1000 : left));
+        if (r < 0 && errno != EINTR) {
+            TP_CHECKF(false, "latch poll: %s", strerror(errno));
+        }
+        if (r <= 0) {
+            continue;
+        }
+        char buf[64];
+        size_t want =
+            (size_t)(n - got) < sizeof(buf) ? (size_t)(n - got) : sizeof(buf);
+        ssize_t rd = read(l->l_fd[0], buf, want);
+        if (rd < 0 && errno == EINTR) {
+            continue;
+        }
+        TP_CHECKF(rd > 0, "latch read: %s", rd == 0 ? "eof" : strerror(errno));
+        got += (int)rd;
+    }
+    return got;
+}
+
+void
+tp_job_latch_fini(tp_job_latch *l)
+{
+    for (int i = 0; i < 2; i++) {
+        if (l->l_fd[i] >= 0) {
+            close(l->l_fd[i]);
+            l->l_fd[i] = -1;
+        }
     }
 }
 

@@ -47,6 +47,19 @@ tp_agent *tp_job_rpc_join(const char *name, int rank, int world,
                           int64_t rpc_timeout_ms);
 // A graceful tp_rpc_shutdown; fails the case on error.
 void tp_job_rpc_leave(tp_agent *a, int rank);
+// A latch between the processes of a job: a pipe made in the case process
+// before tp_job_run forks, so every worker inherits both ends. post writes
+// one byte (any thread of any worker; never blocks: a full pipe is a
+// failure); wait reads @n bytes within tp_test_ms(@ms) and returns how many
+// it got (fewer: the deadline passed). Tests use it where a sleep would
+// only hope that the other side got somewhere ("the handler is running").
+typedef struct tp_job_latch {
+    int l_fd[2]; // -1 until tp_job_latch_init
+} tp_job_latch;
+void tp_job_latch_init(tp_job_latch *l);
+void tp_job_latch_post(tp_job_latch *l);
+int tp_job_latch_wait(tp_job_latch *l, int n, int64_t ms);
+void tp_job_latch_fini(tp_job_latch *l);
 // Milliseconds of a monotonic clock, and a sleep that resumes after EINTR.
 int64_t tp_job_now_ms(void);
 void tp_job_sleep_ms(int64_t ms);
