@@ -1,0 +1,161 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* pg_impl.h (internal) - what the files of the process-group layer share:
+ * the group and work structs and the functions one file calls in another.
+ *   pg.c        options, accessors, failure, init, subgroups, destroy
+ *   pg_work.c   work handles, running a collective on its engine, the
+ *               group's queue and thread
+ *   pg_api.c    argument checks and the public collective and
+ *               point-to-point calls
+ *   pg_debug.c  TP_DEBUG_COLLECTIVES (the mismatch check)
+ *
+ * Order: a group runs one collective at a time. A blocking call runs on
+ * the caller's thread when nothing is queued before it; asynchronous calls
+ * are queued for the group's thread (started on first use), and a
+ * blocking call issued behind them waits for its turn there. Every
+ * collective gets the next sequence number of its group when it starts, so
+ * the same collective has the same number on every member: the pipe
+ * engine's messages are tagged with it.
+ *
+ * Locks: w_mtx (world's group list) > g_mtx (one group's queue and
+ * state) > wk_mtx (one work). The abort callback takes w_mtx then
+ * g_mtx. */
+#ifndef TP_COLLECTIVES_PG_IMPL_H
+#define TP_COLLECTIVES_PG_IMPL_H
+
+#include <tpipe/collectives.h>
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "collectives/coll.h"
+#include "collectives/nccl.h"
+#include "collectives/p2p.h"
+#include "collectives/shm.h"
+#include "core/config.h"
+#include "core/list.h"
+#include "core/platform.h"
+#include "store/store_int.h"
+
+#define PG_KEY_PREFIX      "tp.pg/"
+#define PG_DESC_BYTES      32
+#define PG_FINISH_GRACE_MS 5000
+
+struct tp_work {
+    tp_pg *wk_pg;
+    atomic_int wk_refs;
+    bool wk_p2p;
+    tp__req *wk_req;
+    int wk_peer; // p2p: group rank or TP_ANY_SOURCE
+    bool wk_send;
+    tp__coll_args wk_args;
+    tp_reduce_op wk_op; // as asked (avg)
+    size_t *wk_splits;  // all_to_all: 4n entries behind wk_args' pointers
+    void *wk_in_copy;   // an input that overlapped the output
+    tp_tensor *wk_t1;
+    tp_tensor *wk_t2;
+    bool wk_cuda;
+    bool wk_local; // on the stack of a blocking call: no lock, no free
+    uint64_t wk_deadline_ns;
+    tp_mtx wk_mtx;
+    tp_cv wk_cv;
+    bool wk_done;
+    tp_status wk_st;
+    tp_error *wk_err;
+    int wk_source;         // group rank
+    tp_list_node wk_qnode; // in its group's g_queue while queued
+    // point-to-point works are listed in their world (w_works, under
+    // w_mtx) from posting until freed, so that destroying a group can
+    // finish them and the p2p layer never outlives their requests
+    _Atomic(tp_pg *) wk_world;
+    tp_list_node wk_lnode; // in w_works
+};
+
+struct tp_pg {
+    tp_pg *g_world; // itself for the world group
+    char g_name[64];
+    char g_what[128]; // "process group world (rank 1 of 4)"
+    int g_rank;
+    int g_size;
+    int *g_wranks; // group rank -> world rank
+    int *g_granks; // world rank -> group rank or -1 (world-size entries)
+    uint64_t g_gid;
+    char g_prefix[160]; // store keys of this group
+    int64_t g_timeout_ms;
+    tp_config g_cfg;
+    tp__shm *g_shm;
+    const char *g_engine;
+    tp__nccl_comm *g_nccl;
+    void *g_scratch; // the pipe engine's, kept between collectives
+    size_t g_scratch_len;
+    int g_nccl_device;
+    // queue and state
+    tp_mtx g_mtx;
+    tp_cv g_cv;
+    tp_list g_queue; // async collectives (tp_work), in issue order
+    bool g_busy;
+    bool g_stop;
+    bool g_thread_started;
+    pthread_t g_thread;
+    uint64_t g_seq;
+    tp_error *g_broken;
+    atomic_bool g_is_broken; // g_broken != NULL, read without the lock
+    atomic_int g_waiters;    // threads in tp_work_wait on a work of it
+    tp_pg *g_next;           // in the world's list
+    // world only
+    tp_store *w_store;
+    tp__p2p *w_p2p;
+    tp_mtx w_mtx;
+    tp_pg *w_groups; // every live group, the world first
+    int w_nsub;
+    int w_ngroups_made;
+    char w_prefix[64];
+    struct pg_set {
+        uint64_t hash;
+        int count;
+    } * w_sets;
+    int w_nsets;
+    tp_list w_works; // point-to-point works (see tp_work)
+    // aborts for groups not (yet) listed here: a member may give up
+    // while this rank is still inside tp_pg_new_group
+    struct pg_abort {
+        uint64_t gid;
+        int from;
+        char reason[256];
+    } w_aborts[16];
+    int w_naborts;
+};
+
+// ---- pg.c
+// Breaks @g with @err (the first error wins). Takes g_mtx.
+void tp__pg_break(tp_pg *g, const tp_error *err);
+// The group's first error (a new reference in *@err_p), or TP_OK. @arg is
+// the group (the pipe engine's check callback).
+tp_status tp__pg_check(void *arg, tp_error **err_p);
+
+// ---- pg_work.c
+// A heap work of @g with one reference (the caller's).
+tp_work *tp__pg_work_new(tp_pg *g);
+void tp__pg_work_unref(tp_work *wk);
+// Completes @wk (the first completion wins) and wakes its waiters.
+void tp__pg_work_complete(tp_work *wk, tp_status st, const tp_error *err,
+                          int source);
+// p2p request callback of a point-to-point work.
+void tp__pg_p2p_work_cb(tp__req *r, void *arg);
+// Runs @wk now on this thread (blocking call, nothing queued) or queues
+// it. Takes the caller's reference of @wk.
+tp_status tp__pg_coll_submit(tp_pg *g, tp_work *wk, tp_work **w_p,
+                             tp_error **err_p);
+// Runs one collective on the group's engine (no debug check).
+tp_status tp__pg_engine_run(tp_pg *g, const tp__coll_args *a, uint64_t seq,
+                            uint64_t deadline, tp_error **err_p);
+// Finishes the point-to-point works of @pg (see pg_work.c).
+void tp__pg_finish_p2p_works(tp_pg *pg);
+
+// ---- pg_debug.c
+// TP_DEBUG_COLLECTIVES: compares this collective across the members.
+tp_status tp__pg_debug_check(tp_pg *g, const tp__coll_args *a, tp_reduce_op op,
+                             uint64_t deadline, tp_error **err_p);
+
+#endif
