@@ -69,9 +69,10 @@ uring_probe_run(void)
     int efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     struct io_uring_probe *probe = io_uring_get_probe_ring(&ring);
     if (probe == NULL ||
-        !io_uring_opcode_supported(probe, IORING_OP_POLL_ADD)) {
+        !io_uring_opcode_supported(probe, IORING_OP_POLL_ADD) ||
+        !io_uring_opcode_supported(probe, IORING_OP_ASYNC_CANCEL)) {
         snprintf(uring_probe_why, sizeof(uring_probe_why),
-                 "IORING_OP_POLL_ADD not supported");
+                 "IORING_OP_POLL_ADD or IORING_OP_ASYNC_CANCEL not supported");
         goto out;
     }
     // A real round: multishot poll on an eventfd must fire and stay armed.
@@ -236,9 +237,18 @@ uring_fd_remove(tp_loop *loop, tp_loop_fd *lfd)
     uint32_t idx = (uint32_t)lfd->lf_token;
     uring_slot *slot = &s->ur_slots[idx];
     struct io_uring_sqe *sqe = uring_sqe(s);
-    io_uring_prep_poll_remove(sqe, lfd->lf_token);
+    // IORING_OP_ASYNC_CANCEL, not IORING_OP_POLL_REMOVE: POLL_REMOVE fails
+    // with -EALREADY when the poll has fired and its completion work is
+    // still queued (an fd readable at once, as a rejected connection's
+    // hello is), and the multishot poll then stays armed for good, holding
+    // a reference to the file: close() would not close the socket and its
+    // peer would never see EOF. ASYNC_CANCEL marks the poll cancelled, so
+    // whoever owns it completes it with -ECANCELED and drops the file.
+    io_uring_prep_cancel64(sqe, lfd->lf_token, 0);
     io_uring_sqe_set_data64(sqe, URING_IGNORE);
-    // Submit now: the caller may close the fd right after this returns.
+    // Submit now: the caller may close the fd right after this returns
+    // (the poll then still holds the file until the cancel's completion
+    // work runs, at the loop's next wait, which always asks for events).
     io_uring_submit(&s->ur_ring);
     slot->us_lfd = NULL;
     slot->us_gen++;

@@ -1127,6 +1127,160 @@ hello_rejected_by_listener(void)
     tp_log_set_handler(NULL, NULL);
 }
 
+// Many connections that the listener rejects (bad hello), on loop backend
+// @be: every client sees EOF or a reset promptly. With io_uring a rejected
+// socket once stayed ESTABLISHED after its fd was closed (a poll request
+// being cancelled held the file), so the peer waited forever.
+static void
+reject_many_on(int64_t be)
+{
+    enum { NCLIENTS = 500 };
+    tp_config cfg;
+    base_cfg(&cfg);
+    cfg.io_backend = be;
+    env e;
+    env_init_cfg(&e, &cfg);
+    tp_listener *l;
+    tp_error *err = NULL;
+    TP_CHECK_OK(tp__transport_listen(e.t, "tcp://127.0.0.1:0", &l, &err), err);
+    static int fds[NCLIENTS];
+    static const char bad[TP_HELLO_LEN] = "XXXXXXXXXXXXXXX";
+    for (int i = 0; i < NCLIENTS; i++) {
+        fds[i] = raw_connect(tp__listener_addr(l));
+        TP_CHECK(write(fds[i], bad, sizeof(bad)) == (ssize_t)sizeof(bad));
+    }
+    // Every client must see EOF (read 0) or a reset, within the deadline.
+    uint64_t deadline = tp__deadline_after_ms(tp_test_ms(10000));
+    int left = NCLIENTS;
+    while (left > 0 && tp__now_ns() < deadline) {
+        for (int i = 0; i < NCLIENTS; i++) {
+            if (fds[i] < 0) {
+                continue;
+            }
+            char b[64];
+            ssize_t n = recv(fds[i], b, sizeof(b), MSG_DONTWAIT);
+            if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK &&
+                           errno != EINTR)) {
+                close(fds[i]);
+                fds[i] = -1;
+                left--;
+            }
+        }
+        if (left > 0) {
+            usleep(2000);
+        }
+    }
+    for (int i = 0; i < NCLIENTS; i++) {
+        if (fds[i] >= 0) {
+            close(fds[i]);
+        }
+    }
+    TP_CHECKF(left == 0,
+              "%d of %d rejected clients saw no EOF or reset within 10 s "
+              "(backend %s)",
+              left, NCLIENTS, tp__loop_backend_name(e.loop));
+    tp__listener_destroy(l);
+    env_fini(&e);
+}
+
+static void
+reject_many_epoll(void)
+{
+    reject_many_on(TP_IO_BACKEND_EPOLL);
+}
+
+static void
+reject_many_uring(void)
+{
+    char why[256];
+    if (!tp__loop_uring_viable(why, sizeof(why))) {
+        tp_test_skip("io_uring not usable: %s", why);
+    }
+    reject_many_on(TP_IO_BACKEND_URING);
+}
+
+// The loop contract under the transport: once tp__loop_fd_remove returns,
+// close() really closes the fd. The fd is readable when added, so the
+// io_uring poll fires at once and its removal races with that completion
+// (IORING_OP_POLL_REMOVE lost that race and left the poll armed, holding
+// the socket open); no shutdown() here to hide it.
+typedef struct remove_close {
+    tp_loop *loop;
+    tp_loop_fd lfd;
+    int fd;
+} remove_close;
+
+static void
+remove_close_cb(tp_loop_fd *lfd, uint32_t events)
+{
+    TP_UNUSED(lfd);
+    TP_UNUSED(events);
+}
+
+static void
+remove_close_task(void *arg)
+{
+    remove_close *rc = arg;
+    tp_error *err = NULL;
+    TP_CHECK_OK(tp__loop_fd_add(rc->loop, &rc->lfd, rc->fd,
+                                TP_EV_READ | TP_EV_WRITE, remove_close_cb, rc,
+                                &err),
+                err);
+    tp__loop_fd_remove(rc->loop, &rc->lfd);
+    close(rc->fd);
+}
+
+static void
+remove_close_on(int64_t be)
+{
+    tp_config cfg;
+    base_cfg(&cfg);
+    cfg.io_backend = be;
+    tp_loop *loop;
+    tp_error *err = NULL;
+    TP_CHECK_OK(tp__loop_create(&cfg, "rmclose", &loop, &err), err);
+    for (int i = 0; i < 200; i++) {
+        int sv[2];
+        TP_CHECK(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+        TP_CHECK(write(sv[1], "x", 1) == 1);
+        remove_close rc = {.loop = loop, .fd = sv[0]};
+        tp__loop_call(loop, remove_close_task, &rc);
+        // The peer sees the close once the loop has waited again (io_uring
+        // drops the poll's reference to the file then).
+        uint64_t deadline = tp__deadline_after_ms(tp_test_ms(2000));
+        ssize_t n;
+        char b;
+        while ((n = recv(sv[1], &b, 1, MSG_DONTWAIT)) < 0 &&
+               (errno == EAGAIN || errno == EWOULDBLOCK) &&
+               tp__now_ns() < deadline) {
+            usleep(1000);
+        }
+        // EOF, or a reset: the closed end had unread data.
+        TP_CHECKF(n == 0 || (n < 0 && errno == ECONNRESET),
+                  "round %d (%s): peer of a removed and closed fd saw %s", i,
+                  tp__loop_backend_name(loop),
+                  n < 0 ? strerror(errno) : "data");
+        close(sv[1]);
+    }
+    tp__loop_destroy(loop);
+}
+
+static void
+fd_remove_then_close_epoll(void)
+{
+    remove_close_on(TP_IO_BACKEND_EPOLL);
+}
+
+static void
+fd_remove_then_close_uring(void)
+{
+    char why[256];
+    if (!tp__loop_uring_viable(why, sizeof(why))) {
+        tp_test_skip("io_uring not usable: %s", why);
+    }
+    remove_close_on(TP_IO_BACKEND_URING);
+}
+
 // A plain listening socket on 127.0.0.1, port 0 (not a tpipe listener):
 // its fd, with its URL in @addr and its port in *port_p.
 static int
@@ -1387,6 +1541,10 @@ static const tp_test_case cases[] = {
     TP_TEST_CASE(timeouts),
     TP_TEST_CASE(hello_rejected_by_listener),
     TP_TEST_CASE(hello_rejected_by_connect),
+    TP_TEST_CASE(reject_many_epoll),
+    TP_TEST_CASE(reject_many_uring),
+    TP_TEST_CASE(fd_remove_then_close_epoll),
+    TP_TEST_CASE(fd_remove_then_close_uring),
     TP_TEST_CASE(connect_timeout_default),
     TP_TEST_CASE(chained_on_loop),
     TP_TEST_CASE(small_reads_and_read_ahead),
