@@ -1,7 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // kv.c - the in-memory key-value engine of the mem backend and the tcp
 // server: an array searched linearly (rendezvous stores hold few keys), one
-// mutex and one condition variable broadcast on every change.
+// mutex and one condition variable broadcast on every change, and an
+// optional watch function called after every change (the tcp server's
+// event loop parks its waiting requests instead of blocking on the
+// condition variable).
 
 #include <errno.h>
 #include <inttypes.h>
@@ -40,6 +43,27 @@ tp__kv_close(tp__kv *kv)
     kv->kv_closed = true;
     tp__cv_broadcast(&kv->kv_cv);
     tp__mtx_unlock(&kv->kv_mtx);
+}
+
+void
+tp__kv_set_max_bytes(tp__kv *kv, uint64_t max)
+{
+    kv->kv_max_bytes = max;
+}
+
+void
+tp__kv_set_watch(tp__kv *kv, tp__kv_watch_fn fn, void *arg)
+{
+    kv->kv_watch = fn;
+    kv->kv_watch_arg = arg;
+}
+
+static void
+kv_notify(tp__kv *kv, const char *key)
+{
+    if (kv->kv_watch != NULL) {
+        kv->kv_watch(kv->kv_watch_arg, key);
+    }
 }
 
 uint8_t *
@@ -91,15 +115,27 @@ static tp_status
 kv_put_locked(tp__kv *kv, const char *key, const void *val, size_t len,
               tp_error **err_p)
 {
+    tp__kv_entry *e = kv_find_locked(kv, key);
+    size_t klen = strlen(key);
+    uint64_t after = kv->kv_bytes + len - (e != NULL ? e->e_len : 0) +
+                     (e != NULL ? 0 : klen);
+    if (kv->kv_max_bytes != 0 && after > kv->kv_max_bytes) {
+        return tp__error_set(err_p, TP_ENOMEM,
+                             "store full: storing %zu bytes at \"%.64s\" "
+                             "would hold %llu bytes, over the cap of %llu "
+                             "(TP_STORE_MAX_BYTES)",
+                             len, key, (unsigned long long)after,
+                             (unsigned long long)kv->kv_max_bytes);
+    }
     uint8_t *v = tp__kv_dup(val, len);
     if (v == NULL) {
         return tp__error_set(err_p, TP_ENOMEM, "out of memory");
     }
-    tp__kv_entry *e = kv_find_locked(kv, key);
     if (e != NULL) {
         tp__free(e->e_val);
         e->e_val = v;
         e->e_len = len;
+        kv->kv_bytes = after;
         return TP_OK;
     }
     if (kv->kv_n == kv->kv_cap) {
@@ -118,6 +154,7 @@ kv_put_locked(tp__kv *kv, const char *key, const void *val, size_t len,
         return tp__error_set(err_p, TP_ENOMEM, "out of memory");
     }
     kv->kv_ents[kv->kv_n++] = (tp__kv_entry){k, v, len};
+    kv->kv_bytes = after;
     return TP_OK;
 }
 
@@ -138,6 +175,9 @@ tp__kv_set(tp__kv *kv, const char *key, const void *val, size_t len,
         tp__cv_broadcast(&kv->kv_cv);
     }
     tp__mtx_unlock(&kv->kv_mtx);
+    if (st == TP_OK) {
+        kv_notify(kv, key);
+    }
     return st;
 }
 
@@ -201,6 +241,9 @@ tp__kv_add(tp__kv *kv, const char *key, int64_t delta, int64_t *value_p,
     }
 out:
     tp__mtx_unlock(&kv->kv_mtx);
+    if (st == TP_OK) {
+        kv_notify(kv, key);
+    }
     return st;
 }
 
@@ -260,6 +303,7 @@ tp__kv_compare_set(tp__kv *kv, const char *key, const void *exp, size_t elen,
                    tp_error **err_p)
 {
     tp_status st = TP_OK;
+    bool stored = false;
     tp__mtx_lock(&kv->kv_mtx);
     if (kv->kv_closed) {
         st = kv_closed_error(err_p);
@@ -276,6 +320,7 @@ tp__kv_compare_set(tp__kv *kv, const char *key, const void *exp, size_t elen,
             goto out;
         }
         tp__cv_broadcast(&kv->kv_cv);
+        stored = true;
         res = des;
         rlen = dlen;
     } else if (e == NULL) {
@@ -294,6 +339,9 @@ tp__kv_compare_set(tp__kv *kv, const char *key, const void *exp, size_t elen,
     *len_p = rlen;
 out:
     tp__mtx_unlock(&kv->kv_mtx);
+    if (stored) {
+        kv_notify(kv, key);
+    }
     return st;
 }
 
@@ -303,6 +351,7 @@ tp__kv_delete(tp__kv *kv, const char *key, bool *deleted_p)
     tp__mtx_lock(&kv->kv_mtx);
     tp__kv_entry *e = kv_find_locked(kv, key);
     if (e != NULL) {
+        kv->kv_bytes -= strlen(e->e_key) + e->e_len;
         tp__free(e->e_key);
         tp__free(e->e_val);
         *e = kv->kv_ents[--kv->kv_n];

@@ -21,6 +21,10 @@ typedef struct tp__kv_entry {
     size_t e_len;
 } tp__kv_entry;
 
+// Called after every change that sets @key (set, add, compare_set that
+// stored), on the thread that made it, with no lock held.
+typedef void (*tp__kv_watch_fn)(void *arg, const char *key);
+
 typedef struct tp__kv {
     tp_mtx kv_mtx;
     tp_cv kv_cv; // broadcast on every set and on close
@@ -28,12 +32,22 @@ typedef struct tp__kv {
     size_t kv_n;
     size_t kv_cap;
     bool kv_closed;
+    uint64_t kv_bytes;     // key and value bytes stored
+    uint64_t kv_max_bytes; // cap on kv_bytes; 0: none
+    tp__kv_watch_fn kv_watch;
+    void *kv_watch_arg;
 } tp__kv;
 
 void tp__kv_init(tp__kv *kv);
 void tp__kv_fini(tp__kv *kv);
 // Wakes every waiter; they fail with TP_ECLOSED.
 void tp__kv_close(tp__kv *kv);
+// Before any other use: cap the key and value bytes stored at @max (0:
+// none); a change over it fails with TP_ENOMEM naming TP_STORE_MAX_BYTES.
+void tp__kv_set_max_bytes(tp__kv *kv, uint64_t max);
+// Before any other use: call @fn after each change (the tcp server wakes
+// its parked requests with it).
+void tp__kv_set_watch(tp__kv *kv, tp__kv_watch_fn fn, void *arg);
 
 // Every call returns bare messages ("key not set"); the caller adds the
 // store address, operation and rank. @deadline_ns: tp__now_ns() value or

@@ -156,8 +156,8 @@ TP_API tp_status tp_store_num_keys(tp_store *store, int64_t timeout_ms,
 /**
  * tp_store_server_start - run a tcp store server on @addr ("tcp://H:P";
  * P may be 0 for any free port; an empty host, "tcp://:P", listens on every
- * IPv4 interface). Serves from its own threads (one per client) until
- * stopped.
+ * IPv4 interface). Serves every client from one event-loop thread of its
+ * own until stopped.
  * Errors: TP_EINVAL (address), bind/listen errors naming the address
  *   (EADDRINUSE maps to its errno status with "address in use").
  * Ownership: *@srv_p is the caller's; free with tp_store_server_stop.
@@ -171,8 +171,9 @@ TP_API tp_status tp_store_server_start(const char *addr,
 TP_API const char *tp_store_server_addr(const tp_store_server *srv);
 
 /**
- * tp_store_server_stop - close every client connection, wake its waiters,
- * wait for the server threads to exit and free @srv. NULL is fine.
+ * tp_store_server_stop - close every client connection (dropping its
+ * parked get or wait), stop the server's loop thread and free @srv. NULL
+ * is fine.
  */
 TP_API void tp_store_server_stop(tp_store_server *srv);
 
