@@ -246,22 +246,70 @@ group_alloc(int size, int world_size)
     TP_LIST_INIT(&g->w_works, tp_work, wk_lnode);
     tp__mtx_init(&g->g_mtx);
     tp__cv_init(&g->g_cv);
+    tp__mtx_init(&g->w_mtx);
+    tp__cv_init(&g->w_cv);
+    atomic_init(&g->g_refs, 1);
     g->g_engine = "pipe";
     return g;
 }
 
+// Frees @g (its last reference is gone, or it was never handed out).
+// A subgroup drops its reference of the world (taken by new_group).
 static void
 group_free(tp_pg *g)
 {
+    tp_pg *w = g->g_world;
     tp__shm_close(g->g_shm);
     tp__nccl_comm_destroy(g->g_nccl);
     free(g->g_scratch);
     tp_error_unref(g->g_broken);
+    free(g->w_sets);
+    tp__cv_fini(&g->w_cv);
+    tp__mtx_fini(&g->w_mtx);
     tp__cv_fini(&g->g_cv);
     tp__mtx_fini(&g->g_mtx);
     free(g->g_wranks);
     free(g->g_granks);
     free(g);
+    if (w != NULL && w != g) {
+        tp__pg_unref(w);
+    }
+}
+
+void
+tp__pg_ref(tp_pg *g)
+{
+    atomic_fetch_add_explicit(&g->g_refs, 1, memory_order_relaxed);
+}
+
+void
+tp__pg_unref(tp_pg *g)
+{
+    if (atomic_fetch_sub_explicit(&g->g_refs, 1, memory_order_acq_rel) == 1) {
+        group_free(g);
+    }
+}
+
+bool
+tp__pg_p2p_enter(tp_pg *w)
+{
+    tp__mtx_lock(&w->w_mtx);
+    bool open = !w->w_closed;
+    if (open) {
+        w->w_p2p_users++;
+    }
+    tp__mtx_unlock(&w->w_mtx);
+    return open;
+}
+
+void
+tp__pg_p2p_leave(tp_pg *w)
+{
+    tp__mtx_lock(&w->w_mtx);
+    if (--w->w_p2p_users == 0) {
+        tp__cv_broadcast(&w->w_cv);
+    }
+    tp__mtx_unlock(&w->w_mtx);
 }
 
 // Chooses the engine of a new group: every member calls this at the same
@@ -394,7 +442,6 @@ tp_pg_init(const char *init_method, int rank, int world_size,
     }
     w->g_world = w;
     w->w_store = store;
-    tp__mtx_init(&w->w_mtx);
     w->g_rank = rank;
     for (int i = 0; i < world_size; i++) {
         w->g_wranks[i] = i;
@@ -467,8 +514,6 @@ tp_pg_init(const char *init_method, int rank, int world_size,
     return TP_OK;
 fail:
     tp__p2p_destroy(w->w_p2p);
-    tp__mtx_fini(&w->w_mtx);
-    free(w->w_sets);
     group_free(w);
     tp_store_close(store);
     return st;
@@ -571,6 +616,7 @@ tp_pg_new_group(tp_pg *world, const int *ranks, int n, const tp_pg_options *o,
         g->g_granks[g->g_wranks[i]] = i;
     }
     g->g_world = w;
+    tp__pg_ref(w); // dropped by group_free
     g->g_rank = me;
     g->g_gid = gid;
     if (o->name != NULL) {
@@ -671,19 +717,16 @@ tp_pg_destroy(tp_pg *pg)
     tp__pg_break(pg, e);
     tp_error_unref(e);
     tp__p2p_kick(w->w_p2p);
+    tp__shm_cancel(pg->g_shm);
     if (started) {
         pthread_join(pg->g_thread, NULL);
     }
+    // Every work of the group is complete now: threads in tp_work_wait
+    // wake and return. They (and handles freed later) hold references, so
+    // the memory stays until the last of them lets go.
     tp__pg_finish_p2p_works(pg);
-    // Threads in tp_work_wait on works of this group leave now (every work
-    // is complete); bounded, in case one is stuck in a probe's connect.
-    uint64_t until = tp__deadline_after_ms(PG_FINISH_GRACE_MS);
-    while (atomic_load(&pg->g_waiters) > 0 && tp__now_ns() < until) {
-        struct timespec ts = {0, 1000000};
-        nanosleep(&ts, NULL);
-    }
+    tp__mtx_lock(&w->w_mtx);
     if (pg != w) {
-        tp__mtx_lock(&w->w_mtx);
         for (tp_pg **gp = &w->w_groups; *gp != NULL; gp = &(*gp)->g_next) {
             if (*gp == pg) {
                 *gp = pg->g_next;
@@ -691,13 +734,25 @@ tp_pg_destroy(tp_pg *pg)
                 break;
             }
         }
-        tp__mtx_unlock(&w->w_mtx);
-        group_free(pg);
-        return;
+    } else {
+        // The p2p layer goes once no waiter is inside a probe or a cancel
+        // (neither blocks for long: a probe does not wait, a cancel is
+        // bounded); later ones see w_closed and skip it.
+        w->w_closed = true;
+        while (w->w_p2p_users > 0) {
+            tp__cv_wait(&w->w_cv, &w->w_mtx);
+        }
     }
-    tp__p2p_destroy(w->w_p2p);
-    tp_store_close(w->w_store);
-    free(w->w_sets);
-    tp__mtx_fini(&w->w_mtx);
-    group_free(w);
+    tp__mtx_unlock(&w->w_mtx);
+    if (pg == w) {
+        tp__p2p_destroy(w->w_p2p);
+        w->w_p2p = NULL;
+        tp_store_close(w->w_store);
+        w->w_store = NULL;
+    }
+    tp__shm_close(pg->g_shm);
+    pg->g_shm = NULL;
+    tp__nccl_comm_destroy(pg->g_nccl);
+    pg->g_nccl = NULL;
+    tp__pg_unref(pg); // the owner's
 }

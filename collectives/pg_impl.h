@@ -101,12 +101,22 @@ struct tp_pg {
     uint64_t g_seq;
     tp_error *g_broken;
     atomic_bool g_is_broken; // g_broken != NULL, read without the lock
-    atomic_int g_waiters;    // threads in tp_work_wait on a work of it
-    tp_pg *g_next;           // in the world's list
+    // The owner's reference (dropped by tp_pg_destroy), one per work of
+    // the group and, for the world, one per subgroup: the memory goes
+    // with the last, so a thread still inside tp_work_wait, or a handle
+    // freed late, never touches freed memory.
+    atomic_int g_refs;
+    tp_pg *g_next; // in the world's list
     // world only
     tp_store *w_store;
     tp__p2p *w_p2p;
     tp_mtx w_mtx;
+    // The p2p layer is closed (w_closed) only once no thread is using it
+    // outside a work's request (a probe or a cancel of tp_work_wait):
+    // w_p2p_users counts those, w_cv tells the destroy when they left.
+    tp_cv w_cv;
+    bool w_closed;
+    int w_p2p_users;
     tp_pg *w_groups; // every live group, the world first
     int w_nsub;
     int w_ngroups_made;
@@ -128,6 +138,13 @@ struct tp_pg {
 };
 
 // ---- pg.c
+void tp__pg_ref(tp_pg *g);
+// Drops a reference; the last frees the group (and drops its world's).
+void tp__pg_unref(tp_pg *g);
+// Whether the world's p2p layer may be used outside a request: then it
+// stays open until the matching tp__pg_p2p_leave. Takes w_mtx.
+bool tp__pg_p2p_enter(tp_pg *w);
+void tp__pg_p2p_leave(tp_pg *w);
 // Breaks @g with @err (the first error wins). Takes g_mtx.
 void tp__pg_break(tp_pg *g, const tp_error *err);
 // The group's first error (a new reference in *@err_p), or TP_OK. @arg is

@@ -27,6 +27,7 @@ tp__pg_work_new(tp_pg *g)
         return NULL;
     }
     wk->wk_pg = g;
+    tp__pg_ref(g); // dropped by work_release
     atomic_init(&wk->wk_refs, 1);
     tp__mtx_init(&wk->wk_mtx);
     tp__cv_init(&wk->wk_cv);
@@ -49,7 +50,9 @@ work_release(tp_work *wk)
     tp_error_unref(wk->wk_err);
     tp__cv_fini(&wk->wk_cv);
     tp__mtx_fini(&wk->wk_mtx);
+    tp_pg *g = wk->wk_pg;
     free(wk);
+    tp__pg_unref(g);
 }
 
 void
@@ -170,15 +173,12 @@ tp_work_wait(tp_work *w, int64_t timeout_ms, tp_error **err_p)
         // grace lets its error (naming what it waited for) arrive first.
         deadline = w->wk_deadline_ns + (uint64_t)PG_FINISH_GRACE_MS * 1000000u;
     }
+    // @g (and its world) stay allocated while the work lives: it holds a
+    // reference. Its p2p layer may be closed by a destroy, so probes and
+    // cancels go through tp__pg_p2p_enter.
     tp__mtx_lock(&w->wk_mtx);
     tp_pg *g = w->wk_pg;
-    bool waiting = !w->wk_done;
-    if (waiting) {
-        // Counted under the work's lock: a destroy completes the group's
-        // works (taking this lock) before it waits for its waiters to
-        // leave, so @g stays valid until we do.
-        atomic_fetch_add(&g->g_waiters, 1);
-    }
+    tp_pg *lw = g->g_world;
     uint64_t start = tp__now_ns();
     bool op_expired = false;
     while (!w->wk_done) {
@@ -195,7 +195,10 @@ tp_work_wait(tp_work *w, int64_t timeout_ms, tp_error **err_p)
             // A receive from (or send to) a rank that died before it ever
             // wrote to us: a probe's failed write fails it.
             tp__mtx_unlock(&w->wk_mtx);
-            tp__p2p_probe(g->g_world->w_p2p, g->g_wranks[w->wk_peer]);
+            if (tp__pg_p2p_enter(lw)) {
+                tp__p2p_probe(lw->w_p2p, g->g_wranks[w->wk_peer]);
+                tp__pg_p2p_leave(lw);
+            }
             tp__mtx_lock(&w->wk_mtx);
         }
     }
@@ -210,12 +213,18 @@ tp_work_wait(tp_work *w, int64_t timeout_ms, tp_error **err_p)
             w->wk_send ? "send to" : "recv from", w->wk_peer, g->g_timeout_ms);
         tp__pg_work_complete(w, TP_ETIMEDOUT, we, -1);
         tp_error_unref(we);
-        tp_pg *lw = g->g_world;
         tp__mtx_lock(&lw->w_mtx);
-        tp__req *r = w->wk_req;
-        w->wk_req = NULL;
+        tp__req *r = NULL;
+        if (!lw->w_closed && w->wk_req != NULL) {
+            r = w->wk_req;
+            w->wk_req = NULL;
+            lw->w_p2p_users++; // the cancel uses the p2p layer
+        }
         tp__mtx_unlock(&lw->w_mtx);
-        tp__req_cancel_free(r);
+        if (r != NULL) {
+            tp__req_cancel_free(r);
+            tp__pg_p2p_leave(lw);
+        }
     }
     tp__mtx_lock(&w->wk_mtx);
     bool done = w->wk_done;
@@ -232,9 +241,6 @@ tp_work_wait(tp_work *w, int64_t timeout_ms, tp_error **err_p)
         *err_p = e;
     } else {
         tp_error_unref(e);
-    }
-    if (waiting) {
-        atomic_fetch_sub(&g->g_waiters, 1); // last use of @g
     }
     return st;
 }

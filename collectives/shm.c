@@ -56,6 +56,14 @@ shm_layout_of(int n, size_t slot, shm_layout *l)
 // ---- open and close --------------------------------------------------------
 
 void
+tp__shm_cancel(tp__shm *shm)
+{
+    if (shm != NULL) {
+        atomic_store_explicit(&shm->m_closing, true, memory_order_release);
+    }
+}
+
+void
 tp__shm_close(tp__shm *shm)
 {
     if (shm == NULL) {

@@ -55,6 +55,10 @@ tp_status tp__shm_run(tp__shm *shm, const tp__coll_args *a,
 // The engine also needs every member to agree; this checks only here.
 bool tp__shm_viable(char *why, size_t why_len);
 
+// Makes the waits of a collective running on another thread end (within
+// ~10 ms) with TP_ECLOSED; the segment is unusable after. Any thread.
+// NULL is fine.
+void tp__shm_cancel(tp__shm *shm);
 // Unmaps and frees. Not collective. NULL is fine.
 void tp__shm_close(tp__shm *shm);
 

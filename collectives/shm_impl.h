@@ -121,12 +121,13 @@ struct tp__shm {
     shm_ent *m_tab;   // [size][2][size]
     uint8_t *m_slots; // [size][2][m_slot]
     size_t m_slot;
-    uint32_t m_phase;   // last phase this rank posted
-    uint32_t m_min;     // every rank has posted at least this
-    bool m_spin;        // spin before sleeping (group fits the CPUs)
-    uint32_t m_spin_ns; // current spin budget (SHM_SPIN_MIN..SHM_SPIN_NS)
-    shm_view *m_view;   // [size]
-    uint8_t *m_tmp;     // 3 x SHM_SUB scratch for cma reductions
+    uint32_t m_phase;      // last phase this rank posted
+    uint32_t m_min;        // every rank has posted at least this
+    bool m_spin;           // spin before sleeping (group fits the CPUs)
+    uint32_t m_spin_ns;    // current spin budget (SHM_SPIN_MIN..SHM_SPIN_NS)
+    shm_view *m_view;      // [size]
+    uint8_t *m_tmp;        // 3 x SHM_SUB scratch for cma reductions
+    atomic_bool m_closing; // tp__shm_cancel: waits end with TP_ECLOSED
 };
 
 // One collective in progress.

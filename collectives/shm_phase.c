@@ -207,6 +207,10 @@ tp__shm_wait(const shm_op *o, int q, uint32_t p)
             if (shm_reached(atomic_load_explicit(w, memory_order_acquire), p)) {
                 return TP_OK;
             }
+            if (atomic_load_explicit(&m->m_closing, memory_order_acquire)) {
+                return tp__shm_fail(o, TP_ECLOSED,
+                                    "the group was destroyed on this rank");
+            }
             tp_status st = shm_check_members(o, p, start, now);
             if (st != TP_OK) {
                 return st;

@@ -132,11 +132,15 @@ TP_API tp_status tp_pg_new_group(tp_pg *world, const int *ranks, int n,
                                  tp_error **err_p);
 
 /**
- * tp_pg_destroy - fails operations still pending with TP_ECLOSED, waits
- * for the group's thread and frees. Work handles stay valid (free them
- * with tp_work_free, before or after). Destroy subgroups before the world
- * group: subgroups still alive then are destroyed with it (and logged).
- * Not collective. NULL is fine.
+ * tp_pg_destroy - fails every operation of @pg still queued or running
+ * with TP_ECLOSED ("destroyed"), waits for the group's thread, closes the
+ * group's pipes and segment and drops the caller's handle. Threads inside
+ * tp_work_wait on its works wake with that error. The memory goes when
+ * the last holder lets go: work handles stay valid (free them with
+ * tp_work_free, before or after, from any thread). Destroy subgroups
+ * before the world group: subgroups still alive then are destroyed with
+ * it (and logged). Not collective. NULL is fine. @pg must not be used by
+ * other calls (except tp_work_* on its works) during or after this one.
  */
 TP_API void tp_pg_destroy(tp_pg *pg);
 
@@ -168,8 +172,7 @@ TP_API int tp_work_source(const tp_work *w);
 /**
  * tp_work_free - drop the handle. An operation still running goes on to
  * completion (its tensors stay referenced until then). NULL is fine. Any
- * thread, before or after the group is destroyed, but not while another
- * thread is inside tp_pg_destroy of the world group.
+ * thread, before, during or after the destroy of its group.
  */
 TP_API void tp_work_free(tp_work *w);
 
