@@ -10,12 +10,25 @@
 #include <errno.h>
 #include <sched.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
 #include "alloc.h"
 #include "log.h"
+
+// valgrind.h is a header of macros only (no library); when it is installed
+// its client request tells for sure whether we run under valgrind.
+#if defined(__has_include)
+#if __has_include(<valgrind/valgrind.h>)
+#include <valgrind/valgrind.h>
+#define LOOP_HAVE_VALGRIND_H 1
+#endif
+#endif
+#ifndef LOOP_HAVE_VALGRIND_H
+#define LOOP_HAVE_VALGRIND_H 0
+#endif
 
 struct tp_loop {
     const tp_loop_backend *l_be;
@@ -75,6 +88,20 @@ const char *
 tp__loop_backend_name(const tp_loop *loop)
 {
     return loop->l_be->name;
+}
+
+bool
+tp__loop_under_valgrind(void)
+{
+#if LOOP_HAVE_VALGRIND_H
+    if (RUNNING_ON_VALGRIND) {
+        return true;
+    }
+#endif
+    // Without the header: valgrind preloads its vgpreload_*.so objects
+    // into every program it runs.
+    const char *pre = getenv("LD_PRELOAD");
+    return pre != NULL && strstr(pre, "vgpreload") != NULL;
 }
 
 bool

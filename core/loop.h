@@ -106,8 +106,8 @@ struct tp_loop_poller {
 
 // Creates a loop and starts its thread (named "tp-<name>"). The backend
 // follows cfg->io_backend: auto probes io_uring and falls back to epoll
-// with a logged reason (TP-LOOP-BACKEND); uring fails with the reason if
-// io_uring is unusable.
+// with a logged reason (TP-LOOP-BACKEND: seccomp, an old kernel, valgrind);
+// uring fails with the reason if io_uring is unusable.
 tp_status tp__loop_create(const tp_config *cfg, const char *name,
                           tp_loop **loop_p, tp_error **err_p);
 // Stops the thread after running every task posted so far, then frees.
@@ -121,8 +121,13 @@ bool tp__loop_on_thread(const tp_loop *loop);
 // True if the caller runs on the thread of any loop (where nothing may
 // block: work that may wait is handed to a pool instead).
 bool tp__loop_any_on_thread(void);
-// Probes whether io_uring works here; on false, @why says why.
+// Probes whether io_uring works here; on false, @why says why. Under
+// valgrind it does not (see tp__loop_under_valgrind).
 bool tp__loop_uring_viable(char *why, size_t why_len);
+// True when the process runs under valgrind, which does not implement
+// io_uring's shared rings (a loop on io_uring hangs there): io_uring is
+// then reported not viable, so the auto backend picks epoll and says why.
+bool tp__loop_under_valgrind(void);
 
 // Any thread: run @task on the loop thread, later (never inside this call).
 // Tasks posted by one thread run in the order posted.
