@@ -5,10 +5,22 @@
 // then acknowledges on the channel's own connection (frame ACK, body: the
 // message number, aux: the tensor index) so the sender can release the
 // buffer. A bad address from the peer only makes the read fail (EFAULT).
+//
+// Trust: the pid in a descriptor is the peer's claim, and a peer could
+// name any process we can read. So before any read each end learns the
+// peer's pid from the kernel (the side socket, cma_probe.h): on the
+// channel's connection both ends first send a hello (the name of their
+// side socket and a token), connect to the peer's side socket and present
+// its token, then send "ready"; the end that reads "ready" takes
+// SO_PEERCRED of the connection with its token. A descriptor naming any
+// other pid fails the pipe (TP_EPROTO); so does a peer whose kernel uid or
+// gid differs from ours, whatever its domain string claimed. Receives wait
+// (c_recvs) until then. See docs/channel-cma.md, "Trust".
 
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 #include "channel.h"
@@ -18,6 +30,17 @@
 #include "core/wire.h"
 
 #define CMA_ACK_FRAME (TP_FRAME_HDR_LEN + TP_ACK_LEN)
+// The first bytes each end sends on the channel's connection: magic, the
+// side socket's name, its token; then "ready" once it has connected to the
+// peer's side socket and presented the peer's token.
+#define CMA_HELLO_MAGIC "TPCMAHI\x01" // 8 bytes
+#define CMA_READY_MAGIC "TPCMARDY"
+#define CMA_MAGIC_LEN   8u
+#define CMA_HELLO_LEN                                                          \
+    (CMA_MAGIC_LEN + TP_CMA_SIDE_NAME_LEN + TP_CMA_SIDE_TOKEN_LEN)
+#define CMA_RBUF_LEN TP_MAX(CMA_HELLO_LEN, CMA_ACK_FRAME)
+_Static_assert(sizeof(CMA_HELLO_MAGIC) - 1 == CMA_MAGIC_LEN, "hello magic");
+_Static_assert(sizeof(CMA_READY_MAGIC) - 1 == CMA_MAGIC_LEN, "ready magic");
 // Copies up to this size run on the loop: a pool thread's wake-up (~40 us
 // on this VM) costs more than the copy (64 B round trip: 60 us through the
 // pool, 5 us inline). Larger ones are split in CMA_SPLIT parts copied in
@@ -42,9 +65,14 @@ struct tp_chan {
     tp_chan_env c_env;
     tp_conn *c_conn;
     tp_list c_sends; // ops waiting for their ack (co_node)
-    // ack reader
+    // Who the peer is, from the kernel (see the top of this file).
+    enum { CMA_HS_HELLO, CMA_HS_READY, CMA_HS_DONE } c_hs;
+    tp__cma_side c_side;
+    tp__cma_peer c_peer; // valid once c_hs is CMA_HS_DONE
+    tp_list c_recvs;     // receives waiting for c_peer (co_node)
+    // reader: the peer's hello, its ready, then acks
     tp_aio c_raio;
-    uint8_t c_rbuf[CMA_ACK_FRAME];
+    uint8_t c_rbuf[CMA_RBUF_LEN];
     bool c_rbusy;
     // ack writer: acks queued while one write is in flight
     tp_aio c_waio;
@@ -104,6 +132,9 @@ cma_inline_max(const tp_config *cfg)
 }
 
 static void cma_read_acks(tp_chan *ch);
+static void cma_recv_start(tp_chan *ch, tp_chan_op *op);
+static bool cma_queue(tp_chan *ch, const void *bytes, size_t len);
+static void cma_flush_acks(tp_chan *ch);
 
 static void
 cma_maybe_free(tp_chan *ch)
@@ -120,6 +151,8 @@ cma_free_task(void *arg)
     tp_chan *ch = arg;
     tp__aio_fini(&ch->c_raio);
     tp__aio_fini(&ch->c_waio);
+    tp__cma_side_close(&ch->c_side);
+    tp__cma_peer_fini(&ch->c_peer);
     tp__free(ch->c_wq);
     tp__free(ch->c_wbuf);
     tp__free(ch);
@@ -135,6 +168,88 @@ cma_fail(tp_chan *ch, tp_error *err)
     }
 }
 
+// The peer's hello: connect to its side socket, present its token, then
+// tell it so ("ready"; it accepts only after reading that, so the
+// connection is already waiting).
+static void
+cma_got_hello(tp_chan *ch)
+{
+    if (memcmp(ch->c_rbuf, CMA_HELLO_MAGIC, CMA_MAGIC_LEN) != 0) {
+        cma_fail(ch, tp__error_new(TP_EPROTO, 0, NULL,
+                                   "cma: pipe to %s: protocol error: "
+                                   "expected the cma hello",
+                                   ch->c_env.ce_peer));
+        return;
+    }
+    tp_error *err = NULL;
+    const uint8_t *name = ch->c_rbuf + CMA_MAGIC_LEN;
+    if (tp__cma_side_connect((const char *)name, name + TP_CMA_SIDE_NAME_LEN,
+                             &err) != TP_OK) {
+        cma_fail(ch, tp__error_new(tp_error_status(err), 0, err,
+                                   "cma: pipe to %s: side connection",
+                                   ch->c_env.ce_peer));
+        tp_error_unref(err);
+        return;
+    }
+    if (!cma_queue(ch, CMA_READY_MAGIC, CMA_MAGIC_LEN)) {
+        cma_fail(ch, tp__error_new(TP_ENOMEM, 0, NULL,
+                                   "cma: pipe to %s: out of memory",
+                                   ch->c_env.ce_peer));
+        return;
+    }
+    cma_flush_acks(ch);
+    ch->c_hs = CMA_HS_READY;
+    cma_read_acks(ch);
+}
+
+// The peer says it connected to our side socket: the kernel now tells
+// who it is. Only then do receives start.
+static void
+cma_got_ready(tp_chan *ch)
+{
+    const char *peer = ch->c_env.ce_peer;
+    if (memcmp(ch->c_rbuf, CMA_READY_MAGIC, CMA_MAGIC_LEN) != 0) {
+        cma_fail(ch, tp__error_new(TP_EPROTO, 0, NULL,
+                                   "cma: pipe to %s: protocol error: "
+                                   "expected the cma ready",
+                                   peer));
+        return;
+    }
+    tp_error *err = NULL;
+    if (tp__cma_side_accept(&ch->c_side, &ch->c_peer, &err) != TP_OK) {
+        cma_fail(ch, tp__error_new(tp_error_status(err), 0, err,
+                                   "cma: pipe to %s: side connection", peer));
+        tp_error_unref(err);
+        return;
+    }
+    // The domains matched on uid and gid, but those were the peer's words.
+    // The uids and gids go to the local log only, never into an error a
+    // caller might pass on.
+    if (ch->c_peer.cp_uid != getuid() || ch->c_peer.cp_gid != getgid()) {
+        TP_LOG_WARN("TP-CMA-PEER",
+                    "cma: pipe to %s: the peer's process (pid %d) runs as "
+                    "uid %u gid %u, this one as uid %u gid %u; refused",
+                    peer, (int)ch->c_peer.cp_pid, (unsigned)ch->c_peer.cp_uid,
+                    (unsigned)ch->c_peer.cp_gid, (unsigned)getuid(),
+                    (unsigned)getgid());
+        cma_fail(ch, tp__error_new(TP_EPROTO, 0, NULL,
+                                   "cma: pipe to %s: protocol error: the "
+                                   "peer's process runs as another user or "
+                                   "group than this one (its domain said "
+                                   "otherwise; see TP-CMA-PEER in the log)",
+                                   peer));
+        return;
+    }
+    TP_LOG_DEBUG("TP-CMA-PEER", "cma: pipe to %s: the peer is pid %d", peer,
+                 (int)ch->c_peer.cp_pid);
+    ch->c_hs = CMA_HS_DONE;
+    tp_chan_op *op;
+    while ((op = tp__list_pop_first(&ch->c_recvs)) != NULL) {
+        cma_recv_start(ch, op);
+    }
+    cma_read_acks(ch);
+}
+
 static void
 cma_raio_cb(void *arg)
 {
@@ -147,8 +262,20 @@ cma_raio_cb(void *arg)
     if (tp_aio_status(&ch->c_raio) != TP_OK) {
         cma_fail(ch, tp__error_new(tp_aio_status(&ch->c_raio), 0,
                                    tp_aio_error(&ch->c_raio),
-                                   "cma: pipe to %s: ack connection",
+                                   ch->c_hs == CMA_HS_DONE
+                                       ? "cma: pipe to %s: ack connection"
+                                       : "cma: pipe to %s: waiting for the "
+                                         "peer's cma hello "
+                                         "(TP_HANDSHAKE_TIMEOUT_MS)",
                                    ch->c_env.ce_peer));
+        return;
+    }
+    if (ch->c_hs == CMA_HS_HELLO) {
+        cma_got_hello(ch);
+        return;
+    }
+    if (ch->c_hs == CMA_HS_READY) {
+        cma_got_ready(ch);
         return;
     }
     tp__frame_hdr h;
@@ -191,13 +318,19 @@ cma_read_acks(tp_chan *ch)
     if (ch->c_closed || ch->c_rbusy) {
         return;
     }
-    tp_iov iov = {ch->c_rbuf, sizeof(ch->c_rbuf)};
+    // The peer's hello and ready are due within the handshake timeout;
+    // acks come when they come.
+    size_t len = ch->c_hs == CMA_HS_HELLO   ? CMA_HELLO_LEN
+                 : ch->c_hs == CMA_HS_READY ? CMA_MAGIC_LEN
+                                            : CMA_ACK_FRAME;
+    tp_aio_set_timeout(
+        &ch->c_raio,
+        ch->c_hs == CMA_HS_DONE ? 0 : ch->c_env.ce_cfg->handshake_timeout_ms);
+    tp_iov iov = {ch->c_rbuf, len};
     tp_aio_set_iov(&ch->c_raio, 1, &iov);
     ch->c_rbusy = true;
     tp__conn_read(ch->c_conn, &ch->c_raio);
 }
-
-static void cma_flush_acks(tp_chan *ch);
 
 static void
 cma_waio_cb(void *arg)
@@ -238,11 +371,15 @@ cma_flush_acks(tp_chan *ch)
     tp__conn_write(ch->c_conn, &ch->c_waio);
 }
 
+// Queues @len bytes (hello, ready or ack frames) for cma_flush_acks.
 static bool
-cma_queue_ack(tp_chan *ch, uint64_t seq, uint32_t idx)
+cma_queue(tp_chan *ch, const void *bytes, size_t len)
 {
-    if (ch->c_wq_len + CMA_ACK_FRAME > ch->c_wq_cap) {
+    if (ch->c_wq_len + len > ch->c_wq_cap) {
         size_t cap = ch->c_wq_cap ? ch->c_wq_cap * 2 : CMA_ACK_FRAME * 16;
+        while (cap < ch->c_wq_len + len) {
+            cap *= 2;
+        }
         uint8_t *q = tp__alloc(cap);
         if (q == NULL) {
             return false;
@@ -254,12 +391,19 @@ cma_queue_ack(tp_chan *ch, uint64_t seq, uint32_t idx)
         ch->c_wq = q;
         ch->c_wq_cap = cap;
     }
-    uint8_t *f = ch->c_wq + ch->c_wq_len;
+    memcpy(ch->c_wq + ch->c_wq_len, bytes, len);
+    ch->c_wq_len += len;
+    return true;
+}
+
+static bool
+cma_queue_ack(tp_chan *ch, uint64_t seq, uint32_t idx)
+{
+    uint8_t f[CMA_ACK_FRAME];
     tp__frame_hdr h = {TP_FRAME_ACK, TP_PIPE_WIRE_VERSION, idx, TP_ACK_LEN};
     tp__frame_hdr_encode(f, &h);
     tp__put_u64le(f + TP_FRAME_HDR_LEN, seq);
-    ch->c_wq_len += CMA_ACK_FRAME;
-    return true;
+    return cma_queue(ch, f, sizeof(f));
 }
 
 static tp_status
@@ -275,12 +419,30 @@ cma_create(const tp_chan_env *env, tp_chan **ch_p, tp_error **err_p)
     }
     ch->c_env = *env;
     ch->c_conn = env->ce_conns[0];
+    ch->c_peer.cp_pidfd = -1;
     TP_LIST_INIT(&ch->c_sends, tp_chan_op, co_node);
+    TP_LIST_INIT(&ch->c_recvs, tp_chan_op, co_node);
+    tp_status st = tp__cma_side_listen(&ch->c_side, err_p);
+    if (st != TP_OK) {
+        tp__free(ch);
+        return st;
+    }
+    uint8_t hello[CMA_HELLO_LEN];
+    memcpy(hello, CMA_HELLO_MAGIC, CMA_MAGIC_LEN);
+    memcpy(hello + CMA_MAGIC_LEN, ch->c_side.cs_name, TP_CMA_SIDE_NAME_LEN);
+    memcpy(hello + CMA_MAGIC_LEN + TP_CMA_SIDE_NAME_LEN, ch->c_side.cs_token,
+           TP_CMA_SIDE_TOKEN_LEN);
+    if (!cma_queue(ch, hello, sizeof(hello))) {
+        tp__cma_side_close(&ch->c_side);
+        tp__free(ch);
+        return tp__error_set(err_p, TP_ENOMEM, "cma: out of memory");
+    }
     tp__aio_init(&ch->c_raio, cma_raio_cb, ch);
     tp__aio_init(&ch->c_waio, cma_waio_cb, ch);
     tp__task_init(&ch->c_free_task, cma_free_task, ch);
     // Peers must be allowed to read us (Yama scope 1).
     tp__cma_allow_peers();
+    cma_flush_acks(ch);
     cma_read_acks(ch);
     *ch_p = ch;
     return TP_OK;
@@ -331,9 +493,19 @@ cma_copy_run(cma_copy *cc)
 {
     tp_chan_op *op = cc->cc_op;
     tp_error *err = NULL;
-    if (tp__cma_read(cc->cc_pid, cc->cc_addr + cc->cc_off,
-                     (uint8_t *)op->co_buf + cc->cc_off, cc->cc_len,
-                     &err) != TP_OK) {
+    tp_status st =
+        tp__cma_read(cc->cc_pid, cc->cc_addr + cc->cc_off,
+                     (uint8_t *)op->co_buf + cc->cc_off, cc->cc_len, &err);
+    // Alive after the read: the pid was the peer's all along (it cannot be
+    // reused while the peer lives). Gone: the bytes may come from whoever
+    // got the pid next.
+    if (st == TP_OK && !tp__cma_peer_alive(&cc->cc_ch->c_peer)) {
+        st = tp__error_set(&err, TP_ECONNRESET,
+                           "cma: read from pid %d: process gone during the "
+                           "read",
+                           (int)cc->cc_pid);
+    }
+    if (st != TP_OK) {
         cc->cc_err =
             tp__error_new(tp_error_status(err), 0, err,
                           "cma: pipe to %s: tensor %u of message "
@@ -356,6 +528,16 @@ cma_copy_task(void *arg)
 static void
 cma_recv(tp_chan *ch, tp_chan_op *op)
 {
+    if (ch->c_hs != CMA_HS_DONE) {
+        tp__list_append(&ch->c_recvs, op); // until the kernel names the peer
+        return;
+    }
+    cma_recv_start(ch, op);
+}
+
+static void
+cma_recv_start(tp_chan *ch, tp_chan_op *op)
+{
     if (op->co_info.ci_len != 12) {
         tp__chan_op_fail_later(
             ch->c_env.ce_loop, op,
@@ -367,6 +549,19 @@ cma_recv(tp_chan *ch, tp_chan_op *op)
     }
     pid_t pid = (pid_t)tp__get_u32le(op->co_info.ci_bytes);
     uint64_t addr = tp__get_u64le(op->co_info.ci_bytes + 4);
+    // The peer may only offer its own memory: the pid must be the one the
+    // kernel gave for the side connection.
+    if (pid != ch->c_peer.cp_pid) {
+        tp__chan_op_fail_later(
+            ch->c_env.ce_loop, op,
+            tp__error_new(TP_EPROTO, 0, NULL,
+                          "cma: pipe to %s: protocol error: tensor %u of "
+                          "message %" PRIu64 " names pid %d, but the peer's "
+                          "process is pid %d (SO_PEERCRED); refused",
+                          ch->c_env.ce_peer, op->co_index, op->co_seq, (int)pid,
+                          (int)ch->c_peer.cp_pid));
+        return;
+    }
     // Small: one copy on the loop. Large: CMA_SPLIT parts in parallel on
     // the copy pool (the sender's cores are idle meanwhile).
     unsigned nparts = op->co_len <= CMA_INLINE_COPY ? 1 : CMA_SPLIT;
@@ -427,6 +622,10 @@ cma_close(tp_chan *ch, const tp_error *err)
     while ((op = tp__list_pop_first(&ch->c_sends)) != NULL) {
         tp__chan_op_fail_later(ch->c_env.ce_loop, op, tp_error_ref(err));
     }
+    while ((op = tp__list_pop_first(&ch->c_recvs)) != NULL) {
+        tp__chan_op_fail_later(ch->c_env.ce_loop, op, tp_error_ref(err));
+    }
+    tp__cma_side_close(&ch->c_side);
     tp_aio_cancel(&ch->c_raio);
     tp_aio_cancel(&ch->c_waio);
 }

@@ -20,12 +20,18 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "core/log.h"
@@ -33,6 +39,19 @@
 #define CMA_YAMA_PATH      "/proc/sys/kernel/yama/ptrace_scope"
 #define CMA_BOOT_PATH      "/proc/sys/kernel/random/boot_id"
 #define CMA_CAP_SYS_PTRACE 19
+#define CMA_SIDE_PREFIX    "tpipe-cma-"
+// Connections a side listener takes before it gives up finding the
+// peer's token (others may connect: the name is visible in
+// /proc/net/unix).
+#define CMA_SIDE_BACKLOG 16
+
+// Linux 6.5; older headers lack it.
+#ifndef SO_PEERPIDFD
+#define SO_PEERPIDFD 77
+#endif
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
 
 // The pid of the process that last made PR_SET_PTRACER_ANY succeed, 0 if
 // none. Yama keeps the exception per process and a forked child does not
@@ -203,9 +222,14 @@ tp__cma_domain(char *buf, size_t len, tp_error **err_p)
     // The pid namespace because the reader names the target by its pid in
     // the reader's own namespace; the user namespace because uids and
     // capabilities are relative to it.
-    uint64_t pidns = 0, userns = 0;
+    // The network namespace because the side socket (abstract unix,
+    // see tp__cma_side_listen) is reachable only inside it.
+    uint64_t pidns = 0, userns = 0, netns = 0;
     if ((e = cma_ns_inode("pid", &pidns)) != 0) {
         return tp__error_errno(err_p, e, "cma: domain: stat /proc/self/ns/pid");
+    }
+    if ((e = cma_ns_inode("net", &netns)) != 0) {
+        return tp__error_errno(err_p, e, "cma: domain: stat /proc/self/ns/net");
     }
     if ((e = cma_ns_inode("user", &userns)) != 0) {
         return tp__error_errno(err_p, e,
@@ -224,10 +248,10 @@ tp__cma_domain(char *buf, size_t len, tp_error **err_p)
     char tmp[TP_CMA_DOMAIN_MAX];
     int n =
         snprintf(tmp, sizeof(tmp),
-                 "cma:%s:pidns=%" PRIu64 ":userns=%" PRIu64
+                 "cma:%s:pidns=%" PRIu64 ":userns=%" PRIu64 ":netns=%" PRIu64
                  ":uid=%u/%u/%u:gid=%u/%u/%u:yama=%d",
-                 boot, pidns, userns, (unsigned)ru, (unsigned)eu, (unsigned)su,
-                 (unsigned)rg, (unsigned)eg, (unsigned)sg, scope);
+                 boot, pidns, userns, netns, (unsigned)ru, (unsigned)eu,
+                 (unsigned)su, (unsigned)rg, (unsigned)eg, (unsigned)sg, scope);
     if (n < 0 || (size_t)n >= len || (size_t)n >= sizeof(tmp)) {
         return tp__error_set(err_p, TP_EINVAL,
                              "cma: domain: %d bytes do not fit in %zu", n, len);
@@ -458,4 +482,245 @@ tp__cma_read(pid_t pid, uint64_t remote, void *dst, uint64_t len,
              tp_error **err_p)
 {
     return tp__cma_read_chunked(pid, remote, dst, len, TP_CMA_CHUNK, err_p);
+}
+
+// ---- side socket -----------------------------------------------------------
+
+// "\0tpipe-cma-<name>": an abstract address (no file, gone with the
+// socket).
+static socklen_t
+cma_side_addr(const char name[TP_CMA_SIDE_NAME_LEN], struct sockaddr_un *sa)
+{
+    size_t plen = sizeof(CMA_SIDE_PREFIX) - 1;
+    memset(sa, 0, sizeof(*sa));
+    sa->sun_family = AF_UNIX;
+    memcpy(sa->sun_path + 1, CMA_SIDE_PREFIX, plen);
+    memcpy(sa->sun_path + 1 + plen, name, TP_CMA_SIDE_NAME_LEN);
+    return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + plen +
+                       TP_CMA_SIDE_NAME_LEN);
+}
+
+static int
+cma_random(void *buf, size_t len)
+{
+    uint8_t *p = buf;
+    while (len > 0) {
+        ssize_t n = getrandom(p, len, 0);
+        if (n < 0) {
+            if (errno == EINTR) {
+                continue;
+            }
+            return errno;
+        }
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+tp_status
+tp__cma_side_listen(tp__cma_side *s, tp_error **err_p)
+{
+    s->cs_fd = -1;
+    uint8_t rnd[TP_CMA_SIDE_NAME_LEN / 2];
+    int e = cma_random(rnd, sizeof(rnd));
+    if (e == 0) {
+        e = cma_random(s->cs_token, sizeof(s->cs_token));
+    }
+    if (e != 0) {
+        return tp__error_errno(err_p, e, "cma: side socket: getrandom");
+    }
+    static const char hex[] = "0123456789abcdef";
+    for (size_t i = 0; i < sizeof(rnd); i++) {
+        s->cs_name[2 * i] = hex[rnd[i] >> 4];
+        s->cs_name[2 * i + 1] = hex[rnd[i] & 15u];
+    }
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        return tp__error_errno(err_p, errno, "cma: side socket: socket");
+    }
+    struct sockaddr_un sa;
+    socklen_t sl = cma_side_addr(s->cs_name, &sa);
+    if (bind(fd, (struct sockaddr *)&sa, sl) != 0 ||
+        listen(fd, CMA_SIDE_BACKLOG) != 0) {
+        e = errno;
+        close(fd);
+        return tp__error_errno(err_p, e, "cma: side socket: bind/listen");
+    }
+    s->cs_fd = fd;
+    return TP_OK;
+}
+
+tp_status
+tp__cma_side_connect(const char name[TP_CMA_SIDE_NAME_LEN],
+                     const uint8_t token[TP_CMA_SIDE_TOKEN_LEN],
+                     tp_error **err_p)
+{
+    // Only names of our own form: a peer must not make us connect to (and
+    // write to) any other abstract socket of the host.
+    for (size_t i = 0; i < TP_CMA_SIDE_NAME_LEN; i++) {
+        char c = name[i];
+        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) {
+            return tp__error_set(err_p, TP_EPROTO,
+                                 "cma: side socket: the peer's name is not "
+                                 "%d hex digits",
+                                 TP_CMA_SIDE_NAME_LEN);
+        }
+    }
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        return tp__error_errno(err_p, errno, "cma: side socket: socket");
+    }
+    struct sockaddr_un sa;
+    socklen_t sl = cma_side_addr(name, &sa);
+    // A unix connect to a listening socket completes at once (or fails:
+    // EAGAIN when its backlog is full, ECONNREFUSED when there is none,
+    // e.g. in another network namespace).
+    int r;
+    do {
+        r = connect(fd, (struct sockaddr *)&sa, sl);
+    } while (r != 0 && errno == EINTR);
+    if (r != 0) {
+        int e = errno;
+        close(fd);
+        return tp__error_errno(err_p, e,
+                               "cma: side socket: connect to the peer's "
+                               "(same network namespace?)");
+    }
+    ssize_t n;
+    do {
+        n = send(fd, token, TP_CMA_SIDE_TOKEN_LEN, MSG_NOSIGNAL);
+    } while (n < 0 && errno == EINTR);
+    int e = errno;
+    close(fd);
+    if (n != TP_CMA_SIDE_TOKEN_LEN) {
+        return tp__error_errno(err_p, n < 0 ? e : EIO,
+                               "cma: side socket: send the token");
+    }
+    return TP_OK;
+}
+
+// Whether the @len bytes differ, in time independent of where.
+static bool
+cma_differ(const uint8_t *a, const uint8_t *b, size_t len)
+{
+    uint8_t d = 0;
+    for (size_t i = 0; i < len; i++) {
+        d |= (uint8_t)(a[i] ^ b[i]);
+    }
+    return d != 0;
+}
+
+// The pidfd of the process at the other end of @fd: >= 0, or -1 if the
+// kernel cannot give one, or -2 if that process is gone. SO_PEERPIDFD
+// names the very process that connected; pidfd_open(@pid), the fallback
+// before Linux 6.5, names whoever has @pid now (the same process unless
+// it exited in between and its pid was reused).
+static int
+cma_peer_pidfd(int fd, pid_t pid)
+{
+    int pfd = -1;
+    socklen_t len = sizeof(pfd);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERPIDFD, &pfd, &len) == 0 && pfd >= 0) {
+        return pfd;
+    }
+    if (errno == ESRCH) {
+        return -2;
+    }
+    long r = syscall(SYS_pidfd_open, pid, 0);
+    if (r < 0) {
+        return errno == ESRCH ? -2 : -1;
+    }
+    return (int)r; // pidfds are always close-on-exec
+}
+
+tp_status
+tp__cma_side_accept(tp__cma_side *s, tp__cma_peer *peer_p, tp_error **err_p)
+{
+    if (s->cs_fd < 0) {
+        return tp__error_set(err_p, TP_EPROTO,
+                             "cma: side socket: already used");
+    }
+    for (int i = 0; i < CMA_SIDE_BACKLOG; i++) {
+        int fd = accept4(s->cs_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR) {
+                i--;
+                continue;
+            }
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                break;
+            }
+            return tp__error_errno(err_p, errno, "cma: side socket: accept");
+        }
+        uint8_t tok[TP_CMA_SIDE_TOKEN_LEN];
+        ssize_t n;
+        do {
+            n = recv(fd, tok, sizeof(tok), MSG_DONTWAIT | MSG_WAITALL);
+        } while (n < 0 && errno == EINTR);
+        if (n != (ssize_t)sizeof(tok) ||
+            cma_differ(tok, s->cs_token, sizeof(tok))) {
+            // Not the peer (a stray or hostile local process).
+            TP_LOG_DEBUG("TP-CMA-SIDE",
+                         "cma: side socket: dropped a connection without "
+                         "the token");
+            close(fd);
+            continue;
+        }
+        struct ucred cr;
+        socklen_t len = sizeof(cr);
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) != 0) {
+            int e = errno;
+            close(fd);
+            return tp__error_errno(err_p, e, "cma: side socket: SO_PEERCRED");
+        }
+        peer_p->cp_pid = cr.pid;
+        peer_p->cp_uid = cr.uid;
+        peer_p->cp_gid = cr.gid;
+        int pfd = cma_peer_pidfd(fd, cr.pid);
+        close(fd);
+        if (pfd == -2) {
+            return tp__error_set(err_p, TP_ECONNRESET,
+                                 "cma: side socket: the peer's process "
+                                 "exited");
+        }
+        peer_p->cp_pidfd = pfd;
+        tp__cma_side_close(s);
+        return TP_OK;
+    }
+    return tp__error_set(err_p, TP_EPROTO,
+                         "cma: side socket: no connection presents the "
+                         "token the peer was given");
+}
+
+void
+tp__cma_side_close(tp__cma_side *s)
+{
+    if (s->cs_fd >= 0) {
+        close(s->cs_fd);
+        s->cs_fd = -1;
+    }
+}
+
+void
+tp__cma_peer_fini(tp__cma_peer *peer)
+{
+    if (peer->cp_pidfd >= 0) {
+        close(peer->cp_pidfd);
+        peer->cp_pidfd = -1;
+    }
+}
+
+bool
+tp__cma_peer_alive(const tp__cma_peer *peer)
+{
+    if (peer->cp_pidfd < 0) {
+        return true;
+    }
+    struct pollfd pfd = {.fd = peer->cp_pidfd, .events = POLLIN};
+    int r;
+    do {
+        r = poll(&pfd, 1, 0);
+    } while (r < 0 && errno == EINTR);
+    return !(r > 0 && (pfd.revents & (POLLIN | POLLHUP)) != 0);
 }
