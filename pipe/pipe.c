@@ -520,12 +520,21 @@ tp__pipe_accept_brochure(tp_context *ctx, tp_pipe_listener *pl, tp_conn *conn,
         int w = snprintf(a->a_reason, sizeof(a->a_reason), "%s at %s: ", why,
                          ctx->x_name);
         // As much of our report as fits, its lines joined with "; ": it
-        // says why each one failed.
+        // says why each one failed. Each line stops at its first '(' or
+        // '"': what follows may be a domain descriptor, uids or namespace
+        // ids, which the peer must not learn (the log below has them).
+        bool cut = false;
         for (const char *q = p->p_report;
              *q != '\0' && w > 0 && (size_t)w + 2 < sizeof(a->a_reason); q++) {
             if (*q == '\n') {
+                while (a->a_reason[w - 1] == ' ') {
+                    w--;
+                }
                 a->a_reason[w++] = ';';
                 a->a_reason[w++] = ' ';
+                cut = false;
+            } else if (cut || *q == '(' || *q == '"') {
+                cut = true;
             } else {
                 a->a_reason[w++] = *q;
             }
