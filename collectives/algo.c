@@ -102,8 +102,8 @@ xrecv(const tp__algo *c, reqs *q, int from, void *buf, size_t len,
 static tp_status
 wait_range(const tp__algo *c, reqs *q, int from, int n, tp_error **err_p)
 {
-    return tp__p2p_waitall(c->p2p, q->r + from, n, c->deadline_ns, c->check,
-                           c->check_arg, c->what, err_p);
+    return tp__p2p_waitall(c->p2p, q->r + from, n, c->start_ns, c->deadline_ns,
+                           c->check, c->check_arg, c->what, err_p);
 }
 
 static tp_status
@@ -120,11 +120,16 @@ wait_all(const tp__algo *c, reqs *q, tp_error **err_p)
 }
 
 // Cancels whatever is still in flight (after an error) and frees @q.
+// Before the deadline a send in flight gets the usual grace to complete
+// on its own (see tp__req_cancel_free); once it passed, it is canceled at
+// once: a peer that cannot take it (stopped, swapped out) must not make
+// the collective fail at twice its timeout.
 static void
-reqs_fini(reqs *q)
+reqs_fini(const tp__algo *c, reqs *q)
 {
+    int64_t grace_ms = tp__now_ns() >= c->deadline_ns ? 1 : -1;
     for (int i = 0; i < q->n; i++) {
-        tp__req_cancel_free(q->r[i]);
+        tp__req_cancel_free_within(q->r[i], grace_ms);
     }
     free(q->r);
     q->r = NULL;
@@ -343,7 +348,7 @@ run_allreduce_rd(const tp__algo *c, const tp__coll_args *a, void *buf,
         }
     }
     if (st != TP_OK) {
-        reqs_fini(q); // before the scratch goes
+        reqs_fini(c, q); // before the scratch goes
     }
     return st;
 }
@@ -403,7 +408,7 @@ ring_reduce_scatter(const tp__algo *c, const tp__coll_args *a, char *buf,
         }
     }
     if (st != TP_OK) {
-        reqs_fini(q);
+        reqs_fini(c, q);
     }
     return st;
 }
@@ -505,7 +510,7 @@ run_reduce(const tp__algo *c, const tp__coll_args *a, reqs *q, tp_error **err_p)
         }
     }
     if (st != TP_OK) {
-        reqs_fini(q);
+        reqs_fini(c, q);
     }
     return st;
 }
@@ -616,7 +621,7 @@ run_reduce_scatter(const tp__algo *c, const tp__coll_args *a, reqs *q,
         }
     }
     if (st != TP_OK) {
-        reqs_fini(q);
+        reqs_fini(c, q);
     }
     return st;
 }
@@ -690,7 +695,7 @@ tp__algo_run(const tp__algo *c, const tp__coll_args *a, tp_error **err_p)
                            c->what, (int)a->kind);
         break;
     }
-    reqs_fini(&q);
+    reqs_fini(c, &q);
     return st;
 }
 

@@ -19,11 +19,14 @@ typedef struct tp__algo {
     int rank;             // group rank
     int size;             // group size
     const int *wranks;    // group rank -> world rank
+    uint64_t start_ns;    // when the collective was issued (for messages)
     uint64_t deadline_ns; // of the whole collective
     // Called while waiting: non-OK aborts the collective (group broken).
     tp_status (*check)(void *arg, tp_error **err_p);
     void *check_arg;
-    const char *what;   // "all_reduce #5 of group world (rank 0)"
+    // "process group world (rank 0 of 4): all_reduce #5": the prefix of
+    // every error of the collective (the p2p layer's name is not added)
+    const char *what;
     int allreduce_algo; // tp_coll_algo
     int bcast_algo;     // tp_coll_algo
     size_t small_max;   // bytes: latency algorithms up to here

@@ -315,6 +315,12 @@ req_wait_done(tp__p2p *p, tp__req *r, int64_t ms)
 void
 tp__req_cancel_free(tp__req *r)
 {
+    tp__req_cancel_free_within(r, -1);
+}
+
+void
+tp__req_cancel_free_within(tp__req *r, int64_t grace_ms)
+{
     if (r == NULL) {
         return;
     }
@@ -353,7 +359,8 @@ tp__req_cancel_free(tp__req *r)
         // completes on its own (the peer reads everything it is sent; a
         // dead peer fails the pipe). Closing the pipe instead would make
         // the peer take this rank for dead: only as a last resort.
-        if (!req_wait_done(p, r, P2P_CANCEL_WAIT_MS)) {
+        if (!req_wait_done(p, r,
+                           grace_ms < 0 ? P2P_CANCEL_WAIT_MS : (int)grace_ms)) {
             tp_pipe *close_pipe = NULL;
             tp__mtx_lock(&p->p_mtx);
             if (!r->r_send && r->r_in != NULL && r->r_in->i_pipe != NULL) {
@@ -1373,11 +1380,13 @@ spin_done(void *arg)
 }
 
 tp_status
-tp__p2p_waitall(tp__p2p *p, tp__req *const *rs, int n, uint64_t deadline_ns,
+tp__p2p_waitall(tp__p2p *p, tp__req *const *rs, int n, uint64_t start_ns,
+                uint64_t deadline_ns,
                 tp_status (*check)(void *arg, tp_error **err_p), void *arg,
                 const char *what, tp_error **err_p)
 {
     uint64_t start = tp__now_ns();
+    uint64_t op_start = start_ns != 0 && start_ns <= start ? start_ns : start;
     spin_arg sa = {rs, n};
     tp__spin_until(spin_done, &sa, 20000);
     for (;;) {
@@ -1410,12 +1419,16 @@ tp__p2p_waitall(tp__p2p *p, tp__req *const *rs, int n, uint64_t deadline_ns,
         }
         uint64_t now = tp__now_ns();
         if (now >= deadline_ns) {
+            // The time since the operation started, not since this wait
+            // did: a process stopped past its deadline waited for
+            // nothing here, but its collective took that long.
             const tp__req *r = rs[pending];
             return tp__error_set(
                 err_p, TP_ETIMEDOUT,
-                "%s: %s timed out after %" PRIu64 " ms waiting for a %s "
-                "rank %d",
-                p->p_name, what, (now - start) / 1000000u,
+                "%s timed out after %" PRIu64 " ms (timeout %" PRIu64
+                " ms) waiting for a %s world rank %d",
+                what, (now - op_start) / 1000000u,
+                (deadline_ns - op_start) / 1000000u,
                 r->r_send ? "send to" : "message from", r->r_peer);
         }
         // Probe the sources of recvs that have waited long.

@@ -91,6 +91,9 @@ int tp__req_source(const tp__req *r);
 // send in flight is canceled, which may close its pipe) and waits up to
 // 5 s for it to complete. Then frees. NULL is fine.
 void tp__req_cancel_free(tp__req *r);
+// As tp__req_cancel_free, but a send in flight gets @grace_ms (-1: the
+// usual 5 s) to complete on its own before it is canceled.
+void tp__req_cancel_free_within(tp__req *r, int64_t grace_ms);
 // Frees a completed request.
 void tp__req_free(tp__req *r);
 // Gives @r to the p2p layer: freed now if complete, else once it
@@ -101,10 +104,12 @@ void tp__req_detach(tp__req *r);
 // or @deadline_ns, or @check(@arg) returns an error (checked whenever a
 // request completes and every few ms). Probes the sources of pending
 // recvs that waited longer than TP__P2P_PROBE_MS. Returns TP_OK or the
-// first error (a request's, @check's, or TP_ETIMEDOUT naming @what).
+// first error (a request's, @check's, or TP_ETIMEDOUT prefixed with @what
+// alone, giving the time since @start_ns, the operation's start (0: this
+// call), and the timeout it had).
 // Requests are not freed.
 tp_status tp__p2p_waitall(tp__p2p *p, tp__req *const *rs, int n,
-                          uint64_t deadline_ns,
+                          uint64_t start_ns, uint64_t deadline_ns,
                           tp_status (*check)(void *arg, tp_error **err_p),
                           void *arg, const char *what, tp_error **err_p);
 // Writes a probe to world rank @rank if none went there in the last

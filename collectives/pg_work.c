@@ -269,6 +269,10 @@ tp__pg_engine_run(tp_pg *g, const tp__coll_args *a, uint64_t seq,
         .rank = g->g_rank,
         .size = g->g_size,
         .wranks = g->g_wranks,
+        // the deadline was set when the collective was issued
+        .start_ns = deadline != UINT64_MAX && g->g_timeout_ms > 0
+                        ? deadline - (uint64_t)g->g_timeout_ms * 1000000u
+                        : 0,
         .deadline_ns = deadline,
         .check = tp__pg_check,
         .check_arg = g,

@@ -1,15 +1,20 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* pg_fail_test.c - process groups when things go wrong, across forked
  * ranks on loopback: a destroy while another thread waits on a work of
- * the group.
+ * the group; the pipe engine's timeouts with a peer stopped by SIGSTOP
+ * (the stuck sender returns at the timeout, a resumed rank reports the
+ * real elapsed time, the group is named once, a rank that never called
+ * the collective is the one named); the flight recorder.
  *
  * Every rank is a forked child of the case process, forked before any
  * thread exists. Every wait has a deadline. */
 #include <inttypes.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 #include <tpipe/collectives.h>
@@ -17,6 +22,9 @@
 
 #include "tp_test.h"
 #include "tp_test_job.h"
+
+// The collective timeout of the timeout cases, in ms.
+#define T_MS 1500
 
 static tp_job_latch g_latch = {{-1, -1}};
 
@@ -54,6 +62,17 @@ tensor(tp_dtype dt, size_t count)
     tp_error *err = NULL;
     TP_CHECK_OK(tp_tensor_zeros(dt, 1, shape, &t, &err), err);
     return t;
+}
+
+static int
+count_of(const char *hay, const char *needle)
+{
+    int n = 0;
+    for (const char *p = strstr(hay, needle); p != NULL;
+         p = strstr(p + 1, needle)) {
+        n++;
+    }
+    return n;
 }
 
 // ---- teardown ---------------------------------------------------------------
@@ -135,8 +154,77 @@ test_destroy_waiting(void)
     }
 }
 
+// ---- pipe-engine timeouts
+// -----------------------------------------------------
+
+// Rank 0 learns rank 1's pid, stops it (SIGSTOP) while rank 1 waits in a
+// broadcast of 64 MiB from rank 0, and enters the broadcast: its send to
+// the stopped rank never completes. It must fail at about the timeout
+// (not twice it). Rank 0 resumes rank 1 after 2.5 timeouts: rank 1's
+// error must give the real time, not "0 ms". Neither message names the
+// group twice.
+static void
+stuck_rank(int rank, int world, const char *url, void *arg)
+{
+    (void)arg;
+    tp_pg *pg = init_pg(rank, world, url, T_MS);
+    tp_error *err = NULL;
+    tp_tensor *pid = tensor(TP_I64, 1);
+    tp_tensor *big = tensor(TP_F32, (size_t)16 << 20);
+    char what[96];
+    snprintf(what, sizeof(what), "process group world (rank %d of %d)", rank,
+             world);
+    if (rank == 1) {
+        *(int64_t *)tp_tensor_data(pid) = (int64_t)getpid();
+        TP_CHECK_OK(tp_pg_send(pg, pid, 0, 1, NULL, &err), err);
+        tp_job_latch_post(&g_latch);
+        int64_t t0 = tp_job_now_ms();
+        tp_status st = tp_pg_broadcast(pg, big, 0, NULL, &err);
+        int64_t dt = tp_job_now_ms() - t0;
+        const char *m = tp_error_message(err);
+        TP_CHECKF(st != TP_OK, "broadcast with a stopped rank succeeded");
+        TP_CHECKF(dt >= T_MS, "rank 1 failed after %" PRId64 " ms: %s", dt, m);
+        TP_CHECKF(strstr(m, "after 0 ms") == NULL, "rank 1: %s", m);
+        TP_CHECKF(count_of(m, what) == 1, "rank 1 names its group %d times: %s",
+                  count_of(m, what), m);
+        tp_error_unref(err);
+    } else {
+        TP_CHECK_OK(tp_pg_recv(pg, pid, 1, 1, NULL, &err), err);
+        pid_t p1 = (pid_t) * (int64_t *)tp_tensor_data(pid);
+        TP_CHECK_EQ(tp_job_latch_wait(&g_latch, 1, 20000), 1);
+        tp_job_sleep_ms(200); // rank 1 waits in the broadcast
+        TP_CHECK(kill(p1, SIGSTOP) == 0);
+        int64_t t0 = tp_job_now_ms();
+        tp_status st = tp_pg_broadcast(pg, big, 0, NULL, &err);
+        int64_t dt = tp_job_now_ms() - t0;
+        const char *m = tp_error_message(err);
+        TP_CHECKF(st == TP_ETIMEDOUT, "rank 0: %s: %s", tp_status_name(st), m);
+        TP_CHECKF(dt < T_MS * 3 / 2, "rank 0 failed after %" PRId64 " ms: %s",
+                  dt, m);
+        TP_CHECKF(count_of(m, what) == 1, "rank 0 names its group %d times: %s",
+                  count_of(m, what), m);
+        tp_error_unref(err);
+        tp_job_sleep_ms(T_MS * 5 / 2 - (tp_job_now_ms() - t0));
+        TP_CHECK(kill(p1, SIGCONT) == 0);
+        tp_job_sleep_ms(500); // rank 1 fails; then this rank may go
+    }
+    tp_tensor_unref(pid);
+    tp_tensor_unref(big);
+    tp_pg_destroy(pg);
+}
+
+static void
+test_stuck_peer(void)
+{
+    tp_job_latch_init(&g_latch);
+    tp_job j = {.world = 2, .fn = stuck_rank};
+    job_run(&j, "TP_COLL_ENGINE=pipe");
+    tp_job_latch_fini(&g_latch);
+}
+
 static const tp_test_case k_cases[] = {
     TP_TEST_CASE_T(test_destroy_waiting, 60),
+    TP_TEST_CASE_T(test_stuck_peer, 60),
 };
 
 TP_TEST_MAIN(k_cases)
