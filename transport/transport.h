@@ -97,8 +97,13 @@ struct tp_transport {
     tp_loop *t_loop;
     tp_config t_cfg;
     char t_domain[256];
-    _Atomic int t_nobjs; // live listeners + conns (+ backend helper
-                         // threads that may still post to t_loop)
+    // Live listeners + conns (+ backend helper threads that may still post
+    // to t_loop): taken with tp__transport_hold, dropped with
+    // tp__transport_release, which changes it under t_mtx and wakes
+    // tp__transport_destroy on t_cv when it reaches zero.
+    tp_mtx t_mtx;
+    tp_cv t_cv;
+    _Atomic int t_nobjs;
 };
 
 static inline void *
@@ -139,7 +144,10 @@ const tp_transport_ops *tp__transport_find(const char *name);
 tp_status tp__transport_create(const char *name, tp_loop *loop,
                                const tp_config *cfg, tp_transport **t_p,
                                tp_error **err_p);
-// Every listener and conn must have been released. Not from the loop.
+// Waits until every listener and conn is freed (their last references
+// dropped, their free tasks run on the loop) and every hold released,
+// logging TP-TRANSPORT-WAIT every 5 s while it waits; then frees. Not from
+// the loop thread.
 void tp__transport_destroy(tp_transport *t);
 const char *tp__transport_name(const tp_transport *t);
 const char *tp__transport_domain(const tp_transport *t);
@@ -165,5 +173,14 @@ const char *tp__conn_local(const tp_conn *c);
 // Backend helpers (loop thread).
 tp_conn *tp__conn_alloc(tp_transport *t); // zeroed conn_size, refcount 1
 void tp__listener_init_base(tp_listener *l, tp_transport *t);
+
+// Any thread: count one more object that keeps @t (and its loop) alive:
+// tp__transport_destroy waits until each hold is released. Conns
+// (tp__conn_alloc) and listeners are counted by the generic layer; a
+// backend holds @t for a helper thread that posts to the loop.
+void tp__transport_hold(tp_transport *t);
+// Any thread: drop a hold. @t may be freed as soon as this returns (by a
+// destroy waiting for it): touch nothing of it afterwards.
+void tp__transport_release(tp_transport *t);
 
 #endif

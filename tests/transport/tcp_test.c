@@ -1281,6 +1281,87 @@ fd_remove_then_close_uring(void)
     remove_close_on(TP_IO_BACKEND_URING);
 }
 
+// tp__transport_destroy waits for conns whose last reference another
+// thread drops later, however late (it once asserted after 5 s), and says
+// every 5 s what it waits for.
+typedef struct late_unref {
+    tp_conn *lu_conns[2];
+    tp_listener *lu_listener;
+    int lu_ms;
+    _Atomic bool lu_done;
+} late_unref;
+
+static void *
+late_unref_main(void *arg)
+{
+    late_unref *lu = arg;
+    usleep((useconds_t)lu->lu_ms * 1000u);
+    atomic_store_explicit(&lu->lu_done, true, memory_order_release);
+    tp__conn_unref(lu->lu_conns[0]);
+    tp__conn_unref(lu->lu_conns[1]);
+    tp__listener_destroy(lu->lu_listener);
+    return NULL;
+}
+
+static void
+destroy_waits_for_late_unref(void)
+{
+    log_start("TP-TRANSPORT-WAIT", TP_LOG_LEVEL_WARN);
+    env e;
+    env_init(&e);
+    tp_listener *l;
+    tp_error *err = NULL;
+    TP_CHECK_OK(tp__transport_listen(e.t, "tcp://127.0.0.1:0", &l, &err), err);
+    late_unref lu = {.lu_listener = l, .lu_ms = 5500};
+    make_pair(&e, l, &lu.lu_conns[0], &lu.lu_conns[1]);
+    pthread_t th;
+    TP_CHECK(pthread_create(&th, NULL, late_unref_main, &lu) == 0);
+    uint64_t t0 = tp__now_ns();
+    tp__transport_destroy(e.t);
+    uint64_t waited_ms = (tp__now_ns() - t0) / 1000000u;
+    TP_CHECK(atomic_load_explicit(&lu.lu_done, memory_order_acquire));
+    TP_CHECKF(waited_ms >= 5000, "destroy returned after %llu ms",
+              (unsigned long long)waited_ms);
+    TP_CHECK(log_wait_for("transport tcp: destroy has waited 5 s for 3 "
+                          "conns/listeners still referenced",
+                          0));
+    pthread_join(th, NULL);
+    tp__loop_destroy(e.loop);
+    tp_log_set_handler(NULL, NULL);
+}
+
+// The last release (a listener freed on the loop thread) races with the
+// destroy that waits for it; under TSan/ASan this catches a destroy that
+// frees the transport while the releasing thread still touches it.
+static void *
+destroy_race_main(void *arg)
+{
+    tp__listener_destroy(arg);
+    return NULL;
+}
+
+static void
+destroy_races_last_release(void)
+{
+    tp_config cfg;
+    base_cfg(&cfg);
+    tp_loop *loop;
+    tp_error *err = NULL;
+    TP_CHECK_OK(tp__loop_create(&cfg, "race", &loop, &err), err);
+    for (int i = 0; i < 200; i++) {
+        tp_transport *t;
+        TP_CHECK_OK(tp__transport_create("tcp", loop, &cfg, &t, &err), err);
+        tp_listener *l;
+        TP_CHECK_OK(tp__transport_listen(t, "tcp://127.0.0.1:0", &l, &err),
+                    err);
+        pthread_t th;
+        TP_CHECK(pthread_create(&th, NULL, destroy_race_main, l) == 0);
+        tp__transport_destroy(t);
+        pthread_join(th, NULL);
+    }
+    tp__loop_destroy(loop);
+}
+
 // A plain listening socket on 127.0.0.1, port 0 (not a tpipe listener):
 // its fd, with its URL in @addr and its port in *port_p.
 static int
@@ -1545,6 +1626,8 @@ static const tp_test_case cases[] = {
     TP_TEST_CASE(reject_many_uring),
     TP_TEST_CASE(fd_remove_then_close_epoll),
     TP_TEST_CASE(fd_remove_then_close_uring),
+    TP_TEST_CASE(destroy_waits_for_late_unref),
+    TP_TEST_CASE(destroy_races_last_release),
     TP_TEST_CASE(connect_timeout_default),
     TP_TEST_CASE(chained_on_loop),
     TP_TEST_CASE(small_reads_and_read_ahead),

@@ -370,7 +370,7 @@ tcp_resolve_thread(void *arg)
     // waits for them before the loop may be destroyed).
     tp_transport *t = r->r_transport;
     tp__loop_post(r->r_conn->tc_loop, &r->r_task);
-    atomic_fetch_sub_explicit(&t->t_nobjs, 1, memory_order_release);
+    tp__transport_release(t);
     return NULL;
 }
 
@@ -390,8 +390,7 @@ tcp_connect_resolve(tcp_conn *c, const char *addr)
     r->r_transport = c->tc_base.c_transport;
     tp__task_init(&r->r_task, tcp_resolve_done, r);
     tp__conn_ref(&c->tc_base);
-    atomic_fetch_add_explicit(&r->r_transport->t_nobjs, 1,
-                              memory_order_relaxed);
+    tp__transport_hold(r->r_transport);
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
@@ -399,8 +398,7 @@ tcp_connect_resolve(tcp_conn *c, const char *addr)
     int rv = pthread_create(&th, &attr, tcp_resolve_thread, r);
     pthread_attr_destroy(&attr);
     if (rv != 0) {
-        atomic_fetch_sub_explicit(&r->r_transport->t_nobjs, 1,
-                                  memory_order_release);
+        tp__transport_release(r->r_transport);
         tp__conn_unref(&c->tc_base);
         tp__free(r);
         tcp_setup_fail_errno(c, rv, ": starting the name resolver thread");
