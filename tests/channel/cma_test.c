@@ -218,6 +218,7 @@ domain_stable(void)
     TP_CHECK(strncmp(a, "cma:", 4) == 0);
     TP_CHECK_STR_CONTAINS(a, ":pidns=");
     TP_CHECK_STR_CONTAINS(a, ":userns=");
+    TP_CHECK_STR_CONTAINS(a, ":netns=");
     TP_CHECK_STR_CONTAINS(a, ":uid=");
     TP_CHECK_STR_CONTAINS(a, ":gid=");
     TP_CHECK_STR_CONTAINS(a, ":yama=");
