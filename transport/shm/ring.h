@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* shm_ring.h - the single-producer single-consumer byte ring that the shm
+/* ring.h - the single-producer single-consumer byte ring that the shm
  * transport keeps in a memfd shared by two processes.
  *
  * Layout of the memfd (SHM_RING_DATA_OFF + size bytes):

@@ -1,0 +1,200 @@
+// SPDX-License-Identifier: Apache-2.0
+// shm.c - the shared-memory transport (this folder; shm_impl.h lists its
+// files): two single-producer single-consumer
+// byte rings (shm_ring.h) in memfds, passed with SCM_RIGHTS over a unix
+// stream socket in the abstract namespace. The socket stays open for the
+// life of the connection: its EOF is how each side learns that the other
+// one exited or was killed.
+//
+// Each side owns the ring it writes into (its outbox) and maps the peer's
+// outbox as its inbox. Steady-state transfers make no syscall: the loop
+// spins on a tp_loop_poller while a conn has pending reads (or writes
+// blocked on a full ring), then sleeps; before sleeping it sets a flag in
+// the shared header, and the other side writes our eventfd only when that
+// flag is set (Dekker: store flag, fence, load counter / store counter,
+// fence, load flag). See docs/transport-shm.md.
+//
+// Threading: every function here except shm_is_viable, shm_ctx_init and
+// shm_listen runs on the transport's loop thread (transport.c guarantees
+// it), so there are no locks.
+
+#include "transport/shm/shm_impl.h"
+
+// ---- context
+// ------------------------------------------------------------------
+
+static bool
+shm_read_boot_id(char *buf, size_t len, char *why, size_t why_len)
+{
+    const char *path = "/proc/sys/kernel/random/boot_id";
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        snprintf(why, why_len, "open %s: %s", path, strerror(errno));
+        return false;
+    }
+    ssize_t n = read(fd, buf, len - 1);
+    int e = errno;
+    close(fd);
+    if (n <= 0) {
+        snprintf(why, why_len, "read %s: %s", path,
+                 n < 0 ? strerror(e) : "empty");
+        return false;
+    }
+    buf[n] = '\0';
+    buf[strcspn(buf, "\n")] = '\0';
+    return true;
+}
+
+static bool
+shm_ns_inode(const char *ns, uint64_t *ino_p, char *why, size_t why_len)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/self/ns/%s", ns);
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        snprintf(why, why_len, "stat %s: %s", path, strerror(errno));
+        return false;
+    }
+    *ino_p = (uint64_t)st.st_ino;
+    return true;
+}
+
+// Same host and same network namespace (abstract sockets live there) and
+// same user namespace: "shm:<boot id>:<net ns inode>:<user ns inode>".
+static bool
+shm_domain(char *buf, size_t len, char *why, size_t why_len)
+{
+    char boot[64];
+    uint64_t net, user;
+    if (!shm_read_boot_id(boot, sizeof(boot), why, why_len) ||
+        !shm_ns_inode("net", &net, why, why_len) ||
+        !shm_ns_inode("user", &user, why, why_len)) {
+        return false;
+    }
+    snprintf(buf, len, "shm:%s:%" PRIu64 ":%" PRIu64, boot, net, user);
+    return true;
+}
+
+// The viability probe: the whole fd-passing path on a socketpair.
+static bool
+shm_is_viable(const tp_config *cfg, char *why, size_t why_len)
+{
+    TP_UNUSED(cfg);
+    char dom[256];
+    if (!shm_domain(dom, sizeof(dom), why, why_len)) {
+        return false;
+    }
+    bool ok = false;
+    int sv[2] = {-1, -1};
+    int rfd = -1;
+    int efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    uint8_t *a = MAP_FAILED, *b = MAP_FAILED;
+    shm_ring r;
+    int mfd = -1;
+    memset(&r, 0, sizeof(r));
+    tp_error *err = NULL;
+    if (efd < 0) {
+        snprintf(why, why_len, "eventfd: %s", strerror(errno));
+        goto out;
+    }
+    if (shm_ring_create(&r, SHM_RING_MIN_SIZE, &mfd, &err) != TP_OK) {
+        snprintf(why, why_len, "%s", tp_error_message(err));
+        goto out;
+    }
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+        snprintf(why, why_len, "socketpair(AF_UNIX): %s", strerror(errno));
+        goto out;
+    }
+    union {
+        struct cmsghdr h;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } u;
+    memset(&u, 0, sizeof(u));
+    uint8_t byte = 1;
+    struct iovec iov = {.iov_base = &byte, .iov_len = 1};
+    struct msghdr m;
+    memset(&m, 0, sizeof(m));
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    m.msg_control = u.buf;
+    m.msg_controllen = sizeof(u.buf);
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cm), &mfd, sizeof(int));
+    if (sendmsg(sv[0], &m, MSG_NOSIGNAL) != 1) {
+        snprintf(why, why_len, "sendmsg(SCM_RIGHTS): %s", strerror(errno));
+        goto out;
+    }
+    memset(&u, 0, sizeof(u));
+    m.msg_controllen = sizeof(u.buf);
+    if (recvmsg(sv[1], &m, MSG_CMSG_CLOEXEC) != 1 ||
+        (cm = CMSG_FIRSTHDR(&m)) == NULL || cm->cmsg_type != SCM_RIGHTS) {
+        snprintf(why, why_len, "recvmsg(SCM_RIGHTS): no fd received");
+        goto out;
+    }
+    memcpy(&rfd, CMSG_DATA(cm), sizeof(int));
+    size_t len = SHM_RING_DATA_OFF + SHM_RING_MIN_SIZE;
+    b = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, rfd, 0);
+    if (b == MAP_FAILED) {
+        snprintf(why, why_len, "mmap of a passed memfd: %s", strerror(errno));
+        goto out;
+    }
+    a = (uint8_t *)r.r_hdr;
+    a[len - 1] = 0x5a;
+    if (b[len - 1] != 0x5a) {
+        snprintf(why, why_len, "a memfd passed over a socket is not shared");
+        goto out;
+    }
+    ok = true;
+out:
+    if (b != MAP_FAILED) {
+        munmap(b, SHM_RING_DATA_OFF + SHM_RING_MIN_SIZE);
+    }
+    shm_ring_unmap(&r);
+    tp_error_unref(err);
+    shm_close_fd(&rfd);
+    shm_close_fd(&mfd);
+    shm_close_fd(&sv[0]);
+    shm_close_fd(&sv[1]);
+    shm_close_fd(&efd);
+    return ok;
+}
+
+static tp_status
+shm_ctx_init(tp_transport *t, tp_error **err_p)
+{
+    char why[256];
+    if (!shm_domain(t->t_domain, sizeof(t->t_domain), why, sizeof(why))) {
+        return tp__error_set(err_p, TP_ENOTSUP, "shm: domain descriptor: %s",
+                             why);
+    }
+    return TP_OK;
+}
+
+static void
+shm_ctx_fini(tp_transport *t)
+{
+    TP_UNUSED(t);
+}
+
+const tp_transport_ops tp__transport_shm_ops = {
+    .abi_version = TP_TRANSPORT_ABI_V1,
+    .name = "shm",
+    .same_host = true,
+    .ctx_size = 0,
+    .listener_size = sizeof(shm_listener),
+    .conn_size = sizeof(shm_conn),
+    .is_viable = shm_is_viable,
+    .ctx_init = shm_ctx_init,
+    .ctx_fini = shm_ctx_fini,
+    .listen = shm_listen,
+    .accept = shm_accept,
+    .listener_close = shm_listener_close,
+    .connect = shm_connect,
+    .conn_read = shm_conn_read,
+    .conn_write = shm_conn_write,
+    .conn_close = shm_conn_close,
+    .conn_fini = shm_conn_fini,
+};
