@@ -3,6 +3,8 @@
  *
  *   init.c        options, tp_rpc_init, worker infos, listening, teardown,
  *                 tp_rpc_shutdown
+ *   options.c     the agent's own tunables: caps, faulty mode
+ *   faulty.c      the faulty mode of tests: failed and delayed sends
  *   rendezvous.c  the store: worker records at init, shutdown rounds, exit
  *   conn.c        connections: the read state machine, the dispatch of
  *                 messages by kind, failure, accept, connect
@@ -48,8 +50,27 @@
 #define AG_TEARDOWN_MIN_MS 1000
 #define AG_SYNC_GRACE_MS   5000 /* tp_rpc_sync beyond the call's deadline */
 
+#define AG_NKINDS           256 /* message kinds are a u8 */
+#define AG_FAULTY_MAX_RULES 8
+
 typedef struct ag_conn ag_conn;
 typedef struct ag_call ag_call;
+
+// ---- the faulty mode (faulty.c) ------------------------------------------
+
+typedef struct ag_fault_rule {
+    bool r_kinds[AG_NKINDS]; // the message kinds it applies to
+    bool r_fail;             // fail the sends, else delay them
+    uint64_t r_n;            // fail: sends left to fail; delay: ms
+    uint64_t r_total;        // fail: sends to fail in all
+    char r_text[64];         // the rule as written, for messages
+} ag_fault_rule;
+
+typedef struct ag_faulty {
+    int f_nrules; // 0: off
+    ag_fault_rule f_rules[AG_FAULTY_MAX_RULES];
+    char f_spec[256];
+} ag_faulty;
 
 // ---- per-peer state ----------------------------------------------------
 
@@ -79,6 +100,9 @@ typedef struct ag_peer {
     // (or shut down abruptly), so it will not join the agreement.
     bool p_dead;
     char p_dead_why[200];
+    // Bytes of messages received from it, allocated and not yet handed
+    // over (max_peer_inflight_bytes).
+    uint64_t p_inflight;
     ag_stats p_stats;
 } ag_peer;
 
@@ -101,6 +125,11 @@ typedef struct ag_wslot {
     uint64_t w_call_id;
     bool w_any_tok;             // protocols want po_sent for this write
     void *w_tok[TP__PROTO_MAX]; // their tokens, by protocol index
+    // Faulty mode: queued on a_delayed until w_due_ns, then written, or
+    // failed with w_inject (taken) as the pipe would fail it.
+    struct ag_wslot *w_dnext;
+    uint64_t w_due_ns;
+    tp_error *w_inject;
     uint8_t w_meta_inline[AG_META_INLINE];
 } ag_wslot;
 
@@ -117,6 +146,7 @@ struct ag_conn {
     tp_pipe *c_pipe;
     bool c_outgoing;
     bool c_failed;
+    bool c_heard;    // a message from its peer arrived on it (loop thread)
     ag_peer *c_peer; // outgoing: the callee; incoming: set by requests
     char c_url[AG_MAX_URL];
     tp_aio *c_daio;     // reads descriptors
@@ -124,6 +154,10 @@ struct ag_conn {
     tp_message *c_rmsg; // the message being read
     tp_args *c_rargs;   // its args, tensors allocated at the descriptor
     ag_hdr c_rhdr;      // its header, decoded at the descriptor
+    // Its bytes, counted in c_rpeer's p_inflight from the descriptor
+    // until handed over (a request's ag_req takes them).
+    uint64_t c_rcharge;
+    ag_peer *c_rpeer;
     ag_tensor_meta *c_metas;
     uint32_t c_metas_cap;
     ag_wslot *c_slots;     // free write slots
@@ -173,6 +207,7 @@ typedef struct ag_req {
     const uint8_t *r_hdr; // protocol kinds: section 0 (in r_args' message)
     size_t r_hdr_len;
     void *r_proto_ctx; // from pk_on_loop to pk_run
+    uint64_t r_charge; // bytes counted in r_caller's p_inflight
     tp_rpc_call_info r_info;
     char r_fn_name[TP_RPC_MAX_FN_NAME + 1];
     size_t r_fn_name_len;
@@ -229,6 +264,9 @@ struct tp_agent {
     tp_cv a_timer_cv;
     uint64_t a_timer_until; // what the timer thread sleeps until
     uint64_t a_spin_ns;     // tp_rpc_wait's spin before sleeping
+    ag_faulty a_faulty;     // set at init, rules' counts under a_mtx
+    ag_wslot *a_delayed;    // faulty sends the timer thread owes
+
     // The protocols' states, by index in tp__agent_protos: set at init,
     // cleared by detach (read without the lock in between).
     void *_Atomic a_proto[TP__PROTO_MAX];
@@ -252,6 +290,10 @@ ag_worker_name_valid(const char *name, size_t len)
 void ag_agent_unref(tp_agent *a);
 ag_peer *ag_peer_by_name(tp_agent *a, const char *name);
 
+// options.c: the agent's own tunables (table, environment).
+void ag_options_defaults(tp_agent_options *o);
+tp_status ag_options_check(tp_agent_options *ao, tp_error **err_p);
+
 // rendezvous.c
 tp_status ag_rendezvous(tp_agent *a, uint64_t deadline, tp_error **err_p);
 tp_status ag_shutdown_round(tp_agent *a, int round, uint64_t deadline,
@@ -266,6 +308,8 @@ void ag_conn_describe(const ag_conn *c, char *buf, size_t len);
 void ag_conn_fail(ag_conn *c, const tp_error *err);
 void ag_conn_protocol_error(ag_conn *c, tp_error *err);
 void ag_conn_read_next(ag_conn *c);
+/* Gives back @n bytes of @p's p_inflight (no lock held). */
+void ag_peer_release(tp_agent *a, ag_peer *p, uint64_t n);
 /* An operation on @c ended (no lock held; takes a_mtx). */
 void ag_conn_op_done(ag_conn *c);
 /* A thread counted in a_writers leaves its pipe call (no lock held). */
@@ -277,6 +321,15 @@ void ag_accept_cb(void *arg);
 ag_wslot *ag_slot_get_locked(ag_conn *c);
 void ag_slot_put_locked(ag_wslot *w);
 void ag_slot_free(ag_wslot *w);
+/* Timer thread: a slot queued by the faulty mode is due: written, or
+ * failed with its w_inject. */
+void ag_slot_run_delayed(ag_wslot *w);
+
+// faulty.c
+tp_status ag_faulty_parse(const char *spec, ag_faulty *f, tp_error **err_p);
+/* Called by a slot's sender instead of writing it: true if a rule took
+ * the slot (queued on a_delayed for the timer thread). No lock held. */
+bool ag_faulty_intercept(tp_agent *a, ag_wslot *w);
 /* Builds and writes the message of @w: @h (its ext is filled here from a
  * protocol header @hdr when @has_hdr, and the protocols' sections for
  * @args), payload @args's bytes or @errmsg, @args's tensors. Takes @args.

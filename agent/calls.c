@@ -207,6 +207,37 @@ ag_call_finish(ag_call *c, tp_args *result, tp_error *err)
 
 // ---- the timer thread ----------------------------------------------------
 
+// Takes the faulty mode's slots due by @now off a_delayed; the earliest
+// later one lowers *@next_p.
+static ag_wslot *
+delayed_take_locked(tp_agent *a, uint64_t now, uint64_t *next_p)
+{
+    ag_wslot *due = NULL;
+    for (ag_wslot **wp = &a->a_delayed; *wp != NULL;) {
+        ag_wslot *w = *wp;
+        if (w->w_due_ns <= now) {
+            *wp = w->w_dnext;
+            w->w_dnext = due;
+            due = w;
+        } else {
+            *next_p = TP_MIN(*next_p, w->w_due_ns);
+            wp = &w->w_dnext;
+        }
+    }
+    return due;
+}
+
+static void
+delayed_run(ag_wslot *w)
+{
+    while (w != NULL) {
+        ag_wslot *next = w->w_dnext;
+        w->w_dnext = NULL;
+        ag_slot_run_delayed(w);
+        w = next;
+    }
+}
+
 void *
 ag_timer_main(void *arg)
 {
@@ -248,6 +279,13 @@ ag_timer_main(void *arg)
         if (nclasses > 16) {
             next = TP_MIN(next, now + 1000000000u);
         }
+        ag_wslot *due = delayed_take_locked(a, now, &next);
+        if (due != NULL) {
+            tp__mtx_unlock(&a->a_mtx);
+            delayed_run(due);
+            tp__mtx_lock(&a->a_mtx);
+            continue;
+        }
         if (expired != NULL) {
             tp__mtx_unlock(&a->a_mtx);
             while (expired != NULL) {
@@ -269,7 +307,11 @@ ag_timer_main(void *arg)
         tp__cv_wait_until(&a->a_timer_cv, &a->a_mtx, next);
         a->a_timer_until = 0;
     }
+    // Shutting down: what the faulty mode still holds goes now (the
+    // pipes are still open; they close once this thread is joined).
+    ag_wslot *rest = delayed_take_locked(a, UINT64_MAX, NULL);
     tp__mtx_unlock(&a->a_mtx);
+    delayed_run(rest);
     return NULL;
 }
 
@@ -338,6 +380,18 @@ agent_call(tp_agent *a, ag_peer *p, const ag_callspec *cs, const tp_args *in,
         return future_failed(tp__error_new(
             TP_EINVAL, 0, NULL, "rpc %s: a %s message to this worker itself",
             ag_name(a), cs->cs_what));
+    }
+    uint64_t nbytes = ag_args_nbytes(in);
+    if (!self && nbytes > a->a_opts.max_message_bytes) {
+        // The callee would refuse it and close the pipe: fail only this
+        // call, here (the caps are usually the same on every worker).
+        return future_failed(tp__error_new(
+            TP_EINVAL, 0, NULL,
+            "rpc \"%s\" from %s to %s (rank %d): its arguments are %" PRIu64
+            " bytes, above the cap of %" PRIu64
+            " bytes per message (max_message_bytes)",
+            cs->cs_what, ag_name(a), p->p_info.name, p->p_info.rank, nbytes,
+            a->a_opts.max_message_bytes));
     }
     ag_call *c = tp__zalloc(sizeof(*c));
     if (c == NULL) {

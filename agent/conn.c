@@ -192,6 +192,81 @@ ag_conn_read_next(ag_conn *c)
     tp_pipe_read_descriptor(c->c_pipe, c->c_daio);
 }
 
+void
+ag_peer_release(tp_agent *a, ag_peer *p, uint64_t n)
+{
+    if (n == 0) {
+        return;
+    }
+    tp__mtx_lock(&a->a_mtx);
+    TP_ASSERT(p->p_inflight >= n);
+    p->p_inflight -= n;
+    tp__mtx_unlock(&a->a_mtx);
+}
+
+// Loop thread: gives back what the message being read holds.
+static void
+conn_release(ag_conn *c)
+{
+    ag_peer_release(c->c_agent, c->c_rpeer, c->c_rcharge);
+    c->c_rcharge = 0;
+    c->c_rpeer = NULL;
+}
+
+// Loop thread: checks the size that message @msg (header @h) announces
+// against the caps, before anything of it is allocated, and counts it in
+// its sender's bytes in flight. TP_EPROTO naming the peer and the cap.
+static tp_status
+conn_charge(ag_conn *c, const tp_message *msg, const ag_hdr *h,
+            tp_error **err_p)
+{
+    tp_agent *a = c->c_agent;
+    // The pipe bounds each length (TP_PIPE_MAX_*): the sum cannot wrap.
+    uint64_t tbytes = 0, pbytes = 0;
+    for (uint32_t i = 0; i < msg->npayloads; i++) {
+        pbytes += msg->payloads[i].len;
+    }
+    for (uint32_t i = 0; i < msg->ntensors; i++) {
+        tbytes += msg->tensors[i].len;
+    }
+    uint64_t total = msg->metadata_len + pbytes + tbytes;
+    // The sender is checked against the pipe once the message is in; a
+    // false claim closes the pipe then, and its charge is given back.
+    ag_peer *p = c->c_peer != NULL ? c->c_peer : &a->a_peers[h->h_src_rank];
+    const ag_kind_desc *kd = ag_kind_get(h->h_kind);
+    if (total > a->a_opts.max_message_bytes) {
+        return tp__error_set(
+            err_p, TP_EPROTO,
+            "rpc %s of %" PRIu64 " bytes (%u tensors of %" PRIu64
+            " bytes, %" PRIu64 " bytes of payload, %zu of metadata) from %s "
+            "(rank %d) is above the cap of %" PRIu64
+            " bytes per message (max_message_bytes, "
+            "TP_RPC_MAX_MESSAGE_BYTES); nothing was allocated for it",
+            kd->k_name, total, msg->ntensors, tbytes, pbytes, msg->metadata_len,
+            p->p_info.name, p->p_info.rank, a->a_opts.max_message_bytes);
+    }
+    tp__mtx_lock(&a->a_mtx);
+    uint64_t held = p->p_inflight;
+    bool over = total > a->a_opts.max_peer_inflight_bytes - held;
+    if (!over) {
+        p->p_inflight += total;
+    }
+    tp__mtx_unlock(&a->a_mtx);
+    if (over) {
+        return tp__error_set(
+            err_p, TP_EPROTO,
+            "rpc %s of %" PRIu64 " bytes from %s (rank %d) while %" PRIu64
+            " bytes it sent are held here is above the cap of %" PRIu64
+            " bytes in flight per peer (max_peer_inflight_bytes, "
+            "TP_RPC_MAX_PEER_INFLIGHT_BYTES); nothing was allocated for it",
+            kd->k_name, total, p->p_info.name, p->p_info.rank, held,
+            a->a_opts.max_peer_inflight_bytes);
+    }
+    c->c_rcharge = total;
+    c->c_rpeer = p;
+    return TP_OK;
+}
+
 // Loop thread: a descriptor arrived. Check it, allocate the tensors the
 // message carries and read the rest.
 static void
@@ -264,6 +339,9 @@ conn_desc_step(ag_conn *c)
                                h.h_src_rank, c->c_agent->a_world);
         }
     }
+    if (st == TP_OK) {
+        st = conn_charge(c, msg, &h, &err);
+    }
     if (st != TP_OK) {
         ag_conn_protocol_error(c, err);
         tp_error_unref(err);
@@ -271,6 +349,7 @@ conn_desc_step(ag_conn *c)
     }
     tp_args *args;
     if (ag_args_create_empty(msg->ntensors, &args) != TP_OK) {
+        conn_release(c);
         ag_conn_fail(c, tp__error_nomem());
         return;
     }
@@ -280,6 +359,7 @@ conn_desc_step(ag_conn *c)
         st = tp_tensor_empty(m->tm_dtype, m->tm_ndim, m->tm_shape, &t, &err);
         if (st != TP_OK) {
             tp_args_unref(args);
+            conn_release(c);
             tp_error *e =
                 tp__error_new(st, 0, err, "rpc %s: tensor %u of a message",
                               ag_name(c->c_agent), i);
@@ -324,6 +404,17 @@ conn_check_sender(ag_conn *c, const ag_hdr *h, tp_error **err_p)
         tp__mtx_unlock(&a->a_mtx);
         p = sender;
     }
+    if (p == sender && !c->c_heard) {
+        // The first message of this pipe: the peer is alive, whatever an
+        // earlier pipe's failure (a refused message, an injected fault)
+        // made this worker think; the shutdown agreement waits for it.
+        tp__mtx_lock(&a->a_mtx);
+        c->c_heard = true;
+        if (!c->c_failed) {
+            p->p_dead = false;
+        }
+        tp__mtx_unlock(&a->a_mtx);
+    }
     if (p != sender) {
         return tp__error_set(err_p, TP_EPROTO,
                              "rpc %s says it is from rank %u on a pipe %s "
@@ -346,6 +437,7 @@ conn_read_step(ag_conn *c)
     if (aerr != NULL) {
         tp_args_unref(args);
         tp_message_destroy(msg);
+        conn_release(c);
         ag_conn_fail(c, aerr);
         return;
     }
@@ -365,6 +457,7 @@ conn_read_step(ag_conn *c)
     }
     if (st != TP_OK) {
         tp_args_unref(args);
+        conn_release(c);
         if (st == TP_EPROTO) {
             ag_conn_protocol_error(c, err);
         } else {
@@ -373,7 +466,10 @@ conn_read_step(ag_conn *c)
         tp_error_unref(err);
         return;
     }
+    // A request's ag_req takes the charge; anything else is handed over
+    // (or dropped) by the time its dispatch returns.
     ag_kind_get(h.h_kind)->k_dispatch(c, &h, args);
+    conn_release(c);
     bool failed;
     tp__mtx_lock(&c->c_agent->a_mtx);
     failed = c->c_failed;

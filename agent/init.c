@@ -40,6 +40,7 @@ tp_agent_options_init(tp_agent_options *o)
     o->init_method = im != NULL && im[0] != '\0' ? im : "env://";
     o->transports = getenv("TP_TRANSPORTS");
     o->channels = getenv("TP_CHANNELS");
+    ag_options_defaults(o);
 }
 
 static tp_status
@@ -85,6 +86,20 @@ options_check(tp_agent *a, const tp_agent_options *o, tp_error **err_p)
         return tp__error_set(err_p, TP_EINVAL,
                              "rpc init: init_method, transports or channels "
                              "too long");
+    }
+    st = ag_options_check(ao, err_p);
+    if (st != TP_OK) {
+        return st;
+    }
+    st = ag_faulty_parse(ao->faulty, &a->a_faulty, err_p);
+    if (st != TP_OK) {
+        return tp__error_wrap(err_p, st, "rpc init (TP_RPC_FAULTY)");
+    }
+    ao->faulty = a->a_faulty.f_nrules > 0 ? a->a_faulty.f_spec : NULL;
+    if (ao->faulty != NULL) {
+        TP_LOG_WARN("TP-RPC-FAULTY",
+                    "rpc: faulty mode \"%s\": sends fail or wait on purpose",
+                    ao->faulty);
     }
     ao->init_method = a->a_init_method;
     ao->transports = a->a_transports;

@@ -22,6 +22,7 @@ req_free(ag_req *r)
 {
     tp_agent *a = r->r_agent;
     tp_args_unref(r->r_args);
+    ag_peer_release(a, r->r_caller, r->r_charge);
     if (r->r_conn != NULL) {
         atomic_fetch_sub_explicit(&r->r_conn->c_reqs, 1, memory_order_relaxed);
         ag_conn_op_done(r->r_conn);
@@ -183,12 +184,16 @@ ag_serve_request(ag_conn *c, const ag_hdr *h, tp_args *args)
     memcpy(r->r_fn_name, h->h_fn_name, h->h_fn_name_len);
     r->r_fn_name[h->h_fn_name_len] = '\0';
     r->r_fn_name_len = h->h_fn_name_len;
+    // The request holds its bytes in flight until its reply is sent.
+    r->r_charge = c->c_rcharge;
+    c->c_rcharge = 0;
     if (r->r_kind != AG_KIND_REQUEST && !req_proto_on_loop(r)) {
         return; // answered here, on the loop thread
     }
     tp__task_init(&r->r_task, ag_req_run, r);
     if (tp__pool_submit(a->a_pool, &r->r_task) != TP_OK) {
         // Shutting down: the caller's call fails with our pipe's close.
+        c->c_rcharge = r->r_charge; // given back by the read step
         tp_args_unref(args);
         tp__free(r);
         atomic_fetch_sub_explicit(&c->c_reqs, 1, memory_order_relaxed);
@@ -271,6 +276,16 @@ req_send(ag_req *r, tp_args *result, const tp_error *err, tp_error **err_p)
         result = holder; // no bytes, no tensors: only owns errmsg
     } else {
         h.h_kind = AG_KIND_RESPONSE;
+        uint64_t nb = ag_args_nbytes(result);
+        if (nb > a->a_opts.max_message_bytes) {
+            // The caller would refuse it: it gets this error instead.
+            tp_args_unref(result);
+            return tp__error_set(err_p, TP_EINVAL,
+                                 "the result is %" PRIu64
+                                 " bytes, above the cap of %" PRIu64
+                                 " bytes per message (max_message_bytes)",
+                                 nb, a->a_opts.max_message_bytes);
+        }
     }
     tp__mtx_lock(&a->a_mtx);
     ag_wslot *w = NULL;

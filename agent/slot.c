@@ -163,7 +163,9 @@ ag_slot_send(ag_wslot *w, ag_hdr *h, bool has_hdr, const void *hdr,
         return st;
     }
     w->w_any_tok = any_tok;
-    slot_submit(w);
+    if (!ag_faulty_intercept(a, w)) {
+        slot_submit(w);
+    }
     return TP_OK;
 }
 
@@ -172,7 +174,7 @@ ag_slot_send(ag_wslot *w, ag_hdr *h, bool has_hdr, const void *hdr,
 // on it); an operation-scope one (the message broke a pipe limit, memory)
 // fails only that message's call.
 static void
-slot_write_step(ag_wslot *w)
+slot_write_step(ag_wslot *w, const tp_error *werr)
 {
     ag_conn *c = w->w_conn;
     tp_agent *a = c->c_agent;
@@ -180,7 +182,7 @@ slot_write_step(ag_wslot *w)
     w->w_args = NULL;
     ag_kind kind = w->w_kind;
     uint64_t call_id = w->w_call_id;
-    tp_error *err = tp_error_ref(tp_aio_error(w->w_aio));
+    tp_error *err = tp_error_ref(werr);
     void *toks[TP__PROTO_MAX];
     bool any_tok = w->w_any_tok;
     if (any_tok) {
@@ -221,7 +223,7 @@ slot_write_cb(void *arg)
 {
     ag_wslot *w = arg;
     ag_conn *c = w->w_conn;
-    slot_write_step(w);
+    slot_write_step(w, tp_aio_error(w->w_aio));
     ag_conn_op_done(c);
 }
 
@@ -232,4 +234,20 @@ slot_submit(ag_wslot *w)
 {
     atomic_fetch_add_explicit(&w->w_conn->c_ops, 1, memory_order_relaxed);
     tp_pipe_write(w->w_conn->c_pipe, &w->w_msg, w->w_aio);
+}
+
+void
+ag_slot_run_delayed(ag_wslot *w)
+{
+    ag_conn *c = w->w_conn;
+    tp_error *inject = w->w_inject;
+    w->w_inject = NULL;
+    if (inject == NULL) {
+        // Counted in c_ops when it was queued.
+        tp_pipe_write(c->c_pipe, &w->w_msg, w->w_aio);
+        return;
+    }
+    slot_write_step(w, inject);
+    tp_error_unref(inject);
+    ag_conn_op_done(c);
 }

@@ -116,6 +116,23 @@ typedef struct tp_agent_options {
     int64_t init_timeout_ms;
     /* TP_RPC_SHUTDOWN_TIMEOUT_MS (60000): deadline of a graceful shutdown */
     int64_t shutdown_timeout_ms;
+    /* TP_RPC_MAX_MESSAGE_BYTES (8G): the largest message (metadata, bytes
+     * and tensors) accepted from a peer, checked against what the message
+     * announces before anything is allocated; a bigger one closes that
+     * pipe with TP_EPROTO. Calls and results above it fail here. */
+    uint64_t max_message_bytes;
+    /* TP_RPC_MAX_PEER_INFLIGHT_BYTES (16G): bytes of messages received
+     * from one peer and not yet handed over (a reply until its future is
+     * resolved, a request until its handler's reply is sent); a message
+     * that would pass it closes that pipe with TP_EPROTO (never blocks).
+     * At least max_message_bytes. */
+    uint64_t max_peer_inflight_bytes;
+    /* TP_RPC_FAULTY (NULL: none): for tests, PyTorch's faulty agent. A
+     * comma-separated list of "fail=KINDS:N" (the first N sends of those
+     * kinds fail as a broken connection would) and "delay=KINDS:MS"
+     * (their sends wait MS ms); KINDS: kind names or numbers joined by
+     * '+' ("call", "reply", "RREF_FETCH", ...: docs/rpc.md). */
+    const char *faulty;
 } tp_agent_options;
 
 /** tp_agent_options_init - defaults, then the environment. */
