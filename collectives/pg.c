@@ -249,6 +249,7 @@ group_alloc(int size, int world_size)
     tp__mtx_init(&g->w_mtx);
     tp__cv_init(&g->w_cv);
     atomic_init(&g->g_refs, 1);
+    tp__pg_fr_init(g);
     g->g_engine = "pipe";
     return g;
 }
@@ -263,6 +264,7 @@ group_free(tp_pg *g)
     tp__nccl_comm_destroy(g->g_nccl);
     free(g->g_scratch);
     tp_error_unref(g->g_broken);
+    tp__pg_fr_fini(g);
     free(g->w_sets);
     tp__cv_fini(&g->w_cv);
     tp__mtx_fini(&g->w_mtx);

@@ -41,6 +41,29 @@
 #define PG_KEY_PREFIX      "tp.pg/"
 #define PG_DESC_BYTES      32
 #define PG_FINISH_GRACE_MS 5000
+// Flight recorder: entries kept per group (TP_PG_FLIGHT_RECORDER).
+#define PG_FR_DEFAULT 64
+#define PG_FR_MAX     65536
+
+typedef enum pg_fr_state {
+    PG_FR_QUEUED,
+    PG_FR_RUNNING,
+    PG_FR_DONE,
+    PG_FR_FAILED,
+} pg_fr_state;
+
+// One collective in the group's flight recorder (pg_fr.c).
+typedef struct pg_fr_ent {
+    uint64_t fr_id; // 1 + its index among the group's collectives
+    tp__coll_kind fr_kind;
+    uint64_t fr_seq; // its sequence number once running, else UINT64_MAX
+    int fr_root;     // -1: not a rooted collective
+    size_t fr_bytes; // this rank's contribution (input bytes)
+    pg_fr_state fr_state;
+    uint64_t fr_issued_ns;
+    uint64_t fr_run_ns; // 0 until running
+    uint64_t fr_end_ns; // 0 until done or failed
+} pg_fr_ent;
 
 struct tp_work {
     tp_pg *wk_pg;
@@ -64,6 +87,7 @@ struct tp_work {
     tp_status wk_st;
     tp_error *wk_err;
     int wk_source;         // group rank
+    uint64_t wk_fr_id;     // its flight-recorder entry (0: none)
     tp_list_node wk_qnode; // in its group's g_queue while queued
     // point-to-point works are listed in their world (w_works, under
     // w_mtx) from posting until freed, so that destroying a group can
@@ -107,6 +131,12 @@ struct tp_pg {
     // freed late, never touches freed memory.
     atomic_int g_refs;
     tp_pg *g_next; // in the world's list
+    // flight recorder: the last g_fr_cap collectives, a ring indexed by
+    // fr_id - 1 (g_fr_mtx, a leaf lock)
+    tp_mtx g_fr_mtx;
+    pg_fr_ent *g_fr;
+    int g_fr_cap;
+    uint64_t g_fr_last; // fr_id of the newest entry
     // world only
     tp_store *w_store;
     tp__p2p *w_p2p;
@@ -169,6 +199,17 @@ tp_status tp__pg_engine_run(tp_pg *g, const tp__coll_args *a, uint64_t seq,
                             uint64_t deadline, tp_error **err_p);
 // Finishes the point-to-point works of @pg (see pg_work.c).
 void tp__pg_finish_p2p_works(tp_pg *pg);
+
+// ---- pg_fr.c (flight recorder)
+void tp__pg_fr_init(tp_pg *g);
+void tp__pg_fr_fini(tp_pg *g);
+// A collective was issued (queued or about to run): records it.
+void tp__pg_fr_issue(tp_pg *g, tp_work *wk);
+void tp__pg_fr_run(tp_pg *g, const tp_work *wk, uint64_t seq);
+void tp__pg_fr_end(tp_pg *g, const tp_work *wk, tp_status st);
+// The entries (all, or those queued or running), one line each; malloc'd,
+// NULL on ENOMEM.
+char *tp__pg_fr_dump(tp_pg *g, bool in_flight_only);
 
 // ---- pg_debug.c
 // TP_DEBUG_COLLECTIVES: compares this collective across the members.

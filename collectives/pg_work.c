@@ -15,6 +15,7 @@
 #include "collectives/pg_impl.h"
 #include "collectives/reduce.h"
 #include "core/error.h"
+#include "core/log.h"
 
 // ---- works
 // --------------------------------------------------------------------------
@@ -344,7 +345,7 @@ nccl_run(tp_pg *g, tp_work *wk, uint64_t deadline, tp_error **err_p)
 
 // Runs @wk: debug check, engine, avg. Breaks the group on error.
 static tp_status
-coll_exec(tp_pg *g, tp_work *wk, tp_error **err_p)
+coll_exec_engine(tp_pg *g, tp_work *wk, tp_error **err_p)
 {
     tp_status st = tp__pg_check(g, err_p);
     if (st != TP_OK) {
@@ -404,6 +405,33 @@ coll_exec(tp_pg *g, tp_work *wk, tp_error **err_p)
     return st;
 }
 
+// coll_exec_engine with the flight recorder: a timeout's log line lists
+// what was still in flight on this rank (this collective included).
+static tp_status
+coll_exec(tp_pg *g, tp_work *wk, tp_error **err_p)
+{
+    bool debug = g->g_cfg.debug_collectives && !wk->wk_cuda;
+    tp__pg_fr_run(g, wk, g->g_seq + (debug ? 1u : 0u));
+    tp_status st = coll_exec_engine(g, wk, err_p);
+    if (st == TP_ETIMEDOUT) {
+        char *fl = tp__pg_fr_dump(g, true);
+        // The error names the group and the collective.
+        if (err_p != NULL && *err_p != NULL) {
+            TP_LOG_ERROR("TP-PG-TIMEOUT", "%s; in flight on this rank:\n%s",
+                         tp_error_message(*err_p),
+                         fl != NULL ? fl : "(out of memory)\n");
+        } else {
+            TP_LOG_ERROR("TP-PG-TIMEOUT",
+                         "%s: %s timed out; in flight on this rank:\n%s",
+                         g->g_what, tp__coll_kind_name(wk->wk_args.kind),
+                         fl != NULL ? fl : "(out of memory)\n");
+        }
+        free(fl);
+    }
+    tp__pg_fr_end(g, wk, st);
+    return st;
+}
+
 static void *
 group_thread(void *arg)
 {
@@ -428,6 +456,7 @@ group_thread(void *arg)
         if (stop) {
             st = tp__error_set(&e, TP_ECLOSED, "%s: destroyed before %s ran",
                                g->g_what, tp__coll_kind_name(wk->wk_args.kind));
+            tp__pg_fr_end(g, wk, st);
         } else {
             st = coll_exec(g, wk, &e);
         }
@@ -447,6 +476,7 @@ group_thread(void *arg)
 tp_status
 tp__pg_coll_submit(tp_pg *g, tp_work *wk, tp_work **w_p, tp_error **err_p)
 {
+    tp__pg_fr_issue(g, wk);
     tp__mtx_lock(&g->g_mtx);
     if (w_p == NULL && tp__list_empty(&g->g_queue) && !g->g_busy) {
         g->g_busy = true;
@@ -461,6 +491,7 @@ tp__pg_coll_submit(tp_pg *g, tp_work *wk, tp_work **w_p, tp_error **err_p)
     }
     if (g->g_stop) {
         tp__mtx_unlock(&g->g_mtx);
+        tp__pg_fr_end(g, wk, TP_ECLOSED);
         tp__pg_work_unref(wk);
         return tp__error_set(err_p, TP_ECLOSED, "%s: destroyed", g->g_what);
     }
@@ -481,6 +512,7 @@ tp__pg_coll_submit(tp_pg *g, tp_work *wk, tp_work **w_p, tp_error **err_p)
         h->wk_t2 = wk->wk_t2;
         h->wk_cuda = wk->wk_cuda;
         h->wk_deadline_ns = wk->wk_deadline_ns;
+        h->wk_fr_id = wk->wk_fr_id;
         wk->wk_splits = NULL;
         wk->wk_in_copy = NULL;
         wk->wk_t1 = wk->wk_t2 = NULL;

@@ -154,6 +154,20 @@ TP_API const char *tp_pg_engine(const tp_pg *pg);
 /** tp_pg_name - the group's name, as used in messages. */
 TP_API const char *tp_pg_name(const tp_pg *pg);
 
+/**
+ * tp_pg_get_debug_info - the group's flight recorder as text: its last N
+ * collectives (N = TP_PG_FLIGHT_RECORDER, default 64, 0 = none kept),
+ * oldest first, one line each: "op <n> <kind> seq <s> root <r> bytes <b>
+ * state <queued|running|done|failed> issued <t> s ago duration <d> ms"
+ * (seq and root are "-" when not known or not rooted; bytes are this
+ * rank's input). Point-to-point operations are not recorded.
+ * Ownership: *@out_p is NUL-terminated and the caller's (free()).
+ * Errors: TP_EINVAL, TP_ENOMEM. Thread safety: any thread, also while
+ * collectives of @pg run (not during or after tp_pg_destroy).
+ */
+TP_API tp_status tp_pg_get_debug_info(tp_pg *pg, char **out_p,
+                                      tp_error **err_p);
+
 /* ---- work handles ------------------------------------------------------ */
 
 /** tp_work_is_completed - true once the operation finished (either way). */

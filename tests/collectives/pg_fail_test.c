@@ -3,8 +3,7 @@
  * ranks on loopback: a destroy while another thread waits on a work of
  * the group; the pipe engine's timeouts with a peer stopped by SIGSTOP
  * (the stuck sender returns at the timeout, a resumed rank reports the
- * real elapsed time, the group is named once, a rank that never called
- * the collective is the one named); the flight recorder.
+ * real elapsed time, the group is named once); the flight recorder.
  *
  * Every rank is a forked child of the case process, forked before any
  * thread exists. Every wait has a deadline. */
@@ -53,6 +52,15 @@ init_pg(int rank, int world, const char *url, int64_t timeout_ms)
     TP_CHECK_OK(tp_pg_init(url, rank, world, &o, &pg, &err), err);
     return pg;
 }
+
+#define EXPECT_EINVAL(pg)                                                      \
+    do {                                                                       \
+        char *o_ = NULL;                                                       \
+        tp_error *e_ = NULL;                                                   \
+        TP_CHECK_EQ(tp_pg_get_debug_info(pg, NULL, &e_), TP_EINVAL);           \
+        tp_error_unref(e_);                                                    \
+        TP_CHECK_EQ(tp_pg_get_debug_info(NULL, &o_, NULL), TP_EINVAL);         \
+    } while (0)
 
 static tp_tensor *
 tensor(tp_dtype dt, size_t count)
@@ -222,9 +230,97 @@ test_stuck_peer(void)
     tp_job_latch_fini(&g_latch);
 }
 
+// ---- flight recorder
+// ---------------------------------------------------------
+
+static char *
+debug_info(tp_pg *pg)
+{
+    char *s = NULL;
+    tp_error *err = NULL;
+    TP_CHECK_OK(tp_pg_get_debug_info(pg, &s, &err), err);
+    return s;
+}
+
+// Three collectives are listed with their kind, sequence number, root,
+// bytes and state; then an all_reduce that rank 1 joins late is listed as
+// running while rank 0 waits in it. With arg != NULL the recorder keeps
+// two entries (TP_PG_FLIGHT_RECORDER=2).
+static void
+fr_rank(int rank, int world, const char *url, void *arg)
+{
+    tp_pg *pg = init_pg(rank, world, url, tp_test_ms(30000));
+    tp_error *err = NULL;
+    tp_tensor *f = tensor(TP_F32, 256), *l = tensor(TP_I64, 8);
+    TP_CHECK_OK(tp_pg_all_reduce(pg, f, TP_REDUCE_SUM, NULL, &err), err);
+    TP_CHECK_OK(tp_pg_broadcast(pg, l, 1, NULL, &err), err);
+    TP_CHECK_OK(tp_pg_barrier(pg, NULL, &err), err);
+    char *s = debug_info(pg);
+    if (arg == NULL) {
+        TP_CHECK_STR_CONTAINS(s, "last 3 of 3 collectives (capacity 64)");
+        TP_CHECK_STR_CONTAINS(s, "op 1 all_reduce seq 0 root - bytes 1024 "
+                                 "state done");
+        TP_CHECK_STR_CONTAINS(s, "op 2 broadcast seq 1 root 1 bytes 64 "
+                                 "state done");
+    } else {
+        TP_CHECK_STR_CONTAINS(s, "last 2 of 3 collectives (capacity 2)");
+        TP_CHECKF(strstr(s, "all_reduce") == NULL, "%s", s);
+    }
+    TP_CHECK_STR_CONTAINS(s, "op 3 barrier seq 2 root - bytes 0 state done");
+    free(s);
+    tp_work *w = NULL;
+    if (rank == 1) {
+        TP_CHECK_EQ(tp_job_latch_wait(&g_latch, 1, 20000), 1);
+    }
+    TP_CHECK_OK(tp_pg_all_reduce(pg, f, TP_REDUCE_MAX, &w, &err), err);
+    if (rank == 0) {
+        // The group's thread starts it at once; it waits for rank 1.
+        int64_t until = tp_job_now_ms() + tp_test_ms(10000);
+        bool seen = false;
+        while (!seen && tp_job_now_ms() < until) {
+            s = debug_info(pg);
+            seen = strstr(s, "op 4 all_reduce seq 3 root - bytes 1024 "
+                             "state running") != NULL;
+            if (!seen) {
+                tp_job_sleep_ms(10);
+            }
+            free(s);
+        }
+        TP_CHECKF(seen, "op 4 not listed as running");
+        tp_job_latch_post(&g_latch);
+    }
+    TP_CHECK_OK(tp_work_wait(w, tp_test_ms(20000), &err), err);
+    tp_work_free(w);
+    s = debug_info(pg);
+    TP_CHECK_STR_CONTAINS(s, "op 4 all_reduce seq 3 root - bytes 1024 "
+                             "state done");
+    free(s);
+    EXPECT_EINVAL(pg);
+    tp_tensor_unref(f);
+    tp_tensor_unref(l);
+    tp_pg_destroy(pg);
+}
+
+static void
+test_flight_recorder(void)
+{
+    const char *engines[] = {"TP_COLL_ENGINE=pipe", "TP_COLL_ENGINE=auto"};
+    for (int e = 0; e < 3; e++) {
+        tp_job_latch_init(&g_latch);
+        tp_job j = {.world = 2, .fn = fr_rank};
+        if (e == 2) {
+            j.env[2] = "TP_PG_FLIGHT_RECORDER=2";
+            j.arg = &g_latch;
+        }
+        job_run(&j, engines[e % 2]);
+        tp_job_latch_fini(&g_latch);
+    }
+}
+
 static const tp_test_case k_cases[] = {
     TP_TEST_CASE_T(test_destroy_waiting, 60),
     TP_TEST_CASE_T(test_stuck_peer, 60),
+    TP_TEST_CASE_T(test_flight_recorder, 60),
 };
 
 TP_TEST_MAIN(k_cases)
