@@ -151,6 +151,11 @@ enum {
     TP_STORE_R_OK = 0,
     TP_STORE_R_TIMEOUT = 1, // + text
     TP_STORE_R_ERROR = 2,   // + i32 tp_status + text
+    // Sent instead of a reply when the server closes a connection that
+    // was idle (TP_STORE_IDLE_TIMEOUT_MS) before reading any byte of a
+    // request: whatever the client sent after it was not run, so the
+    // client reconnects and sends it again.
+    TP_STORE_R_IDLE = 3,
 };
 
 #endif

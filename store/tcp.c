@@ -30,6 +30,7 @@
 
 typedef struct tcp_client {
     int t_fd;
+    tp_sockaddr t_sa; // the server, to reconnect after an idle close
     int64_t t_max_value;
     char t_addr[TP_SOCKADDR_STRLEN + 8];
     tp_store_server *t_srv; // owned, may be NULL
@@ -90,6 +91,7 @@ tp__store_tcp_open(const char *addr, int64_t max_value, uint64_t deadline_ns,
         return tp__error_set(err_p, TP_ENOMEM, "out of memory");
     }
     t->t_fd = -1;
+    t->t_sa = sa;
     t->t_max_value = max_value;
     t->t_srv = srv;
     snprintf(t->t_addr, sizeof(t->t_addr), "%s", addr);
@@ -205,6 +207,54 @@ tcp_broken(tcp_client *t, tp_status st, tp_error **err_p, const char *fmt,
     return tp__error_set(err_p, st, "%s", t->t_broken);
 }
 
+// The server closed the connection as idle (TP_STORE_R_IDLE): connect
+// again, once, within @deadline_ns. Nothing of a request sent on the old
+// connection was run, so the caller sends it again.
+static tp_status
+tcp_reconnect(tcp_client *t, uint64_t deadline_ns, tp_error **err_p)
+{
+    close(t->t_fd);
+    t->t_fd = -1;
+    int e = 0;
+    uint64_t one = tp__now_ns() + 5000u * 1000000u;
+    if (tcp_connect_once(&t->t_sa, TP_MIN(one, deadline_ns), &t->t_fd, &e) !=
+        TP_OK) {
+        char why[128];
+        snprintf(why, sizeof(why), "%s (%s)", strerror(e), tp__errno_name(e));
+        return tcp_broken(t, tp__status_from_errno(e), err_p,
+                          "reconnecting after the server closed the idle "
+                          "connection: %s",
+                          why);
+    }
+    return TP_OK;
+}
+
+// Before a request: true if the server has closed the connection since
+// the last call (it sends TP_STORE_R_IDLE first, then closes). Any other
+// byte waiting here breaks the connection (*@st_p).
+static bool
+tcp_closed_while_idle(tcp_client *t, tp_status *st_p, tp_error **err_p)
+{
+    struct pollfd p = {.fd = t->t_fd, .events = POLLIN};
+    if (poll(&p, 1, 0) <= 0) {
+        return false;
+    }
+    uint8_t h[TP_STORE_RHDR_LEN];
+    ssize_t n = recv(t->t_fd, h, sizeof(h), MSG_DONTWAIT);
+    if (n == (ssize_t)sizeof(h) && tp__get_u32le(h) == TP_STORE_MAGIC &&
+        h[4] == TP_STORE_R_IDLE) {
+        return true;
+    }
+    if (n == 0) {
+        // Closed with no notice (a stopped server): try again, the same
+        // way; a server that is gone refuses.
+        return true;
+    }
+    *st_p = tcp_broken(t, TP_EPROTO, err_p, "%s",
+                       "unexpected bytes from the server between requests");
+    return false;
+}
+
 // Sends @r and reads the reply header. On TP_OK the caller reads the
 // op-specific body; timeout and error replies are turned into errors here.
 static tp_status
@@ -223,16 +273,34 @@ tcp_roundtrip(tcp_client *t, tcp_req *r, uint64_t deadline_ns, uint64_t *rdl_p,
     uint64_t rdl = deadline_ns == UINT64_MAX ? UINT64_MAX
                                              : deadline_ns + TCP_REPLY_GRACE_NS;
     char why[128];
-    tp_status st =
-        tp__io_write_all(t->t_fd, r->r_buf, r->r_len, rdl, why, sizeof(why));
-    tp__free(r->r_buf);
-    if (st != TP_OK) {
-        return tcp_broken(t, st, err_p, "send to the server: %s", why);
+    tp_status st = TP_OK;
+    if (tcp_closed_while_idle(t, &st, err_p)) {
+        st = tcp_reconnect(t, deadline_ns, err_p);
     }
     uint8_t h[TP_STORE_RHDR_LEN];
-    st = tp__io_read_all(t->t_fd, h, sizeof(h), rdl, why, sizeof(why));
+    // Twice at most: the server may close the connection as idle just as
+    // the request leaves (it answers TP_STORE_R_IDLE without running it).
+    for (int round = 0; st == TP_OK; round++) {
+        st = tp__io_write_all(t->t_fd, r->r_buf, r->r_len, rdl, why,
+                              sizeof(why));
+        if (st != TP_OK) {
+            st = tcp_broken(t, st, err_p, "send to the server: %s", why);
+            break;
+        }
+        st = tp__io_read_all(t->t_fd, h, sizeof(h), rdl, why, sizeof(why));
+        if (st != TP_OK) {
+            st = tcp_broken(t, st, err_p, "reply from the server: %s", why);
+            break;
+        }
+        if (tp__get_u32le(h) != TP_STORE_MAGIC || h[4] != TP_STORE_R_IDLE ||
+            round > 0) {
+            break;
+        }
+        st = tcp_reconnect(t, deadline_ns, err_p);
+    }
+    tp__free(r->r_buf);
     if (st != TP_OK) {
-        return tcp_broken(t, st, err_p, "reply from the server: %s", why);
+        return st;
     }
     if (tp__get_u32le(h) != TP_STORE_MAGIC || h[4] > TP_STORE_R_ERROR) {
         return tcp_broken(t, TP_EPROTO, err_p, "%s",

@@ -121,15 +121,18 @@ conn_arm(srv_conn *c)
     switch (c->sc_state) {
     case SC_READ:
         if (c->sc_in_len == 0) {
-            dl = srv->srv_idle_ms > 0 ? tp__deadline_after_ms(srv->srv_idle_ms)
-                                      : UINT64_MAX;
-        } else if (srv->srv_request_ms > 0) {
-            dl = c->sc_req_start + (uint64_t)srv->srv_request_ms * 1000000u;
+            dl = srv->srv_lim.sl_idle_ms > 0
+                     ? tp__deadline_after_ms(srv->srv_lim.sl_idle_ms)
+                     : UINT64_MAX;
+        } else if (srv->srv_lim.sl_request_ms > 0) {
+            dl = c->sc_req_start +
+                 (uint64_t)srv->srv_lim.sl_request_ms * 1000000u;
         }
         break;
     case SC_WRITE: // a reply that makes no progress for the idle time
-        dl = srv->srv_idle_ms > 0 ? tp__deadline_after_ms(srv->srv_idle_ms)
-                                  : UINT64_MAX;
+        dl = srv->srv_lim.sl_idle_ms > 0
+                 ? tp__deadline_after_ms(srv->srv_lim.sl_idle_ms)
+                 : UINT64_MAX;
         break;
     case SC_PARKED: // armed by the request itself
     case SC_DEAD:
@@ -348,6 +351,26 @@ conn_fd_cb(tp_loop_fd *lfd, uint32_t events)
     conn_pump(c);
 }
 
+// Best effort, before a close: one non-blocking send of a last reply
+// header (+ a TP_ETIMEDOUT error text for TP_STORE_R_ERROR).
+static void
+conn_send_last(srv_conn *c, uint8_t status, const char *msg)
+{
+    uint8_t b[TP_STORE_RHDR_LEN + 8 + 256] = {0};
+    size_t n = TP_STORE_RHDR_LEN;
+    tp__put_u32le(b, TP_STORE_MAGIC);
+    b[4] = status;
+    if (msg != NULL) {
+        size_t ml = TP_MIN(strlen(msg), (size_t)256);
+        tp__put_u32le(b + n, (uint32_t)(int32_t)TP_ETIMEDOUT);
+        tp__put_u32le(b + n + 4, (uint32_t)ml);
+        memcpy(b + n + 8, msg, ml);
+        n += 8 + ml;
+    }
+    ssize_t w = send(c->sc_fd, b, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+    TP_UNUSED(w);
+}
+
 static void
 conn_timer_cb(tp_timer *t, void *arg)
 {
@@ -368,21 +391,30 @@ conn_timer_cb(tp_timer *t, void *arg)
             TP_LOG_INFO("TP-STORE-IDLE",
                         "store server %s: peer %s: idle for %lld ms "
                         "(TP_STORE_IDLE_TIMEOUT_MS); closing the connection",
-                        srv->srv_addr, c->sc_peer, (long long)srv->srv_idle_ms);
+                        srv->srv_addr, c->sc_peer,
+                        (long long)srv->srv_lim.sl_idle_ms);
+            conn_send_last(c, TP_STORE_R_IDLE, NULL);
         } else {
             TP_LOG_WARN("TP-STORE-PROTO",
                         "store server %s: peer %s: request not complete "
                         "within %lld ms (TP_STORE_REQUEST_TIMEOUT_MS; %zu "
                         "bytes received); closing the connection",
                         srv->srv_addr, c->sc_peer,
-                        (long long)srv->srv_request_ms, c->sc_in_len);
+                        (long long)srv->srv_lim.sl_request_ms, c->sc_in_len);
+            char msg[256];
+            snprintf(msg, sizeof(msg),
+                     "store server %s: request not complete within %lld ms "
+                     "(TP_STORE_REQUEST_TIMEOUT_MS); connection closed",
+                     srv->srv_addr, (long long)srv->srv_lim.sl_request_ms);
+            conn_send_last(c, TP_STORE_R_ERROR, msg);
         }
         break;
     case SC_WRITE:
         TP_LOG_WARN("TP-STORE-CONN",
                     "store server %s: peer %s: did not read its reply for "
                     "%lld ms; closing the connection",
-                    srv->srv_addr, c->sc_peer, (long long)srv->srv_idle_ms);
+                    srv->srv_addr, c->sc_peer,
+                    (long long)srv->srv_lim.sl_idle_ms);
         break;
     case SC_DEAD:
         return;
@@ -434,6 +466,29 @@ srv_conn_new(tp_store_server *srv, int fd, const tp_sockaddr *peer)
     srv_conn_schedule(c);
 }
 
+// At the connection cap: close the new connection at once. Logged at
+// most once a second, with the number refused since.
+static void
+srv_refuse(tp_store_server *srv, int fd, const tp_sockaddr *pa)
+{
+    srv->srv_refused++;
+    uint64_t now = tp__now_ns();
+    if (srv->srv_refused_log_ns == 0 ||
+        now - srv->srv_refused_log_ns >= 1000000000u) {
+        char peer[TP_SOCKADDR_STRLEN];
+        tp__sockaddr_format(pa, peer, sizeof(peer));
+        TP_LOG_WARN("TP-STORE-MAX-CONNS",
+                    "store server %s: refused peer %s: %zu connections open, "
+                    "the most allowed (TP_STORE_MAX_CONNS=%lld; %llu refused "
+                    "so far)",
+                    srv->srv_addr, peer, srv->srv_nconns,
+                    (long long)srv->srv_lim.sl_max_conns,
+                    (unsigned long long)srv->srv_refused);
+        srv->srv_refused_log_ns = now;
+    }
+    close(fd);
+}
+
 static void
 srv_accept_all(tp_store_server *srv)
 {
@@ -460,6 +515,10 @@ srv_accept_all(tp_store_server *srv)
                 return;
             }
             continue; // that connection died before we took it
+        }
+        if ((int64_t)srv->srv_nconns >= srv->srv_lim.sl_max_conns) {
+            srv_refuse(srv, fd, &pa);
+            continue;
         }
         srv_conn_new(srv, fd, &pa);
     }
@@ -520,8 +579,21 @@ tp_status
 tp_store_server_start(const char *addr, tp_store_server **srv_p,
                       tp_error **err_p)
 {
+    return tp_store_server_start_opts(addr, NULL, srv_p, err_p);
+}
+
+tp_status
+tp_store_server_start_opts(const char *addr,
+                           const tp_store_server_options *opts,
+                           tp_store_server **srv_p, tp_error **err_p)
+{
     tp_config cfg;
     tp_status st = tp__config_load(&cfg, err_p);
+    if (st != TP_OK) {
+        return st;
+    }
+    srv_limits lim;
+    st = srv_limits_load(opts, cfg.store_max_value, &lim, err_p);
     if (st != TP_OK) {
         return st;
     }
@@ -543,7 +615,7 @@ tp_store_server_start(const char *addr, tp_store_server **srv_p,
     if (srv == NULL) {
         return tp__error_set(err_p, TP_ENOMEM, "store server: out of memory");
     }
-    srv->srv_max_value = cfg.store_max_value;
+    srv->srv_lim = lim;
     char shown[TP_SOCKADDR_STRLEN];
     tp__sockaddr_format_url(&sa, "tcp", shown, sizeof(shown));
     srv->srv_lfd = socket(sa.u.sa.sa_family,
@@ -582,6 +654,7 @@ tp_store_server_start(const char *addr, tp_store_server **srv_p,
     }
     tp__kv_init(&srv->srv_kv);
     tp__kv_set_watch(&srv->srv_kv, srv_req_watch, srv);
+    tp__kv_set_max_bytes(&srv->srv_kv, (uint64_t)lim.sl_max_bytes);
     tp__timer_init(&srv->srv_accept_timer, srv_accept_timer_cb, srv);
     // The loop only waits: spinning before it sleeps would burn a core
     // for a server that mostly idles.

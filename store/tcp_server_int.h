@@ -55,6 +55,15 @@ typedef struct srv_conn {
     char sc_peer[TP_SOCKADDR_STRLEN];
 } srv_conn;
 
+// The server's bounds (tcp_server_opts.c; docs/store.md). 0: none.
+typedef struct srv_limits {
+    int64_t sl_max_conns;
+    int64_t sl_idle_ms;    // close a connection idle this long
+    int64_t sl_request_ms; // a request must arrive whole within this
+    int64_t sl_max_bytes;  // key and value bytes stored
+    int64_t sl_max_value;
+} srv_limits;
+
 struct tp_store_server {
     tp__kv srv_kv;
     tp_loop *srv_loop;
@@ -63,14 +72,21 @@ struct tp_store_server {
     bool srv_lwatched;
     tp_timer srv_accept_timer; // retry after EMFILE and friends
     bool srv_stopping;
-    int64_t srv_max_value;
-    int64_t srv_idle_ms;    // close a connection idle this long; 0: never
-    int64_t srv_request_ms; // a request must arrive within this; 0: never
+    srv_limits srv_lim;
+    uint64_t srv_refused;        // connections refused at the cap
+    uint64_t srv_refused_log_ns; // when a refusal was last logged
     char srv_addr[TP_SOCKADDR_STRLEN + 16];
     srv_conn *srv_conns;
     size_t srv_nconns;
     srv_conn *srv_parked;
 };
+
+// ---- tcp_server_opts.c ----
+
+// The bounds from @o (may be NULL), else TP_STORE_* variables, else the
+// defaults; @max_value is TP_STORE_MAX_VALUE from the config.
+tp_status srv_limits_load(const tp_store_server_options *o, int64_t max_value,
+                          srv_limits *l, tp_error **err_p);
 
 // ---- tcp_server.c ----
 

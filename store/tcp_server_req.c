@@ -157,7 +157,7 @@ srv_req_parse(const srv_conn *c, srv_req *r, size_t *need_p, const char **why_p)
     r->r_op = c->sc_in[4];
     r->r_timeout_ms = tp__get_u64le(c->sc_in + 8);
     p.rc_off = TP_STORE_HDR_LEN;
-    rc = req_parse_body(&p, c->sc_srv->srv_max_value, r);
+    rc = req_parse_body(&p, c->sc_srv->srv_lim.sl_max_value, r);
     r->r_len = p.rc_off;
     return rc;
 }

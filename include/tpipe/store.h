@@ -154,6 +154,32 @@ TP_API tp_status tp_store_num_keys(tp_store *store, int64_t timeout_ms,
                                    int64_t *n_p, tp_error **err_p);
 
 /**
+ * tp_store_server_options - the bounds of a tcp store server. Zero a
+ * struct, set size to sizeof(tp_store_server_options), then set the fields
+ * to change; a field left 0 takes its environment variable, else its
+ * default. In the environment, 0 turns a deadline off.
+ */
+typedef struct tp_store_server_options {
+    size_t size;
+    /** Connections served at once; more are refused (logged, and the
+     * client fails naming TP_STORE_MAX_CONNS). TP_STORE_MAX_CONNS, 1024. */
+    int64_t max_conns;
+    /** A connection that sends nothing for this long is closed (a client
+     * parked in a get or wait is not idle; a tpipe client reconnects on
+     * its next call). TP_STORE_IDLE_TIMEOUT_MS, 300000 (5 min). */
+    int64_t idle_timeout_ms;
+    /** A request (and the hello) must arrive whole within this of its
+     * first byte, else the connection is closed with an error reply.
+     * TP_STORE_REQUEST_TIMEOUT_MS, 10000. */
+    int64_t request_timeout_ms;
+    /** Key and value bytes stored in all; a set over it fails with
+     * TP_ENOMEM naming TP_STORE_MAX_BYTES. TP_STORE_MAX_BYTES, 1 GiB. */
+    int64_t max_bytes;
+    /** The longest value. TP_STORE_MAX_VALUE, 64 MiB. */
+    int64_t max_value;
+} tp_store_server_options;
+
+/**
  * tp_store_server_start - run a tcp store server on @addr ("tcp://H:P";
  * P may be 0 for any free port; an empty host, "tcp://:P", listens on every
  * IPv4 interface). Serves every client from one event-loop thread of its
@@ -165,6 +191,17 @@ TP_API tp_status tp_store_num_keys(tp_store *store, int64_t timeout_ms,
 TP_API tp_status tp_store_server_start(const char *addr,
                                        tp_store_server **srv_p,
                                        tp_error **err_p);
+
+/**
+ * tp_store_server_start_opts - tp_store_server_start with the bounds in
+ * @opts (may be NULL: the environment and defaults).
+ * Errors: as tp_store_server_start; TP_EINVAL for a malformed option or
+ *   environment variable (named in the message).
+ */
+TP_API tp_status tp_store_server_start_opts(const char *addr,
+                                            const tp_store_server_options *opts,
+                                            tp_store_server **srv_p,
+                                            tp_error **err_p);
 
 /** tp_store_server_addr - the bound address, "tcp://127.0.0.1:41234"
  * (with the real port); borrowed for the server's lifetime. */

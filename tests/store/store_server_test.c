@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // store_server_test.c - the tcp store server on its event loop: many
-// parked waiters on one thread, woken by a set or their deadline. Raw
+// parked waiters on one thread, woken by a set or their deadline; its
+// bounds: 2000 idle connections next to a working client, the connection
+// cap, the idle deadline (and a client reconnecting after it), the
+// request deadline against a slow sender, the cap on stored bytes. Raw
 // clients speak the wire format of docs/store.md; loopback only; every
 // read has a timeout.
 
@@ -122,12 +125,64 @@ thread_count(void)
 }
 
 static tp_store_server *
-start_server(void)
+start_server_opts(const tp_store_server_options *o)
 {
     tp_store_server *srv = NULL;
     tp_error *err = NULL;
-    TP_CHECK_OK(tp_store_server_start("tcp://127.0.0.1:0", &srv, &err), err);
+    TP_CHECK_OK(tp_store_server_start_opts("tcp://127.0.0.1:0", o, &srv, &err),
+                err);
     return srv;
+}
+
+static tp_store_server *
+start_server(void)
+{
+    return start_server_opts(NULL);
+}
+
+// Expects EOF (or a reset) on @fd within the receive timeout.
+static void
+expect_eof(int fd)
+{
+    char c;
+    ssize_t r;
+    do {
+        r = recv(fd, &c, 1, 0);
+    } while (r < 0 && errno == EINTR);
+    TP_CHECKF(r == 0 || (r < 0 && errno == ECONNRESET),
+              "server did not close the connection (r=%zd)", r);
+}
+
+// A num_keys round trip on a raw connection: it has been accepted.
+static void
+raw_ping(int fd)
+{
+    uint8_t b[TP_STORE_HDR_LEN] = {0};
+    tp__put_u32le(b, TP_STORE_MAGIC);
+    b[4] = TP_STORE_OP_NUM_KEYS;
+    send_all(fd, b, sizeof(b));
+    TP_CHECK_EQ(recv_status(fd), TP_STORE_R_OK);
+    recv_all(fd, b, 8);
+}
+
+static void
+set_str(tp_store *s, const char *key, const char *v)
+{
+    tp_error *err = NULL;
+    TP_CHECK_OK(tp_store_set(s, key, v, strlen(v), TP_TIMEOUT_DEFAULT, &err),
+                err);
+}
+
+static void
+check_get(tp_store *s, const char *key, const char *want)
+{
+    void *v = NULL;
+    size_t n = 0;
+    tp_error *err = NULL;
+    TP_CHECK_OK(tp_store_get(s, key, tp_test_ms(WAIT_MS), &v, &n, &err), err);
+    TP_CHECK_EQ(n, strlen(want));
+    TP_CHECK(memcmp(v, want, n) == 0);
+    free(v);
 }
 
 static tp_store *
@@ -186,8 +241,183 @@ test_parked_many(void)
     tp_store_server_stop(srv);
 }
 
+// 2000 idle connections (fds raised for them, the cap above them) cost
+// no thread, and a client next to them is served at once.
+static void
+test_idle_2000(void)
+{
+    enum { N = 2000 };
+    struct rlimit rl;
+    TP_CHECK(getrlimit(RLIMIT_NOFILE, &rl) == 0);
+    if (rl.rlim_cur < 2 * N + 256) {
+        rlim_t want = 2 * N + 256;
+        if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < want) {
+            printf("RLIMIT_NOFILE hard limit %llu < %llu: skipped\n",
+                   (unsigned long long)rl.rlim_max, (unsigned long long)want);
+            exit(77);
+        }
+        rl.rlim_cur = want;
+        TP_CHECK(setrlimit(RLIMIT_NOFILE, &rl) == 0);
+    }
+    tp_store_server_options o = {.size = sizeof(o), .max_conns = N + 16};
+    tp_store_server *srv = start_server_opts(&o);
+    int threads = thread_count();
+    static int fds[N];
+    for (int i = 0; i < N; i++) {
+        fds[i] = raw_connect(srv);
+    }
+    raw_ping(fds[N - 1]);
+    TP_CHECKF(thread_count() <= threads, "threads %d, were %d", thread_count(),
+              threads);
+    uint64_t t0 = tp__now_ns();
+    tp_store *s = open_client(srv);
+    set_str(s, "k", "v");
+    check_get(s, "k", "v");
+    uint64_t ms = (tp__now_ns() - t0) / 1000000u;
+    TP_CHECKF(ms < (uint64_t)tp_test_ms(2000), "client served after %llu ms",
+              (unsigned long long)ms);
+    tp_store_close(s);
+    for (int i = 0; i < N; i++) {
+        close(fds[i]);
+    }
+    tp_store_server_stop(srv);
+}
+
+// At the cap a new connection is refused (closed at once); one more fits
+// when one leaves.
+static void
+test_max_conns(void)
+{
+    enum { CAP = 8 };
+    tp_store_server_options o = {.size = sizeof(o), .max_conns = CAP};
+    tp_store_server *srv = start_server_opts(&o);
+    int fds[CAP];
+    for (int i = 0; i < CAP; i++) {
+        fds[i] = raw_connect(srv);
+        raw_ping(fds[i]);
+    }
+    int extra = raw_connect(srv);
+    expect_eof(extra);
+    close(extra);
+    close(fds[0]);
+    usleep(50 * 1000); // the server notices the close
+    fds[0] = raw_connect(srv);
+    raw_ping(fds[0]);
+    for (int i = 0; i < CAP; i++) {
+        close(fds[i]);
+    }
+    tp_store_server_stop(srv);
+}
+
+// An idle connection is closed at the idle deadline with an idle notice;
+// a parked one is not; a tpipe client idle that long reconnects on its
+// next call.
+static void
+test_idle_timeout(void)
+{
+    tp_store_server_options o = {.size = sizeof(o), .idle_timeout_ms = 200};
+    tp_store_server *srv = start_server_opts(&o);
+    tp_store *s = open_client(srv);
+    set_str(s, "a", "1");
+    int idle = raw_connect(srv);
+    int parked = raw_connect(srv);
+    send_get(parked, "late", 0);
+    uint64_t t0 = tp__now_ns();
+    TP_CHECK_EQ(recv_status(idle), TP_STORE_R_IDLE);
+    expect_eof(idle);
+    uint64_t ms = (tp__now_ns() - t0) / 1000000u;
+    TP_CHECKF(ms >= 150, "closed after %llu ms", (unsigned long long)ms);
+    close(idle);
+    usleep(300 * 1000);      // past the deadline: s was closed as idle too
+    set_str(s, "late", "x"); // reconnects; wakes the parked get
+    TP_CHECK_EQ(recv_status(parked), TP_STORE_R_OK);
+    uint8_t b[9];
+    recv_all(parked, b, 9);
+    TP_CHECK(b[8] == 'x');
+    close(parked);
+    check_get(s, "a", "1");
+    tp_store_close(s);
+    tp_store_server_stop(srv);
+}
+
+// A request that does not arrive whole within the request deadline is cut
+// with an error reply naming the bound.
+static void
+test_slow_loris(void)
+{
+    tp_store_server_options o = {.size = sizeof(o), .request_timeout_ms = 200};
+    tp_store_server *srv = start_server_opts(&o);
+    int fd = raw_connect(srv);
+    uint8_t h[TP_STORE_HDR_LEN] = {0};
+    tp__put_u32le(h, TP_STORE_MAGIC);
+    h[4] = TP_STORE_OP_SET;
+    uint64_t t0 = tp__now_ns();
+    for (int i = 0; i < 3; i++) { // a byte every 50 ms, then nothing
+        send_all(fd, h + i, 1);
+        usleep(50 * 1000);
+    }
+    TP_CHECK_EQ(recv_status(fd), TP_STORE_R_ERROR);
+    uint8_t b[4];
+    recv_all(fd, b, 4);
+    TP_CHECK_EQ((int32_t)tp__get_u32le(b), TP_ETIMEDOUT);
+    char msg[512];
+    recv_text(fd, msg, sizeof(msg));
+    TP_CHECK_STR_CONTAINS(msg, "TP_STORE_REQUEST_TIMEOUT_MS");
+    expect_eof(fd);
+    uint64_t ms = (tp__now_ns() - t0) / 1000000u;
+    TP_CHECKF(ms >= 190 && ms < (uint64_t)tp_test_ms(5000), "cut after %llu ms",
+              (unsigned long long)ms);
+    close(fd);
+    tp_store_server_stop(srv);
+}
+
+// The cap on stored bytes refuses a set that would pass it, naming it;
+// replacing a value by a smaller one still works.
+static void
+test_max_bytes(void)
+{
+    tp_store_server_options o = {.size = sizeof(o), .max_bytes = 1000};
+    tp_store_server *srv = start_server_opts(&o);
+    tp_store *s = open_client(srv);
+    char big[601];
+    memset(big, 'x', 600);
+    big[600] = 0;
+    set_str(s, "a", big);
+    tp_error *err = NULL;
+    TP_CHECK_EQ(tp_store_set(s, "b", big, 600, TP_TIMEOUT_DEFAULT, &err),
+                TP_ENOMEM);
+    TP_CHECK_STR_CONTAINS(tp_error_message(err), "TP_STORE_MAX_BYTES");
+    TP_CHECK_STR_CONTAINS(tp_error_message(err), "\"b\"");
+    tp_error_unref(err);
+    set_str(s, "a", "small");
+    set_str(s, "b", big);
+    check_get(s, "a", "small");
+    tp_store_close(s);
+    tp_store_server_stop(srv);
+}
+
+// Malformed bounds in the environment are refused, naming the variable.
+static void
+test_bad_env(void)
+{
+    setenv("TP_STORE_MAX_CONNS", "lots", 1);
+    tp_store_server *srv = NULL;
+    tp_error *err = NULL;
+    TP_CHECK_EQ(tp_store_server_start("tcp://127.0.0.1:0", &srv, &err),
+                TP_EINVAL);
+    TP_CHECK_STR_CONTAINS(tp_error_message(err), "TP_STORE_MAX_CONNS=lots");
+    tp_error_unref(err);
+    unsetenv("TP_STORE_MAX_CONNS");
+    setenv("TP_STORE_MAX_BYTES", "2M", 1);
+    TP_CHECK_OK(tp_store_server_start("tcp://127.0.0.1:0", &srv, &err), err);
+    tp_store_server_stop(srv);
+}
+
 static const tp_test_case cases[] = {
-    TP_TEST_CASE(test_parked_many),
+    TP_TEST_CASE(test_parked_many), TP_TEST_CASE_T(test_idle_2000, 120),
+    TP_TEST_CASE(test_max_conns),   TP_TEST_CASE(test_idle_timeout),
+    TP_TEST_CASE(test_slow_loris),  TP_TEST_CASE(test_max_bytes),
+    TP_TEST_CASE(test_bad_env),
 };
 
 TP_TEST_MAIN(cases)
