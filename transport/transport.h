@@ -104,6 +104,8 @@ struct tp_transport {
     tp_mtx t_mtx;
     tp_cv t_cv;
     _Atomic int t_nobjs;
+    // Fault injection for conns made from now on (fault.h); NULL = none.
+    struct tp_fault *t_fault;
 };
 
 static inline void *
@@ -128,6 +130,7 @@ struct tp_conn {
     _Atomic bool c_closed_req;
     tp_task c_close_task;
     tp_task c_free_task;
+    struct tp_conn_fault *c_fault; // loop thread; NULL = no fault (fault.h)
 };
 
 // Backends, listed by transport/registry.c.

@@ -26,6 +26,7 @@
 #include "core/loop.h"
 #include "tp_test.h"
 #include "tp_test_op.h"
+#include "transport/fault.h"
 #include "transport/transport.h"
 
 // ---- fixture
@@ -913,6 +914,220 @@ garbage_to_listener(void)
     fx_fini(&fx);
 }
 
+// ---- fault injection (transport/fault.h) -----------------------------------
+
+static void
+fault_set(tp_conn *c, const char *spec)
+{
+    tp_fault f;
+    tp_error *err = NULL;
+    TP_CHECK_OK(tp__fault_parse(spec, &f, &err), err);
+    TP_CHECK_OK(tp__conn_fault_set(c, &f), NULL);
+}
+
+// close_after: the bytes up to the limit arrive; the write that crosses it
+// fails; the reader then fails promptly with an error naming its peer.
+static void
+fault_close_after(void)
+{
+    fixture fx;
+    fx_init(&fx);
+    tp_conn *c, *s;
+    fx_pair(&fx, &c, &s);
+    fault_set(c, "close_after=4096");
+    static uint8_t out[10000], in[10000];
+    fill_pattern(out, sizeof(out), 3);
+    char msg[512];
+    TP_CHECK_EQ(xfer(c, true, out, 1000, 5000, msg, sizeof(msg)), TP_OK);
+    tp_status st = xfer(c, true, out + 1000, 9000, 5000, msg, sizeof(msg));
+    TP_CHECK_EQ(st, TP_ECONNRESET);
+    TP_CHECK_STR_CONTAINS(msg, "fault injection after 4096 bytes");
+    TP_CHECK_EQ(xfer(s, false, in, 4096, 5000, msg, sizeof(msg)), TP_OK);
+    check_pattern(in, 4096, 3);
+    uint64_t t0 = tp__now_ns();
+    st = xfer(s, false, in, 1, 5000, msg, sizeof(msg));
+    uint64_t ms = (tp__now_ns() - t0) / 1000000u;
+    TP_CHECKF(TP_STATUS_IS_CONN(st), "read after the close: %s (%s)",
+              tp_status_name(st), msg);
+    TP_CHECKF(ms < 2000, "the reader learnt of the close after %llu ms",
+              (unsigned long long)ms);
+    TP_CHECK_STR_CONTAINS(msg, tp__conn_peer(s));
+    // Later writes fail too.
+    TP_CHECK(xfer(c, true, out, 10, 5000, NULL, 0) != TP_OK);
+    tp__conn_unref(c);
+    tp__conn_unref(s);
+    fx_fini(&fx);
+}
+
+// delay_ms: each write starts (and completes) no earlier than the delay
+// after it was submitted; order is kept.
+static void
+fault_delay(void)
+{
+    fixture fx;
+    fx_init(&fx);
+    tp_conn *c, *s;
+    fx_pair(&fx, &c, &s);
+    fault_set(c, "delay_ms=200");
+    uint8_t out[3][64], in[3 * 64];
+    op w[3];
+    uint64_t t0 = tp__now_ns();
+    for (int i = 0; i < 3; i++) {
+        memset(out[i], 'a' + i, sizeof(out[i]));
+        op_init(&w[i], 5000);
+        tp_iov iov = {out[i], sizeof(out[i])};
+        TP_CHECK_OK(tp_aio_set_iov(w[i].aio, 1, &iov), NULL);
+        tp__conn_write(c, w[i].aio);
+    }
+    char msg[512];
+    TP_CHECK_EQ(xfer(s, false, in, sizeof(in), 5000, msg, sizeof(msg)), TP_OK);
+    uint64_t ms = (tp__now_ns() - t0) / 1000000u;
+    for (int i = 0; i < 3; i++) {
+        op_wait(&w[i], 5000);
+        TP_CHECK_OK(tp_aio_status(w[i].aio), tp_aio_error(w[i].aio));
+        op_fini(&w[i]);
+        for (int j = 0; j < 64; j++) {
+            TP_CHECK_EQ(in[i * 64 + j], 'a' + i);
+        }
+    }
+    TP_CHECKF(ms >= 190, "delayed writes arrived after %llu ms",
+              (unsigned long long)ms);
+    TP_CHECKF(ms < 3000, "delayed writes arrived after %llu ms",
+              (unsigned long long)ms);
+    tp__conn_unref(c);
+    tp__conn_unref(s);
+    fx_fini(&fx);
+}
+
+// drop_after: later writes "succeed" but nothing arrives: the reader's
+// deadline fires.
+static void
+fault_drop(void)
+{
+    fixture fx;
+    fx_init(&fx);
+    tp_conn *c, *s;
+    fx_pair(&fx, &c, &s);
+    fault_set(c, "drop_after=100");
+    uint8_t out[1000], in[1000];
+    fill_pattern(out, sizeof(out), 5);
+    char msg[512];
+    TP_CHECK_EQ(xfer(c, true, out, 60, 5000, msg, sizeof(msg)), TP_OK);
+    TP_CHECK_EQ(xfer(c, true, out + 60, 900, 5000, msg, sizeof(msg)), TP_OK);
+    TP_CHECK_EQ(xfer(c, true, out, 10, 5000, msg, sizeof(msg)), TP_OK);
+    TP_CHECK_EQ(xfer(s, false, in, 100, 5000, msg, sizeof(msg)), TP_OK);
+    check_pattern(in, 100, 5);
+    TP_CHECK_EQ(xfer(s, false, in, 1, 300, msg, sizeof(msg)), TP_ETIMEDOUT);
+    tp__conn_unref(c);
+    tp__conn_unref(s);
+    fx_fini(&fx);
+}
+
+// stall_after: the write past the limit never completes: its timeout
+// fires; one without a timeout fails when the conn is closed.
+static void
+fault_stall(void)
+{
+    fixture fx;
+    fx_init(&fx);
+    tp_conn *c, *s;
+    fx_pair(&fx, &c, &s);
+    fault_set(c, "stall_after=10");
+    uint8_t out[64] = {0}, in[64];
+    char msg[512];
+    TP_CHECK_EQ(xfer(c, true, out, 20, 300, msg, sizeof(msg)), TP_ETIMEDOUT);
+    TP_CHECK_EQ(xfer(s, false, in, 10, 5000, msg, sizeof(msg)), TP_OK);
+    op w;
+    op_init(&w, 0);
+    tp_iov iov = {out, 8};
+    TP_CHECK_OK(tp_aio_set_iov(w.aio, 1, &iov), NULL);
+    tp__conn_write(c, w.aio);
+    TP_CHECK(!op_wait_for(&w, 100));
+    tp__conn_close(c);
+    op_wait(&w, 5000);
+    TP_CHECK_EQ(tp_aio_status(w.aio), TP_ECLOSED);
+    op_fini(&w);
+    tp__conn_unref(c);
+    tp__conn_unref(s);
+    fx_fini(&fx);
+}
+
+// TP_FAULT: strict parsing, and the variable applies to every conn of the
+// transports it names.
+static void
+fault_env(void)
+{
+    static const struct {
+        const char *spec;
+        const char *want;
+    } bad[] = {
+        {"close_after", "not key=value"},
+        {"close_after=", "not key=value"},
+        {"close_after=12x", "not a byte count"},
+        {"close_after=-1", "not a byte count"},
+        {"close_after=1,drop_after=2", "only one of"},
+        {"delay_ms=5,delay_ms=6", "given twice"},
+        {"delay_ms=1h", "not a number of milliseconds"},
+        {"transport=tcp", "no fault"},
+        {"bogus=1", "unknown key \"bogus\""},
+        {"transport=TCP,close_after=1", "not a transport name"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        tp_fault f;
+        tp_error *err = NULL;
+        TP_CHECKF(tp__fault_parse(bad[i].spec, &f, &err) == TP_EINVAL,
+                  "\"%s\" parsed", bad[i].spec);
+        TP_CHECK_STR_CONTAINS(tp_error_message(err), bad[i].want);
+        tp_error_unref(err);
+    }
+    tp_fault f;
+    TP_CHECK_OK(
+        tp__fault_parse("transport=shm,stall_after=4K,delay_ms=7", &f, NULL),
+        NULL);
+    TP_CHECK(strcmp(f.f_transport, "shm") == 0);
+    TP_CHECK_EQ(f.f_mode, TP_FAULT_STALL);
+    TP_CHECK_EQ(f.f_after, 4096);
+    TP_CHECK_EQ(f.f_delay_ms, 7);
+
+    // A bad TP_FAULT fails the transport, naming the variable.
+    setenv("TP_FAULT", "close_after=lots", 1);
+    tp_config cfg;
+    tp_error *err = NULL;
+    TP_CHECK_OK(tp__config_load(&cfg, &err), err);
+    tp_loop *loop;
+    tp_status lst = tp__loop_create(&cfg, "conf", &loop, &err);
+    if (lst == TP_ENOTSUP) {
+        tp_test_skip("%s", tp_error_message(err));
+    }
+    TP_CHECK_OK(lst, err);
+    tp_transport *t = NULL;
+    TP_CHECK_EQ(tp__transport_create(conf_transport(), loop, &cfg, &t, &err),
+                TP_EINVAL);
+    TP_CHECK_STR_CONTAINS(tp_error_message(err), "TP_FAULT: close_after");
+    tp_error_unref(err);
+    tp__loop_destroy(loop);
+
+    // A good one applies to the conns of the transport it names: both ends
+    // of the pair, so the accepted end closes after 1 byte too.
+    char spec[64];
+    snprintf(spec, sizeof(spec), "transport=%s,close_after=1",
+             conf_transport());
+    setenv("TP_FAULT", spec, 1);
+    fixture fx;
+    fx_init(&fx);
+    tp_conn *c, *s;
+    fx_pair(&fx, &c, &s);
+    uint8_t b[2] = {1, 2};
+    char msg[512];
+    TP_CHECK_EQ(xfer(c, true, b, 2, 5000, msg, sizeof(msg)), TP_ECONNRESET);
+    TP_CHECK_EQ(xfer(s, false, b, 1, 5000, msg, sizeof(msg)), TP_OK);
+    TP_CHECK(xfer(s, false, b, 1, 5000, msg, sizeof(msg)) != TP_OK);
+    tp__conn_unref(c);
+    tp__conn_unref(s);
+    fx_fini(&fx);
+    unsetenv("TP_FAULT");
+}
+
 static const tp_test_case cases[] = {
     TP_TEST_CASE(connect_refused),
     TP_TEST_CASE(round_trip),
@@ -926,6 +1141,11 @@ static const tp_test_case cases[] = {
     TP_TEST_CASE(timeout_and_cancel),
     TP_TEST_CASE(peer_killed),
     TP_TEST_CASE(garbage_to_listener),
+    TP_TEST_CASE(fault_close_after),
+    TP_TEST_CASE(fault_delay),
+    TP_TEST_CASE(fault_drop),
+    TP_TEST_CASE(fault_stall),
+    TP_TEST_CASE(fault_env),
 };
 
 TP_TEST_MAIN(cases)
