@@ -45,6 +45,7 @@ install(TARGETS tpipe tpipe_static EXPORT tpipeTargets
 # FindPkgConfig does not record a single <PREFIX>_MODULE_NAME.
 set(_tp_pc_modules_XXHASH libxxhash)
 set(_tp_pc_modules_URING liburing)
+set(_tp_pc_modules_CRYPTO libcrypto)
 set(_tp_pc_modules_IBV libibverbs)
 set(_tp_pc_modules_RDMACM librdmacm)
 set(_tp_pc_modules_UCXPC ucx)
@@ -135,7 +136,7 @@ string(REPLACE ";" ", " TP_STATIC_DEPS_DOC "${TP_STATIC_DEPS_DOC}")
 # package, `features` in tpipe.pc.
 set(TP_CONFIG_FEATURES "")
 set(TP_CONFIG_HAVE "")
-foreach(f URING IBV UCX CUDA NCCL BLAS)
+foreach(f URING CRYPTO IBV UCX CUDA NCCL BLAS)
   if(NOT DEFINED TP_HAVE_${f})
     continue()
   endif()

@@ -49,6 +49,8 @@ shm_acceptor_reject(shm_conn *c, const char *why)
     shm_listener_serve(l);
 }
 
+static void shm_acceptor_on_auth(shm_conn *c);
+
 static void
 shm_acceptor_on_hello(shm_conn *c)
 {
@@ -63,7 +65,58 @@ shm_acceptor_on_hello(shm_conn *c)
         return;
     }
     tp_error *err = NULL;
-    if (shm_send_hello(c, &err) != TP_OK || shm_conn_ready(c, &err) != TP_OK) {
+    bool secret = false;
+    if (tp__auth_enabled(&secret, &err) != TP_OK) {
+        snprintf(why, sizeof(why), "%s", tp_error_message(err));
+        tp_error_unref(err);
+        shm_acceptor_reject(c, why);
+        return;
+    }
+    char what[sizeof(c->c_listener->l_base.l_addr) + 32];
+    snprintf(what, sizeof(what), "shm: listener %s",
+             c->c_listener->l_base.l_addr);
+    r = tp__auth_decide(secret ? TP_AUTH_HELLO_FLAG : 0,
+                        tp__get_u32le(c->c_hs_buf + 12), true, what, &err);
+    if (r < 0) {
+        // Nothing more goes to a peer without the secret: no hello, no fds.
+        snprintf(why, sizeof(why), "%s", tp_error_message(err));
+        tp_error_unref(err);
+        shm_acceptor_reject(c, why);
+        return;
+    }
+    if (shm_send_hello(c, &err) != TP_OK) {
+        snprintf(why, sizeof(why), "%s", tp_error_message(err));
+        tp_error_unref(err);
+        shm_acceptor_reject(c, why);
+        return;
+    }
+    if (r == 1) {
+        c->c_state = SHM_C_AUTH;
+        tp__auth_start(&c->c_auth, true, "shm");
+    }
+    shm_acceptor_on_auth(c);
+}
+
+// Acceptor: the exchange (if any) progressed; when it is done, the
+// connection is ready for an accept.
+static void
+shm_acceptor_on_auth(shm_conn *c)
+{
+    char why[256];
+    tp_error *err = NULL;
+    if (c->c_state == SHM_C_AUTH) {
+        int r = shm_auth_pump(c, &err);
+        if (r == 0) {
+            return;
+        }
+        if (r < 0) {
+            snprintf(why, sizeof(why), "%s", tp_error_message(err));
+            tp_error_unref(err);
+            shm_acceptor_reject(c, why);
+            return;
+        }
+    }
+    if (shm_conn_ready(c, &err) != TP_OK) {
         snprintf(why, sizeof(why), "%s", tp_error_message(err));
         tp_error_unref(err);
         shm_acceptor_reject(c, why);
@@ -115,6 +168,24 @@ shm_timer_cb(tp_timer *t, void *arg)
                  shm_cfg(c)->handshake_timeout_ms, c->c_hs_got, SHM_HELLO_LEN);
         shm_acceptor_reject(c, why);
         return;
+    case SHM_C_AUTH:
+        if (c->c_listener != NULL) {
+            snprintf(why, sizeof(why),
+                     "timed out after %" PRId64 " ms in the job-secret "
+                     "exchange",
+                     shm_cfg(c)->handshake_timeout_ms);
+            shm_acceptor_reject(c, why);
+        } else {
+            shm_connect_fail(c,
+                             tp__error_new(TP_ETIMEDOUT, 0, NULL,
+                                           "shm: connect to " SHM_SCHEME
+                                           "%s: peer pid %d did not "
+                                           "complete the job-secret "
+                                           "exchange within %" PRId64 " ms",
+                                           c->c_name, c->c_peer_pid,
+                                           shm_cfg(c)->handshake_timeout_ms));
+        }
+        return;
     default:
         return;
     }
@@ -131,6 +202,13 @@ shm_sock_cb(tp_loop_fd *lfd, uint32_t events)
         return;
     case SHM_C_WAIT_HELLO:
         shm_acceptor_on_hello(c);
+        return;
+    case SHM_C_AUTH:
+        if (c->c_listener != NULL) {
+            shm_acceptor_on_auth(c);
+        } else {
+            shm_connector_on_auth(c);
+        }
         return;
     case SHM_C_READY:
         shm_sock_check(c);
@@ -318,6 +396,11 @@ shm_listen(tp_transport *t, tp_listener *base, const char *addr,
     char name[SHM_NAME_MAX + 1];
     if (!pick && shm_parse_addr(addr, name, err_p) != TP_OK) {
         return TP_EINVAL;
+    }
+    bool secret = false;
+    if (tp__auth_enabled(&secret, err_p) != TP_OK) {
+        return tp__error_wrap(err_p, TP_EINVAL, "shm: listen on %s",
+                              pick ? SHM_SCHEME : addr);
     }
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) {

@@ -59,10 +59,16 @@ shm_send_hello(shm_conn *c, tp_error **err_p)
     if (c->c_wake_fd < 0) {
         return tp__error_errno(err_p, errno, "shm: eventfd");
     }
+    bool secret = false;
+    st = tp__auth_enabled(&secret, err_p);
+    if (st != TP_OK) {
+        return st;
+    }
+    c->c_hs_flags = secret ? TP_AUTH_HELLO_FLAG : 0;
     uint8_t b[SHM_HELLO_LEN];
     memcpy(b, TP_HELLO_MAGIC, 8);
     tp__put_u32le(b + 8, SHM_PROTO_VERSION);
-    tp__put_u32le(b + 12, 0);
+    tp__put_u32le(b + 12, c->c_hs_flags);
     tp__put_u64le(b + 16, size);
     tp__put_u64le(b + 24, SHM_RING_DATA_OFF);
     memset(b + 32, 0, 8);
@@ -218,7 +224,7 @@ shm_hello_accept(shm_conn *c, char *why, size_t why_len)
                  version, SHM_PROTO_VERSION);
         return false;
     }
-    if (flags != 0 || reserved != 0) {
+    if ((flags & ~TP_AUTH_HELLO_FLAG) != 0 || reserved != 0) {
         snprintf(why, why_len, "unknown flags 0x%" PRIx32 " or reserved bytes",
                  flags);
         return false;
@@ -314,7 +320,6 @@ shm_connect_cancel(tp_aio *aio, void *arg, tp_status reason)
     }
 }
 
-
 static void
 shm_connect_established(shm_conn *c)
 {
@@ -394,6 +399,94 @@ shm_connector_on_reply(shm_conn *c)
         return;
     }
     tp_error *err = NULL;
+    char what[SHM_NAME_MAX + 64];
+    snprintf(what, sizeof(what), "shm: connect to " SHM_SCHEME "%s", c->c_name);
+    r = tp__auth_decide(c->c_hs_flags, tp__get_u32le(c->c_hs_buf + 12), false,
+                        what, &err);
+    if (r < 0) {
+        shm_connect_fail(c, err);
+        return;
+    }
+    if (r == 1) {
+        c->c_state = SHM_C_AUTH;
+        tp__auth_start(&c->c_auth, false, "shm");
+        shm_connector_on_auth(c);
+        return;
+    }
+    shm_connector_on_auth(c);
+}
+
+// Runs the job-secret exchange on the control socket as far as it goes.
+// Returns 1 when done, 0 when more is to come, -1 on failure (*err_p).
+int
+shm_auth_pump(shm_conn *c, tp_error **err_p)
+{
+    char who[SHM_NAME_MAX + 64];
+    snprintf(who, sizeof(who), "shm: peer pid %d (" SHM_SCHEME "%s)",
+             c->c_peer_pid, c->c_name);
+    for (;;) {
+        const uint8_t *op;
+        uint8_t *ip;
+        size_t nout = tp__auth_out(&c->c_auth, &op);
+        if (nout > 0) {
+            // 64 bytes in all on a fresh unix socket: never blocks.
+            ssize_t n = send(c->c_sock, op, nout, MSG_NOSIGNAL | MSG_DONTWAIT);
+            if (n < 0 && errno == EINTR) {
+                continue;
+            }
+            if (n <= 0) {
+                tp__error_errno(err_p, n < 0 ? errno : EAGAIN,
+                                "%s: sending the job-secret proof", who);
+                return -1;
+            }
+            tp__auth_sent(&c->c_auth, (size_t)n);
+            continue;
+        }
+        if (tp__auth_done(&c->c_auth)) {
+            return 1;
+        }
+        size_t nin = tp__auth_in(&c->c_auth, &ip);
+        ssize_t n = recv(c->c_sock, ip, nin, MSG_DONTWAIT);
+        if (n < 0 && errno == EINTR) {
+            continue;
+        }
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            return 0;
+        }
+        if (n < 0) {
+            tp__error_errno(err_p, errno, "%s: reading the job-secret proof",
+                            who);
+            return -1;
+        }
+        if (n == 0) {
+            tp__error_set(err_p, TP_EPERM,
+                          "%s: closed during authentication (it does not "
+                          "accept this job secret)",
+                          who);
+            return -1;
+        }
+        if (tp__auth_received(&c->c_auth, (size_t)n, who, err_p) != TP_OK) {
+            return -1;
+        }
+    }
+}
+
+// Connector: the exchange (if any) progressed; when it is done, the
+// connection is ready.
+void
+shm_connector_on_auth(shm_conn *c)
+{
+    tp_error *err = NULL;
+    if (c->c_state == SHM_C_AUTH) {
+        int r = shm_auth_pump(c, &err);
+        if (r < 0) {
+            shm_connect_fail(c, err);
+            return;
+        }
+        if (r == 0) {
+            return;
+        }
+    }
     if (shm_conn_ready(c, &err) != TP_OK) {
         shm_connect_fail(c, err);
         return;
@@ -440,6 +533,12 @@ shm_connect(tp_transport *t, const char *addr, tp_aio *aio)
         return;
     }
     c->c_connect_aio = aio;
+    bool secret = false;
+    if (tp__auth_enabled(&secret, &err) != TP_OK) {
+        tp__error_wrap(&err, tp_error_status(err), "shm: connect to %s", addr);
+        shm_connect_fail(c, err);
+        return;
+    }
     c->c_deadline_ns = tp__deadline_after_ms(t->t_cfg.connect_timeout_ms);
     c->c_sock = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (c->c_sock < 0) {

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "core/alloc.h"
+#include "core/auth.h"
 #include "core/log.h"
 #include "core/wire.h"
 #include "transport/shm/ring.h"
@@ -58,6 +59,7 @@ typedef enum shm_state {
     SHM_C_CONNECTING, // connector: connect() said EAGAIN, retrying
     SHM_C_WAIT_REPLY, // connector: hello sent, waiting for the listener's
     SHM_C_WAIT_HELLO, // acceptor: waiting for the connector's hello
+    SHM_C_AUTH,       // both: hellos done, job-secret exchange (core/auth.h)
     SHM_C_READY,
     SHM_C_BROKEN, // c_err set; fds closed, rings still mapped
     SHM_C_CLOSED,
@@ -99,6 +101,8 @@ typedef struct shm_conn {
     size_t c_hs_got;
     int c_hs_fds[SHM_NFDS];
     int c_hs_nfds;
+    uint32_t c_hs_flags; // the flags our hello carried
+    tp__auth c_auth;
     // acceptor side, while owned by the listener
     shm_listener *c_listener;
     tp_list_node c_lnode;
@@ -168,6 +172,8 @@ tp_status shm_conn_ready(shm_conn *c, tp_error **err_p);
 void shm_connect_fail(shm_conn *c, tp_error *err);
 void shm_connect_try(shm_conn *c);
 void shm_connector_on_reply(shm_conn *c);
+int shm_auth_pump(shm_conn *c, tp_error **err_p);
+void shm_connector_on_auth(shm_conn *c);
 void shm_connect(tp_transport *t, const char *addr, tp_aio *aio);
 
 // accept.c: listen, accept and close

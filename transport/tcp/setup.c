@@ -130,8 +130,8 @@ tcp_hello_check(tcp_conn *c)
                                         pfx, version, TCP_HELLO_VERSION));
         return false;
     }
-    // Flags: none defined in version 1; unknown ones are ignored so that
-    // later versions can add optional features.
+    // Flags: bit 0 says the peer has a job secret (tcp_auth_begin); other
+    // bits are ignored so that later versions can add optional features.
     return true;
 }
 
@@ -161,10 +161,116 @@ tcp_hello_done(tcp_conn *c)
     tp__aio_finish(aio, NULL, 0);
 }
 
-// Sends our hello and reads the peer's, as far as the socket allows.
+// The hellos are exchanged: decides whether the job-secret exchange runs
+// (core/auth.h). Returns false after failing the set-up.
+static bool
+tcp_auth_begin(tcp_conn *c)
+{
+    char pfx[TCP_PFX_LEN];
+    tcp_setup_prefix(c, pfx, sizeof(pfx));
+    tp_error *err = NULL;
+    uint32_t ours = tp__get_u32le(c->tc_hello_out + 12);
+    uint32_t theirs = tp__get_u32le(c->tc_hello_in + 12);
+    int r = tp__auth_decide(ours, theirs, c->tc_listener != NULL, pfx, &err);
+    if (r < 0) {
+        tcp_setup_fail(c, err);
+        return false;
+    }
+    c->tc_auth_state = r == 1 ? 1 : 2;
+    if (r == 1) {
+        tp__auth_start(&c->tc_auth, c->tc_listener != NULL, "tcp");
+    }
+    return true;
+}
+
+// Runs the job-secret exchange as far as the socket allows. Returns false
+// after failing the set-up.
+static bool
+tcp_auth_pump(tcp_conn *c)
+{
+    char pfx[TCP_PFX_LEN];
+    for (;;) {
+        const uint8_t *op;
+        uint8_t *ip;
+        size_t nout = tp__auth_out(&c->tc_auth, &op);
+        size_t nin = tp__auth_in(&c->tc_auth, &ip);
+        bool progress = false;
+        if (nout > 0 && c->tc_writable) {
+            ssize_t n = send(c->tc_fd, op, nout, MSG_NOSIGNAL);
+            if (n > 0) {
+                tp__auth_sent(&c->tc_auth, (size_t)n);
+                progress = true;
+            } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+                c->tc_writable = false;
+            } else if (n < 0 && errno != EINTR) {
+                tcp_setup_fail_errno(c, errno,
+                                     ": sending the job-secret proof");
+                return false;
+            }
+        }
+        if (nin > 0 && c->tc_readable) {
+            ssize_t n = recv(c->tc_fd, ip, nin, 0);
+            if (n > 0) {
+                tcp_setup_prefix(c, pfx, sizeof(pfx));
+                tp_error *err = NULL;
+                if (tp__auth_received(&c->tc_auth, (size_t)n, pfx, &err) !=
+                    TP_OK) {
+                    tcp_setup_fail(c, err);
+                    return false;
+                }
+                progress = true;
+            } else if (n == 0) {
+                tcp_setup_prefix(c, pfx, sizeof(pfx));
+                tcp_setup_fail(c, tp__error_new(TP_EPERM, 0, NULL,
+                                                "%s: closed by the peer during "
+                                                "authentication (it does not "
+                                                "accept this job secret)",
+                                                pfx));
+                return false;
+            } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                c->tc_readable = false;
+            } else if (errno != EINTR) {
+                tcp_setup_fail_errno(c, errno,
+                                     ": reading the job-secret proof");
+                return false;
+            }
+        }
+        if (tp__auth_done(&c->tc_auth)) {
+            c->tc_auth_state = 2;
+            return true;
+        }
+        if (!progress) {
+            return true; // wait for the next event
+        }
+    }
+}
+
+// Sends our hello and reads the peer's, as far as the socket allows; then
+// the job-secret exchange when both sides have a secret.
 void
 tcp_hello_pump(tcp_conn *c)
 {
+    if (c->tc_hello_sent == 0 && c->tc_hello_rcvd == 0) {
+        // A misconfigured secret refuses every connection rather than
+        // running without one.
+        bool on = false;
+        tp_error *err = NULL;
+        if (tp__auth_enabled(&on, &err) != TP_OK) {
+            char pfx[TCP_PFX_LEN];
+            tcp_setup_prefix(c, pfx, sizeof(pfx));
+            tcp_setup_fail(
+                c, tp__error_new(tp_error_status(err), 0, err, "%s", pfx));
+            tp_error_unref(err);
+            return;
+        }
+        tp__put_u32le(c->tc_hello_out + 12, on ? TP_AUTH_HELLO_FLAG : 0);
+    }
+    if (c->tc_auth_state == 1) {
+        if (tcp_auth_pump(c) && c->tc_auth_state == 2) {
+            tcp_hello_done(c);
+        }
+        return;
+    }
     while (c->tc_hello_sent < TP_HELLO_LEN && c->tc_writable) {
         ssize_t n = send(c->tc_fd, c->tc_hello_out + c->tc_hello_sent,
                          TP_HELLO_LEN - c->tc_hello_sent, MSG_NOSIGNAL);
@@ -216,6 +322,13 @@ tcp_hello_pump(tcp_conn *c)
         return;
     }
     if (c->tc_hello_sent == TP_HELLO_LEN && c->tc_hello_rcvd == TP_HELLO_LEN) {
+        if (!tcp_auth_begin(c)) {
+            return;
+        }
+        if (c->tc_auth_state == 1 &&
+            (!tcp_auth_pump(c) || c->tc_auth_state != 2)) {
+            return;
+        }
         tcp_hello_done(c);
     }
 }
@@ -422,6 +535,15 @@ tcp_connect(tp_transport *t, const char *addr, tp_aio *aio)
     }
     c->tc_connect_aio = aio;
     snprintf(c->tc_base.c_peer, sizeof(c->tc_base.c_peer), "%s", addr);
+    bool secret = false;
+    tp_error *err = NULL;
+    if (tp__auth_enabled(&secret, &err) != TP_OK) {
+        // Refused before any byte goes out, naming the variable.
+        tcp_setup_fail(c, tp__error_new(tp_error_status(err), 0, err,
+                                        "tcp: connect to %s", addr));
+        tp_error_unref(err);
+        return;
+    }
     // The aio's own timeout, if it has one, is armed by tp__aio_begin and
     // reaches tcp_connect_cancel; otherwise the configured default applies,
     // name resolution included.

@@ -19,6 +19,7 @@
 #include <stdint.h>
 #include <sys/uio.h>
 
+#include "core/auth.h"
 #include "core/list.h"
 #include "core/loop.h"
 #include "transport/transport.h"
@@ -69,6 +70,8 @@ typedef struct tcp_conn {
     uint8_t tc_hello_in[TP_HELLO_LEN];
     unsigned tc_hello_sent;
     unsigned tc_hello_rcvd;
+    int tc_auth_state; // 0: hellos, 1: job-secret exchange, 2: done
+    tp__auth tc_auth;
     tp_timer tc_timer;         // connect or handshake deadline
     int64_t tc_timer_ms;       // its length, for messages
     tcp_listener *tc_listener; // listener side, until handed to an accept
