@@ -130,6 +130,16 @@ tp_status tp__store_env_ranks(int *rank_p, int *world_p, int *local_p,
 
 // ---- tcp wire format (little-endian; docs/store.md) ----
 
+// The hello, sent by both sides first: 8-byte magic, u32 version, u32
+// flags. A peer whose first bytes differ is not a tpipe store (client) or
+// not a tpipe store client (server).
+#define TP_STORE_HELLO_MAGIC   "TPSTORE\x01" // 8 bytes
+#define TP_STORE_HELLO_LEN     16u
+#define TP_STORE_HELLO_VERSION 1u
+// Flags. Bit 0 is TP_AUTH_HELLO_FLAG (core/auth.h): this side has a job
+// secret and runs the exchange after the hellos.
+#define TP_STORE_HELLO_FULL 0x2u // server: at its connection cap; closes
+
 #define TP_STORE_MAGIC    0x31545354u // "TST1" in memory order
 #define TP_STORE_HDR_LEN  16          // magic u32, op u8, pad[3], timeout u64
 #define TP_STORE_RHDR_LEN 8           // magic u32, status u8, pad[3]

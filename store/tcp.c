@@ -27,6 +27,9 @@
 // How long after the deadline a client waits for the server's own timeout
 // reply before giving up on the connection.
 #define TCP_REPLY_GRACE_NS (2000u * 1000000u)
+// The longest wait for the server's hello: a foreign program that says
+// nothing fails within it, not at the store's (long) deadline.
+#define TCP_HELLO_TIMEOUT_MS 10000
 
 typedef struct tcp_client {
     int t_fd;
@@ -77,6 +80,97 @@ tcp_connect_once(const tp_sockaddr *sa, uint64_t deadline_ns, int *fd_p,
     return TP_OK;
 }
 
+// Moves @e (may be NULL) to *@err_p, or drops it when @err_p is NULL.
+static void
+tcp_give_error(tp_error *e, tp_error **err_p)
+{
+    if (err_p != NULL) {
+        *err_p = e;
+    } else {
+        tp_error_unref(e);
+    }
+}
+
+// The hello exchange on a fresh connection (docs/store.md): ours, then
+// the server's, checked byte by byte so that a foreign program fails at
+// once. TP_EAGAIN: the server closed before its hello (try again).
+static tp_status
+tcp_handshake(tcp_client *t, uint64_t deadline_ns, tp_error **err_p)
+{
+    uint64_t dl =
+        TP_MIN(deadline_ns, tp__deadline_after_ms(TCP_HELLO_TIMEOUT_MS));
+    uint8_t h[TP_STORE_HELLO_LEN];
+    memcpy(h, TP_STORE_HELLO_MAGIC, 8);
+    tp__put_u32le(h + 8, TP_STORE_HELLO_VERSION);
+    tp__put_u32le(h + 12, 0);
+    char why[128];
+    tp_status st =
+        tp__io_write_all(t->t_fd, h, sizeof(h), dl, why, sizeof(why));
+    if (st != TP_OK) {
+        return tp__error_set(err_p, st, "sending the hello: %s", why);
+    }
+    size_t got = 0;
+    while (got < TP_STORE_HELLO_LEN) {
+        struct pollfd p = {.fd = t->t_fd, .events = POLLIN};
+        int r = poll(&p, 1, tp__io_poll_ms(dl));
+        if (r == 0) {
+            return tp__error_set(err_p, TP_ETIMEDOUT,
+                                 "no store hello from %s within %d ms (%zu "
+                                 "of %u bytes): is it a tpipe store?",
+                                 t->t_addr, TCP_HELLO_TIMEOUT_MS, got,
+                                 TP_STORE_HELLO_LEN);
+        }
+        ssize_t n =
+            r < 0 ? -1 : recv(t->t_fd, h + got, sizeof(h) - got, MSG_DONTWAIT);
+        if (n == 0 && got == 0) {
+            return tp__error_set(err_p, TP_EAGAIN,
+                                 "the server closed the connection before "
+                                 "its hello");
+        }
+        if (n == 0) {
+            return tp__error_set(err_p, TP_ECONNRESET,
+                                 "%s closed the connection in the middle of "
+                                 "its hello",
+                                 t->t_addr);
+        }
+        if (n < 0) {
+            if (errno == EINTR || errno == EAGAIN) {
+                continue;
+            }
+            return tp__error_errno(err_p, errno, "reading the hello of %s",
+                                   t->t_addr);
+        }
+        got += (size_t)n;
+        if (memcmp(h, TP_STORE_HELLO_MAGIC, TP_MIN(got, (size_t)8)) != 0) {
+            char hex[3 * 8 + 1] = "";
+            for (size_t i = 0; i < TP_MIN(got, (size_t)8); i++) {
+                snprintf(hex + 3 * i, sizeof(hex) - 3 * i, "%s%02x",
+                         i ? " " : "", h[i]);
+            }
+            return tp__error_set(err_p, TP_EPROTO,
+                                 "not a tpipe store: the server sent %s "
+                                 "instead of the store hello",
+                                 hex);
+        }
+    }
+    uint32_t version = tp__get_u32le(h + 8);
+    uint32_t flags = tp__get_u32le(h + 12);
+    if (version != TP_STORE_HELLO_VERSION) {
+        return tp__error_set(err_p, TP_EPROTO,
+                             "the store at %s speaks store protocol version "
+                             "%u, this build speaks %u",
+                             t->t_addr, version, TP_STORE_HELLO_VERSION);
+    }
+    if (flags & TP_STORE_HELLO_FULL) {
+        return tp__error_set(err_p, TP_ECONNREFUSED,
+                             "the store at %s refused the connection: it "
+                             "serves as many connections as it allows "
+                             "(TP_STORE_MAX_CONNS)",
+                             t->t_addr);
+    }
+    return TP_OK;
+}
+
 tp_status
 tp__store_tcp_open(const char *addr, int64_t max_value, uint64_t deadline_ns,
                    tp_store_server *srv, void **impl_p, tp_error **err_p)
@@ -105,7 +199,20 @@ tp__store_tcp_open(const char *addr, int64_t max_value, uint64_t deadline_ns,
         uint64_t one = tp__now_ns() + 5000u * 1000000u;
         if (tcp_connect_once(&sa, one < deadline_ns ? one : deadline_ns,
                              &t->t_fd, &last_errno) == TP_OK) {
-            break;
+            tp_error *herr = NULL;
+            st = tcp_handshake(t, deadline_ns, &herr);
+            if (st == TP_OK) {
+                break;
+            }
+            close(t->t_fd);
+            t->t_fd = -1;
+            if (st != TP_EAGAIN) {
+                tp__free(t);
+                tcp_give_error(herr, err_p);
+                return st;
+            }
+            tp_error_unref(herr);
+            last_errno = ECONNRESET;
         }
         uint64_t now = tp__now_ns();
         if (now >= deadline_ns) {
@@ -226,7 +333,16 @@ tcp_reconnect(tcp_client *t, uint64_t deadline_ns, tp_error **err_p)
                           "connection: %s",
                           why);
     }
-    return TP_OK;
+    tp_error *herr = NULL;
+    tp_status st = tcp_handshake(t, deadline_ns, &herr);
+    if (st != TP_OK) {
+        st = tcp_broken(t, st, err_p,
+                        "reconnecting after the server closed the idle "
+                        "connection: %s",
+                        tp_error_message(herr));
+        tp_error_unref(herr);
+    }
+    return st;
 }
 
 // Before a request: true if the server has closed the connection since

@@ -119,6 +119,12 @@ conn_arm(srv_conn *c)
     tp_store_server *srv = c->sc_srv;
     uint64_t dl = UINT64_MAX;
     switch (c->sc_state) {
+    case SC_HELLO:
+        if (srv->srv_lim.sl_request_ms > 0) {
+            dl = c->sc_req_start +
+                 (uint64_t)srv->srv_lim.sl_request_ms * 1000000u;
+        }
+        break;
     case SC_READ:
         if (c->sc_in_len == 0) {
             dl = srv->srv_lim.sl_idle_ms > 0
@@ -303,6 +309,68 @@ conn_step_parked(srv_conn *c)
     }
 }
 
+// The hello: ours was queued at accept; read the peer's, refusing a
+// stranger at its first wrong byte. False when waiting for an event (or
+// dead).
+static bool
+conn_step_hello(srv_conn *c)
+{
+    tp_store_server *srv = c->sc_srv;
+    if (c->sc_out_off < c->sc_out_len && !conn_flush(c) &&
+        c->sc_state == SC_DEAD) {
+        return false;
+    }
+    while (c->sc_hello_rcvd < TP_STORE_HELLO_LEN && c->sc_readable) {
+        ssize_t n = recv(c->sc_fd, c->sc_hello + c->sc_hello_rcvd,
+                         TP_STORE_HELLO_LEN - c->sc_hello_rcvd, 0);
+        if (n > 0) {
+            c->sc_hello_rcvd += (unsigned)n;
+            size_t m = TP_MIN(c->sc_hello_rcvd, 8u);
+            if (memcmp(c->sc_hello, TP_STORE_HELLO_MAGIC, m) != 0) {
+                TP_LOG_WARN("TP-STORE-HELLO",
+                            "store server %s: peer %s: not a tpipe store "
+                            "client (bad hello); connection dropped",
+                            srv->srv_addr, c->sc_peer);
+                srv_conn_close(c);
+                return false;
+            }
+        } else if (n == 0) {
+            TP_LOG_INFO("TP-STORE-HELLO",
+                        "store server %s: peer %s: closed during the hello",
+                        srv->srv_addr, c->sc_peer);
+            srv_conn_close(c);
+            return false;
+        } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            c->sc_readable = false;
+        } else if (errno != EINTR) {
+            TP_LOG_INFO("TP-STORE-HELLO",
+                        "store server %s: peer %s: reading the hello: %s (%s)",
+                        srv->srv_addr, c->sc_peer, strerror(errno),
+                        tp__errno_name(errno));
+            srv_conn_close(c);
+            return false;
+        }
+    }
+    if (c->sc_hello_rcvd < TP_STORE_HELLO_LEN ||
+        c->sc_out_off < c->sc_out_len) {
+        return false;
+    }
+    uint32_t version = tp__get_u32le(c->sc_hello + 8);
+    if (version != TP_STORE_HELLO_VERSION) {
+        TP_LOG_WARN("TP-STORE-HELLO",
+                    "store server %s: peer %s: store protocol version %u, "
+                    "this server speaks %u; connection dropped",
+                    srv->srv_addr, c->sc_peer, version, TP_STORE_HELLO_VERSION);
+        srv_conn_close(c);
+        return false;
+    }
+    c->sc_peer_flags = tp__get_u32le(c->sc_hello + 12);
+    c->sc_req_start = 0;
+    c->sc_state = SC_READ;
+    conn_arm(c);
+    return true;
+}
+
 static void
 conn_pump(srv_conn *c)
 {
@@ -310,6 +378,12 @@ conn_pump(srv_conn *c)
         switch (c->sc_state) {
         case SC_DEAD:
             return;
+        case SC_HELLO:
+            if (!conn_step_hello(c)) {
+                conn_arm(c);
+                return;
+            }
+            break;
         case SC_PARKED:
             conn_step_parked(c);
             return;
@@ -381,6 +455,15 @@ conn_timer_cb(tp_timer *t, void *arg)
     case SC_PARKED:
         srv_req_expire(c);
         return;
+    case SC_HELLO:
+        TP_LOG_WARN("TP-STORE-HELLO",
+                    "store server %s: peer %s: no hello within %lld ms "
+                    "(TP_STORE_REQUEST_TIMEOUT_MS; %u of %u bytes); "
+                    "connection dropped",
+                    srv->srv_addr, c->sc_peer,
+                    (long long)srv->srv_lim.sl_request_ms, c->sc_hello_rcvd,
+                    TP_STORE_HELLO_LEN);
+        break;
     case SC_READ:
         if (c->sc_in_len == 0) {
             // Bytes that arrived with this timer are not idleness.
@@ -425,6 +508,14 @@ conn_timer_cb(tp_timer *t, void *arg)
 // ---- accepting ----
 
 static void
+srv_hello(uint8_t *h, uint32_t flags)
+{
+    memcpy(h, TP_STORE_HELLO_MAGIC, 8);
+    tp__put_u32le(h + 8, TP_STORE_HELLO_VERSION);
+    tp__put_u32le(h + 12, flags);
+}
+
+static void
 srv_conn_new(tp_store_server *srv, int fd, const tp_sockaddr *peer)
 {
     srv_conn *c = tp__zalloc(sizeof(*c));
@@ -438,7 +529,8 @@ srv_conn_new(tp_store_server *srv, int fd, const tp_sockaddr *peer)
     }
     c->sc_srv = srv;
     c->sc_fd = fd;
-    c->sc_state = SC_READ;
+    c->sc_state = SC_HELLO;
+    c->sc_req_start = tp__now_ns();
     c->sc_readable = true;
     c->sc_writable = true;
     tp__sockaddr_format(peer, c->sc_peer, sizeof(c->sc_peer));
@@ -462,12 +554,16 @@ srv_conn_new(tp_store_server *srv, int fd, const tp_sockaddr *peer)
     }
     srv->srv_conns = c;
     srv->srv_nconns++;
+    uint8_t h[TP_STORE_HELLO_LEN];
+    srv_hello(h, 0);
+    srv_out_put(c, h, sizeof(h));
     conn_arm(c);
     srv_conn_schedule(c);
 }
 
-// At the connection cap: close the new connection at once. Logged at
-// most once a second, with the number refused since.
+// At the connection cap: close the new connection at once, after a hello
+// flagged TP_STORE_HELLO_FULL. Logged at most once a second, with the
+// number refused so far.
 static void
 srv_refuse(tp_store_server *srv, int fd, const tp_sockaddr *pa)
 {
@@ -486,6 +582,11 @@ srv_refuse(tp_store_server *srv, int fd, const tp_sockaddr *pa)
                     (unsigned long long)srv->srv_refused);
         srv->srv_refused_log_ns = now;
     }
+    // A hello flagged "full" tells a tpipe client why (best effort).
+    uint8_t h[TP_STORE_HELLO_LEN];
+    srv_hello(h, TP_STORE_HELLO_FULL);
+    ssize_t w = send(fd, h, sizeof(h), MSG_NOSIGNAL | MSG_DONTWAIT);
+    TP_UNUSED(w);
     close(fd);
 }
 

@@ -18,6 +18,7 @@
 // Where a connection is. Requests are served one at a time: the next one
 // is parsed only once the reply to the last has been written.
 typedef enum srv_state {
+    SC_HELLO,  // exchanging hellos
     SC_READ,   // reading (and parsing) a request
     SC_PARKED, // a get or wait waiting for its keys or its deadline
     SC_WRITE,  // writing a reply
@@ -47,6 +48,9 @@ typedef struct srv_conn {
     size_t sc_out_cap;
     bool sc_out_oom;
     uint64_t sc_req_start; // tp__now_ns() of the request's first byte; 0
+    uint8_t sc_hello[TP_STORE_HELLO_LEN]; // the peer's
+    unsigned sc_hello_rcvd;
+    uint32_t sc_peer_flags;
     // The parked request (SC_PARKED): a get (one key) or a wait.
     uint8_t sc_op;
     char **sc_keys;

@@ -16,7 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <tpipe/store.h>
@@ -36,9 +38,12 @@ srv_port(tp_store_server *srv)
     return atoi(strrchr(addr, ':') + 1);
 }
 
-// A raw connection to @srv, with a receive timeout.
+static void send_all(int fd, const void *p, size_t n);
+static void recv_all(int fd, void *p, size_t n);
+
+// A raw connection to @srv, with a receive timeout, before any hello.
 static int
-raw_connect(tp_store_server *srv)
+raw_connect_bare(tp_store_server *srv)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     TP_CHECK(fd >= 0);
@@ -49,6 +54,37 @@ raw_connect(tp_store_server *srv)
               strerror(errno));
     struct timeval tv = {.tv_sec = tp_test_ms(WAIT_MS) / 1000};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    return fd;
+}
+
+static void
+make_hello(uint8_t *h, uint32_t flags)
+{
+    memcpy(h, TP_STORE_HELLO_MAGIC, 8);
+    tp__put_u32le(h + 8, TP_STORE_HELLO_VERSION);
+    tp__put_u32le(h + 12, flags);
+}
+
+// Reads the server's hello; returns its flags.
+static uint32_t
+recv_hello(int fd)
+{
+    uint8_t h[TP_STORE_HELLO_LEN];
+    recv_all(fd, h, sizeof(h));
+    TP_CHECK(memcmp(h, TP_STORE_HELLO_MAGIC, 8) == 0);
+    TP_CHECK_EQ(tp__get_u32le(h + 8), TP_STORE_HELLO_VERSION);
+    return tp__get_u32le(h + 12);
+}
+
+// A raw connection past the hellos.
+static int
+raw_connect(tp_store_server *srv)
+{
+    int fd = raw_connect_bare(srv);
+    uint8_t h[TP_STORE_HELLO_LEN];
+    make_hello(h, 0);
+    send_all(fd, h, sizeof(h));
+    TP_CHECK_EQ(recv_hello(fd), 0u);
     return fd;
 }
 
@@ -296,9 +332,19 @@ test_max_conns(void)
         fds[i] = raw_connect(srv);
         raw_ping(fds[i]);
     }
-    int extra = raw_connect(srv);
+    int extra = raw_connect_bare(srv);
+    TP_CHECK(recv_hello(extra) & TP_STORE_HELLO_FULL);
     expect_eof(extra);
     close(extra);
+    // A tpipe client is told why.
+    char url[128];
+    snprintf(url, sizeof(url), "%s?server=0", tp_store_server_addr(srv));
+    tp_store *s = NULL;
+    tp_error *err = NULL;
+    TP_CHECK_EQ(tp_store_open(url, 0, 1, tp_test_ms(WAIT_MS), &s, &err),
+                TP_ECONNREFUSED);
+    TP_CHECK_STR_CONTAINS(tp_error_message(err), "TP_STORE_MAX_CONNS");
+    tp_error_unref(err);
     close(fds[0]);
     usleep(50 * 1000); // the server notices the close
     fds[0] = raw_connect(srv);
@@ -413,11 +459,78 @@ test_bad_env(void)
     tp_store_server_stop(srv);
 }
 
+// A client that is not a tpipe store client is dropped at its first
+// wrong byte (after the server's hello); the server keeps serving.
+static void
+test_hello_stranger(void)
+{
+    tp_store_server *srv = start_server();
+    int fd = raw_connect_bare(srv);
+    const char *http = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+    send_all(fd, http, strlen(http));
+    TP_CHECK_EQ(recv_hello(fd), 0u);
+    expect_eof(fd);
+    close(fd);
+    // A wrong version.
+    fd = raw_connect_bare(srv);
+    uint8_t h[TP_STORE_HELLO_LEN];
+    make_hello(h, 0);
+    tp__put_u32le(h + 8, 99);
+    send_all(fd, h, sizeof(h));
+    recv_hello(fd);
+    expect_eof(fd);
+    close(fd);
+    tp_store *s = open_client(srv);
+    set_str(s, "k", "v");
+    check_get(s, "k", "v");
+    tp_store_close(s);
+    tp_store_server_stop(srv);
+}
+
+// A client that reaches a program that is not a tpipe store fails at
+// once, saying so.
+static void
+test_hello_not_a_store(void)
+{
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    TP_CHECK(bind(lfd, (struct sockaddr *)&a, sizeof(a)) == 0);
+    TP_CHECK(listen(lfd, 4) == 0);
+    socklen_t al = sizeof(a);
+    getsockname(lfd, (struct sockaddr *)&a, &al);
+    pid_t pid = fork();
+    TP_CHECK(pid >= 0);
+    if (pid == 0) { // an HTTP server, more or less
+        int c = accept(lfd, NULL, NULL);
+        const char *resp = "HTTP/1.1 400 Bad Request\r\n\r\n";
+        TP_UNUSED(send(c, resp, strlen(resp), MSG_NOSIGNAL));
+        sleep(30);
+        _exit(0);
+    }
+    close(lfd);
+    char url[64];
+    snprintf(url, sizeof(url), "tcp://127.0.0.1:%u?server=0",
+             (unsigned)ntohs(a.sin_port));
+    tp_store *s = NULL;
+    tp_error *err = NULL;
+    uint64_t t0 = tp__now_ns();
+    TP_CHECK_EQ(tp_store_open(url, 1, 2, tp_test_ms(WAIT_MS), &s, &err),
+                TP_EPROTO);
+    TP_CHECK_STR_CONTAINS(tp_error_message(err), "not a tpipe store");
+    TP_CHECK_STR_CONTAINS(tp_error_message(err), "sent 48"); // "H"
+    tp_error_unref(err);
+    TP_CHECK((tp__now_ns() - t0) / 1000000u < 5000u);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+}
+
 static const tp_test_case cases[] = {
-    TP_TEST_CASE(test_parked_many), TP_TEST_CASE_T(test_idle_2000, 120),
-    TP_TEST_CASE(test_max_conns),   TP_TEST_CASE(test_idle_timeout),
-    TP_TEST_CASE(test_slow_loris),  TP_TEST_CASE(test_max_bytes),
-    TP_TEST_CASE(test_bad_env),
+    TP_TEST_CASE(test_parked_many),       TP_TEST_CASE_T(test_idle_2000, 120),
+    TP_TEST_CASE(test_max_conns),         TP_TEST_CASE(test_idle_timeout),
+    TP_TEST_CASE(test_slow_loris),        TP_TEST_CASE(test_max_bytes),
+    TP_TEST_CASE(test_bad_env),           TP_TEST_CASE(test_hello_stranger),
+    TP_TEST_CASE(test_hello_not_a_store),
 };
 
 TP_TEST_MAIN(cases)

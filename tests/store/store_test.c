@@ -557,11 +557,35 @@ raw_connect(tp_store_server *srv)
     return fd;
 }
 
-// Sends @n bytes and expects the server to close the connection (EOF).
+// A raw connection past the hellos (ours sent, the server's read).
+static int
+raw_connect_hello(tp_store_server *srv)
+{
+    int fd = raw_connect(srv);
+    uint8_t h[TP_STORE_HELLO_LEN];
+    memcpy(h, TP_STORE_HELLO_MAGIC, 8);
+    tp__put_u32le(h + 8, TP_STORE_HELLO_VERSION);
+    tp__put_u32le(h + 12, 0);
+    TP_CHECK(send(fd, h, sizeof(h), MSG_NOSIGNAL) == (ssize_t)sizeof(h));
+    size_t got = 0;
+    while (got < sizeof(h)) {
+        ssize_t r = recv(fd, h + got, sizeof(h) - got, 0);
+        if (r < 0 && errno == EINTR) {
+            continue;
+        }
+        TP_CHECK(r > 0);
+        got += (size_t)r;
+    }
+    TP_CHECK(memcmp(h, TP_STORE_HELLO_MAGIC, 8) == 0);
+    return fd;
+}
+
+// Sends @n bytes after the hellos and expects the server to close the
+// connection (EOF).
 static void
 send_expect_close(tp_store_server *srv, const uint8_t *b, size_t n)
 {
-    int fd = raw_connect(srv);
+    int fd = raw_connect_hello(srv);
     TP_CHECK(send(fd, b, n, MSG_NOSIGNAL) == (ssize_t)n);
     char c;
     ssize_t r = recv(fd, &c, 1, 0);
@@ -608,7 +632,7 @@ test_tcp_garbage(void)
     for (size_t cut = 1; cut < TP_STORE_HDR_LEN + 5; cut += 3) {
         h[4] = TP_STORE_OP_SET;
         tp__put_u32le(h + TP_STORE_HDR_LEN, 4);
-        int fd = raw_connect(f.f_srv);
+        int fd = raw_connect_hello(f.f_srv);
         TP_CHECK(send(fd, h, cut, MSG_NOSIGNAL) == (ssize_t)cut);
         close(fd);
     }
@@ -618,7 +642,7 @@ test_tcp_garbage(void)
         tp__put_u64le(h + 8, 0);
         tp__put_u32le(h + TP_STORE_HDR_LEN, 2);
         memcpy(h + TP_STORE_HDR_LEN + 4, "zz", 2);
-        int fd = raw_connect(f.f_srv);
+        int fd = raw_connect_hello(f.f_srv);
         TP_CHECK(send(fd, h, TP_STORE_HDR_LEN + 6, MSG_NOSIGNAL) ==
                  TP_STORE_HDR_LEN + 6);
         close(fd);
