@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -93,8 +94,50 @@ run_usage(FILE *f)
           "  --grace SECONDS     SIGTERM-to-SIGKILL delay (default 5)\n"
           "  --timeout SECONDS   stop the whole job after this long, exit "
           "124\n"
-          "                      (default: no limit)\n",
+          "                      (default: no limit)\n"
+          "  --no-job-token      do not give the ranks a job secret (by "
+          "default a\n"
+          "                      fresh random TP_JOB_TOKEN authenticates "
+          "their\n"
+          "                      connections, unless TP_JOB_TOKEN or\n"
+          "                      TP_JOB_TOKEN_FILE is already set: "
+          "docs/security.md)\n",
           f);
+}
+
+// Gives the ranks a job secret: a fresh random TP_JOB_TOKEN (64 hex
+// digits), unless the user set TP_JOB_TOKEN or TP_JOB_TOKEN_FILE (several
+// launchers sharing one secret). Never printed. False after reporting.
+static bool
+run_job_token(bool none)
+{
+    if (none) {
+        unsetenv("TP_JOB_TOKEN");
+        unsetenv("TP_JOB_TOKEN_FILE");
+        return true;
+    }
+    if (getenv("TP_JOB_TOKEN") != NULL || getenv("TP_JOB_TOKEN_FILE") != NULL) {
+        return true;
+    }
+    unsigned char rnd[32];
+    size_t got = 0;
+    while (got < sizeof(rnd)) {
+        ssize_t r = getrandom(rnd + got, sizeof(rnd) - got, 0);
+        if (r < 0 && errno == EINTR) {
+            continue;
+        }
+        if (r < 0) {
+            tool_err("run: getrandom for the job secret: %s", strerror(errno));
+            return false;
+        }
+        got += (size_t)r;
+    }
+    char hex[2 * sizeof(rnd) + 1];
+    for (size_t k = 0; k < sizeof(rnd); k++) {
+        snprintf(hex + 2 * k, 3, "%02x", rnd[k]);
+    }
+    setenv("TP_JOB_TOKEN", hex, 1);
+    return true;
 }
 
 // Finds a free tcp port by binding port 0 on @addr. Returns the port, or
@@ -309,7 +352,7 @@ tool_run_main(int argc, char **argv)
 {
     const char *n_s = NULL, *addr = "127.0.0.1", *port_s = NULL;
     const char *grace_s = NULL, *timeout_s = NULL;
-    bool bad = false;
+    bool bad = false, no_token = false;
     int i = 1;
     for (; i < argc && !bad; i++) {
         const char *a = argv[i];
@@ -323,6 +366,10 @@ tool_run_main(int argc, char **argv)
         }
         if (strncmp(a, "-n", 2) == 0 && a[2] != '\0' && a[2] != '=') {
             n_s = a + 2; // -n4
+            continue;
+        }
+        if (strcmp(a, "--no-job-token") == 0) {
+            no_token = true;
             continue;
         }
         if (tool_opt_value(argc, argv, &i, "-n", &n_s, &bad) ||
@@ -375,6 +422,9 @@ tool_run_main(int argc, char **argv)
     if (timeout_s != NULL && timeout <= 0) {
         tool_err("run: --timeout must be positive");
         return TOOL_EXIT_USAGE;
+    }
+    if (!run_job_token(no_token)) {
+        return TOOL_EXIT_FAIL;
     }
     int n = (int)n64;
     char **prog = argv + i;

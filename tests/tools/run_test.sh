@@ -25,6 +25,19 @@ grep -q ' env ' "$out/e" && fail "stdout line on stderr"
     || fail "fixed port"
 grep -qx '\[0\] localhost:29500' "$out/o2" || fail "fixed port output"
 
+# 1b. The job secret: one fresh 64-hex-digit TP_JOB_TOKEN shared by the
+# ranks of a job, different for the next job; a user's own is kept;
+# --no-job-token gives none.
+env -u TP_JOB_TOKEN -u TP_JOB_TOKEN_FILE "$TPIPE" run -n 2 -- sh -c 'echo "tok $TP_JOB_TOKEN"' >"$out/t1" 2>&1 || fail "token run 1"
+env -u TP_JOB_TOKEN -u TP_JOB_TOKEN_FILE "$TPIPE" run -n 1 -- sh -c 'echo "tok $TP_JOB_TOKEN"' >"$out/t2" 2>&1 || fail "token run 2"
+[ "$(grep -c '^\[[01]\] tok [0-9a-f]\{64\}$' "$out/t1")" = 2 ] || fail "token: not 64 hex digits in each rank"
+[ "$(awk '{print $3}' "$out/t1" | sort -u | wc -l)" = 1 ] || fail "token: ranks differ"
+[ "$(awk '{print $3}' "$out/t1" | sort -u)" != "$(awk '{print $3}' "$out/t2")" ] || fail "token: reused by the next job"
+TP_JOB_TOKEN=users-own-secret-0123 "$TPIPE" run -n 1 -- sh -c 'echo "tok $TP_JOB_TOKEN"' >"$out/t3" 2>&1 || fail "token run 3"
+grep -qx '\[0\] tok users-own-secret-0123' "$out/t3" || fail "token: the user's own was replaced"
+TP_JOB_TOKEN=users-own-secret-0123 "$TPIPE" run -n 1 --no-job-token -- sh -c 'echo "tok [${TP_JOB_TOKEN-unset}]"' >"$out/t4" 2>&1 || fail "token run 4"
+grep -qx '\[0\] tok \[unset\]' "$out/t4" || fail "token: --no-job-token"
+
 # 2. Rank 1 exits 3: the others (sleeping 30 s) are stopped within the grace.
 start=$(date +%s)
 st=0
