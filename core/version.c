@@ -18,6 +18,11 @@ tp_version_string(void)
 #else
 #define VERSION_F_URING ""
 #endif
+#if TP_HAVE_CRYPTO
+#define VERSION_F_CRYPTO " crypto"
+#else
+#define VERSION_F_CRYPTO ""
+#endif
 #if TP_HAVE_IBV
 #define VERSION_F_IBV " ibv"
 #else
@@ -39,8 +44,8 @@ tp_version_string(void)
 #define VERSION_F_NCCL ""
 #endif
 
-static const char version_features[] =
-    VERSION_F_URING VERSION_F_IBV VERSION_F_UCX VERSION_F_CUDA VERSION_F_NCCL;
+static const char version_features[] = VERSION_F_URING VERSION_F_CRYPTO
+    VERSION_F_IBV VERSION_F_UCX VERSION_F_CUDA VERSION_F_NCCL;
 
 const char *
 tp_build_features(void)
