@@ -12,6 +12,7 @@
  *   calls.c       pending calls, the timer thread, tp_rpc_async/sync/wait
  *   serve.c       requests: handlers on the pool, replies
  *   stats.c       per-peer counters, latency histogram, debug info
+ *   flight.c      the flight recorder: the last messages sent, their state
  *   proto.c       the kinds table, the protocols above the agent
  *                 (proto.h): their hooks, extension sections
  *
@@ -72,6 +73,29 @@ typedef struct ag_faulty {
     char f_spec[256];
 } ag_faulty;
 
+// ---- the flight recorder (flight.c) -------------------------------------
+
+// One message sent. Written under a_mtx where the lock is held anyway
+// (a call made, a slot taken, a write or a call ended).
+typedef struct ag_fr_rec {
+    uint64_t r_seq; // 0: empty
+    uint64_t r_call_id;
+    uint64_t r_bytes;
+    uint64_t r_start_ns;
+    uint64_t r_end_ns; // 0 while in flight
+    int32_t r_peer;    // rank, -1 if unknown
+    uint8_t r_kind;
+    uint8_t r_state; // tp_rpc_op_state
+    bool r_call;     // a call: written, it waits for its reply
+    char r_name[64]; // the function (cut), "" if none
+} ag_fr_rec;
+
+typedef struct ag_fr {
+    ag_fr_rec *f_recs; // f_cap records, a ring; NULL: off
+    uint32_t f_cap;
+    uint64_t f_next; // the last seq given (records f_next - f_cap + 1..)
+} ag_fr;
+
 // ---- per-peer state ----------------------------------------------------
 
 typedef struct ag_stats {
@@ -123,6 +147,7 @@ typedef struct ag_wslot {
     tp_args *w_args; // referenced until the write completes
     ag_kind w_kind;  // what the message is
     uint64_t w_call_id;
+    uint64_t w_fr_seq;          // its flight recorder record, 0 if none
     bool w_any_tok;             // protocols want po_sent for this write
     void *w_tok[TP__PROTO_MAX]; // their tokens, by protocol index
     // Faulty mode: queued on a_delayed until w_due_ns, then written, or
@@ -181,6 +206,7 @@ struct ag_call {
     int64_t c_timeout_ms;
     uint64_t c_start_ns;
     uint64_t c_deadline_ns;
+    uint64_t c_fr_seq; // its flight recorder record, 0 if none
     char c_fn_name[TP_RPC_MAX_FN_NAME + 1];
 };
 
@@ -266,6 +292,7 @@ struct tp_agent {
     uint64_t a_spin_ns;     // tp_rpc_wait's spin before sleeping
     ag_faulty a_faulty;     // set at init, rules' counts under a_mtx
     ag_wslot *a_delayed;    // faulty sends the timer thread owes
+    ag_fr a_fr;             // the flight recorder (under a_mtx)
 
     // The protocols' states, by index in tp__agent_protos: set at init,
     // cleared by detach (read without the lock in between).
@@ -355,6 +382,31 @@ void ag_write_failed_locally(ag_conn *c, ag_kind kind, uint64_t call_id,
 
 // stats.c
 void ag_lat_record_locked(ag_stats *s, uint64_t ns);
+
+// flight.c
+tp_status ag_fr_init(tp_agent *a, tp_error **err_p);
+void ag_fr_fini(tp_agent *a);
+/* Records a message of @kind to rank @peer sent now (@now_ns, 0: read the
+ * clock if the recorder is on): its seq,
+ * for the updates below (0 when the recorder is off). @call: a call (it
+ * waits for a reply once written); @name may be NULL. */
+uint64_t ag_fr_begin_locked(tp_agent *a, ag_kind kind, int peer,
+                            uint64_t call_id, const char *name, uint64_t bytes,
+                            bool call, uint64_t now_ns);
+/* Its write completed (@ok) or failed. */
+void ag_fr_written_locked(tp_agent *a, uint64_t seq, bool ok);
+/* The call (or a message not written) ended with @st: TP_OK done,
+ * TP_ETIMEDOUT timed out, else failed. */
+void ag_fr_end_locked(tp_agent *a, uint64_t seq, tp_status st);
+/* Timer thread, no lock held: logs, for each peer of the calls of
+ * @expired (linked by c_hnext, taken out of the table), one line naming
+ * them and the messages still in flight to that peer. */
+void ag_fr_log_timeouts(tp_agent *a, const ag_call *expired);
+/* The recorder's lines for the debug info (no lock held); the length
+ * written, as ag_proto_debug. */
+size_t ag_fr_debug(tp_agent *a, char *buf, size_t len);
+/* Upper bound of ag_fr_debug's text. */
+size_t ag_fr_debug_size(const tp_agent *a);
 
 // proto.c: message kinds (one table per process: the agent's own kinds and
 // those of the protocols of this build) and the protocols' hooks.

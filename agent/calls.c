@@ -155,6 +155,7 @@ ag_pending_unlink_locked(tp_agent *a, ag_call *c, tp_status st)
         c->c_pnext->c_pprev = c->c_pprev;
     }
     timer_remove_locked(c);
+    ag_fr_end_locked(a, c->c_fr_seq, st);
     p->p_stats.s_pending--;
     if (st == TP_OK) {
         ag_lat_record_locked(&p->p_stats, tp__now_ns() - c->c_start_ns);
@@ -288,6 +289,7 @@ ag_timer_main(void *arg)
         }
         if (expired != NULL) {
             tp__mtx_unlock(&a->a_mtx);
+            ag_fr_log_timeouts(a, expired);
             while (expired != NULL) {
                 ag_call *c = expired;
                 expired = c->c_hnext;
@@ -473,6 +475,14 @@ agent_call(tp_agent *a, ag_peer *p, const ag_callspec *cs, const tp_args *in,
     c->c_start_ns = tp__now_ns();
     // tp__deadline_after_ms saturates (a huge timeout means none).
     c->c_deadline_ns = tp__deadline_after_ms(c->c_timeout_ms);
+    c->c_fr_seq =
+        ag_fr_begin_locked(a, cs->cs_kind, p->p_info.rank, id,
+                           named ? fn_name : NULL, nbytes, true, c->c_start_ns);
+    if (self) {
+        ag_fr_written_locked(a, c->c_fr_seq, true); // waiting for the pool
+    } else {
+        w->w_fr_seq = c->c_fr_seq;
+    }
     pending_insert_locked(a, c);
     if (self) {
         a->a_self->p_stats.s_calls_received++;
@@ -577,6 +587,8 @@ tp__agent_notify(tp_agent *a, int to, uint8_t kind, const void *hdr,
         // its arrival (a write that fails takes it back).
         a->a_notes_sent++;
         a->a_activity++;
+        w->w_fr_seq = ag_fr_begin_locked(a, (ag_kind)kind, to, 0, NULL, hdr_len,
+                                         false, 0);
     }
     tp__mtx_unlock(&a->a_mtx);
     tp_status st = TP_OK;

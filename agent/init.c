@@ -259,6 +259,7 @@ agent_free(tp_agent *a)
     tp_aio_destroy(a->a_accept_aio);
     tp__free(a->a_table);
     tp__free(a->a_peers);
+    ag_fr_fini(a);
     tp__cv_fini(&a->a_timer_cv);
     tp__cv_fini(&a->a_idle_cv);
     tp__cv_fini(&a->a_quiet_cv);
@@ -456,6 +457,9 @@ tp_rpc_init(const char *name, int rank, int world_size,
     tp__cv_init(&a->a_timer_cv);
     tp__cv_init(&a->a_quiet_cv);
     tp_status st = options_check(a, o, err_p);
+    if (st == TP_OK) {
+        st = ag_fr_init(a, err_p);
+    }
     if (st != TP_OK) {
         goto fail_early;
     }

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // options.c - the agent's own tunables (caps on what a peer can make it
-// allocate, the faulty mode of tests): one table,
+// allocate, the faulty mode of tests, the flight recorder): one table,
 // read from the environment by tp_agent_options_init and checked again by
 // tp_rpc_init, which fails naming a malformed variable.
 
@@ -38,6 +38,10 @@ static const ag_opt ag_opts[] = {
     {"max_peer_inflight_bytes", "TP_RPC_MAX_PEER_INFLIGHT_BYTES", OPT_SIZE,
      OPT_OFF(max_peer_inflight_bytes), 16 * GIB, 4 * KIB, UINT64_MAX},
     {"faulty", "TP_RPC_FAULTY", OPT_STR, OPT_OFF(faulty), 0, 0, 0},
+    // 64 messages: a few calls and their replies to each peer of a small
+    // job; 1M records would be 112 MiB.
+    {"flight_recorder", "TP_RPC_FLIGHT_RECORDER", OPT_INT,
+     OPT_OFF(flight_recorder), 64, 0, 1u << 20},
 };
 
 // "123", "64K", "8G", "1T" (binary units, an optional "B" or "iB" after

@@ -293,9 +293,14 @@ req_send(ag_req *r, tp_args *result, const tp_error *err, tp_error **err_p)
         w = ag_slot_get_locked(c);
         if (w != NULL) {
             atomic_fetch_add_explicit(&a->a_writers, 1, memory_order_acquire);
+            uint64_t nb = ag_args_nbytes(result);
             if (c->c_peer != NULL) {
-                c->c_peer->p_stats.s_bytes_sent += ag_args_nbytes(result);
+                c->c_peer->p_stats.s_bytes_sent += nb;
             }
+            w->w_fr_seq = ag_fr_begin_locked(
+                a, h.h_kind, c->c_peer != NULL ? c->c_peer->p_info.rank : -1,
+                r->r_call_id, r->r_fn_name,
+                nb + (errmsg != NULL ? strlen(errmsg) : 0), false, 0);
         }
     }
     tp__mtx_unlock(&a->a_mtx);

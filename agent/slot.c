@@ -47,6 +47,9 @@ ag_slot_get_locked(ag_conn *c)
 void
 ag_slot_put_locked(ag_wslot *w)
 {
+    // A message that was not written (its record still says sent).
+    ag_fr_written_locked(w->w_conn->c_agent, w->w_fr_seq, false);
+    w->w_fr_seq = 0;
     w->w_next = w->w_conn->c_slots;
     w->w_conn->c_slots = w;
 }
@@ -191,6 +194,8 @@ slot_write_step(ag_wslot *w, const tp_error *werr)
     }
 
     tp__mtx_lock(&a->a_mtx);
+    ag_fr_written_locked(a, w->w_fr_seq, err == NULL);
+    w->w_fr_seq = 0;
     ag_slot_put_locked(w);
     tp__mtx_unlock(&a->a_mtx);
     tp_args_unref(args);

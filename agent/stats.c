@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // stats.c - per-peer counters: call and byte counts, errors and timeouts,
 // a log2 latency histogram (4 sub-buckets per power of two) for p50/p99,
-// and the debug info text.
+// and the debug info text (with the flight recorder's lines, flight.c).
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -120,7 +120,7 @@ char *
 tp_rpc_get_debug_info(const tp_agent *a)
 {
     tp_agent *ma = (tp_agent *)a;
-    size_t cap = 1024 + (size_t)a->a_world * 400;
+    size_t cap = 1024 + (size_t)a->a_world * 400 + ag_fr_debug_size(a);
     char *buf = malloc(cap);
     if (buf == NULL) {
         return NULL;
@@ -162,9 +162,14 @@ tp_rpc_get_debug_info(const tp_agent *a)
                s.channel[0] ? s.channel : "-");
     }
     tp__mtx_unlock(&ma->a_mtx);
-    // The protocols' lines (RRef counters), outside the lock.
+    // The protocols' lines (RRef counters) and the flight recorder's,
+    // outside the lock.
     if (off < cap) {
         size_t n = ag_proto_debug(ma, buf + off, cap - off);
+        off = n < cap - off ? off + n : cap;
+    }
+    if (off < cap) {
+        size_t n = ag_fr_debug(ma, buf + off, cap - off);
         off = n < cap - off ? off + n : cap;
     }
 #undef DI_ADD

@@ -133,6 +133,11 @@ typedef struct tp_agent_options {
      * (their sends wait MS ms); KINDS: kind names or numbers joined by
      * '+' ("call", "reply", "RREF_FETCH", ...: docs/rpc.md). */
     const char *faulty;
+    /* TP_RPC_FLIGHT_RECORDER (64): how many of the last messages sent
+     * (calls, replies, notifications) the agent keeps for
+     * tp_rpc_get_recent_ops and the debug info; 0 = off. At most
+     * 1048576. */
+    int flight_recorder;
 } tp_agent_options;
 
 /** tp_agent_options_init - defaults, then the environment. */
@@ -293,10 +298,53 @@ TP_API tp_status tp_rpc_get_peer_stats(const tp_agent *a, int rank,
                                        tp_rpc_peer_stats *st_p);
 /**
  * tp_rpc_get_debug_info - a multi-line text (PyTorch's _get_debug_info):
- * the agent's name, rank, options, pending calls, and a line per peer with
- * its counters and pipe. Caller frees with free(). NULL on ENOMEM.
+ * the agent's name, rank, options, pending calls, a line per peer with
+ * its counters and pipe, and the flight recorder's messages (oldest
+ * first). Caller frees with free(). NULL on ENOMEM.
  */
 TP_API char *tp_rpc_get_debug_info(const tp_agent *a);
+
+/* ---- flight recorder ---------------------------------------------------- */
+
+/** tp_rpc_op_state - where a recorded message stands. */
+typedef enum tp_rpc_op_state {
+    TP_RPC_OP_SENT = 0,      /* handed to the pipe, write not completed */
+    TP_RPC_OP_WAITING = 1,   /* a call: written, waiting for its reply */
+    TP_RPC_OP_DONE = 2,      /* replied to (a call), or written */
+    TP_RPC_OP_FAILED = 3,    /* the write or the call failed */
+    TP_RPC_OP_TIMED_OUT = 4, /* a call that passed its deadline */
+} tp_rpc_op_state;
+
+/** tp_rpc_op_state_name - "sent", "waiting reply", "done", "failed",
+ * "timed out" (a static string; "?" for other values). */
+TP_API const char *tp_rpc_op_state_name(tp_rpc_op_state s);
+
+/** tp_rpc_op_record - one message this agent sent, as the flight recorder
+ * (options.flight_recorder) keeps it. */
+typedef struct tp_rpc_op_record {
+    uint64_t seq;     /* 1, 2, ...: the order of recording */
+    char kind[32];    /* the message kind's name: "REQUEST", "RESPONSE",
+                       * "ERROR", "RREF_FETCH", ... (docs/rpc-wire.md) */
+    char name[64];    /* the function called or replied to ("" if none;
+                       * cut at 63 bytes) */
+    uint64_t call_id; /* the call it is or answers (0: a notification) */
+    tp_worker_info peer;
+    uint64_t bytes; /* bytes + tensor bytes it carries */
+    tp_rpc_op_state state;
+    int64_t start_us;     /* when it was sent: microseconds since the Unix
+                           * epoch (CLOCK_REALTIME) */
+    uint64_t duration_us; /* until it ended, or so far when SENT/WAITING */
+} tp_rpc_op_record;
+
+/**
+ * tp_rpc_get_recent_ops - copies the most recent min(@cap, held) records of
+ * the flight recorder, oldest first, into @out and their number into
+ * *@n_p (0 when the recorder is off).
+ * Errors: TP_EINVAL (@a or @n_p NULL, @out NULL with @cap > 0).
+ * Thread safety: any thread; a consistent snapshot.
+ */
+TP_API tp_status tp_rpc_get_recent_ops(const tp_agent *a, tp_rpc_op_record *out,
+                                       size_t cap, size_t *n_p);
 
 #ifdef __cplusplus
 }
