@@ -18,8 +18,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "core/wire.h"
 #include "core/alloc.h"
+#include "core/auth.h"
+#include "core/wire.h"
 #include "store_int.h"
 #include "tcp_io.h"
 #include "transport/sockaddr.h"
@@ -35,6 +36,7 @@ typedef struct tcp_client {
     int t_fd;
     tp_sockaddr t_sa; // the server, to reconnect after an idle close
     int64_t t_max_value;
+    bool t_auth; // a job secret is configured
     char t_addr[TP_SOCKADDR_STRLEN + 8];
     tp_store_server *t_srv; // owned, may be NULL
     char t_broken[256];     // "" while the connection is usable
@@ -93,7 +95,9 @@ tcp_give_error(tp_error *e, tp_error **err_p)
 
 // The hello exchange on a fresh connection (docs/store.md): ours, then
 // the server's, checked byte by byte so that a foreign program fails at
-// once. TP_EAGAIN: the server closed before its hello (try again).
+// once; then, when both sides have a job secret, the exchange of
+// core/auth.h (a secret on one side only fails). TP_EAGAIN: the server
+// closed before its hello (try again).
 static tp_status
 tcp_handshake(tcp_client *t, uint64_t deadline_ns, tp_error **err_p)
 {
@@ -102,7 +106,8 @@ tcp_handshake(tcp_client *t, uint64_t deadline_ns, tp_error **err_p)
     uint8_t h[TP_STORE_HELLO_LEN];
     memcpy(h, TP_STORE_HELLO_MAGIC, 8);
     tp__put_u32le(h + 8, TP_STORE_HELLO_VERSION);
-    tp__put_u32le(h + 12, 0);
+    uint32_t ours = t->t_auth ? TP_AUTH_HELLO_FLAG : 0;
+    tp__put_u32le(h + 12, ours);
     char why[128];
     tp_status st =
         tp__io_write_all(t->t_fd, h, sizeof(h), dl, why, sizeof(why));
@@ -168,6 +173,23 @@ tcp_handshake(tcp_client *t, uint64_t deadline_ns, tp_error **err_p)
                              "(TP_STORE_MAX_CONNS)",
                              t->t_addr);
     }
+    bool mine = (ours & TP_AUTH_HELLO_FLAG) != 0;
+    bool theirs = (flags & TP_AUTH_HELLO_FLAG) != 0;
+    if (!mine && theirs) {
+        return tp__error_set(err_p, TP_EPERM,
+                             "the store at %s requires the job secret "
+                             "(TP_JOB_TOKEN or TP_JOB_TOKEN_FILE)",
+                             t->t_addr);
+    }
+    if (mine && !theirs) {
+        return tp__error_set(err_p, TP_EPERM,
+                             "the store at %s has no job secret; refusing "
+                             "to trust it",
+                             t->t_addr);
+    }
+    if (mine) {
+        return tp__auth_run_fd(t->t_fd, false, "store", dl, t->t_addr, err_p);
+    }
     return TP_OK;
 }
 
@@ -180,12 +202,18 @@ tp__store_tcp_open(const char *addr, int64_t max_value, uint64_t deadline_ns,
     if (st != TP_OK) {
         return st;
     }
+    bool auth = false;
+    st = tp__auth_enabled(&auth, err_p);
+    if (st != TP_OK) {
+        return st;
+    }
     tcp_client *t = tp__zalloc(sizeof(*t));
     if (t == NULL) {
         return tp__error_set(err_p, TP_ENOMEM, "out of memory");
     }
     t->t_fd = -1;
     t->t_sa = sa;
+    t->t_auth = auth;
     t->t_max_value = max_value;
     t->t_srv = srv;
     snprintf(t->t_addr, sizeof(t->t_addr), "%s", addr);

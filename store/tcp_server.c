@@ -5,7 +5,9 @@
 // request, run it, write the reply; a get or wait whose keys are missing
 // parks on the connection until the engine's watch wakes it or its timer
 // fires). Nothing blocks the loop thread, so idle connections cost an fd
-// and a few hundred bytes, not a thread. Requests: tcp_server_req.c.
+// and a few hundred bytes, not a thread. The hellos and the job secret:
+// tcp_server_hello.c; requests: tcp_server_req.c; bounds:
+// tcp_server_opts.c.
 //
 // A malformed request (bad magic or op, a length over its bound, a key
 // with a NUL) is logged (TP-STORE-PROTO) and closes that connection only.
@@ -113,13 +115,14 @@ srv_out_put(srv_conn *c, const void *p, size_t n)
 }
 
 // Arms the connection's timer for its state.
-static void
-conn_arm(srv_conn *c)
+void
+srv_conn_arm(srv_conn *c)
 {
     tp_store_server *srv = c->sc_srv;
     uint64_t dl = UINT64_MAX;
     switch (c->sc_state) {
     case SC_HELLO:
+    case SC_AUTH:
         if (srv->srv_lim.sl_request_ms > 0) {
             dl = c->sc_req_start +
                  (uint64_t)srv->srv_lim.sl_request_ms * 1000000u;
@@ -205,8 +208,8 @@ conn_read(srv_conn *c, size_t want)
 }
 
 // Writes the reply; true once it is all sent (then the buffer is reset).
-static bool
-conn_flush(srv_conn *c)
+bool
+srv_conn_flush(srv_conn *c)
 {
     tp_store_server *srv = c->sc_srv;
     if (c->sc_out_oom) {
@@ -237,7 +240,7 @@ conn_flush(srv_conn *c)
     }
     if (c->sc_out_off < c->sc_out_len) {
         if (progress) {
-            conn_arm(c);
+            srv_conn_arm(c);
         }
         return false;
     }
@@ -292,7 +295,7 @@ conn_step_read(srv_conn *c)
     }
     int got = c->sc_readable ? conn_read(c, need - c->sc_in_len) : 0;
     if (got == 0) {
-        conn_arm(c);
+        srv_conn_arm(c);
     }
     return got > 0;
 }
@@ -309,68 +312,6 @@ conn_step_parked(srv_conn *c)
     }
 }
 
-// The hello: ours was queued at accept; read the peer's, refusing a
-// stranger at its first wrong byte. False when waiting for an event (or
-// dead).
-static bool
-conn_step_hello(srv_conn *c)
-{
-    tp_store_server *srv = c->sc_srv;
-    if (c->sc_out_off < c->sc_out_len && !conn_flush(c) &&
-        c->sc_state == SC_DEAD) {
-        return false;
-    }
-    while (c->sc_hello_rcvd < TP_STORE_HELLO_LEN && c->sc_readable) {
-        ssize_t n = recv(c->sc_fd, c->sc_hello + c->sc_hello_rcvd,
-                         TP_STORE_HELLO_LEN - c->sc_hello_rcvd, 0);
-        if (n > 0) {
-            c->sc_hello_rcvd += (unsigned)n;
-            size_t m = TP_MIN(c->sc_hello_rcvd, 8u);
-            if (memcmp(c->sc_hello, TP_STORE_HELLO_MAGIC, m) != 0) {
-                TP_LOG_WARN("TP-STORE-HELLO",
-                            "store server %s: peer %s: not a tpipe store "
-                            "client (bad hello); connection dropped",
-                            srv->srv_addr, c->sc_peer);
-                srv_conn_close(c);
-                return false;
-            }
-        } else if (n == 0) {
-            TP_LOG_INFO("TP-STORE-HELLO",
-                        "store server %s: peer %s: closed during the hello",
-                        srv->srv_addr, c->sc_peer);
-            srv_conn_close(c);
-            return false;
-        } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-            c->sc_readable = false;
-        } else if (errno != EINTR) {
-            TP_LOG_INFO("TP-STORE-HELLO",
-                        "store server %s: peer %s: reading the hello: %s (%s)",
-                        srv->srv_addr, c->sc_peer, strerror(errno),
-                        tp__errno_name(errno));
-            srv_conn_close(c);
-            return false;
-        }
-    }
-    if (c->sc_hello_rcvd < TP_STORE_HELLO_LEN ||
-        c->sc_out_off < c->sc_out_len) {
-        return false;
-    }
-    uint32_t version = tp__get_u32le(c->sc_hello + 8);
-    if (version != TP_STORE_HELLO_VERSION) {
-        TP_LOG_WARN("TP-STORE-HELLO",
-                    "store server %s: peer %s: store protocol version %u, "
-                    "this server speaks %u; connection dropped",
-                    srv->srv_addr, c->sc_peer, version, TP_STORE_HELLO_VERSION);
-        srv_conn_close(c);
-        return false;
-    }
-    c->sc_peer_flags = tp__get_u32le(c->sc_hello + 12);
-    c->sc_req_start = 0;
-    c->sc_state = SC_READ;
-    conn_arm(c);
-    return true;
-}
-
 static void
 conn_pump(srv_conn *c)
 {
@@ -379,8 +320,14 @@ conn_pump(srv_conn *c)
         case SC_DEAD:
             return;
         case SC_HELLO:
-            if (!conn_step_hello(c)) {
-                conn_arm(c);
+            if (!srv_conn_step_hello(c)) {
+                srv_conn_arm(c);
+                return;
+            }
+            break;
+        case SC_AUTH:
+            if (!srv_conn_step_auth(c)) {
+                srv_conn_arm(c);
                 return;
             }
             break;
@@ -388,11 +335,11 @@ conn_pump(srv_conn *c)
             conn_step_parked(c);
             return;
         case SC_WRITE:
-            if (!conn_flush(c)) {
+            if (!srv_conn_flush(c)) {
                 return;
             }
             c->sc_state = SC_READ;
-            conn_arm(c);
+            srv_conn_arm(c);
             break;
         case SC_READ:
             if (!conn_step_read(c)) {
@@ -455,6 +402,14 @@ conn_timer_cb(tp_timer *t, void *arg)
     case SC_PARKED:
         srv_req_expire(c);
         return;
+    case SC_AUTH:
+        TP_LOG_WARN("TP-STORE-AUTH",
+                    "store server %s: peer %s: job-secret exchange not done "
+                    "within %lld ms (TP_STORE_REQUEST_TIMEOUT_MS); "
+                    "connection dropped",
+                    srv->srv_addr, c->sc_peer,
+                    (long long)srv->srv_lim.sl_request_ms);
+        break;
     case SC_HELLO:
         TP_LOG_WARN("TP-STORE-HELLO",
                     "store server %s: peer %s: no hello within %lld ms "
@@ -508,14 +463,6 @@ conn_timer_cb(tp_timer *t, void *arg)
 // ---- accepting ----
 
 static void
-srv_hello(uint8_t *h, uint32_t flags)
-{
-    memcpy(h, TP_STORE_HELLO_MAGIC, 8);
-    tp__put_u32le(h + 8, TP_STORE_HELLO_VERSION);
-    tp__put_u32le(h + 12, flags);
-}
-
-static void
 srv_conn_new(tp_store_server *srv, int fd, const tp_sockaddr *peer)
 {
     srv_conn *c = tp__zalloc(sizeof(*c));
@@ -555,9 +502,9 @@ srv_conn_new(tp_store_server *srv, int fd, const tp_sockaddr *peer)
     srv->srv_conns = c;
     srv->srv_nconns++;
     uint8_t h[TP_STORE_HELLO_LEN];
-    srv_hello(h, 0);
+    srv_hello(h, srv->srv_hello_flags);
     srv_out_put(c, h, sizeof(h));
-    conn_arm(c);
+    srv_conn_arm(c);
     srv_conn_schedule(c);
 }
 
@@ -584,7 +531,7 @@ srv_refuse(tp_store_server *srv, int fd, const tp_sockaddr *pa)
     }
     // A hello flagged "full" tells a tpipe client why (best effort).
     uint8_t h[TP_STORE_HELLO_LEN];
-    srv_hello(h, TP_STORE_HELLO_FULL);
+    srv_hello(h, srv->srv_hello_flags | TP_STORE_HELLO_FULL);
     ssize_t w = send(fd, h, sizeof(h), MSG_NOSIGNAL | MSG_DONTWAIT);
     TP_UNUSED(w);
     close(fd);
@@ -698,6 +645,11 @@ tp_store_server_start_opts(const char *addr,
     if (st != TP_OK) {
         return st;
     }
+    bool auth = false;
+    st = tp__auth_enabled(&auth, err_p);
+    if (st != TP_OK) {
+        return tp__error_wrap(err_p, st, "store server %s", addr);
+    }
     tp_hostport hp;
     st = tp__sockaddr_split(addr, TP_SOCKADDR_EMPTY_HOST, &hp, err_p);
     if (st != TP_OK) {
@@ -717,6 +669,7 @@ tp_store_server_start_opts(const char *addr,
         return tp__error_set(err_p, TP_ENOMEM, "store server: out of memory");
     }
     srv->srv_lim = lim;
+    srv->srv_hello_flags = auth ? TP_AUTH_HELLO_FLAG : 0;
     char shown[TP_SOCKADDR_STRLEN];
     tp__sockaddr_format_url(&sa, "tcp", shown, sizeof(shown));
     srv->srv_lfd = socket(sa.u.sa.sa_family,
@@ -773,8 +726,11 @@ tp_store_server_start_opts(const char *addr,
         tp_error_unref(sc.ssc_err);
         goto destroy_loop;
     }
-    TP_LOG_INFO("TP-STORE-LISTEN", "store server listening on %s",
-                srv->srv_addr);
+    TP_LOG_INFO("TP-STORE-LISTEN", "store server listening on %s%s",
+                srv->srv_addr, auth ? " (job secret required)" : "");
+    char what[sizeof(srv->srv_addr) + 32];
+    snprintf(what, sizeof(what), "store server %s", srv->srv_addr);
+    tp__auth_warn_open(what, &bound.u.sa);
     *srv_p = srv;
     return TP_OK;
 

@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* tcp_server_int.h (internal) - what the tcp store server's files share:
- * tcp_server.c (the loop, accepting, connections and their I/O) and
+ * tcp_server.c (the loop, accepting, connections and their I/O),
+ * tcp_server_hello.c (the hellos, the job-secret exchange),
  * tcp_server_req.c (parsing requests, running them on the engine,
- * replies, parked requests). Everything here runs on the server's loop
- * thread. */
+ * replies, parked requests) and tcp_server_opts.c (the bounds).
+ * Everything here runs on the server's loop thread. */
 #ifndef TP_STORE_TCP_SERVER_INT_H
 #define TP_STORE_TCP_SERVER_INT_H
 
@@ -11,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/auth.h"
 #include "core/loop.h"
 #include "store_int.h"
 #include "transport/sockaddr.h"
@@ -19,6 +21,7 @@
 // is parsed only once the reply to the last has been written.
 typedef enum srv_state {
     SC_HELLO,  // exchanging hellos
+    SC_AUTH,   // the job-secret exchange (core/auth.h)
     SC_READ,   // reading (and parsing) a request
     SC_PARKED, // a get or wait waiting for its keys or its deadline
     SC_WRITE,  // writing a reply
@@ -51,6 +54,7 @@ typedef struct srv_conn {
     uint8_t sc_hello[TP_STORE_HELLO_LEN]; // the peer's
     unsigned sc_hello_rcvd;
     uint32_t sc_peer_flags;
+    tp__auth sc_auth;
     // The parked request (SC_PARKED): a get (one key) or a wait.
     uint8_t sc_op;
     char **sc_keys;
@@ -76,6 +80,7 @@ struct tp_store_server {
     bool srv_lwatched;
     tp_timer srv_accept_timer; // retry after EMFILE and friends
     bool srv_stopping;
+    uint32_t srv_hello_flags; // TP_AUTH_HELLO_FLAG with a job secret
     srv_limits srv_lim;
     uint64_t srv_refused;        // connections refused at the cap
     uint64_t srv_refused_log_ns; // when a refusal was last logged
@@ -99,9 +104,23 @@ tp_status srv_limits_load(const tp_store_server_options *o, int64_t max_value,
 void srv_conn_close(srv_conn *c);
 // Runs the connection's state machine after the current handler.
 void srv_conn_schedule(srv_conn *c);
+// (Re)arms the connection's timer for its state.
+void srv_conn_arm(srv_conn *c);
+// Writes the pending output; true once it is all sent. May close @c.
+bool srv_conn_flush(srv_conn *c);
 // Appends to the reply being built; an allocation failure is remembered
 // (sc_out_oom) and closes the connection when the reply is sent.
 void srv_out_put(srv_conn *c, const void *p, size_t n);
+
+// ---- tcp_server_hello.c ----
+
+// Our hello with @flags, TP_STORE_HELLO_LEN bytes at @h.
+void srv_hello(uint8_t *h, uint32_t flags);
+// One step of the hello / of the job-secret exchange: true when the
+// connection moved on to its next state, false when it waits for an event
+// (or died).
+bool srv_conn_step_hello(srv_conn *c);
+bool srv_conn_step_auth(srv_conn *c);
 
 // ---- tcp_server_req.c ----
 

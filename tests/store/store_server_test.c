@@ -3,15 +3,18 @@
 // parked waiters on one thread, woken by a set or their deadline; its
 // bounds: 2000 idle connections next to a working client, the connection
 // cap, the idle deadline (and a client reconnecting after it), the
-// request deadline against a slow sender, the cap on stored bytes. Raw
-// clients speak the wire format of docs/store.md; loopback only; every
-// read has a timeout.
+// request deadline against a slow sender, the cap on stored bytes; the
+// hello against strangers; the job secret (right, wrong, missing on either
+// side; the secret is read once per process, so each side is a forked
+// child with its own TP_JOB_TOKEN). Raw clients speak the wire format of
+// docs/store.md; loopback only; every read and wait has a timeout.
 
 #include "tp_test.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +26,7 @@
 
 #include <tpipe/store.h>
 
+#include "core/auth.h"
 #include "core/platform.h"
 #include "core/wire.h"
 #include "store/store_int.h"
@@ -525,12 +529,187 @@ test_hello_not_a_store(void)
     waitpid(pid, NULL, 0);
 }
 
+// ---- the job secret ----
+
+#define TOKEN_A "job-secret-aaaaaaaaaaaaaaaaaaaaaaaaa"
+#define TOKEN_B "job-secret-bbbbbbbbbbbbbbbbbbbbbbbbb"
+
+static void
+set_token(const char *tok)
+{
+    unsetenv("TP_JOB_TOKEN_FILE");
+    if (tok != NULL) {
+        setenv("TP_JOB_TOKEN", tok, 1);
+    } else {
+        unsetenv("TP_JOB_TOKEN");
+    }
+}
+
+// Forks a store server holding @tok (NULL: none); returns its pid and its
+// port in *@port_p. The child serves until killed.
+static pid_t
+auth_server(const char *tok, int *port_p)
+{
+    int p[2];
+    TP_CHECK(pipe(p) == 0);
+    pid_t pid = fork();
+    TP_CHECK(pid >= 0);
+    if (pid == 0) {
+        close(p[0]);
+        set_token(tok);
+        tp_store_server *srv = start_server();
+        int port = srv_port(srv);
+        TP_UNUSED(write(p[1], &port, sizeof(port)));
+        for (int i = 0; i < 600; i++) {
+            usleep(100 * 1000);
+        }
+        _exit(0);
+    }
+    close(p[1]);
+    struct pollfd pf = {.fd = p[0], .events = POLLIN};
+    TP_CHECK(poll(&pf, 1, (int)tp_test_ms(WAIT_MS)) == 1);
+    TP_CHECK(read(p[0], port_p, sizeof(*port_p)) == sizeof(*port_p));
+    close(p[0]);
+    return pid;
+}
+
+// Waits for @pid until the deadline (kills it then); returns its exit code.
+static int
+reap(pid_t pid)
+{
+    uint64_t dl = tp__now_ns() + (uint64_t)tp_test_ms(WAIT_MS) * 1000000u;
+    int status = 0;
+    while (waitpid(pid, &status, WNOHANG) == 0) {
+        if (tp__now_ns() > dl) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            return -1;
+        }
+        usleep(5 * 1000);
+    }
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// In a forked child holding @tok: opens the store on @port and expects
+// set/get to work (@want NULL) or the open to fail with TP_EPERM and a
+// message holding @want. Returns the child's exit code (0: as expected).
+static int
+auth_client(const char *tok, int port, const char *want)
+{
+    pid_t pid = fork();
+    TP_CHECK(pid >= 0);
+    if (pid == 0) {
+        set_token(tok);
+        char url[64];
+        snprintf(url, sizeof(url), "tcp://127.0.0.1:%d?server=0", port);
+        tp_store *s = NULL;
+        tp_error *err = NULL;
+        tp_status st = tp_store_open(url, 1, 2, tp_test_ms(WAIT_MS), &s, &err);
+        if (want == NULL) {
+            TP_CHECK_OK(st, err);
+            set_str(s, "k", "v");
+            check_get(s, "k", "v");
+            tp_store_close(s);
+        } else {
+            TP_CHECK_EQ(st, TP_EPERM);
+            TP_CHECK_STR_CONTAINS(tp_error_message(err), want);
+            tp_error_unref(err);
+        }
+        _exit(0);
+    }
+    return reap(pid);
+}
+
+static void
+auth_case(const char *srv_tok, const char *cli_tok, const char *want)
+{
+#if !TP_HAVE_CRYPTO
+    TP_UNUSED(srv_tok);
+    TP_UNUSED(cli_tok);
+    TP_UNUSED(want);
+    printf("built without libcrypto: skipped\n");
+    exit(77);
+#else
+    int port = 0;
+    pid_t srv = auth_server(srv_tok, &port);
+    int rc = auth_client(cli_tok, port, want);
+    kill(srv, SIGKILL);
+    reap(srv);
+    TP_CHECKF(rc == 0, "client child exited %d", rc);
+#endif
+}
+
+static void
+test_auth_ok(void)
+{
+    auth_case(TOKEN_A, TOKEN_A, NULL);
+}
+
+static void
+test_auth_wrong_secret(void)
+{
+    auth_case(TOKEN_A, TOKEN_B, "does not hold this job's secret");
+}
+
+static void
+test_auth_client_lacks_secret(void)
+{
+    auth_case(TOKEN_A, NULL, "requires the job secret (TP_JOB_TOKEN");
+}
+
+static void
+test_auth_server_lacks_secret(void)
+{
+    auth_case(NULL, TOKEN_A, "has no job secret; refusing to trust it");
+}
+
+// A raw client without the secret that sends a request right after its
+// hello gets the server's hello (flagged) and then EOF: no request is
+// served before the exchange.
+static void
+test_auth_no_request_before(void)
+{
+#if !TP_HAVE_CRYPTO
+    printf("built without libcrypto: skipped\n");
+    exit(77);
+#else
+    int port = 0;
+    pid_t srv = auth_server(TOKEN_A, &port);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    TP_CHECK(connect(fd, (struct sockaddr *)&a, sizeof(a)) == 0);
+    struct timeval tv = {.tv_sec = tp_test_ms(WAIT_MS) / 1000};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    uint8_t b[TP_STORE_HELLO_LEN + TP_STORE_HDR_LEN] = {0};
+    make_hello(b, 0);
+    tp__put_u32le(b + TP_STORE_HELLO_LEN, TP_STORE_MAGIC);
+    b[TP_STORE_HELLO_LEN + 4] = TP_STORE_OP_NUM_KEYS;
+    send_all(fd, b, sizeof(b));
+    TP_CHECK(recv_hello(fd) & TP_AUTH_HELLO_FLAG);
+    expect_eof(fd);
+    close(fd);
+    kill(srv, SIGKILL);
+    reap(srv);
+#endif
+}
+
 static const tp_test_case cases[] = {
-    TP_TEST_CASE(test_parked_many),       TP_TEST_CASE_T(test_idle_2000, 120),
-    TP_TEST_CASE(test_max_conns),         TP_TEST_CASE(test_idle_timeout),
-    TP_TEST_CASE(test_slow_loris),        TP_TEST_CASE(test_max_bytes),
-    TP_TEST_CASE(test_bad_env),           TP_TEST_CASE(test_hello_stranger),
+    TP_TEST_CASE(test_parked_many),
+    TP_TEST_CASE_T(test_idle_2000, 120),
+    TP_TEST_CASE(test_max_conns),
+    TP_TEST_CASE(test_idle_timeout),
+    TP_TEST_CASE(test_slow_loris),
+    TP_TEST_CASE(test_max_bytes),
+    TP_TEST_CASE(test_bad_env),
+    TP_TEST_CASE(test_hello_stranger),
     TP_TEST_CASE(test_hello_not_a_store),
+    TP_TEST_CASE(test_auth_ok),
+    TP_TEST_CASE(test_auth_wrong_secret),
+    TP_TEST_CASE(test_auth_client_lacks_secret),
+    TP_TEST_CASE(test_auth_server_lacks_secret),
+    TP_TEST_CASE(test_auth_no_request_before),
 };
 
 TP_TEST_MAIN(cases)
