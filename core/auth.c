@@ -425,11 +425,16 @@ tp__auth_warn_open(const char *what, const struct sockaddr *sa)
     if (atomic_exchange(&g_warned, true)) {
         return;
     }
-    TP_LOG_WARN("TP-AUTH-OPEN",
-                "%s accepts connections from the network without a job "
-                "secret: anyone who can reach it can run this job's "
-                "functions and read its store; set TP_JOB_TOKEN (or "
-                "TP_JOB_TOKEN_FILE) in every rank (tpipe run does it; "
-                "docs/security.md)",
-                what);
+#define AUTH_OPEN_FMT                                                          \
+    "%s accepts connections from the network without a job secret: anyone "    \
+    "who can reach it can run this job's functions and read its store; set "   \
+    "TP_JOB_TOKEN (or TP_JOB_TOKEN_FILE) in every rank (tpipe run does it; "   \
+    "docs/security.md)"
+    if (tp__log_enabled(TP_LOG_LEVEL_WARN)) {
+        TP_LOG_WARN("TP-AUTH-OPEN", AUTH_OPEN_FMT, what);
+    } else {
+        // Logging is off by default; this one is worth a line anyway.
+        fprintf(stderr, "tpipe: warning: " AUTH_OPEN_FMT "\n", what);
+    }
+#undef AUTH_OPEN_FMT
 }

@@ -83,9 +83,10 @@ tp_status tp__auth_run_fd(int fd, bool acceptor, const char *label,
                           tp_error **err_p);
 
 struct sockaddr;
-// Logs once per process, when no secret is configured and @sa is not a
+// Warns once per process, when no secret is configured and @sa is not a
 // loopback (or unix) address, that @what (e.g. "tcp listener
-// tcp://10.0.0.1:29500") accepts connections without authentication.
+// tcp://10.0.0.1:29500") accepts connections without authentication:
+// WARN TP-AUTH-OPEN, or a line on stderr when logging is off.
 void tp__auth_warn_open(const char *what, const struct sockaddr *sa);
 
 #endif

@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +25,7 @@
 #include "core/config.h"
 #include "core/loop.h"
 #include "core/wire.h"
+#include <tpipe/log.h>
 #include "tp_test.h"
 #include "tp_test_op.h"
 #include "transport/transport.h"
@@ -441,7 +443,53 @@ reflected_proof_refused(void)
     TP_CHECK_EQ(wait_child(child, 20000), 1);
 }
 
+static atomic_int g_open_warnings;
+
+static void
+count_open_warnings(tp_log_level level, const char *id, const char *msg,
+                    void *arg)
+{
+    (void)arg;
+    if (level == TP_LOG_LEVEL_WARN && strcmp(id, "TP-AUTH-OPEN") == 0 &&
+        strstr(msg, "without a job secret") != NULL) {
+        atomic_fetch_add(&g_open_warnings, 1);
+    }
+}
+
+static void
+listen_and_close(const char *addr)
+{
+    env e;
+    env_init(&e, "tcp");
+    tp_error *err = NULL;
+    tp_listener *l = NULL;
+    TP_CHECK_OK(tp__transport_listen(e.t, addr, &l, &err), err);
+    tp__listener_destroy(l);
+    env_fini(&e);
+}
+
+static void
+open_listener_warns_once(void)
+{
+    tp_log_set_handler(count_open_warnings, NULL);
+    tp_log_set_level(TP_LOG_LEVEL_WARN);
+    // Loopback without a secret, and any address with one: no warning.
+    set_secret(NULL);
+    listen_and_close("tcp://127.0.0.1:0");
+    listen_and_close("tcp://[::1]:0");
+    set_secret(SECRET_A);
+    listen_and_close("tcp://0.0.0.0:0");
+    TP_CHECK_EQ(atomic_load(&g_open_warnings), 0);
+    // The wildcard address without one: once per process.
+    set_secret(NULL);
+    listen_and_close("tcp://0.0.0.0:0");
+    listen_and_close("tcp://0.0.0.0:0");
+    TP_CHECK_EQ(atomic_load(&g_open_warnings), 1);
+    tp_log_set_handler(NULL, NULL);
+}
+
 static const tp_test_case cases[] = {
+    TP_TEST_CASE(open_listener_warns_once),
     TP_TEST_CASE(tcp_same_secret),
     TP_TEST_CASE(shm_same_secret),
     TP_TEST_CASE(tcp_wrong_secret),

@@ -335,6 +335,12 @@ tcp_listen(tp_transport *t, tp_listener *bl, const char *addr, tp_error **err_p)
     // Accepted sockets inherit the buffer sizes (and so the window scale
     // they advertise in the SYN-ACK) from the listening socket.
     tcp_set_bufs(fd, &t->t_cfg);
+    bool secret = false;
+    st = tp__auth_enabled(&secret, err_p);
+    if (st != TP_OK) {
+        tp__error_wrap(err_p, st, "tcp: listen on %s", shown);
+        goto fail_fd;
+    }
     if (bind(fd, &sa.u.sa, sa.len) != 0) {
         st = tp__error_errno(err_p, errno, "tcp: listen on %s", shown);
         goto fail_fd;
@@ -360,6 +366,9 @@ tcp_listen(tp_transport *t, tp_listener *bl, const char *addr, tp_error **err_p)
     }
     tp__sockaddr_format_url(&bound, "tcp", l->tl_base.l_addr,
                             sizeof(l->tl_base.l_addr));
+    char what[sizeof(l->tl_base.l_addr) + 16];
+    snprintf(what, sizeof(what), "tcp listener %s", l->tl_base.l_addr);
+    tp__auth_warn_open(what, &bound.u.sa);
     l->tl_fd = fd;
     tp__task_init(&l->tl_start_task, tcp_listener_start_task, l);
     tp__loop_post(l->tl_loop, &l->tl_start_task);
