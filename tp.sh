@@ -180,7 +180,13 @@ build_tree() { # build_tree DIR OPTIONS...
 
 # ---- test stages -----------------------------------------------------------
 ctest_plain() {
-    ctest --test-dir build --output-on-failure -j2 -LE slow
+    ctest --test-dir build --output-on-failure -j2 -LE 'slow|valgrind'
+}
+
+# A multi-process example under valgrind memcheck (plain build: valgrind
+# and the sanitizers do not mix; the loops fall back to epoll under it).
+ctest_valgrind() {
+    ctest --test-dir build --output-on-failure -j1 -L valgrind
 }
 
 # Tests labelled slow (the > 4 GiB transfers, 4 GiB of memory each): one
@@ -293,7 +299,13 @@ cmd_test() {
     if [ "${TP_SKIP_SANITIZE:-0}" = 1 ]; then
         skip_stage "asan+ubsan" "TP_SKIP_SANITIZE=1"
         skip_stage "tsan" "TP_SKIP_SANITIZE=1"
+        skip_stage "valgrind" "TP_SKIP_SANITIZE=1"
     else
+        if [ -x build/examples/rpc_demo ] && command -v valgrind >/dev/null 2>&1; then
+            run_stage "valgrind memcheck (build/)" ctest_valgrind || true
+        else
+            skip_stage "valgrind memcheck (build/)" "valgrind or build/ missing"
+        fi
         if run_stage "build (build-asan/)" \
             build_tree build-asan "${ASAN_OPTS[@]}"; then
             run_stage "ctest build-asan/ -LE slow" ctest_asan || true
