@@ -416,9 +416,10 @@ stray_connection_learns_nothing(void)
     pid_t child = start_listener("tcp", SECRET_A, 1500, addr, sizeof(addr));
     int fd = raw_connect(addr);
     // Garbage instead of a hello: closed, after nothing but the listener's
-    // own 16-byte hello.
+    // own 16-byte hello and its 32-byte nonce (random, public).
     write_full(fd, "GET / HTTP/1.0\r\n\r\n", 18);
-    TP_CHECK_EQ(read_to_eof(fd, 5000), (ssize_t)TP_HELLO_LEN);
+    TP_CHECK_EQ(read_to_eof(fd, 5000),
+                (ssize_t)(TP_HELLO_LEN + TP_AUTH_NONCE_LEN));
     close(fd);
     TP_CHECK_EQ(wait_child(child, 20000), 1);
 }

@@ -334,6 +334,27 @@ shm_connect_established(shm_conn *c)
         shm_connect_fail(c, err);
         return;
     }
+    if (c->c_hs_flags & TP_AUTH_HELLO_FLAG) {
+        // Our nonce right behind the hello: the exchange then costs the
+        // connector no extra round trip (the listener answers with its
+        // hello, nonce and proof in one go).
+        tp__auth_start(&c->c_auth, false, "shm");
+        const uint8_t *op;
+        size_t nout = tp__auth_out(&c->c_auth, &op);
+        ssize_t n;
+        do {
+            n = send(c->c_sock, op, nout, MSG_NOSIGNAL | MSG_DONTWAIT);
+        } while (n < 0 && errno == EINTR);
+        if (n != (ssize_t)nout) {
+            tp__error_errno(&err, n < 0 ? errno : EAGAIN,
+                            "shm: connect to " SHM_SCHEME "%s: sending the "
+                            "job-secret nonce",
+                            c->c_name);
+            shm_connect_fail(c, err);
+            return;
+        }
+        tp__auth_sent(&c->c_auth, nout);
+    }
     c->c_state = SHM_C_WAIT_REPLY;
     int64_t ms = shm_cfg(c)->handshake_timeout_ms;
     c->c_deadline_ns = tp__deadline_after_ms(ms);
@@ -408,8 +429,8 @@ shm_connector_on_reply(shm_conn *c)
         return;
     }
     if (r == 1) {
+        // Our nonce went out behind our hello (shm_connect_established).
         c->c_state = SHM_C_AUTH;
-        tp__auth_start(&c->c_auth, false, "shm");
         shm_connector_on_auth(c);
         return;
     }

@@ -176,9 +176,29 @@ tcp_auth_begin(tcp_conn *c)
         tcp_setup_fail(c, err);
         return false;
     }
+    // r == 1 means we have a secret: the exchange began with our hello.
     c->tc_auth_state = r == 1 ? 1 : 2;
-    if (r == 1) {
-        tp__auth_start(&c->tc_auth, c->tc_listener != NULL, "tcp");
+    return true;
+}
+
+// Sends what the exchange has ready (our nonce, right behind our hello, so
+// that the exchange adds half a round trip, not one and a half). Returns
+// false after failing the set-up.
+static bool
+tcp_auth_send(tcp_conn *c)
+{
+    const uint8_t *op;
+    size_t nout;
+    while (c->tc_writable && (nout = tp__auth_out(&c->tc_auth, &op)) > 0) {
+        ssize_t n = send(c->tc_fd, op, nout, MSG_NOSIGNAL);
+        if (n > 0) {
+            tp__auth_sent(&c->tc_auth, (size_t)n);
+        } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            c->tc_writable = false;
+        } else if (n < 0 && errno != EINTR) {
+            tcp_setup_fail_errno(c, errno, ": sending the job-secret proof");
+            return false;
+        }
     }
     return true;
 }
@@ -264,6 +284,9 @@ tcp_hello_pump(tcp_conn *c)
             return;
         }
         tp__put_u32le(c->tc_hello_out + 12, on ? TP_AUTH_HELLO_FLAG : 0);
+        if (on) {
+            tp__auth_start(&c->tc_auth, c->tc_listener != NULL, "tcp");
+        }
     }
     if (c->tc_auth_state == 1) {
         if (tcp_auth_pump(c) && c->tc_auth_state == 2) {
@@ -287,6 +310,10 @@ tcp_hello_pump(tcp_conn *c)
             break;
         }
         tcp_setup_fail_errno(c, e, ": sending the hello");
+        return;
+    }
+    if ((tp__get_u32le(c->tc_hello_out + 12) & TP_AUTH_HELLO_FLAG) &&
+        c->tc_hello_sent == TP_HELLO_LEN && !tcp_auth_send(c)) {
         return;
     }
     while (c->tc_hello_rcvd < TP_HELLO_LEN && c->tc_readable) {
