@@ -5,7 +5,11 @@
  *   u32 magic "TPCL" | u8 version 1 | u8 kind | u16 0 | i32 src | u32 0 |
  *   u64 group id | u64 tag | u64 nbytes
  * kind: 0 p2p data, 1 collective data, 2 abort (one payload: the reason,
- * at most TP__P2P_MAX_REASON bytes), 3 probe (nothing). Data (nbytes > 0)
+ * at most TP__P2P_MAX_REASON bytes), 3 probe (nothing), 4 query (tag: its
+ * id, not 0; nothing else: "which sequence number did group <id> reach
+ * here?"), 5 answer (tag: the query's id; one payload of
+ * TP__P2P_ANSWER_LEN bytes: u64 next | u32 flags, bit 0: has the group |
+ * u32 0). Data (nbytes > 0)
  * is the message's one tensor, so it moves on the pipe's channel (cma,
  * mpt, ...) straight from the sender's buffer into the posted recv's.
  * Everything is checked before use; a malformed message closes that pipe
@@ -124,6 +128,27 @@ in_read_cb(void *arg)
         in_read_next(in);
         return;
     }
+    if (in->i_kind == P2P_KIND_QUERY || in->i_kind == P2P_KIND_ANSWER) {
+        const uint8_t *h = msg->metadata;
+        uint64_t gid = tp__get_u64le(h + 16);
+        uint64_t qid = tp__get_u64le(h + 24);
+        char why[160];
+        bool ok = true;
+        if (in->i_kind == P2P_KIND_QUERY) {
+            tp__p2p_on_query(p, in->i_src, gid, qid);
+        } else {
+            ok =
+                tp__p2p_on_answer(p, in->i_src, gid, qid, msg->payloads[0].data,
+                                  msg->payloads[0].len, why, sizeof(why));
+        }
+        tp_message_destroy(msg);
+        if (!ok) {
+            in_fail(in, TP_EPROTO, NULL, why);
+            return;
+        }
+        in_read_next(in);
+        return;
+    }
     tp__mtx_lock(&p->p_mtx);
     tp__req *r = in->i_req;
     in->i_req = NULL;
@@ -189,7 +214,7 @@ tp__p2p_hdr_check(const void *meta, uint64_t meta_len, uint32_t npayloads,
         snprintf(why, why_len, "bad magic 0x%08x or version %u", magic, h[4]);
         return false;
     }
-    if (kind > P2P_KIND_PROBE || tp__get_u16le(h + 6) != 0 ||
+    if (kind > P2P_KIND_ANSWER || tp__get_u16le(h + 6) != 0 ||
         tp__get_u32le(h + 12) != 0) {
         snprintf(why, why_len, "bad kind %d or reserved bits", kind);
         return false;
@@ -200,17 +225,24 @@ tp__p2p_hdr_check(const void *meta, uint64_t meta_len, uint32_t npayloads,
                  pipe_src);
         return false;
     }
-    uint32_t want_payloads = kind == P2P_KIND_ABORT ? 1 : 0;
+    bool query = kind == P2P_KIND_QUERY || kind == P2P_KIND_ANSWER;
+    uint32_t want_payloads =
+        kind == P2P_KIND_ABORT || kind == P2P_KIND_ANSWER ? 1 : 0;
     uint32_t want_tensors = nbytes > 0 ? 1 : 0;
     if (npayloads != want_payloads || ntensors != want_tensors ||
         (want_tensors == 1 && tensor_len != nbytes) ||
         (kind >= P2P_KIND_ABORT && nbytes != 0) ||
-        (want_payloads == 1 && payload_len > TP__P2P_MAX_REASON) ||
+        (kind == P2P_KIND_ABORT && payload_len > TP__P2P_MAX_REASON) ||
+        (kind == P2P_KIND_ANSWER && payload_len != TP__P2P_ANSWER_LEN) ||
         nbytes > SIZE_MAX / 2) {
         snprintf(why, why_len,
                  "%u payloads and %u tensors for a kind-%d message of %" PRIu64
                  " bytes",
                  npayloads, ntensors, kind, nbytes);
+        return false;
+    }
+    if (query && tp__get_u64le(h + 24) == 0) {
+        snprintf(why, why_len, "a kind-%d message with query id 0", kind);
         return false;
     }
     hd->kind = kind;
@@ -225,6 +257,37 @@ void
 tp__p2p_hdr_encode(uint8_t *out, const tp__p2p_hdr *hd)
 {
     tp__p2p_hdr_put(out, hd->kind, hd->src, hd->gid, hd->tag, hd->nbytes);
+}
+
+bool
+tp__p2p_answer_decode(const void *buf, uint64_t len, tp__p2p_answer *a,
+                      char *why, size_t why_len)
+{
+    const uint8_t *b = buf;
+    if (len != TP__P2P_ANSWER_LEN || b == NULL) {
+        snprintf(why, why_len, "answer of %" PRIu64 " bytes, expected %d", len,
+                 TP__P2P_ANSWER_LEN);
+        return false;
+    }
+    uint64_t next = tp__get_u64le(b);
+    uint32_t flags = tp__get_u32le(b + 8);
+    if (flags > 1 || tp__get_u32le(b + 12) != 0 || (flags == 0 && next != 0)) {
+        snprintf(why, why_len,
+                 "answer with flags 0x%x, reserved 0x%x and next %" PRIu64,
+                 flags, tp__get_u32le(b + 12), next);
+        return false;
+    }
+    a->has_group = flags == 1;
+    a->next = next;
+    return true;
+}
+
+void
+tp__p2p_answer_encode(uint8_t *out, const tp__p2p_answer *a)
+{
+    tp__put_u64le(out, a->has_group ? a->next : 0);
+    tp__put_u32le(out + 8, a->has_group ? 1u : 0u);
+    tp__put_u32le(out + 12, 0);
 }
 
 // Loop thread: the header of the next message arrived; check it, then
@@ -445,10 +508,12 @@ tp__p2p_set_peer(tp__p2p *p, int r, const char *urls, tp_error **err_p)
 
 void
 tp__p2p_set_callbacks(tp__p2p *p, tp__p2p_abort_cb abort_cb,
-                      tp__p2p_fail_cb fail_cb, void *arg)
+                      tp__p2p_fail_cb fail_cb, tp__p2p_query_cb query_cb,
+                      void *arg)
 {
     p->p_abort_cb = abort_cb;
     p->p_fail_cb = fail_cb;
+    p->p_query_cb = query_cb;
     p->p_cb_arg = arg;
 }
 
@@ -466,7 +531,12 @@ tp__p2p_destroy(tp__p2p *p)
     }
     tp__mtx_lock(&p->p_mtx);
     p->p_closing = true;
+    tp_pool *ans = p->p_ans_pool; // no answer is queued from now on
+    p->p_ans_pool = NULL;
     tp__mtx_unlock(&p->p_mtx);
+    // Answers being sent finish (they may connect) before the context
+    // goes; those queued see p_closing and send nothing.
+    tp__pool_destroy(ans);
     // Destroying the context fails every pending write and read (their
     // callbacks run and complete the requests) and waits for them.
     tp_pipe_listener_destroy(p->p_listener);

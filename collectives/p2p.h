@@ -19,7 +19,13 @@
  * sends and recvs (naming it), and every later send to it. A waiter that
  * waits more than TP__P2P_PROBE_MS for a recv from a rank writes a probe to
  * it, so a peer that died before ever connecting is still noticed. An
- * abort message tells the other ranks of a group that it failed. */
+ * abort message tells the other ranks of a group that it failed.
+ *
+ * A query asks a rank which sequence number it has reached on a group;
+ * the peer's loop thread answers (through a helper thread, which may
+ * connect), so a rank busy elsewhere or in user code answers, and one
+ * that is stopped or dead does not: the pipe engine names the rank that
+ * never called a collective that timed out. */
 #ifndef TP_COLLECTIVES_P2P_H
 #define TP_COLLECTIVES_P2P_H
 
@@ -31,6 +37,8 @@
 #include <tpipe/pipe.h>
 
 #define TP__P2P_PROBE_MS 200
+// The longest wait for the answers of a query (tp__p2p_query_seqs).
+#define TP__P2P_QUERY_MS 500
 // The longest abort reason carried, in bytes.
 #define TP__P2P_MAX_REASON 2048
 
@@ -53,6 +61,13 @@ typedef void (*tp__p2p_abort_cb)(void *arg, uint64_t gid, int from,
                                  const char *reason);
 // Rank @rank failed (the pipe to or from it). On any thread, short.
 typedef void (*tp__p2p_fail_cb)(void *arg, int rank, const tp_error *err);
+// Rank @from asks which sequence number this rank reached on group @gid:
+// true with *@next_p = how many sequence numbers the group has taken
+// here (its collectives #0 .. #next-1 were called); false if there is no
+// such group here with @from as a member (not made yet, or destroyed).
+// On a loop thread, short, non-blocking.
+typedef bool (*tp__p2p_query_cb)(void *arg, uint64_t gid, int from,
+                                 uint64_t *next_p);
 
 // Creates the context (allow lists from @co) and listens: on loopback tcp
 // when @loopback. @name prefixes messages ("pg world rank 0").
@@ -65,7 +80,8 @@ const char *tp__p2p_urls(const tp__p2p *p);
 tp_status tp__p2p_set_peer(tp__p2p *p, int r, const char *urls,
                            tp_error **err_p);
 void tp__p2p_set_callbacks(tp__p2p *p, tp__p2p_abort_cb abort_cb,
-                           tp__p2p_fail_cb fail_cb, void *arg);
+                           tp__p2p_fail_cb fail_cb, tp__p2p_query_cb query_cb,
+                           void *arg);
 // Starts accepting pipes.
 void tp__p2p_start(tp__p2p *p);
 // Fails everything pending with TP_ECLOSED, closes the pipes, frees.
@@ -123,6 +139,27 @@ void tp__p2p_kick(tp__p2p *p);
 tp_error *tp__p2p_peer_error(tp__p2p *p, int rank);
 // Best effort, does not wait: tells rank @dst that group @gid failed.
 void tp__p2p_send_abort(tp__p2p *p, int dst, uint64_t gid, const char *reason);
+
+// What a query learnt of one rank.
+typedef enum tp__p2p_seq_state {
+    TP__P2P_SEQ_SELF,      // this rank: not asked
+    TP__P2P_SEQ_NO_ANSWER, // no answer within the bound (stopped, dead?)
+    TP__P2P_SEQ_FAILED,    // known to have failed (tp__p2p_peer_error)
+    TP__P2P_SEQ_NO_GROUP,  // it has no such group (not made, destroyed)
+    TP__P2P_SEQ_OK,        // answered: next
+} tp__p2p_seq_state;
+
+typedef struct tp__p2p_seq {
+    tp__p2p_seq_state state;
+    uint64_t next; // TP__P2P_SEQ_OK: sequence numbers taken there
+} tp__p2p_seq;
+
+// Asks world ranks @wranks[0..@n) which sequence number they reached on
+// group @gid and waits up to @bound_ms for their answers (fewer if all
+// came): @out[i] says what rank @wranks[i] answered. Blocks; not on a
+// loop thread. No error: what could not be learnt is in @out.
+void tp__p2p_query_seqs(tp__p2p *p, uint64_t gid, const int *wranks, int n,
+                        int64_t bound_ms, tp__p2p_seq *out);
 // The transport and channel of the pipe this rank writes to @dst on
 // ("shm+cma"), or "-" when there is none yet. Static or owned by @p.
 void tp__p2p_path(tp__p2p *p, int dst, char *buf, size_t len);
@@ -132,7 +169,7 @@ void tp__p2p_path(tp__p2p *p, int dst, char *buf, size_t len);
 #define TP__P2P_HDR 40
 
 typedef struct tp__p2p_hdr {
-    int kind; // 0 p2p, 1 collective, 2 abort, 3 probe
+    int kind; // 0 p2p, 1 collective, 2 abort, 3 probe, 4 query, 5 answer
     int src;  // world rank
     uint64_t gid;
     uint64_t tag;
@@ -149,5 +186,22 @@ bool tp__p2p_hdr_check(const void *meta, uint64_t meta_len, uint32_t npayloads,
                        tp__p2p_hdr *hd, char *why, size_t why_len);
 // Writes the TP__P2P_HDR bytes of @hd.
 void tp__p2p_hdr_encode(uint8_t *out, const tp__p2p_hdr *hd);
+
+// The payload of an answer: u64 next | u32 flags (bit 0: has the group) |
+// u32 0.
+#define TP__P2P_ANSWER_LEN 16
+
+typedef struct tp__p2p_answer {
+    bool has_group;
+    uint64_t next; // 0 without the group
+} tp__p2p_answer;
+
+// Checks and decodes an answer's payload. False, with @why, for anything
+// malformed (length, unknown flags, reserved bits, a count without the
+// group).
+bool tp__p2p_answer_decode(const void *buf, uint64_t len, tp__p2p_answer *a,
+                           char *why, size_t why_len);
+// Writes the TP__P2P_ANSWER_LEN bytes of @a.
+void tp__p2p_answer_encode(uint8_t *out, const tp__p2p_answer *a);
 
 #endif

@@ -5,7 +5,7 @@
  *               matching messages), the context, accept, create, destroy
  *   p2p_req.c   requests (completion, detach, cancel) and posting recvs
  *   p2p_send.c  peers (failure, connecting), sends, waiting
- *   p2p_ctl.c   control messages: abort, probe
+ *   p2p_ctl.c   control messages: abort, probe, query and answer
  *
  * Locks: p_mtx guards the peer table's errors, the posted and unexpected
  * lists and the incoming pipes; it is taken by loop callbacks, so no pipe
@@ -21,6 +21,7 @@
 #include "collectives/p2p.h"
 #include "core/list.h"
 #include "core/platform.h"
+#include "core/pool.h"
 
 #define P2P_MAGIC          0x4c435054u // "TPCL"
 #define P2P_VERSION        1
@@ -28,6 +29,8 @@
 #define P2P_KIND_DATA      0 // + chan: 0 p2p, 1 coll
 #define P2P_KIND_ABORT     2
 #define P2P_KIND_PROBE     3
+#define P2P_KIND_QUERY     4 // tag: the query's id (not 0)
+#define P2P_KIND_ANSWER    5 // tag: the query's id; payload: tp__p2p_answer
 #define P2P_MAX_URLS       512
 #define P2P_CANCEL_WAIT_MS 5000
 
@@ -96,6 +99,17 @@ struct p2p_in {
     bool i_local_close; // closed by a cancellation here (under p_mtx)
 };
 
+// A query waiting for its answers (p_queries, under p_mtx).
+typedef struct p2p_query {
+    uint64_t q_id;
+    uint64_t q_gid;
+    const int *q_wranks;
+    tp__p2p_seq *q_out;
+    int q_n;
+    int q_left; // entries still TP__P2P_SEQ_NO_ANSWER
+    struct p2p_query *q_next;
+} p2p_query;
+
 typedef struct p2p_peer {
     char *pe_urls;   // newline-separated
     tp_pipe *pe_out; // we write on it (under p_conn_mtx to create)
@@ -122,7 +136,15 @@ struct tp__p2p {
     uint64_t p_gen; // bumped on every completion, under p_mtx
     tp__p2p_abort_cb p_abort_cb;
     tp__p2p_fail_cb p_fail_cb;
+    tp__p2p_query_cb p_query_cb;
     void *p_cb_arg;
+    // queries (under p_mtx)
+    uint64_t p_qid_last; // the id of the last query sent
+    p2p_query *p_queries;
+    // Sends the answers to queries (the loop thread must not connect:
+    // p_conn_mtx). Made on the first query, under p_mtx; NULL once
+    // p_closing.
+    tp_pool *p_ans_pool;
     tp__req *p_dead; // detached and complete: freed on a user thread
 };
 
@@ -166,5 +188,15 @@ tp_status tp__p2p_peer_out(tp__p2p *p, int rank, tp_pipe **pipe_p,
                            tp_error **err_p);
 // Loop thread: the write of a request (its r_aio) finished.
 void tp__p2p_send_cb(void *arg);
+
+// ---- p2p_ctl.c
+// Loop thread: rank @src asks which sequence number group @gid reached
+// here (query @qid): answers, from the answer pool.
+void tp__p2p_on_query(tp__p2p *p, int src, uint64_t gid, uint64_t qid);
+// Loop thread: rank @src answered query @qid about group @gid with
+// @payload. False, with @why, for a malformed answer (a protocol error).
+bool tp__p2p_on_answer(tp__p2p *p, int src, uint64_t gid, uint64_t qid,
+                       const void *payload, uint64_t len, char *why,
+                       size_t why_len);
 
 #endif

@@ -138,6 +138,25 @@ on_abort(void *arg, uint64_t gid, int from, const char *reason)
     tp__mtx_unlock(&w->w_mtx);
 }
 
+// p2p callback: world rank @from asks which sequence number group @gid
+// reached here (a member whose collective timed out).
+static bool
+on_query(void *arg, uint64_t gid, int from, uint64_t *next_p)
+{
+    tp_pg *w = arg;
+    bool found = false;
+    tp__mtx_lock(&w->w_mtx);
+    for (tp_pg *g = w->w_groups; g != NULL && !found; g = g->g_next) {
+        if (g->g_gid == gid && g->g_granks[from] >= 0) {
+            found = true;
+            *next_p =
+                atomic_load_explicit(&g->g_seq_taken, memory_order_acquire);
+        }
+    }
+    tp__mtx_unlock(&w->w_mtx);
+    return found;
+}
+
 // ---- store helpers
 // -------------------------------------------------------------------
 
@@ -487,7 +506,7 @@ tp_pg_init(const char *init_method, int rank, int world_size,
     // A dead rank fails what waits on it (and later operations with it);
     // the collective that notices breaks its group and tells the others.
     // A rank that left after its last collective breaks nothing.
-    tp__p2p_set_callbacks(w->w_p2p, on_abort, NULL, w);
+    tp__p2p_set_callbacks(w->w_p2p, on_abort, NULL, on_query, w);
     vals = calloc((size_t)world_size, sizeof(char *));
     if (vals == NULL) {
         st = tp__error_set(err_p, TP_ENOMEM, "%s: init", w->g_what);

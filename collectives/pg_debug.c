@@ -2,7 +2,9 @@
 /* pg_debug.c - TP_DEBUG_COLLECTIVES: before each collective the members
  * all_gather a description of it (op, dtype, count, root, sequence number;
  * for all_to_all also the split sizes) and compare, so that a mismatch is
- * reported naming the ranks and what each called instead of hanging. */
+ * reported naming the ranks and what each called instead of hanging.
+ * And, always, the pipe engine's blame of a timeout: which members never
+ * called the collective that timed out. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -71,7 +73,7 @@ tp__pg_debug_check(tp_pg *g, const tp__coll_args *a, tp_reduce_op op,
 {
     int n = g->g_size;
     uint8_t mine[PG_DESC_BYTES];
-    uint64_t seq = g->g_seq++;
+    uint64_t seq = tp__pg_seq_take(g);
     desc_encode(mine, a, op, g->g_seq);
     uint8_t *all = malloc((size_t)n * PG_DESC_BYTES);
     if (all == NULL) {
@@ -131,7 +133,7 @@ tp__pg_debug_check(tp_pg *g, const tp__coll_args *a, tp_reduce_op op,
         .out = sc,
         .count = row,
     };
-    seq = g->g_seq++;
+    seq = tp__pg_seq_take(g);
     st = tp__pg_engine_run(g, &ga2, seq, deadline, err_p);
     if (st == TP_OK) {
         for (int j = 0; j < n; j++) {
@@ -149,4 +151,80 @@ tp__pg_debug_check(tp_pg *g, const tp__coll_args *a, tp_reduce_op op,
     }
     free(sc);
     return st;
+}
+
+// ---- who never called a collective that timed out
+// -------------------------------------------------
+
+#define PG_BLAME_MAX 8 // members named in one error
+
+void
+tp__pg_blame_timeout(tp_pg *g, const char *kind, uint64_t seq,
+                     uint64_t start_ns, const char *what, tp_error **err_p)
+{
+    if (err_p == NULL || *err_p == NULL || g->g_size < 2) {
+        return;
+    }
+    uint64_t now = tp__now_ns();
+    int64_t bound = g->g_timeout_ms / 4;
+    bound = bound < 1 ? 1 : bound > TP__P2P_QUERY_MS ? TP__P2P_QUERY_MS : bound;
+    tp__p2p_seq *ans = calloc((size_t)g->g_size, sizeof(*ans));
+    if (ans == NULL || !tp__pg_p2p_enter(g->g_world)) {
+        free(ans);
+        return;
+    }
+    tp__p2p_query_seqs(g->g_world->w_p2p, g->g_gid, g->g_wranks, g->g_size,
+                       bound, ans);
+    tp__pg_p2p_leave(g->g_world);
+    char list[1024] = "";
+    size_t off = 0;
+    int named = 0;
+    for (int i = 0; i < g->g_size; i++) {
+        char one[192];
+        const tp__p2p_seq *s = &ans[i];
+        if (s->state == TP__P2P_SEQ_OK && s->next <= seq) {
+            char last[48] = "it called none";
+            if (s->next > 0) {
+                snprintf(last, sizeof(last), "its last was #%" PRIu64,
+                         s->next - 1);
+            }
+            snprintf(one, sizeof(one), "never called %s #%" PRIu64 " (%s)",
+                     kind, seq, last);
+        } else if (s->state == TP__P2P_SEQ_NO_ANSWER) {
+            snprintf(one, sizeof(one),
+                     "did not answer within %" PRId64 " ms (stopped or dead?)",
+                     bound);
+        } else if (s->state == TP__P2P_SEQ_NO_GROUP) {
+            snprintf(one, sizeof(one),
+                     "has no such group (not made yet, or destroyed)");
+        } else if (s->state == TP__P2P_SEQ_FAILED) {
+            snprintf(one, sizeof(one), "failed earlier");
+        } else {
+            continue; // this rank, or one that called it
+        }
+        if (++named <= PG_BLAME_MAX && off < sizeof(list)) {
+            off += (size_t)snprintf(
+                list + off, sizeof(list) - off, "%srank %d (world rank %d) %s",
+                named > 1 ? "; " : "", i, g->g_wranks[i], one);
+        }
+    }
+    free(ans);
+    if (named == 0) {
+        return; // every member called it: the first error stands
+    }
+    if (named > PG_BLAME_MAX && off < sizeof(list)) {
+        snprintf(list + off, sizeof(list) - off, "; and %d more",
+                 named - PG_BLAME_MAX);
+    }
+    uint64_t op_start = start_ns != 0 && start_ns <= now ? start_ns : now;
+    tp_error *e = tp_error_create(
+        TP_ETIMEDOUT, NULL,
+        "%s timed out after %" PRIu64 " ms (timeout %" PRId64 " ms): %s", what,
+        (now - op_start) / 1000000u, g->g_timeout_ms, list);
+    if (tp_error_status(e) == TP_ETIMEDOUT) {
+        tp_error_unref(*err_p);
+        *err_p = e;
+    } else {
+        tp_error_unref(e); // out of memory: the first error stands
+    }
 }

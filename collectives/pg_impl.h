@@ -122,7 +122,10 @@ struct tp_pg {
     bool g_stop;
     bool g_thread_started;
     pthread_t g_thread;
-    uint64_t g_seq;
+    uint64_t g_seq; // taken by the thread running the collective
+    // g_seq, for the p2p layer's loop thread (a query of another member):
+    // stored when a number is taken (tp__pg_seq_take)
+    _Atomic uint64_t g_seq_taken;
     tp_error *g_broken;
     atomic_bool g_is_broken; // g_broken != NULL, read without the lock
     // The owner's reference (dropped by tp_pg_destroy), one per work of
@@ -182,6 +185,9 @@ void tp__pg_break(tp_pg *g, const tp_error *err);
 tp_status tp__pg_check(void *arg, tp_error **err_p);
 
 // ---- pg_work.c
+// Takes the next sequence number of @g (by the thread running its
+// collective).
+uint64_t tp__pg_seq_take(tp_pg *g);
 // A heap work of @g with one reference (the caller's).
 tp_work *tp__pg_work_new(tp_pg *g);
 void tp__pg_work_unref(tp_work *wk);
@@ -215,5 +221,13 @@ char *tp__pg_fr_dump(tp_pg *g, bool in_flight_only);
 // TP_DEBUG_COLLECTIVES: compares this collective across the members.
 tp_status tp__pg_debug_check(tp_pg *g, const tp__coll_args *a, tp_reduce_op op,
                              uint64_t deadline, tp_error **err_p);
+// The pipe engine's collective @what (@kind #@seq, issued at @start_ns) timed
+// out with *@err_p: asks the other members which sequence number they
+// reached (waiting at most TP__P2P_QUERY_MS, or a quarter of the
+// timeout) and, if some never called it or did not answer, replaces
+// *@err_p with an error naming them.
+void tp__pg_blame_timeout(tp_pg *g, const char *kind, uint64_t seq,
+                          uint64_t start_ns, const char *what,
+                          tp_error **err_p);
 
 #endif

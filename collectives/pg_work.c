@@ -252,6 +252,14 @@ tp_work_free(tp_work *w)
     tp__pg_work_unref(w);
 }
 
+uint64_t
+tp__pg_seq_take(tp_pg *g)
+{
+    uint64_t seq = g->g_seq++;
+    atomic_store_explicit(&g->g_seq_taken, g->g_seq, memory_order_release);
+    return seq;
+}
+
 // Runs one collective on the group's engine (no debug check).
 tp_status
 tp__pg_engine_run(tp_pg *g, const tp__coll_args *a, uint64_t seq,
@@ -285,7 +293,14 @@ tp__pg_engine_run(tp_pg *g, const tp__coll_args *a, uint64_t seq,
         .scratch = &g->g_scratch,
         .scratch_len = &g->g_scratch_len,
     };
-    return tp__algo_run(&c, a, err_p);
+    tp_status st = tp__algo_run(&c, a, err_p);
+    if (st == TP_ETIMEDOUT) {
+        // The rank this one waited for may be waiting too: name the
+        // members that never called it.
+        tp__pg_blame_timeout(g, tp__coll_kind_name(a->kind), seq, c.start_ns,
+                             what, err_p);
+    }
+    return st;
 }
 
 static tp_status
@@ -362,7 +377,7 @@ coll_exec_engine(tp_pg *g, tp_work *wk, tp_error **err_p)
             mismatch = st == TP_EINVAL;
         }
         if (st == TP_OK) {
-            uint64_t seq = g->g_seq++;
+            uint64_t seq = tp__pg_seq_take(g);
             st = tp__pg_engine_run(g, a, seq, deadline, err_p);
         }
         if (st == TP_OK && wk->wk_op == TP_REDUCE_AVG) {

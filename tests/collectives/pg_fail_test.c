@@ -3,7 +3,9 @@
  * ranks on loopback: a destroy while another thread waits on a work of
  * the group; the pipe engine's timeouts with a peer stopped by SIGSTOP
  * (the stuck sender returns at the timeout, a resumed rank reports the
- * real elapsed time, the group is named once); the flight recorder.
+ * real elapsed time, the group is named once); a rank that never calls a
+ * collective, alive or stopped, is the one the pipe engine names (not a
+ * caller that waits on it); the flight recorder.
  *
  * Every rank is a forked child of the case process, forked before any
  * thread exists. Every wait has a deadline. */
@@ -230,6 +232,102 @@ test_stuck_peer(void)
     tp_job_latch_fini(&g_latch);
 }
 
+// ---- a rank that never calls ---------------------------------------------
+
+// The bound of the members' query on a timeout: a quarter of it.
+#define Q_MS (T_MS / 4)
+
+// After a barrier of all four (#0), ranks 0, 1 and 2 call an all_reduce
+// (#1, 1.5 s timeout) that rank 3 never calls: it waits in user code
+// (@arg NULL) or is stopped by rank 0 (SIGSTOP, @arg not NULL). With
+// recursive doubling rank 0 waits on rank 2, which waits on rank 3: every
+// caller's error must still name rank 3 (it never called #1; or it did
+// not answer), no caller as the culprit, and come within the timeout and
+// the query's bound. Rank 3 exits cleanly once the callers reported.
+static void
+absent_rank(int rank, int world, const char *url, void *arg)
+{
+    bool stop = arg != NULL;
+    tp_pg *pg = init_pg(rank, world, url, T_MS);
+    tp_error *err = NULL;
+    tp_tensor *pid = tensor(TP_I64, 1);
+    tp_tensor *t = tensor(TP_F32, 256);
+    TP_CHECK_OK(tp_pg_barrier(pg, NULL, &err), err);
+    if (rank == 3) {
+        if (stop) {
+            *(int64_t *)tp_tensor_data(pid) = (int64_t)getpid();
+            TP_CHECK_OK(tp_pg_send(pg, pid, 0, 1, NULL, &err), err);
+        }
+        // User code, away from the group, until the callers reported.
+        TP_CHECK_EQ(tp_job_latch_wait(&g_latch, 3, 30000), 3);
+    } else {
+        pid_t p3 = 0;
+        if (stop && rank == 0) {
+            TP_CHECK_OK(tp_pg_recv(pg, pid, 3, 1, NULL, &err), err);
+            p3 = (pid_t) * (int64_t *)tp_tensor_data(pid);
+            TP_CHECK(kill(p3, SIGSTOP) == 0);
+        }
+        int64_t t0 = tp_job_now_ms();
+        tp_status st = tp_pg_all_reduce(pg, t, TP_REDUCE_SUM, NULL, &err);
+        int64_t dt = tp_job_now_ms() - t0;
+        const char *m = tp_error_message(err);
+        // TP_EREMOTE: another caller timed out first and said why.
+        TP_CHECKF(st == TP_ETIMEDOUT || st == TP_EREMOTE, "rank %d: %s: %s",
+                  rank, tp_status_name(st), m);
+        TP_CHECKF(dt < T_MS + Q_MS + tp_test_ms(500),
+                  "rank %d failed after %" PRId64 " ms: %s", rank, dt, m);
+        TP_CHECK_STR_CONTAINS(
+            m, stop ? "rank 3 (world rank 3) did not answer within 375 ms "
+                      "(stopped or dead?)"
+                    : "rank 3 (world rank 3) never called all_reduce #1 "
+                      "(its last was #0)");
+        for (int r = 0; r < 3; r++) {
+            char who[64];
+            snprintf(who, sizeof(who), "rank %d (world rank %d) never", r, r);
+            TP_CHECKF(strstr(m, who) == NULL, "rank %d blames %d: %s", rank, r,
+                      m);
+            snprintf(who, sizeof(who), "rank %d (world rank %d) did not", r, r);
+            TP_CHECKF(strstr(m, who) == NULL, "rank %d blames %d: %s", rank, r,
+                      m);
+        }
+        TP_CHECKF(strstr(m, "waiting for a message from") == NULL,
+                  "rank %d: %s", rank, m);
+        tp_error_unref(err);
+        if (stop && rank == 0) {
+            // Ranks 1 and 2 reported: resume rank 3 and let it go.
+            TP_CHECK_EQ(tp_job_latch_wait(&g_latch, 2, 30000), 2);
+            TP_CHECK(kill(p3, SIGCONT) == 0);
+            for (int i = 0; i < 3; i++) {
+                tp_job_latch_post(&g_latch);
+            }
+        } else {
+            tp_job_latch_post(&g_latch);
+        }
+    }
+    tp_tensor_unref(pid);
+    tp_tensor_unref(t);
+    tp_pg_destroy(pg);
+}
+
+static void
+test_absent_rank(void)
+{
+    tp_job_latch_init(&g_latch);
+    tp_job j = {.world = 4, .fn = absent_rank};
+    job_run(&j, "TP_COLL_ENGINE=pipe");
+    tp_job_latch_fini(&g_latch);
+}
+
+static void
+test_absent_rank_stopped(void)
+{
+    static int stop = 1;
+    tp_job_latch_init(&g_latch);
+    tp_job j = {.world = 4, .fn = absent_rank, .arg = &stop};
+    job_run(&j, "TP_COLL_ENGINE=pipe");
+    tp_job_latch_fini(&g_latch);
+}
+
 // ---- flight recorder
 // ---------------------------------------------------------
 
@@ -320,6 +418,8 @@ test_flight_recorder(void)
 static const tp_test_case k_cases[] = {
     TP_TEST_CASE_T(test_destroy_waiting, 60),
     TP_TEST_CASE_T(test_stuck_peer, 60),
+    TP_TEST_CASE_T(test_absent_rank, 60),
+    TP_TEST_CASE_T(test_absent_rank_stopped, 60),
     TP_TEST_CASE_T(test_flight_recorder, 60),
 };
 
