@@ -261,11 +261,31 @@ rr_sent(void *state, void *tok, const tp_error *err)
 
 // ---- receiving args: RRefs -------------------------------------------------
 
+// A message from @from arrived: it is alive, whatever a failed connection
+// made us think (a refused message, an injected fault); the agent clears
+// its own mark the same way. Else one broken pipe kept every later user
+// RRef of its values from telling it of its deletion: a leaked value.
+static void
+rr_heard(rr_ctx *x, int from)
+{
+    if (atomic_load_explicit(&x->x_ndead, memory_order_relaxed) == 0 ||
+        from < 0 || from >= x->x_world) {
+        return;
+    }
+    tp__mtx_lock(&x->x_mtx);
+    if (x->x_dead[from]) {
+        x->x_dead[from] = false;
+        atomic_fetch_sub_explicit(&x->x_ndead, 1, memory_order_relaxed);
+    }
+    tp__mtx_unlock(&x->x_mtx);
+}
+
 static tp_status
 rr_recv(void *state, int from, const uint8_t *sec, size_t len, tp_args *args,
         tp_error **err_p)
 {
     rr_ctx *x = state;
+    rr_heard(x, from);
     if (sec == NULL) {
         return TP_OK;
     }
@@ -388,6 +408,7 @@ rr_peer_failed(void *state, int rank, const tp_error *err)
         return;
     }
     x->x_dead[rank] = true;
+    atomic_fetch_add_explicit(&x->x_ndead, 1, memory_order_relaxed);
     tp_error *why = tp__error_new(TP_ECONNRESET, 0, err,
                                   "rref: the owner %s (rank %d) failed",
                                   wi != NULL ? wi->name : "?", rank);

@@ -148,6 +148,7 @@ struct rr_ctx {
     rr_map x_forks;      // (x) rr_fork by fork id
     rr_map x_children;   // (x) rr_child by fork id
     bool *x_dead;        // (x) by rank: peers that failed
+    atomic_int x_ndead;  // ranks marked in x_dead (read without x_mtx)
     rr_note *x_outbox;   // (x) to send after unlocking
     rr_doomed *x_doomed; // (x) values of deleted RRefs, to free
     uint64_t x_nqueued;  // (x) notes queued, not yet sent

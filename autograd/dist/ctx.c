@@ -252,7 +252,10 @@ da_ctx_release(da_ctx *c, bool propagate, int from)
     drop_sends(sends, nsends);
     if (peers != NULL) {
         for (int r = 0; r < world; r++) {
-            if (peers[r] && r != from && r != x->x_rank && !da_is_dead(x, r)) {
+            // Also to a peer marked dead: a broken pipe marks a live one
+            // too, and its copy would stay until shutdown; the note then
+            // connects again (to a dead peer it fails, logged).
+            if (peers[r] && r != from && r != x->x_rank) {
                 send_release(x, c->c_id, r);
             }
         }

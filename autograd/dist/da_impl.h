@@ -64,6 +64,7 @@ struct da_state {
     _Atomic uint64_t x_next_ctx, x_next_pass;
     bool x_attached;
     bool *x_dead; /* [world] */
+    atomic_int x_ndead; /* ranks marked in x_dead (read without x_mtx) */
     tp_dist_autograd_stats x_st;
 };
 

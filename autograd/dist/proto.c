@@ -117,11 +117,31 @@ da_send(void *state, int to, uint8_t kind, const tp_args *args,
     return da_record_send(c, to, args, ext, err_p);
 }
 
+// A message from @from arrived: it is alive, whatever a failed connection
+// made us think (a refused message, an injected fault); the agent clears
+// its own mark the same way. Else one broken pipe kept its contexts from
+// being learnt here for good.
+static void
+da_heard(da_state *x, int from)
+{
+    if (atomic_load_explicit(&x->x_ndead, memory_order_relaxed) == 0 ||
+        from < 0 || from >= x->x_world) {
+        return;
+    }
+    tp__mtx_lock(&x->x_mtx);
+    if (x->x_dead[from]) {
+        x->x_dead[from] = false;
+        atomic_fetch_sub_explicit(&x->x_ndead, 1, memory_order_relaxed);
+    }
+    tp__mtx_unlock(&x->x_mtx);
+}
+
 static tp_status
 da_recv(void *state, int from, const uint8_t *sec, size_t len, tp_args *args,
         tp_error **err_p)
 {
     da_state *x = state;
+    da_heard(x, from);
     if (sec == NULL) {
         return TP_OK;
     }
@@ -174,6 +194,9 @@ da_peer_failed(void *state, int rank, const tp_error *err)
     tp__mtx_lock(&x->x_mtx);
     bool was = x->x_dead[rank];
     x->x_dead[rank] = true;
+    if (!was) {
+        atomic_fetch_add_explicit(&x->x_ndead, 1, memory_order_relaxed);
+    }
     tp__mtx_unlock(&x->x_mtx);
     if (!was) {
         // Its contexts end here (PyTorch keeps them forever).
