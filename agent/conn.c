@@ -387,14 +387,37 @@ conn_desc_cb(void *arg)
     ag_conn_op_done(c);
 }
 
+// Whether the pipe of @c was opened by (or reached) the context of worker
+// @p: an agent's pipe context is named after its worker, and the pipe
+// names the peer "<context> at <url>". With a job secret, that context
+// proved it belongs to the job (docs/security.md).
+static bool
+conn_peer_is(const ag_conn *c, const ag_peer *p)
+{
+    const char *peer = tp_pipe_peer(c->c_pipe);
+    size_t n = strlen(p->p_info.name);
+    return peer != NULL && strncmp(peer, p->p_info.name, n) == 0 &&
+           strncmp(peer + n, " at ", 4) == 0;
+}
+
 // Loop thread: checks that @h comes from the peer of @c: an outgoing pipe
 // carries its callee's replies; an incoming one the requests of the
-// worker its first message named.
+// worker its first message named, which must be the worker whose context
+// opened the pipe. A message claiming another worker's rank is refused.
 static tp_status
 conn_check_sender(ag_conn *c, const ag_hdr *h, tp_error **err_p)
 {
     tp_agent *a = c->c_agent;
     ag_peer *sender = &a->a_peers[h->h_src_rank];
+    if (!c->c_heard && !conn_peer_is(c, sender)) {
+        return tp__error_set(err_p, TP_EPROTO,
+                             "rpc %s says it is from %s (rank %u), but the "
+                             "pipe %s %s",
+                             c->c_outgoing ? "reply" : "request",
+                             sender->p_info.name, h->h_src_rank,
+                             c->c_outgoing ? "reached" : "comes from",
+                             tp_pipe_peer(c->c_pipe));
+    }
     // c_peer is written once, before the pipe reads (outgoing) or here on
     // this loop thread (incoming): reading it here needs no lock.
     ag_peer *p = c->c_peer;

@@ -59,6 +59,9 @@ hdr(uint8_t *b, uint32_t magic, uint8_t ver, uint8_t kind, const char *fn,
 }
 
 #define MAGIC 0x41525054u
+// The agent's wire version (agent/wire.h): every case but "wrong version"
+// must pass the version check to reach the check it names.
+#define WIRE_VER 2
 
 // The agent must close @p: reads fail (not time out) within 5 s. It may
 // answer up to @replies messages first.
@@ -154,7 +157,7 @@ make_garbage(garbage *g, int max)
     x = &g[n++];
     memset(x, 0, sizeof(*x));
     x->what = "truncated header";
-    hdr(x->meta, MAGIC, 1, 1, "tp.echo", 7, 0, 0, 1);
+    hdr(x->meta, MAGIC, WIRE_VER, 1, "tp.echo", 7, 0, 0, 1);
     x->len = 20;
     x = &g[n++];
     memset(x, 0, sizeof(*x));
@@ -169,39 +172,39 @@ make_garbage(garbage *g, int max)
     x = &g[n++];
     memset(x, 0, sizeof(*x));
     x->what = "unknown kind";
-    x->len = hdr(x->meta, MAGIC, 1, 200, "tp.echo", 7, 0, 0, 1);
+    x->len = hdr(x->meta, MAGIC, WIRE_VER, 200, "tp.echo", 7, 0, 0, 1);
     x->npay = 1;
     x = &g[n++];
     memset(x, 0, sizeof(*x));
-    x->what = "reserved kind 16";
-    x->len = hdr(x->meta, MAGIC, 1, 16, "tp.echo", 7, 0, 0, 1);
+    x->what = "kind 16 (RREF_REMOTE) without its section";
+    x->len = hdr(x->meta, MAGIC, WIRE_VER, 16, "tp.echo", 7, 0, 0, 1);
     x->npay = 1;
     x = &g[n++];
     memset(x, 0, sizeof(*x));
     x->what = "huge ntensors";
-    x->len = hdr(x->meta, MAGIC, 1, 1, "tp.echo", 7, 0xffffffffu, 0, 1);
+    x->len = hdr(x->meta, MAGIC, WIRE_VER, 1, "tp.echo", 7, 0xffffffffu, 0, 1);
     x->npay = 1;
     x = &g[n++];
     memset(x, 0, sizeof(*x));
     x->what = "ntensors above the pipe's";
-    x->len = hdr(x->meta, MAGIC, 1, 1, "tp.echo", 7, 3, 0, 1);
+    x->len = hdr(x->meta, MAGIC, WIRE_VER, 1, "tp.echo", 7, 3, 0, 1);
     x->npay = 1;
     x->nt = 1;
     x->blen = 8;
     x = &g[n++];
     memset(x, 0, sizeof(*x));
     x->what = "fn name past the end";
-    x->len = hdr(x->meta, MAGIC, 1, 1, "tp.echo", 60000, 0, 0, 1);
+    x->len = hdr(x->meta, MAGIC, WIRE_VER, 1, "tp.echo", 60000, 0, 0, 1);
     x->npay = 1;
     x = &g[n++];
     memset(x, 0, sizeof(*x));
     x->what = "ext past the end";
-    x->len = hdr(x->meta, MAGIC, 1, 1, "tp.echo", 7, 0, 0xfffffff0u, 1);
+    x->len = hdr(x->meta, MAGIC, WIRE_VER, 1, "tp.echo", 7, 0, 0xfffffff0u, 1);
     x->npay = 1;
     x = &g[n++];
     memset(x, 0, sizeof(*x));
     x->what = "bad tensor meta";
-    x->len = hdr(x->meta, MAGIC, 1, 1, "tp.echo", 7, 1, 0, 1);
+    x->len = hdr(x->meta, MAGIC, WIRE_VER, 1, "tp.echo", 7, 1, 0, 1);
     x->meta[x->len] = 250;    // dtype
     x->meta[x->len + 1] = 40; // ndim
     x->len += 8 + 8;
@@ -211,7 +214,7 @@ make_garbage(garbage *g, int max)
     x = &g[n++];
     memset(x, 0, sizeof(*x));
     x->what = "tensor size not the pipe's";
-    x->len = hdr(x->meta, MAGIC, 1, 1, "tp.echo", 7, 1, 0, 1);
+    x->len = hdr(x->meta, MAGIC, WIRE_VER, 1, "tp.echo", 7, 1, 0, 1);
     x->meta[x->len] = (uint8_t)TP_U8;
     x->meta[x->len + 1] = 1;
     put64(x->meta + x->len + 8, (uint64_t)1 << 40);
@@ -222,16 +225,41 @@ make_garbage(garbage *g, int max)
     x = &g[n++];
     memset(x, 0, sizeof(*x));
     x->what = "bad fn name bytes";
-    x->len = hdr(x->meta, MAGIC, 1, 1, "tp echo\n", 8, 0, 0, 1);
+    x->len = hdr(x->meta, MAGIC, WIRE_VER, 1, "tp echo\n", 8, 0, 0, 1);
     x->npay = 1;
     x->replies = 1; // an ERROR answer is fine too
     x = &g[n++];
     memset(x, 0, sizeof(*x));
     x->what = "src_rank out of range";
-    x->len = hdr(x->meta, MAGIC, 1, 1, "tp.echo", 7, 0, 0, 99);
+    x->len = hdr(x->meta, MAGIC, WIRE_VER, 1, "tp.echo", 7, 0, 0, 99);
     x->npay = 1;
     x->replies = 1;
     return n;
+}
+
+// A well-formed tp.echo request claiming rank @src (alpha is 0, bravo
+// 1) on a pipe from a context named @ctxname: alpha closes the pipe
+// without an answer unless the context is the worker it claims to be.
+static void
+claims_other_rank(const char *url0, const char *ctxname, uint32_t src)
+{
+    tp_context_options co;
+    tp_context_options_init(&co);
+    co.name = ctxname;
+    tp_context *ctx = NULL;
+    tp_error *err = NULL;
+    TP_CHECK_OK(tp_context_create(&co, &ctx, &err), err);
+    tp_pipe *p = NULL;
+    TP_CHECK_OK(tp_context_connect(ctx, url0, &p, &err), err);
+    TP_CHECK_OK(tp_pipe_wait_ready(p, tp_test_ms(WAIT_MS), &err), err);
+    uint8_t meta[128];
+    size_t len = hdr(meta, MAGIC, WIRE_VER, 1, "tp.echo", 7, 0, 0, src);
+    char what[96];
+    snprintf(what, sizeof(what), "context %s claiming rank %u", ctxname,
+             (unsigned)src);
+    send_expect_closed(p, meta, len, 1, 0, 8, what, 0);
+    tp_pipe_unref(p);
+    tp_context_destroy(ctx);
 }
 
 static void
@@ -259,9 +287,12 @@ worker_garbage(int rank, int world, const char *url, void *arg)
     url0[n] = '\0';
     tp_args_unref(r);
 
+    // The garbage comes from a context named like this worker, so that
+    // each case reaches the check it names (a pipe's context must be the
+    // worker its messages claim: claims_other_rank below).
     tp_context_options co;
     tp_context_options_init(&co);
-    co.name = "mallory";
+    co.name = "bravo";
     tp_context *ctx = NULL;
     tp_error *err = NULL;
     TP_CHECK_OK(tp_context_create(&co, &ctx, &err), err);
@@ -297,6 +328,8 @@ worker_garbage(int rank, int world, const char *url, void *arg)
     tp_error_unref(err);
     tp_pipe_unref(p);
     tp_context_destroy(ctx);
+    claims_other_rank(url0, "mallory", 1);
+    claims_other_rank(url0, "bravo", 0);
     tp_args *in = args_str("after the garbage");
     r = call_ok(a, "alpha", "tp.echo", in, WAIT_MS);
     check_str(r, "after the garbage");
