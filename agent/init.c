@@ -582,8 +582,8 @@ shutdown_graceful(tp_agent *a, uint64_t deadline, tp_error **err_p)
                 size_t n = a->a_npending;
                 tp__mtx_unlock(&a->a_mtx);
                 return tp__error_set(err_p, TP_ETIMEDOUT,
-                                     "waited %lld ms for %zu calls of this "
-                                     "worker to end",
+                                     "timed out after %lld ms waiting for %zu "
+                                     "calls of this worker to end",
                                      (long long)a->a_opts.shutdown_timeout_ms,
                                      n);
             }
@@ -617,8 +617,8 @@ shutdown_graceful(tp_agent *a, uint64_t deadline, tp_error **err_p)
         }
         if (tp__now_ns() >= deadline) {
             return tp__error_set(err_p, TP_ETIMEDOUT,
-                                 "waited %lld ms for the calls of every "
-                                 "worker to end",
+                                 "timed out after %lld ms waiting for the "
+                                 "calls of every worker to end",
                                  (long long)a->a_opts.shutdown_timeout_ms);
         }
     }

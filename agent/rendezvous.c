@@ -162,8 +162,9 @@ ag_rendezvous(tp_agent *a, uint64_t deadline, tp_error **err_p)
                 store_missing_ranks(a, "worker/", r, false, missing,
                                     sizeof(missing));
                 tp__error_set(err_p, TP_ETIMEDOUT,
-                              "rpc init of %s (rank %d): waited %lld ms for "
-                              "ranks %s of %d to join through %s: %s",
+                              "rpc init of %s (rank %d): timed out after "
+                              "%lld ms waiting for ranks %s of %d to join "
+                              "through %s: %s",
                               ag_name(a), a->a_rank,
                               (long long)a->a_opts.init_timeout_ms, missing,
                               a->a_world, tp_store_addr(a->a_store),
@@ -309,7 +310,8 @@ ag_shutdown_round(tp_agent *a, int round, uint64_t deadline,
                 snprintf(stem, sizeof(stem), "shutdown/%d/", round);
                 store_missing_ranks(a, stem, r, true, missing, sizeof(missing));
                 tp__error_set(err_p, TP_ETIMEDOUT,
-                              "waited %lld ms for %s to %s shutdown",
+                              "timed out after %lld ms waiting for %s to %s "
+                              "shutdown",
                               (long long)a->a_opts.shutdown_timeout_ms, missing,
                               round == 0 ? "call" : "finish a round of");
                 tp_error_unref(err);

@@ -298,7 +298,8 @@ store_call_fail(const store_call *c, tp_status st, tp_error **err_p)
         tp_error *inner = *err_p;
         *err_p = NULL;
         tp__error_set(err_p, st,
-                      "store %s: %s%s (rank %d): waited %" PRId64 " ms, %s",
+                      "store %s: %s%s (rank %d): timed out after %" PRId64
+                      " ms: %s",
                       c->c_s->s_addr, c->c_op, c->c_what, c->c_s->s_rank,
                       c->c_timeout_ms, tp_error_message(inner));
         tp_error_unref(inner);

@@ -247,8 +247,8 @@ tp__store_tcp_open(const char *addr, int64_t max_value, uint64_t deadline_ns,
             tp__free(t);
             errno = last_errno;
             return tp__error_set(err_p, TP_ETIMEDOUT,
-                                 "waited %llu ms for the server (%d "
-                                 "attempts), last: %s",
+                                 "timed out after %llu ms waiting for the "
+                                 "server (%d attempts), last: %s",
                                  (unsigned long long)((now - start) / 1000000u),
                                  attempts, strerror(last_errno));
         }

@@ -26,8 +26,9 @@
  *   > 0                      that many milliseconds.
  * A timeout fails with TP_ETIMEDOUT and a message naming the store address,
  * the operation, the keys, the rank and the time waited, e.g.
- *   store tcp://10.0.0.5:29500: get "X" (rank 3): waited 30000 ms, key not
- *   set
+ *   store tcp://10.0.0.5:29500: get "X" (rank 3): timed out after 30000 ms:
+ *   key not set
+ * (every timeout message holds "timed out", for grep).
  *
  * Values returned by the store (tp_store_get, tp_store_compare_set) are
  * allocated with malloc; the caller frees them with free(). They carry one

@@ -180,7 +180,8 @@ ops(backend b)
     TP_CHECK_EQ(st, TP_ETIMEDOUT);
     TP_CHECK(tp__now_ns() - t0 >= 140u * 1000000u);
     TP_CHECK_STR_CONTAINS(tp_error_message(err), "get \"missing\" (rank 0)");
-    TP_CHECK_STR_CONTAINS(tp_error_message(err), "waited 150 ms, key not set");
+    TP_CHECK_STR_CONTAINS(tp_error_message(err),
+                          "timed out after 150 ms: key not set");
     char want[600];
     snprintf(want, sizeof(want), "store %s", tp_store_addr(s));
     TP_CHECK_STR_CONTAINS(tp_error_message(err), want);
