@@ -463,16 +463,11 @@ tp_rpc_init(const char *name, int rank, int world_size,
     if (st != TP_OK) {
         goto fail_early;
     }
-    if (strncmp(a->a_init_method, "env://", 6) == 0 &&
-        (rank < 0 || world_size < 0)) {
-        int r, w, l;
-        st = tp__store_env_ranks(&r, &w, &l, err_p);
-        if (st != TP_OK) {
-            tp__error_wrap(err_p, st, "rpc init of %s", name);
-            goto fail_early;
-        }
-        rank = rank < 0 ? r : rank;
-        world_size = world_size < 0 ? w : world_size;
+    // The URL first, then -1 from the environment (every init method).
+    st = tp__store_resolve_ranks(a->a_init_method, &rank, &world_size, err_p);
+    if (st != TP_OK) {
+        tp__error_wrap(err_p, st, "rpc init of %s", name);
+        goto fail_early;
     }
     if (world_size < 1 || world_size > 65536 || rank < 0 ||
         rank >= world_size) {

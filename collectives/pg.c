@@ -433,15 +433,11 @@ tp_pg_init(const char *init_method, int rank, int world_size,
                              ": -1 (default), 0 (none) or > 0",
                              init_ms);
     }
-    if (strncmp(init_method, "env://", 6) == 0 &&
-        (rank < 0 || world_size < 0)) {
-        int r, ws, l;
-        tp_status st = tp__store_env_ranks(&r, &ws, &l, err_p);
-        if (st != TP_OK) {
-            return tp__error_wrap(err_p, st, "tp_pg_init");
-        }
-        rank = rank < 0 ? r : rank;
-        world_size = world_size < 0 ? ws : world_size;
+    // The URL first, then -1 from the environment (every init method).
+    tp_status rst =
+        tp__store_resolve_ranks(init_method, &rank, &world_size, err_p);
+    if (rst != TP_OK) {
+        return tp__error_wrap(err_p, rst, "tp_pg_init");
     }
     if (world_size < 1 || world_size > TP_PG_MAX_WORLD || rank < 0 ||
         rank >= world_size) {

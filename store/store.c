@@ -21,6 +21,7 @@ struct tp_store {
     void *s_impl;
     tp_mtx s_mtx; // serialises calls (the tcp connection is one stream)
     int s_rank;
+    int s_world;
     int64_t s_timeout_ms; // the default; 0 = no limit
     int64_t s_max_value;
     char s_addr[TP_SOCKADDR_STRLEN + 4096];
@@ -183,8 +184,15 @@ tp_store_open(const char *init_method, int rank, int world_size,
                              "tp_store_open: init_method and store_p are "
                              "required");
     }
+    // A malformed URL is reported first; then -1 comes from the
+    // environment and the ranks are checked, on every backend.
+    tp_status st =
+        tp__store_resolve_ranks(init_method, &rank, &world_size, err_p);
+    if (st != TP_OK) {
+        return st;
+    }
     tp_config cfg;
-    tp_status st = tp__config_load(&cfg, err_p);
+    st = tp__config_load(&cfg, err_p);
     if (st != TP_OK) {
         return st;
     }
@@ -232,7 +240,7 @@ tp_store_open(const char *init_method, int rank, int world_size,
         tp__free(s);
         return st;
     }
-    TP_UNUSED(world_size);
+    s->s_world = world_size;
     *store_p = s;
     return TP_OK;
 }

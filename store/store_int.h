@@ -128,6 +128,15 @@ extern const tp__store_ops tp__store_tcp_ops;
 tp_status tp__store_env_ranks(int *rank_p, int *world_p, int *local_p,
                               tp_error **err_p);
 
+// url.c. TP_EINVAL naming what is wrong if @url is not a well-formed init
+// method (scheme, tcp address and options, absolute file path).
+tp_status tp__store_url_check(const char *url, tp_error **err_p);
+// tp__store_url_check, then -1 in *@rank_p or *@world_p taken from the
+// environment (tp__store_env_ranks) for every init method, then TP_EINVAL
+// unless world >= 1 and 0 <= rank < world. Sets both only on success.
+tp_status tp__store_resolve_ranks(const char *url, int *rank_p, int *world_p,
+                                  tp_error **err_p);
+
 // ---- tcp wire format (little-endian; docs/store.md) ----
 
 // The hello, sent by both sides first: 8-byte magic, u32 version, u32

@@ -70,10 +70,13 @@ typedef struct tp_store_server tp_store_server;
  * tp_store_open - open the store named by @init_method as @rank of
  * @world_size processes.
  *
- * @rank and @world_size: -1 takes them from the environment for env://
- *   (required there when the variables are absent otherwise), and are
- *   otherwise used for messages and to decide which rank hosts the tcp
- *   server (rank 0).
+ * @rank and @world_size: -1 takes them from the environment (RANK/
+ *   WORLD_SIZE, Slurm's or OpenMPI's variables; an error when none is set),
+ *   with every init method; they are used for messages, to decide which
+ *   rank hosts the tcp server (rank 0) and by the rendezvous of RPC and
+ *   process groups. World size 0, or a rank outside 0..world size - 1, is
+ *   refused with TP_EINVAL on every backend. A malformed init method is
+ *   reported before the ranks are looked at.
  * @timeout_ms: the default of every later call and the deadline of
  *   connecting (TP_TIMEOUT_DEFAULT: TP_STORE_TIMEOUT_MS).
  * Ownership: on success *@store_p is the caller's; free with

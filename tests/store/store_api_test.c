@@ -1,0 +1,207 @@
+// SPDX-License-Identifier: Apache-2.0
+// store_api_test.c - issue 15 on the store: a malformed init method is
+// reported before the ranks; rank and world size -1 come from the
+// environment with tcp:// and file:// too; world size 0 and ranks out of
+// range are refused at open on every backend; NULL handles; append,
+// multi_set/multi_get, check and the prefix view on every backend (mem,
+// file, tcp); a tcp store shared by two opens of one process. Loopback
+// only; every wait has a deadline.
+
+#include "tp_test.h"
+
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <tpipe/collectives.h>
+#include <tpipe/rpc.h>
+#include <tpipe/store.h>
+
+#include "store/store_int.h"
+
+#define WAIT_MS 20000
+
+typedef enum backend { B_MEM, B_FILE, B_TCP } backend;
+
+typedef struct fixture {
+    char f_url[512];
+    char f_path[128];
+    tp_store_server *f_srv;
+} fixture;
+
+static void
+fix_init(fixture *f, backend b)
+{
+    memset(f, 0, sizeof(*f));
+    tp_error *err = NULL;
+    switch (b) {
+    case B_MEM:
+        snprintf(f->f_url, sizeof(f->f_url), "mem://api%d", (int)getpid());
+        break;
+    case B_FILE: {
+        snprintf(f->f_path, sizeof(f->f_path), "/tmp/tp_store_api_XXXXXX");
+        int fd = mkstemp(f->f_path);
+        TP_CHECK(fd >= 0);
+        close(fd);
+        snprintf(f->f_url, sizeof(f->f_url), "file://%s", f->f_path);
+        break;
+    }
+    case B_TCP:
+        TP_CHECK_OK(tp_store_server_start("tcp://127.0.0.1:0", &f->f_srv, &err),
+                    err);
+        snprintf(f->f_url, sizeof(f->f_url), "%s?server=0",
+                 tp_store_server_addr(f->f_srv));
+        break;
+    }
+}
+
+static void
+fix_fini(fixture *f)
+{
+    tp_store_server_stop(f->f_srv);
+    if (f->f_path[0] != '\0') {
+        unlink(f->f_path);
+    }
+}
+
+static void
+clear_rank_env(void)
+{
+    const char *vars[] = {"RANK",
+                          "WORLD_SIZE",
+                          "LOCAL_RANK",
+                          "SLURM_PROCID",
+                          "SLURM_NTASKS",
+                          "SLURM_LOCALID",
+                          "OMPI_COMM_WORLD_RANK",
+                          "OMPI_COMM_WORLD_SIZE",
+                          "OMPI_COMM_WORLD_LOCAL_RANK",
+                          "PMIX_RANK",
+                          "PMI_RANK",
+                          "PMI_SIZE"};
+    for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
+        unsetenv(vars[i]);
+    }
+}
+
+// ---- init methods and ranks ----
+
+// Each malformed URL given with rank/world -1 (and no variables) is
+// reported as malformed, by the store, RPC init and process-group init.
+static void
+test_bad_url_first(void)
+{
+    clear_rank_env();
+    static const struct {
+        const char *url, *want;
+    } bad[] = {
+        {"udp://x:1", "unknown init method"},
+        {"tcp://127.0.0.1", "127.0.0.1"},
+        {"tcp://127.0.0.1:99999", "99999"},
+        {"tcp://127.0.0.1:5000?server=2", "unknown option"},
+        {"file://rel/path", "absolute"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        tp_store *s = NULL;
+        tp_error *err = NULL;
+        TP_CHECK_EQ(tp_store_open(bad[i].url, -1, -1, 100, &s, &err),
+                    TP_EINVAL);
+        const char *m = tp_error_message(err);
+        TP_CHECK_STR_CONTAINS(m, bad[i].want);
+        TP_CHECKF(strstr(m, "rank -1") == NULL, "store %s: \"%s\"", bad[i].url,
+                  m);
+        tp_error_unref(err);
+        err = NULL;
+
+        tp_agent_options o;
+        tp_agent_options_init(&o);
+        o.init_method = bad[i].url;
+        o.init_timeout_ms = 1000;
+        tp_agent *a = NULL;
+        TP_CHECK_EQ(tp_rpc_init("w", -1, -1, &o, &a, &err), TP_EINVAL);
+        m = tp_error_message(err);
+        TP_CHECK_STR_CONTAINS(m, bad[i].want);
+        TP_CHECKF(strstr(m, "rank -1") == NULL, "rpc %s: \"%s\"", bad[i].url,
+                  m);
+        tp_error_unref(err);
+        err = NULL;
+
+        tp_pg *g = NULL;
+        TP_CHECK_EQ(tp_pg_init(bad[i].url, -1, -1, NULL, &g, &err), TP_EINVAL);
+        m = tp_error_message(err);
+        TP_CHECK_STR_CONTAINS(m, bad[i].want);
+        TP_CHECKF(strstr(m, "rank -1") == NULL, "pg %s: \"%s\"", bad[i].url, m);
+        tp_error_unref(err);
+    }
+}
+
+// -1 with tcp:// and file:// reads RANK/WORLD_SIZE, as env:// does; with
+// none set it says which variables it looked for.
+static void
+test_ranks_from_env(void)
+{
+    clear_rank_env();
+    char url[64];
+    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", tp_test_free_port());
+    tp_store *s = NULL;
+    tp_error *err = NULL;
+    TP_CHECK_EQ(tp_store_open(url, -1, -1, 100, &s, &err), TP_EINVAL);
+    TP_CHECK_STR_CONTAINS(tp_error_message(err), "WORLD_SIZE");
+    tp_error_unref(err);
+    err = NULL;
+
+    setenv("RANK", "0", 1);
+    setenv("WORLD_SIZE", "1", 1);
+    // Rank 0 from the environment: it hosts the tcp server.
+    TP_CHECK_OK(tp_store_open(url, -1, -1, tp_test_ms(WAIT_MS), &s, &err), err);
+    TP_CHECK_OK(tp_store_set(s, "k", "v", 1, -1, &err), err);
+    tp_store_close(s);
+    s = NULL;
+
+    fixture f;
+    fix_init(&f, B_FILE);
+    TP_CHECK_OK(tp_store_open(f.f_url, -1, -1, tp_test_ms(WAIT_MS), &s, &err),
+                err);
+    tp_store_close(s);
+    s = NULL;
+    // Rank 3 of 2 from the environment: refused.
+    setenv("RANK", "3", 1);
+    setenv("WORLD_SIZE", "2", 1);
+    TP_CHECK_EQ(tp_store_open(f.f_url, -1, -1, 100, &s, &err), TP_EINVAL);
+    tp_error_unref(err);
+    clear_rank_env();
+    fix_fini(&f);
+}
+
+// World size 0 and ranks out of range are refused at open, on every
+// backend, before anything is opened.
+static void
+test_world_refused(void)
+{
+    clear_rank_env();
+    for (backend b = B_MEM; b <= B_TCP; b++) {
+        fixture f;
+        fix_init(&f, b);
+        static const int rw[][2] = {{0, 0}, {2, 2}, {-2, 2}, {5, 3}, {0, -5}};
+        for (size_t i = 0; i < sizeof(rw) / sizeof(rw[0]); i++) {
+            tp_store *s = NULL;
+            tp_error *err = NULL;
+            tp_status st =
+                tp_store_open(f.f_url, rw[i][0], rw[i][1], 100, &s, &err);
+            TP_CHECKF(st == TP_EINVAL, "%s rank %d of %d: %s (%s)", f.f_url,
+                      rw[i][0], rw[i][1], tp_status_name(st),
+                      tp_error_message(err));
+            TP_CHECK(s == NULL);
+            TP_CHECK_STR_CONTAINS(tp_error_message(err), "world size");
+            tp_error_unref(err);
+        }
+        fix_fini(&f);
+    }
+}
+
+static const tp_test_case cases[] = {
+    TP_TEST_CASE(test_bad_url_first),
+    TP_TEST_CASE(test_ranks_from_env),
+    TP_TEST_CASE(test_world_refused),
+};
+
+TP_TEST_MAIN(cases)
