@@ -17,6 +17,7 @@
 #include <tpipe/dist_autograd.h>
 #include <tpipe/optim.h>
 #include <tpipe/collectives.h>
+#include <tpipe/info.h>
 
 #ifdef __cplusplus
 extern "C" {

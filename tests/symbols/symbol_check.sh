@@ -5,11 +5,15 @@
 # (TPIPE_0, an absolute symbol) and the linker's own _init, _fini,
 # __bss_start, _edata, _end. Lists the offenders and fails if there are any,
 # or if nothing is exported at all (which means the check itself is broken
-# or the version script hides everything).
+# or the version script hides everything), or if a symbol of REQUIRED (the
+# public API of headers whose exports are easy to lose: introspection) is
+# missing.
 set -euo pipefail
 
 nm=${1:?usage: symbol_check.sh NM LIB}
 lib=${2:?usage: symbol_check.sh NM LIB}
+required=(tp_info_transports tp_info_channels tp_info_io_backends
+    tp_version_string tp_config_visit)
 
 # Lines are "VALUE TYPE NAME[@@VERSION]"; newer binutils append the version.
 syms=$(LC_ALL=C "$nm" -D --defined-only "$lib") || {
@@ -19,6 +23,7 @@ syms=$(LC_ALL=C "$nm" -D --defined-only "$lib") || {
 
 bad=()
 count=0
+declare -A seen
 while read -r _ type name; do
     [ -n "${name:-}" ] || continue
     name=${name%%@*}
@@ -28,10 +33,17 @@ while read -r _ type name; do
     case "$name" in
     _init | _fini | __bss_start | _edata | _end) continue ;;
     tp__*) bad+=("$name ($type): internal tp__ name exported") ;;
-    tp_*) count=$((count + 1)) ;;
+    tp_*)
+        count=$((count + 1))
+        seen[$name]=1
+        ;;
     *) bad+=("$name ($type): not in the tp_ namespace") ;;
     esac
 done <<<"$syms"
+
+for name in "${required[@]}"; do
+    [ -n "${seen[$name]:-}" ] || bad+=("$name: public API, not exported")
+done
 
 if [ ${#bad[@]} -gt 0 ]; then
     echo "symbol_check: $lib exports ${#bad[@]} symbol(s) it must not:" >&2

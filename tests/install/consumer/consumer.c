@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // consumer - uses only the installed public API of libtpipe.
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -27,5 +28,18 @@ main(void)
            tp_error_cause(NULL) == NULL ? "NULL" : "set",
            none == NULL ? "NULL" : "set");
     tp_error_unref(NULL);
-    return 0;
+
+    // The introspection lists (tpipe/info.h): every build has tcp.
+    tp_backend_info tr[TP_INFO_MAX];
+    size_t n = 0;
+    bool tcp = false;
+    if (tp_info_transports(0, tr, TP_INFO_MAX, &n, NULL) != TP_OK || n == 0) {
+        printf("tp_info_transports failed\n");
+        return 1;
+    }
+    for (size_t i = 0; i < n && i < TP_INFO_MAX; i++) {
+        tcp = tcp || strcmp(tr[i].name, "tcp") == 0;
+    }
+    printf("transports: %zu, tcp %s\n", n, tcp ? "listed" : "missing");
+    return tcp ? 0 : 1;
 }
