@@ -114,6 +114,9 @@ tp_status
 tp_rpc_get_worker_info(const tp_agent *a, const char *name,
                        tp_worker_info *wi_p)
 {
+    if (a == NULL || wi_p == NULL) {
+        return TP_EINVAL;
+    }
     const ag_peer *p =
         name == NULL ? a->a_self : ag_peer_by_name((tp_agent *)a, name);
     if (p == NULL) {
@@ -127,6 +130,9 @@ tp_status
 tp_rpc_get_worker_info_by_rank(const tp_agent *a, int rank,
                                tp_worker_info *wi_p)
 {
+    if (a == NULL || wi_p == NULL) {
+        return TP_EINVAL;
+    }
     if (rank < 0 || rank >= a->a_world) {
         return TP_ENOENT;
     }
@@ -137,12 +143,15 @@ tp_rpc_get_worker_info_by_rank(const tp_agent *a, int rank,
 int
 tp_rpc_world_size(const tp_agent *a)
 {
-    return a->a_world;
+    return a != NULL ? a->a_world : TP_EINVAL;
 }
 
 int
 tp_rpc_get_worker_infos(const tp_agent *a, tp_worker_info *infos, int n)
 {
+    if (a == NULL || (infos == NULL && n > 0)) {
+        return TP_EINVAL;
+    }
     for (int i = 0; i < a->a_world && i < n; i++) {
         infos[i] = a->a_peers[i].p_info;
     }

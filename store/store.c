@@ -259,10 +259,24 @@ tp_store_close(tp_store *s)
 const char *
 tp_store_addr(const tp_store *s)
 {
-    return s->s_addr;
+    return s != NULL ? s->s_addr : "(no store)";
 }
 
 // ---- operations ----
+
+// A public call given no store (or no output pointer it needs).
+static tp_status
+store_null(const char *fn, const char *what, tp_error **err_p)
+{
+    return tp__error_set(err_p, TP_EINVAL, "%s: %s is NULL", fn, what);
+}
+
+#define STORE_CHECK_NULL(fn, ptr)                                              \
+    do {                                                                       \
+        if ((ptr) == NULL) {                                                   \
+            return store_null(fn, #ptr, err_p);                                \
+        }                                                                      \
+    } while (0)
 
 typedef struct store_call {
     tp_store *c_s;
@@ -355,6 +369,7 @@ tp_status
 tp_store_set(tp_store *s, const char *key, const void *val, size_t len,
              int64_t timeout_ms, tp_error **err_p)
 {
+    STORE_CHECK_NULL("tp_store_set", s);
     store_call c;
     store_call_init(&c, s, "set", &key, 1, timeout_ms);
     tp_status st = store_check_key(&c, key, err_p);
@@ -375,6 +390,8 @@ tp_status
 tp_store_get(tp_store *s, const char *key, int64_t timeout_ms, void **val_p,
              size_t *len_p, tp_error **err_p)
 {
+    STORE_CHECK_NULL("tp_store_get", s);
+    STORE_CHECK_NULL("tp_store_get", val_p);
     store_call c;
     store_call_init(&c, s, "get", &key, 1, timeout_ms);
     tp_status st = store_check_key(&c, key, err_p);
@@ -401,6 +418,7 @@ tp_status
 tp_store_add(tp_store *s, const char *key, int64_t delta, int64_t timeout_ms,
              int64_t *value_p, tp_error **err_p)
 {
+    STORE_CHECK_NULL("tp_store_add", s);
     store_call c;
     store_call_init(&c, s, "add", &key, 1, timeout_ms);
     tp_status st = store_check_key(&c, key, err_p);
@@ -425,9 +443,12 @@ tp_status
 tp_store_wait(tp_store *s, const char *const *keys, size_t n,
               int64_t timeout_ms, tp_error **err_p)
 {
+    STORE_CHECK_NULL("tp_store_wait", s);
+    // The count is checked before the array is read (for the message).
     store_call c;
-    store_call_init(&c, s, "wait", keys, n, timeout_ms);
-    if (n > TP_STORE_MAX_WAIT || (n > 0 && keys == NULL)) {
+    bool bad = n > TP_STORE_MAX_WAIT || (n > 0 && keys == NULL);
+    store_call_init(&c, s, "wait", keys, bad ? 0 : n, timeout_ms);
+    if (bad) {
         tp__error_set(err_p, TP_EINVAL, "%zu keys (at most %d)", n,
                       TP_STORE_MAX_WAIT);
         return store_call_fail(&c, TP_EINVAL, err_p);
@@ -454,6 +475,7 @@ tp_store_compare_set(tp_store *s, const char *key, const void *expected,
                      int64_t timeout_ms, void **val_p, size_t *len_p,
                      tp_error **err_p)
 {
+    STORE_CHECK_NULL("tp_store_compare_set", s);
     store_call c;
     store_call_init(&c, s, "compare_set", &key, 1, timeout_ms);
     tp_status st = store_check_key(&c, key, err_p);
@@ -491,6 +513,7 @@ tp_status
 tp_store_delete_key(tp_store *s, const char *key, int64_t timeout_ms,
                     bool *deleted_p, tp_error **err_p)
 {
+    STORE_CHECK_NULL("tp_store_delete_key", s);
     store_call c;
     store_call_init(&c, s, "delete_key", &key, 1, timeout_ms);
     tp_status st = store_check_key(&c, key, err_p);
@@ -515,6 +538,8 @@ tp_status
 tp_store_num_keys(tp_store *s, int64_t timeout_ms, int64_t *n_p,
                   tp_error **err_p)
 {
+    STORE_CHECK_NULL("tp_store_num_keys", s);
+    STORE_CHECK_NULL("tp_store_num_keys", n_p);
     store_call c;
     store_call_init(&c, s, "num_keys", NULL, 0, timeout_ms);
     int64_t n = 0;

@@ -166,19 +166,22 @@ TP_API tp_status tp_rpc_init(const char *name, int rank, int world_size,
 
 /**
  * tp_rpc_get_worker_info - the worker named @name (NULL: this one).
- * Errors: TP_ENOENT.
+ * Errors: TP_ENOENT; TP_EINVAL when @a or @wi_p is NULL.
  */
 TP_API tp_status tp_rpc_get_worker_info(const tp_agent *a, const char *name,
                                         tp_worker_info *wi_p);
-/** tp_rpc_get_worker_info_by_rank - the worker of @rank. TP_ENOENT. */
+/** tp_rpc_get_worker_info_by_rank - the worker of @rank. TP_ENOENT;
+ * TP_EINVAL when @a or @wi_p is NULL. */
 TP_API tp_status tp_rpc_get_worker_info_by_rank(const tp_agent *a, int rank,
                                                 tp_worker_info *wi_p);
-/** tp_rpc_world_size - the number of workers. */
+/** tp_rpc_world_size - the number of workers (TP_EINVAL, negative, when @a
+ * is NULL). */
 TP_API int tp_rpc_world_size(const tp_agent *a);
 /**
  * tp_rpc_get_worker_infos - every worker, ordered by rank, in
  * @infos[0..world_size-1]; @n is the capacity. Returns the world size
- * (more than @n: only the first @n were written).
+ * (more than @n: only the first @n were written); TP_EINVAL (negative)
+ * when @a is NULL, or @infos is NULL with @n > 0.
  */
 TP_API int tp_rpc_get_worker_infos(const tp_agent *a, tp_worker_info *infos,
                                    int n);

@@ -35,12 +35,13 @@
  * extra NUL byte after the value (not counted in the length) so text values
  * can be used as C strings.
  *
- * Errors: TP_EINVAL (bad arguments, key or value too long, add on a value
- * that is not a decimal integer), TP_ETIMEDOUT, TP_ENOMEM (also: the
- * server's TP_STORE_MAX_BYTES reached), and for tcp the connection-scope
- * errors (TP_ECONNREFUSED, TP_ECONNRESET, TP_EPROTO: not a tpipe store): a
- * store whose connection failed fails every later call. TP_EPERM when the
- * job secret (TP_JOB_TOKEN) is missing on one side or differs.
+ * Errors: TP_EINVAL (bad arguments, a NULL store or output pointer, key
+ * or value too long, add on a value that is not a decimal integer),
+ * TP_ETIMEDOUT, TP_ENOMEM (also: the server's TP_STORE_MAX_BYTES reached), and
+ * for tcp the connection-scope errors (TP_ECONNREFUSED, TP_ECONNRESET,
+ * TP_EPROTO: not a tpipe store): a store whose connection failed fails every
+ * later call. TP_EPERM when the job secret (TP_JOB_TOKEN) is missing on one
+ * side or differs.
  *
  * Thread safety: a tp_store may be used from several threads; its calls are
  * serialised (a blocking get holds up the other threads' calls on the same

@@ -198,10 +198,87 @@ test_world_refused(void)
     }
 }
 
+// ---- NULL handles ----
+
+static void
+check_einval(tp_status st, tp_error *err, const char *what)
+{
+    TP_CHECKF(st == TP_EINVAL, "%s: %s, want TP_EINVAL", what,
+              tp_status_name(st));
+    TP_CHECKF(err != NULL, "%s: no error message", what);
+    tp_error_unref(err);
+}
+
+// Every call given a NULL store fails with TP_EINVAL (no crash); a wait
+// with a huge count is refused before its array is read.
+static void
+test_null_handles(void)
+{
+    tp_status st;
+    tp_error *err = NULL;
+    void *v = NULL;
+    size_t n = 0;
+    int64_t i64 = 0;
+    bool d = false;
+    const char *key = "k";
+    st = tp_store_set(NULL, "k", "v", 1, 10, &err);
+    check_einval(st, err, "set");
+    err = NULL;
+    st = tp_store_get(NULL, "k", 10, &v, &n, &err);
+    check_einval(st, err, "get");
+    err = NULL;
+    st = tp_store_add(NULL, "k", 1, 10, &i64, &err);
+    check_einval(st, err, "add");
+    err = NULL;
+    st = tp_store_wait(NULL, &key, 1, 10, &err);
+    check_einval(st, err, "wait");
+    err = NULL;
+    st = tp_store_compare_set(NULL, "k", "", 0, "x", 1, 10, &v, &n, &err);
+    check_einval(st, err, "compare_set");
+    err = NULL;
+    st = tp_store_delete_key(NULL, "k", 10, &d, &err);
+    check_einval(st, err, "delete");
+    err = NULL;
+    st = tp_store_num_keys(NULL, 10, &i64, &err);
+    check_einval(st, err, "num_keys");
+    err = NULL;
+    TP_CHECK(tp_store_addr(NULL) != NULL);
+    tp_store_close(NULL);
+
+    tp_store *s = NULL;
+    char url[64];
+    snprintf(url, sizeof(url), "mem://null%d", (int)getpid());
+    TP_CHECK_OK(tp_store_open(url, 0, 1, 1000, &s, &err), err);
+    st = tp_store_get(s, "k", 10, NULL, &n, &err);
+    check_einval(st, err, "get no val_p");
+    err = NULL;
+    st = tp_store_num_keys(s, 10, NULL, &err);
+    check_einval(st, err, "num_keys no n_p");
+    err = NULL;
+    // One key in a heap block of one pointer, a count of billions: only
+    // the count is looked at (ASan catches a read past the block).
+    const char **keys = malloc(sizeof(*keys));
+    TP_CHECK(keys != NULL);
+    keys[0] = "k";
+    TP_CHECK_EQ(tp_store_wait(s, keys, (size_t)1 << 40, 10, &err), TP_EINVAL);
+    TP_CHECK_STR_CONTAINS(tp_error_message(err), "at most 4096");
+    tp_error_unref(err);
+    free(keys);
+    tp_store_close(s);
+
+    // RPC accessors given no agent.
+    tp_worker_info wi;
+    TP_CHECK_EQ(tp_rpc_world_size(NULL), TP_EINVAL);
+    TP_CHECK_EQ(tp_rpc_get_worker_info(NULL, NULL, &wi), TP_EINVAL);
+    TP_CHECK_EQ(tp_rpc_get_worker_info_by_rank(NULL, 0, &wi), TP_EINVAL);
+    TP_CHECK_EQ(tp_rpc_get_worker_infos(NULL, &wi, 1), TP_EINVAL);
+}
+
 static const tp_test_case cases[] = {
     TP_TEST_CASE(test_bad_url_first),
     TP_TEST_CASE(test_ranks_from_env),
     TP_TEST_CASE(test_world_refused),
+    TP_TEST_CASE(test_null_handles),
 };
 
 TP_TEST_MAIN(cases)
