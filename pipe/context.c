@@ -778,7 +778,6 @@ tp_pipe_listener_addr(const tp_pipe_listener *l, const char *transport)
 }
 
 // Mpt lane listener addresses, for the answer (in lane order).
-const char *tp__listener_lane_addr(const tp_pipe_listener *l, unsigned i);
 const char *
 tp__listener_lane_addr(const tp_pipe_listener *l, unsigned i)
 {

@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* pipe_impl.h (internal) - the structures shared by context.c (context,
- * listener, the accepting half of the handshake) and pipe.c (the pipe:
- * connecting half of the handshake, the read and write engines).
+ * listener, the first frame of accepted connections) and the pipe's files:
+ * pipe.c (object, failure, ready, public calls), pipe_hs_accept.c and
+ * pipe_hs_connect.c (the two halves of the handshake), pipe_write.c and
+ * pipe_read.c (the write and read engines).
  *
  * Threads: everything here is touched on the context's loop thread
  * (x_loop), except the fields marked atomic or "x_mtx". mpt lanes run on
@@ -109,6 +111,34 @@ typedef struct pending_conn {
     int pc_step; // 0: header, 1: body
     tp_task pc_task;
 } pending_conn;
+
+// Handshake state of the connecting side (and, on the accepting side of an
+// upgrade, h_conn0 until the main join arrives).
+typedef struct hs_extra {
+    struct tp_pipe_hs *he_hs;
+    unsigned he_idx;
+    tp_aio he_aio;
+    tp_conn *he_conn;
+    uint8_t he_frame[TP_FRAME_HDR_LEN + TP_JOIN_LEN];
+    int he_step; // 0 connect, 1 join written
+    tp_task he_task;
+} hs_extra;
+
+struct tp_pipe_hs {
+    tp_pipe *h_pipe;
+    tp_transport *h_tr0; // the transport of the URL
+    tp_conn *h_conn0;    // the first connection (brochure, answer)
+    tp_aio h_aio;
+    int h_step;
+    uint8_t *h_buf;
+    uint64_t h_len;
+    uint8_t h_hdr[TP_FRAME_HDR_LEN];
+    tp__answer h_ans;
+    tp_conn *h_main; // upgraded main connection
+    uint8_t h_join[TP_FRAME_HDR_LEN + TP_JOIN_LEN];
+    hs_extra *h_extras;
+    unsigned h_nextra_done;
+};
 
 // A write in flight.
 typedef struct pipe_wop {
@@ -244,15 +274,46 @@ ctx_backend *tp__ctx_transport(tp_context *ctx, const char *name);
 void tp__listener_pipe_ready(tp_pipe_listener *pl, tp_pipe *p);
 void tp__listener_pipe_gone(tp_pipe_listener *pl, tp_pipe *p);
 
+// context.c: the address of lane @i of @l.
+const char *tp__listener_lane_addr(const tp_pipe_listener *l, unsigned i);
+
 // ---- pipe.c ----
+// Loop thread: fail @p with @err (takes it).
+void tp__pipe_fail(tp_pipe *p, tp_error *err);
+void tp__pipe_release_hold(tp_pipe *p);
+// A new error "pipe to PEER: @what" (status @st, caused by @cause).
+tp_error *tp__pipe_err(tp_pipe *p, tp_status st, const tp_error *cause,
+                       const char *what);
+// An internal operation of @p ended (p_busy); a failed pipe may drain.
+void tp__pipe_busy_done(tp_pipe *p);
+// A failed pipe with nothing in flight leaves the context.
+void tp__pipe_check_drained(tp_pipe *p);
+// (Re)arms the handshake deadline of @p, @ms from now.
+void tp__pipe_arm_hs_timer(tp_pipe *p, int64_t ms);
+// The handshake is done: start the channel, move messages.
+void tp__pipe_ready(tp_pipe *p);
+
+// ---- pipe_hs_accept.c ----
 // Loop thread: the accepting side got a brochure on @conn (takes it).
 void tp__pipe_accept_brochure(tp_context *ctx, tp_pipe_listener *pl,
                               tp_conn *conn, const uint8_t *body, uint64_t len);
 // Loop thread: a join frame arrived; true if a pipe took @conn.
 bool tp__pipe_join(tp_context *ctx, uint64_t reg_id, uint16_t index,
                    tp_conn *conn, bool lane, unsigned lane_idx);
-// Loop thread: fail @p with @err (takes it).
-void tp__pipe_fail(tp_pipe *p, tp_error *err);
-void tp__pipe_release_hold(tp_pipe *p);
+
+// ---- pipe_write.c ----
+// Starts the queued writes that may start now.
+void tp__pipe_write_pump(tp_pipe *p);
+// Completes finished writes in order (all of them, once the pipe failed
+// and they are idle).
+void tp__pipe_flush_writes(tp_pipe *p);
+
+// ---- pipe_read.c ----
+// Starts reading the next descriptor if one is wanted.
+void tp__pipe_read_pump(tp_pipe *p);
+// Completes finished reads in order (see tp__pipe_flush_writes).
+void tp__pipe_flush_reads(tp_pipe *p);
+// Completion of p_raio (frame header and descriptor body reads).
+void tp__pipe_raio_cb(void *arg);
 
 #endif

@@ -1,0 +1,365 @@
+// SPDX-License-Identifier: Apache-2.0
+// pipe_write.c - the write engine: a queue of pipe_wop; the one
+// whose main-connection bytes are being submitted is p_wcursor, so the
+// connection's byte order is the message order; a write completes, in
+// order, when its connection bytes are out and its channel ops are done.
+//
+// Everything runs on the context's loop thread (x_loop); see pipe_impl.h.
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/log.h"
+#include "core/wire.h"
+#include "pipe_impl.h"
+
+#define PIPE_COALESCE_MAX 65536u // payload bytes copied after a descriptor
+
+// ---- writes ----------------------------------------------------------------
+
+static void
+wop_free(pipe_wop *w)
+{
+    tp__aio_fini(&w->w_aio);
+    tp__free(w->w_hdr);
+    tp__free(w->w_iovs);
+    tp__free(w->w_ops);
+    tp__free(w->w_infos);
+    tp_error_unref(w->w_err);
+    tp__free(w);
+}
+
+static void
+wop_free_task(void *arg)
+{
+    wop_free(arg);
+}
+
+void
+tp__pipe_flush_writes(tp_pipe *p)
+{
+    pipe_wop *w;
+    while ((w = tp__list_first(&p->p_writes)) != NULL) {
+        bool failed = p->p_state == PIPE_FAILED;
+        bool idle = !w->w_conn_busy && w->w_ops_pending == 0;
+        if (!(w->w_done || (failed && (idle || !w->w_started)))) {
+            break;
+        }
+        if (failed && !idle) {
+            break;
+        }
+        if (p->p_wnext == w) {
+            p->p_wnext = tp__list_next(&p->p_writes, w);
+        }
+        tp__list_remove(&p->p_writes, w);
+        if (p->p_wcursor == w) {
+            p->p_wcursor = NULL;
+        }
+        tp_error *err = failed ? tp_error_ref(p->p_err) : NULL;
+        if (!failed && w->w_err != NULL) {
+            err = tp_error_ref(w->w_err);
+        }
+        tp__aio_finish(w->w_user, err, 0);
+        // w_aio's callback may be running now: free after it returns.
+        tp__task_init(&w->w_free_task, wop_free_task, w);
+        tp__loop_defer(p->p_ctx->x_loop, &w->w_free_task);
+    }
+    tp__pipe_check_drained(p);
+}
+
+static void
+wop_check(pipe_wop *w)
+{
+    if (!w->w_done && w->w_conn_done && w->w_ops_pending == 0) {
+        w->w_done = true;
+    }
+}
+
+static void
+wop_submit_group(pipe_wop *w)
+{
+    tp_pipe *p = w->w_pipe;
+    unsigned n = w->w_niovs - w->w_next_iov;
+    if (n > TP_AIO_MAX_IOV) {
+        n = TP_AIO_MAX_IOV;
+    }
+    tp_aio_set_iov(&w->w_aio, n, &w->w_iovs[w->w_next_iov]);
+    w->w_next_iov += n;
+    w->w_conn_busy = true;
+    p->p_busy++;
+    if (w->w_next_iov == w->w_niovs && p->p_wcursor == w) {
+        p->p_wcursor = NULL;
+    }
+    tp__conn_write(p->p_conn, &w->w_aio);
+}
+
+static void
+wop_aio_cb(void *arg)
+{
+    pipe_wop *w = arg;
+    tp_pipe *p = w->w_pipe;
+    w->w_conn_busy = false;
+    if (tp_aio_status(&w->w_aio) != TP_OK && p->p_state != PIPE_FAILED) {
+        tp__pipe_fail(p, tp__pipe_err(p, tp_aio_status(&w->w_aio),
+                                      tp_aio_error(&w->w_aio), "write"));
+    }
+    if (p->p_state == PIPE_FAILED) {
+        tp__pipe_busy_done(p);
+        tp__pipe_flush_writes(p);
+        return;
+    }
+    if (w->w_next_iov < w->w_niovs) {
+        wop_submit_group(w);
+    } else {
+        w->w_conn_done = true;
+        wop_check(w);
+    }
+    tp__pipe_busy_done(p);
+    tp__pipe_flush_writes(p);
+    tp__pipe_write_pump(p);
+}
+
+static void
+wop_chan_done(tp_chan_op *op, tp_error *err)
+{
+    pipe_wop *w = op->co_arg;
+    tp_pipe *p = w->w_pipe;
+    w->w_ops_pending--;
+    if (err != NULL && p->p_state != PIPE_FAILED) {
+        tp__pipe_fail(p, tp__pipe_err(p, tp_error_status(err), err, "channel"));
+    }
+    tp_error_unref(err);
+    wop_check(w);
+    tp__pipe_busy_done(p);
+    tp__pipe_flush_writes(p);
+}
+
+// Starts sending @w: channel sends (which fill the infos), descriptor,
+// the iov list of the main connection.
+static tp_status
+wop_start(tp_pipe *p, pipe_wop *w, tp_error **err_p)
+{
+    const tp_message *m = w->w_msg;
+    w->w_seq = p->p_wseq++;
+    w->w_started = true;
+    // Tensors up to p_inline_max follow the payloads on the connection.
+    const uint64_t inl = p->p_inline_max;
+    unsigned nchan = 0;
+    for (uint32_t i = 0; i < m->ntensors; i++) {
+        nchan += (m->tensors[i].len > inl);
+    }
+    if (m->ntensors > 0) {
+        w->w_infos = tp__zalloc(m->ntensors * sizeof(*w->w_infos));
+        if (w->w_infos == NULL) {
+            return tp__error_set(err_p, TP_ENOMEM, "write: out of memory");
+        }
+    }
+    if (nchan > 0) {
+        w->w_ops = tp__zalloc(nchan * sizeof(*w->w_ops));
+        if (w->w_ops == NULL) {
+            return tp__error_set(err_p, TP_ENOMEM, "write: out of memory");
+        }
+    }
+    // Payload prefix copied behind the descriptor (one write for small
+    // messages).
+    uint32_t ncoal = 0;
+    uint64_t coal = 0;
+    while (ncoal < m->npayloads &&
+           coal + m->payloads[ncoal].len <= PIPE_COALESCE_MAX) {
+        coal += m->payloads[ncoal].len;
+        ncoal++;
+    }
+    unsigned k = 0;
+    for (uint32_t i = 0; i < m->ntensors; i++) {
+        if (m->tensors[i].len <= inl) {
+            continue;
+        }
+        tp_chan_op *op = &w->w_ops[k++];
+        op->co_buf = m->tensors[i].data;
+        op->co_len = m->tensors[i].len;
+        op->co_seq = w->w_seq;
+        op->co_index = i;
+        op->co_done = wop_chan_done;
+        op->co_arg = w;
+        w->w_ops_pending++;
+        p->p_busy++;
+        p->p_chops->send(p->p_chan, op);
+        w->w_infos[i] = op->co_info;
+    }
+    w->w_nops = k;
+    uint64_t dlen = tp__desc_size(m, w->w_infos);
+    w->w_hdr_len = TP_FRAME_HDR_LEN + dlen + coal;
+    w->w_hdr = tp__alloc(w->w_hdr_len);
+    unsigned niovs = 1 + (m->npayloads - ncoal) + m->ntensors;
+    w->w_iovs = tp__alloc(niovs * sizeof(*w->w_iovs));
+    if (w->w_hdr == NULL || w->w_iovs == NULL) {
+        return tp__error_set(err_p, TP_ENOMEM, "write: out of memory");
+    }
+    tp__frame_hdr h = {TP_FRAME_MESSAGE, TP_PIPE_WIRE_VERSION, 0, dlen};
+    tp__frame_hdr_encode(w->w_hdr, &h);
+    if (tp__desc_encode(m, w->w_infos, w->w_hdr + TP_FRAME_HDR_LEN, dlen) !=
+        dlen) {
+        return tp__error_set(err_p, TP_EINTERNAL,
+                             "write: descriptor encoding failed");
+    }
+    uint8_t *q = w->w_hdr + TP_FRAME_HDR_LEN + dlen;
+    for (uint32_t i = 0; i < ncoal; i++) {
+        if (m->payloads[i].len > 0) {
+            memcpy(q, m->payloads[i].data, m->payloads[i].len);
+            q += m->payloads[i].len;
+        }
+    }
+    w->w_iovs[0] = (tp_iov){w->w_hdr, w->w_hdr_len};
+    unsigned n = 1;
+    for (uint32_t i = ncoal; i < m->npayloads; i++) {
+        if (m->payloads[i].len > 0) {
+            w->w_iovs[n++] = (tp_iov){m->payloads[i].data, m->payloads[i].len};
+        }
+    }
+    for (uint32_t i = 0; i < m->ntensors; i++) {
+        if (m->tensors[i].len > 0 && m->tensors[i].len <= inl) {
+            w->w_iovs[n++] = (tp_iov){m->tensors[i].data, m->tensors[i].len};
+        }
+    }
+    w->w_niovs = n;
+    return TP_OK;
+}
+
+void
+tp__pipe_write_pump(tp_pipe *p)
+{
+    if (p->p_state != PIPE_READY) {
+        return;
+    }
+    while (p->p_wcursor == NULL && p->p_wnext != NULL) {
+        pipe_wop *w = p->p_wnext;
+        p->p_wnext = tp__list_next(&p->p_writes, w);
+        tp_error *err = NULL;
+        if (wop_start(p, w, &err) != TP_OK) {
+            tp__pipe_fail(p,
+                          tp__pipe_err(p, tp_error_status(err), err, "write"));
+            tp_error_unref(err);
+            return;
+        }
+        p->p_wcursor = w;
+        wop_submit_group(w);
+        if (p->p_state != PIPE_READY) {
+            return;
+        }
+    }
+}
+
+static void
+pipe_write_cancel(tp_aio *aio, void *arg, tp_status reason)
+{
+    pipe_wop *w = arg;
+    tp_pipe *p = w->w_pipe;
+    if (w->w_started || p->p_state == PIPE_FAILED) {
+        char what[128];
+        snprintf(what, sizeof(what), "write %s after it started; pipe closed",
+                 reason == TP_ETIMEDOUT ? "timed out" : "canceled");
+        tp__pipe_fail(p, tp__pipe_err(p, reason, NULL, what));
+        return;
+    }
+    if (p->p_wnext == w) {
+        p->p_wnext = tp__list_next(&p->p_writes, w);
+    }
+    tp__list_remove(&p->p_writes, w);
+    tp__aio_finish_status(aio, reason, "pipe to %s: write %s", p->p_peer,
+                          reason == TP_ETIMEDOUT ? "timed out" : "canceled");
+    tp__task_init(&w->w_free_task, wop_free_task, w);
+    tp__loop_defer(p->p_ctx->x_loop, &w->w_free_task);
+    tp__pipe_check_drained(p);
+}
+
+static tp_status
+msg_check(const tp_pipe *p, const tp_message *m, tp_error **err_p)
+{
+    const tp__pipe_limits *lim = &p->p_ctx->x_limits;
+    if (m == NULL) {
+        return tp__error_set(err_p, TP_EINVAL, "message is NULL");
+    }
+    if (m->metadata_len > lim->max_metadata ||
+        (m->metadata_len > 0 && m->metadata == NULL)) {
+        return tp__error_set(err_p, TP_EINVAL,
+                             "metadata of %" PRIu64 " bytes: above the limit "
+                             "%" PRIu64 " (TP_PIPE_MAX_METADATA) or NULL",
+                             m->metadata_len, lim->max_metadata);
+    }
+    if (m->npayloads > lim->max_payloads || m->ntensors > lim->max_tensors) {
+        return tp__error_set(err_p, TP_EINVAL,
+                             "%u payloads / %u tensors: above the limits %u / "
+                             "%u (TP_PIPE_MAX_PAYLOADS / TP_PIPE_MAX_TENSORS)",
+                             m->npayloads, m->ntensors, lim->max_payloads,
+                             lim->max_tensors);
+    }
+    for (uint32_t k = 0; k < 2; k++) {
+        const tp_msg_buf *bufs = k ? m->tensors : m->payloads;
+        uint32_t n = k ? m->ntensors : m->npayloads;
+        for (uint32_t i = 0; i < n; i++) {
+            if (bufs[i].len > lim->max_buf_len ||
+                (bufs[i].len > 0 && bufs[i].data == NULL) ||
+                bufs[i].device.type != TP_DEVICE_CPU) {
+                return tp__error_set(
+                    err_p, TP_EINVAL,
+                    "%s %u: %" PRIu64 " bytes, data %p, device %d: needs "
+                    "data, a CPU device and at most %" PRIu64
+                    " bytes (TP_PIPE_MAX_BUF_BYTES)",
+                    k ? "tensor" : "payload", i, bufs[i].len, bufs[i].data,
+                    (int)bufs[i].device.type, lim->max_buf_len);
+            }
+        }
+    }
+    return TP_OK;
+}
+
+static void
+pipe_write_start(void *obj, tp_aio *aio)
+{
+    tp_pipe *p = obj;
+    const tp_message *m = aio->a_input[0];
+    pipe_wop *w = tp__zalloc(sizeof(*w));
+    if (w == NULL) {
+        if (tp__aio_begin(aio, p->p_ctx->x_loop, NULL, NULL)) {
+            tp__aio_finish_status(
+                aio, TP_ENOMEM, "pipe to %s: write: out of memory", p->p_peer);
+        }
+        return;
+    }
+    w->w_pipe = p;
+    w->w_user = aio;
+    w->w_msg = m;
+    tp__aio_init(&w->w_aio, wop_aio_cb, w);
+    if (!tp__aio_begin(aio, p->p_ctx->x_loop, pipe_write_cancel, w)) {
+        wop_free(w);
+        return;
+    }
+    tp_error *err = NULL;
+    if (p->p_state == PIPE_FAILED) {
+        tp__aio_finish(aio, tp_error_ref(p->p_err), 0);
+        wop_free(w);
+        return;
+    }
+    if (msg_check(p, m, &err) != TP_OK) {
+        tp__error_wrap(&err, TP_EINVAL, "pipe to %s: write", p->p_peer);
+        tp__aio_finish(aio, err, 0);
+        wop_free(w);
+        return;
+    }
+    tp__list_append(&p->p_writes, w);
+    if (p->p_wnext == NULL) {
+        p->p_wnext = w;
+    }
+    tp__pipe_write_pump(p);
+}
+
+void
+tp_pipe_write(tp_pipe *p, const tp_message *msg, tp_aio *aio)
+{
+    aio->a_input[0] = (void *)(uintptr_t)msg;
+    tp__aio_submit(aio, p->p_ctx->x_loop, pipe_write_start, p);
+}
