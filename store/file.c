@@ -403,6 +403,50 @@ file_num_keys(void *impl, int64_t timeout_ms, uint64_t deadline_ns,
     return TP_OK;
 }
 
+static tp_status
+file_append(void *impl, const char *key, const void *val, size_t len,
+            int64_t timeout_ms, uint64_t deadline_ns, tp_error **err_p)
+{
+    TP_UNUSED(timeout_ms);
+    file_store *f = impl;
+    tp_status st = file_begin(f, deadline_ns, err_p);
+    if (st != TP_OK) {
+        return st;
+    }
+    // Computed on the replica under the lock, logged as a set of the
+    // whole value.
+    st = tp__kv_append(&f->f_kv, key, val, len, f->f_max_value, err_p);
+    uint8_t *v = NULL;
+    size_t n = 0;
+    if (st == TP_OK) {
+        st = tp__kv_get(&f->f_kv, key, 0, &v, &n, err_p);
+    }
+    if (st == TP_OK) {
+        st = file_append_locked(f, REC_SET, key, v, n, err_p);
+        if (st != TP_OK) {
+            file_reset(f); // the replica ran ahead of the file
+        }
+    }
+    tp__free(v);
+    file_unlock(f);
+    return st;
+}
+
+static tp_status
+file_check(void *impl, const char *const *keys, size_t n, int64_t timeout_ms,
+           uint64_t deadline_ns, bool *all_p, tp_error **err_p)
+{
+    TP_UNUSED(timeout_ms);
+    file_store *f = impl;
+    tp_status st = file_begin(f, deadline_ns, err_p);
+    if (st != TP_OK) {
+        return st;
+    }
+    file_unlock(f);
+    *all_p = tp__kv_check(&f->f_kv, keys, n);
+    return TP_OK;
+}
+
 const tp__store_ops tp__store_file_ops = {
     .so_set = file_set,
     .so_get = file_get,
@@ -411,5 +455,7 @@ const tp__store_ops tp__store_file_ops = {
     .so_compare_set = file_compare_set,
     .so_delete = file_delete,
     .so_num_keys = file_num_keys,
+    .so_append = file_append,
+    .so_check = file_check,
     .so_close = file_close,
 };

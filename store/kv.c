@@ -369,3 +369,59 @@ tp__kv_num_keys(tp__kv *kv)
     tp__mtx_unlock(&kv->kv_mtx);
     return n;
 }
+
+tp_status
+tp__kv_append(tp__kv *kv, const char *key, const void *val, size_t len,
+              int64_t max_value, tp_error **err_p)
+{
+    tp__mtx_lock(&kv->kv_mtx);
+    tp_status st = TP_OK;
+    uint8_t *nv = NULL;
+    if (kv->kv_closed) {
+        st = kv_closed_error(err_p);
+        goto out;
+    }
+    tp__kv_entry *e = kv_find_locked(kv, key);
+    size_t old = e != NULL ? e->e_len : 0;
+    if (max_value > 0 && (uint64_t)old + len > (uint64_t)max_value) {
+        st = tp__error_set(err_p, TP_EINVAL,
+                           "appending %zu bytes to a value of %zu would pass "
+                           "TP_STORE_MAX_VALUE (%lld)",
+                           len, old, (long long)max_value);
+        goto out;
+    }
+    nv = tp__alloc(old + len + 1);
+    if (nv == NULL) {
+        st = tp__error_set(err_p, TP_ENOMEM, "out of memory");
+        goto out;
+    }
+    if (old > 0) {
+        memcpy(nv, e->e_val, old);
+    }
+    if (len > 0) {
+        memcpy(nv + old, val, len);
+    }
+    st = kv_put_locked(kv, key, nv, old + len, err_p);
+    if (st == TP_OK) {
+        tp__cv_broadcast(&kv->kv_cv);
+    }
+out:
+    tp__mtx_unlock(&kv->kv_mtx);
+    tp__free(nv);
+    if (st == TP_OK) {
+        kv_notify(kv, key);
+    }
+    return st;
+}
+
+bool
+tp__kv_check(tp__kv *kv, const char *const *keys, size_t n)
+{
+    tp__mtx_lock(&kv->kv_mtx);
+    bool all = true;
+    for (size_t i = 0; i < n && all; i++) {
+        all = kv_find_locked(kv, keys[i]) != NULL;
+    }
+    tp__mtx_unlock(&kv->kv_mtx);
+    return all;
+}

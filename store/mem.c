@@ -138,6 +138,26 @@ mem_num_keys(void *impl, int64_t timeout_ms, uint64_t deadline_ns, int64_t *n_p,
     return TP_OK;
 }
 
+static tp_status
+mem_append(void *impl, const char *key, const void *val, size_t len,
+           int64_t timeout_ms, uint64_t deadline_ns, tp_error **err_p)
+{
+    TP_UNUSED(timeout_ms);
+    TP_UNUSED(deadline_ns);
+    return tp__kv_append(&((mem_store *)impl)->m_kv, key, val, len, 0, err_p);
+}
+
+static tp_status
+mem_check(void *impl, const char *const *keys, size_t n, int64_t timeout_ms,
+          uint64_t deadline_ns, bool *all_p, tp_error **err_p)
+{
+    TP_UNUSED(timeout_ms);
+    TP_UNUSED(deadline_ns);
+    TP_UNUSED(err_p);
+    *all_p = tp__kv_check(&((mem_store *)impl)->m_kv, keys, n);
+    return TP_OK;
+}
+
 const tp__store_ops tp__store_mem_ops = {
     .so_set = mem_set,
     .so_get = mem_get,
@@ -146,5 +166,7 @@ const tp__store_ops tp__store_mem_ops = {
     .so_compare_set = mem_compare_set,
     .so_delete = mem_delete,
     .so_num_keys = mem_num_keys,
+    .so_append = mem_append,
+    .so_check = mem_check,
     .so_close = mem_close,
 };

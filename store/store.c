@@ -16,17 +16,6 @@
 #include "store_int.h"
 #include "transport/sockaddr.h"
 
-struct tp_store {
-    const tp__store_ops *s_ops;
-    void *s_impl;
-    tp_mtx s_mtx; // serialises calls (the tcp connection is one stream)
-    int s_rank;
-    int s_world;
-    int64_t s_timeout_ms; // the default; 0 = no limit
-    int64_t s_max_value;
-    char s_addr[TP_SOCKADDR_STRLEN + 4096];
-};
-
 // ---- init methods ----
 
 static bool
@@ -551,5 +540,145 @@ tp_store_num_keys(tp_store *s, int64_t timeout_ms, int64_t *n_p,
         return store_call_fail(&c, st, err_p);
     }
     *n_p = n;
+    return TP_OK;
+}
+
+tp_status
+tp_store_append(tp_store *s, const char *key, const void *val, size_t len,
+                int64_t timeout_ms, tp_error **err_p)
+{
+    STORE_CHECK_NULL("tp_store_append", s);
+    store_call c;
+    store_call_init(&c, s, "append", &key, 1, timeout_ms);
+    tp_status st = store_check_key(&c, key, err_p);
+    if (st == TP_OK) {
+        st = store_check_value(&c, val, len, err_p);
+    }
+    if (st != TP_OK) {
+        return st;
+    }
+    tp__mtx_lock(&s->s_mtx);
+    st = s->s_ops->so_append(s->s_impl, key, val, len, c.c_timeout_ms,
+                             c.c_deadline_ns, err_p);
+    tp__mtx_unlock(&s->s_mtx);
+    return st == TP_OK ? TP_OK : store_call_fail(&c, st, err_p);
+}
+
+// The checks of a call on @n keys: the count before the array is read.
+static tp_status
+store_check_keys(store_call *c, tp_store *s, const char *op,
+                 const char *const *keys, size_t n, int64_t timeout_ms,
+                 tp_error **err_p)
+{
+    bool bad = n > TP_STORE_MAX_WAIT || (n > 0 && keys == NULL);
+    store_call_init(c, s, op, keys, bad ? 0 : n, timeout_ms);
+    if (bad) {
+        tp__error_set(err_p, TP_EINVAL, "%zu keys (at most %d)", n,
+                      TP_STORE_MAX_WAIT);
+        return store_call_fail(c, TP_EINVAL, err_p);
+    }
+    for (size_t i = 0; i < n; i++) {
+        tp_status st = store_check_key(c, keys[i], err_p);
+        if (st != TP_OK) {
+            return st;
+        }
+    }
+    return TP_OK;
+}
+
+tp_status
+tp_store_check(tp_store *s, const char *const *keys, size_t n,
+               int64_t timeout_ms, bool *all_set_p, tp_error **err_p)
+{
+    STORE_CHECK_NULL("tp_store_check", s);
+    STORE_CHECK_NULL("tp_store_check", all_set_p);
+    store_call c;
+    tp_status st = store_check_keys(&c, s, "check", keys, n, timeout_ms, err_p);
+    if (st != TP_OK) {
+        return st;
+    }
+    bool all = true;
+    if (n > 0) {
+        tp__mtx_lock(&s->s_mtx);
+        st = s->s_ops->so_check(s->s_impl, keys, n, c.c_timeout_ms,
+                                c.c_deadline_ns, &all, err_p);
+        tp__mtx_unlock(&s->s_mtx);
+    }
+    if (st != TP_OK) {
+        return store_call_fail(&c, st, err_p);
+    }
+    *all_set_p = all;
+    return TP_OK;
+}
+
+tp_status
+tp_store_multi_set(tp_store *s, const char *const *keys,
+                   const void *const *vals, const size_t *lens, size_t n,
+                   int64_t timeout_ms, tp_error **err_p)
+{
+    STORE_CHECK_NULL("tp_store_multi_set", s);
+    store_call c;
+    tp_status st =
+        store_check_keys(&c, s, "multi_set", keys, n, timeout_ms, err_p);
+    if (st == TP_OK && n > 0 && (vals == NULL || lens == NULL)) {
+        tp__error_set(err_p, TP_EINVAL, "vals and lens are required");
+        st = store_call_fail(&c, TP_EINVAL, err_p);
+    }
+    for (size_t i = 0; st == TP_OK && i < n; i++) {
+        st = store_check_value(&c, vals[i], lens[i], err_p);
+    }
+    if (st != TP_OK) {
+        return st;
+    }
+    // One deadline for all, the store held throughout: no other call of
+    // this handle runs between the sets.
+    tp__mtx_lock(&s->s_mtx);
+    for (size_t i = 0; st == TP_OK && i < n; i++) {
+        st = s->s_ops->so_set(s->s_impl, keys[i], vals[i], lens[i],
+                              c.c_timeout_ms, c.c_deadline_ns, err_p);
+    }
+    tp__mtx_unlock(&s->s_mtx);
+    return st == TP_OK ? TP_OK : store_call_fail(&c, st, err_p);
+}
+
+tp_status
+tp_store_multi_get(tp_store *s, const char *const *keys, size_t n,
+                   int64_t timeout_ms, void **vals, size_t *lens,
+                   tp_error **err_p)
+{
+    STORE_CHECK_NULL("tp_store_multi_get", s);
+    store_call c;
+    tp_status st =
+        store_check_keys(&c, s, "multi_get", keys, n, timeout_ms, err_p);
+    if (st == TP_OK && n > 0 && vals == NULL) {
+        tp__error_set(err_p, TP_EINVAL, "vals is required");
+        st = store_call_fail(&c, TP_EINVAL, err_p);
+    }
+    if (st != TP_OK) {
+        return st;
+    }
+    size_t got = 0;
+    tp__mtx_lock(&s->s_mtx);
+    for (; st == TP_OK && got < n; got++) {
+        uint8_t *v = NULL;
+        size_t len = 0;
+        st = s->s_ops->so_get(s->s_impl, keys[got], c.c_timeout_ms,
+                              c.c_deadline_ns, &v, &len, err_p);
+        if (st != TP_OK) {
+            break;
+        }
+        vals[got] = v;
+        if (lens != NULL) {
+            lens[got] = len;
+        }
+    }
+    tp__mtx_unlock(&s->s_mtx);
+    if (st != TP_OK) {
+        for (size_t i = 0; i < got; i++) {
+            tp__free(vals[i]);
+            vals[i] = NULL;
+        }
+        return store_call_fail(&c, st, err_p);
+    }
     return TP_OK;
 }

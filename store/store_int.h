@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "core/platform.h"
+#include "transport/sockaddr.h"
 
 // ---- the engine: keys and values in memory, with waiters ----
 
@@ -64,6 +65,12 @@ tp_status tp__kv_compare_set(tp__kv *kv, const char *key, const void *exp,
                              size_t elen, const void *des, size_t dlen,
                              uint8_t **val_p, size_t *len_p, tp_error **err_p);
 tp_status tp__kv_delete(tp__kv *kv, const char *key, bool *deleted_p);
+// Appends @len bytes to @key's value (a missing key counts as empty); a
+// result longer than @max_value (0: no cap) is TP_EINVAL.
+tp_status tp__kv_append(tp__kv *kv, const char *key, const void *val,
+                        size_t len, int64_t max_value, tp_error **err_p);
+// Whether every one of the @n keys is set now (never waits).
+bool tp__kv_check(tp__kv *kv, const char *const *keys, size_t n);
 int64_t tp__kv_num_keys(tp__kv *kv);
 
 // Shared helpers of the engine and the file backend.
@@ -101,9 +108,33 @@ typedef struct tp__store_ops {
     tp_status (*so_num_keys)(void *impl, int64_t timeout_ms,
                              uint64_t deadline_ns, int64_t *n_p,
                              tp_error **err_p);
+    // Appends to the value of @key (missing: empty), atomically.
+    tp_status (*so_append)(void *impl, const char *key, const void *val,
+                           size_t len, int64_t timeout_ms, uint64_t deadline_ns,
+                           tp_error **err_p);
+    // *@all_p: whether every one of the @n keys is set now (no waiting
+    // for them; @deadline_ns bounds the round trip or the lock).
+    tp_status (*so_check)(void *impl, const char *const *keys, size_t n,
+                          int64_t timeout_ms, uint64_t deadline_ns, bool *all_p,
+                          tp_error **err_p);
     // Frees @impl (and stops what it runs). Never NULL.
     void (*so_close)(void *impl);
 } tp__store_ops;
+
+// The public handle (store.c; prefix.c makes views of one).
+struct tp_store {
+    const tp__store_ops *s_ops;
+    void *s_impl;
+    tp_mtx s_mtx; // serialises calls (the tcp connection is one stream)
+    int s_rank;
+    int s_world;
+    int64_t s_timeout_ms; // the default; 0 = no limit
+    int64_t s_max_value;
+    char s_addr[TP_SOCKADDR_STRLEN + 4096];
+};
+
+// prefix.c: the ops of a view of another store (tp_store_prefix_open).
+extern const tp__store_ops tp__store_prefix_ops;
 
 // mem://NAME
 tp_status tp__store_mem_open(const char *name, void **impl_p, tp_error **err_p);
@@ -163,6 +194,8 @@ enum {
     TP_STORE_OP_CAS = 5,
     TP_STORE_OP_DELETE = 6,
     TP_STORE_OP_NUM_KEYS = 7,
+    TP_STORE_OP_APPEND = 8, // key, value; OK reply: nothing
+    TP_STORE_OP_CHECK = 9,  // u32 n (1..4096), n keys; OK reply: u8 all set
 };
 
 // Reply statuses.

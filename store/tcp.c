@@ -638,6 +638,42 @@ tcp_num_keys(void *impl, int64_t timeout_ms, uint64_t deadline_ns, int64_t *n_p,
     return st;
 }
 
+static tp_status
+tcp_append(void *impl, const char *key, const void *val, size_t len,
+           int64_t timeout_ms, uint64_t deadline_ns, tp_error **err_p)
+{
+    tcp_req r = {0};
+    req_hdr(&r, TP_STORE_OP_APPEND, timeout_ms);
+    req_key(&r, key);
+    req_val(&r, val, len);
+    uint64_t rdl;
+    return tcp_roundtrip(impl, &r, deadline_ns, &rdl, err_p);
+}
+
+static tp_status
+tcp_check(void *impl, const char *const *keys, size_t n, int64_t timeout_ms,
+          uint64_t deadline_ns, bool *all_p, tp_error **err_p)
+{
+    tcp_req r = {0};
+    req_hdr(&r, TP_STORE_OP_CHECK, timeout_ms);
+    uint8_t b[4];
+    tp__put_u32le(b, (uint32_t)n);
+    req_put(&r, b, 4);
+    for (size_t i = 0; i < n; i++) {
+        req_key(&r, keys[i]);
+    }
+    uint64_t rdl;
+    uint8_t d = 0;
+    tp_status st = tcp_roundtrip(impl, &r, deadline_ns, &rdl, err_p);
+    if (st == TP_OK) {
+        st = tcp_read_body(impl, &d, 1, rdl, err_p);
+    }
+    if (st == TP_OK) {
+        *all_p = d != 0;
+    }
+    return st;
+}
+
 const tp__store_ops tp__store_tcp_ops = {
     .so_set = tcp_set,
     .so_get = tcp_get,
@@ -646,5 +682,7 @@ const tp__store_ops tp__store_tcp_ops = {
     .so_compare_set = tcp_compare_set,
     .so_delete = tcp_delete,
     .so_num_keys = tcp_num_keys,
+    .so_append = tcp_append,
+    .so_check = tcp_check,
     .so_close = tcp_close,
 };

@@ -94,6 +94,7 @@ req_parse_body(req_cur *p, int64_t max_value, srv_req *r)
     srv_parse rc = SRV_PARSE_OK;
     switch (r->r_op) {
     case TP_STORE_OP_SET:
+    case TP_STORE_OP_APPEND:
         if ((rc = cur_key(p, &r->r_key, &r->r_klen)) == SRV_PARSE_OK) {
             rc = cur_val(p, max_value, &r->r_v1, &r->r_n1);
         }
@@ -108,13 +109,16 @@ req_parse_body(req_cur *p, int64_t max_value, srv_req *r)
             p->rc_off += 8;
         }
         return rc;
-    case TP_STORE_OP_WAIT: {
+    case TP_STORE_OP_WAIT:
+    case TP_STORE_OP_CHECK: {
         if ((rc = cur_need(p, 4)) != SRV_PARSE_OK) {
             return rc;
         }
         uint32_t n = tp__get_u32le(p->rc_b + p->rc_off);
         if (n == 0 || n > TP_STORE_MAX_WAIT) {
-            return cur_bad(p, "wait: number of keys out of bounds");
+            return cur_bad(p, r->r_op == TP_STORE_OP_WAIT
+                                  ? "wait: number of keys out of bounds"
+                                  : "check: number of keys out of bounds");
         }
         p->rc_off += 4;
         r->r_nkeys = n;
@@ -367,6 +371,26 @@ srv_req_watch(void *arg, const char *key)
 
 // ---- running a request ----
 
+// A check: whether every key is set now, never parked.
+static void
+run_check(srv_conn *c, const srv_req *r)
+{
+    tp__kv *kv = &c->sc_srv->srv_kv;
+    size_t off = r->r_key - 4;
+    bool all = true;
+    char key[TP_STORE_MAX_KEY + 1];
+    for (uint32_t i = 0; i < r->r_nkeys && all; i++) {
+        uint32_t len = tp__get_u32le(c->sc_in + off);
+        memcpy(key, c->sc_in + off + 4, len);
+        key[len] = 0;
+        const char *k = key;
+        all = tp__kv_check(kv, &k, 1);
+        off += 4 + (size_t)len;
+    }
+    uint8_t b = all ? 1 : 0;
+    reply_ok(c, &b, 1);
+}
+
 void
 srv_req_run(srv_conn *c, const srv_req *r)
 {
@@ -390,6 +414,18 @@ srv_req_run(srv_conn *c, const srv_req *r)
     case TP_STORE_OP_GET:
     case TP_STORE_OP_WAIT:
         run_waiting(c, r);
+        break;
+    case TP_STORE_OP_APPEND:
+        st = tp__kv_append(kv, key, v1, (size_t)r->r_n1,
+                           c->sc_srv->srv_lim.sl_max_value, &err);
+        if (st == TP_OK) {
+            reply_ok(c, NULL, 0);
+        } else {
+            reply_err(c, st, err);
+        }
+        break;
+    case TP_STORE_OP_CHECK:
+        run_check(c, r);
         break;
     case TP_STORE_OP_ADD: {
         int64_t nv = 0;

@@ -161,6 +161,60 @@ TP_API tp_status tp_store_num_keys(tp_store *store, int64_t timeout_ms,
                                    int64_t *n_p, tp_error **err_p);
 
 /**
+ * tp_store_append - append @len bytes at @val to the value of @key (a
+ * missing key counts as empty), atomically, and wake its waiters
+ * (PyTorch's append). Errors: TP_EINVAL also when the result would be
+ * longer than TP_STORE_MAX_VALUE.
+ */
+TP_API tp_status tp_store_append(tp_store *store, const char *key,
+                                 const void *val, size_t len,
+                                 int64_t timeout_ms, tp_error **err_p);
+
+/**
+ * tp_store_check - PyTorch's check: *@all_set_p says whether every one of
+ * the @n keys (at most 4096) is set now. Never waits for the keys;
+ * @timeout_ms bounds only reaching the store.
+ */
+TP_API tp_status tp_store_check(tp_store *store, const char *const *keys,
+                                size_t n, int64_t timeout_ms, bool *all_set_p,
+                                tp_error **err_p);
+
+/**
+ * tp_store_multi_set - set each of the @n keys (at most 4096) to its
+ * value (@vals[i], @lens[i] bytes, copied), in order, within one deadline.
+ * Not atomic for other clients (as PyTorch's default): a failure may leave
+ * the first keys set.
+ */
+TP_API tp_status tp_store_multi_set(tp_store *store, const char *const *keys,
+                                    const void *const *vals, const size_t *lens,
+                                    size_t n, int64_t timeout_ms,
+                                    tp_error **err_p);
+
+/**
+ * tp_store_multi_get - wait until each of the @n keys (at most 4096) is set
+ * and return copies: @vals[i] (free() each; NUL-terminated beyond the
+ * length) and @lens[i] (@lens may be NULL), within one deadline. On error
+ * nothing is returned.
+ */
+TP_API tp_status tp_store_multi_get(tp_store *store, const char *const *keys,
+                                    size_t n, int64_t timeout_ms, void **vals,
+                                    size_t *lens, tp_error **err_p);
+
+/**
+ * tp_store_prefix_open - a view of @base whose keys are "@prefix/key"
+ * (PyTorch's PrefixStore): every call is @base's on the prefixed keys;
+ * num_keys counts all of @base's keys, as PyTorch does. Views nest.
+ * Ownership: borrows @base, which must outlive the view; free the view
+ *   with tp_store_close (@base stays open).
+ * Errors: TP_EINVAL (NULL arguments, an empty prefix, or a key longer
+ *   than TP_STORE_MAX_KEY once prefixed, at the call).
+ * Thread safety: as any store; the view's calls and @base's are
+ *   serialised together.
+ */
+TP_API tp_status tp_store_prefix_open(tp_store *base, const char *prefix,
+                                      tp_store **store_p, tp_error **err_p);
+
+/**
  * tp_store_server_options - the bounds of a tcp store server. Zero a
  * struct, set size to sizeof(tp_store_server_options), then set the fields
  * to change; a field left 0 takes its environment variable, else its

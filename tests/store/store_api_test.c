@@ -16,6 +16,7 @@
 #include <tpipe/rpc.h>
 #include <tpipe/store.h>
 
+#include "core/platform.h"
 #include "store/store_int.h"
 
 #define WAIT_MS 20000
@@ -274,11 +275,156 @@ test_null_handles(void)
     TP_CHECK_EQ(tp_rpc_get_worker_infos(NULL, &wi, 1), TP_EINVAL);
 }
 
+// ---- append, check, multi_set/multi_get, prefix views ----
+
+static void
+check_val(tp_store *s, const char *key, const char *want)
+{
+    void *v = NULL;
+    size_t n = 0;
+    tp_error *err = NULL;
+    TP_CHECK_OK(tp_store_get(s, key, tp_test_ms(WAIT_MS), &v, &n, &err), err);
+    TP_CHECKF(n == strlen(want) && memcmp(v, want, n) == 0,
+              "get %s: \"%s\", want \"%s\"", key, (char *)v, want);
+    free(v);
+}
+
+static bool
+all_set(tp_store *s, const char *const *keys, size_t n)
+{
+    bool all = false;
+    tp_error *err = NULL;
+    TP_CHECK_OK(tp_store_check(s, keys, n, tp_test_ms(WAIT_MS), &all, &err),
+                err);
+    return all;
+}
+
+static void
+new_ops(backend b)
+{
+    fixture f;
+    fix_init(&f, b);
+    tp_store *s = NULL;
+    tp_error *err = NULL;
+    TP_CHECK_OK(tp_store_open(f.f_url, 0, 1, tp_test_ms(WAIT_MS), &s, &err),
+                err);
+
+    // append: a missing key starts empty.
+    TP_CHECK_OK(tp_store_append(s, "log", "ab", 2, -1, &err), err);
+    TP_CHECK_OK(tp_store_append(s, "log", "", 0, -1, &err), err);
+    TP_CHECK_OK(tp_store_append(s, "log", "cde", 3, -1, &err), err);
+    check_val(s, "log", "abcde");
+
+    // check never waits.
+    const char *k2[] = {"log", "nope"};
+    uint64_t t0 = tp__now_ns();
+    TP_CHECK(all_set(s, k2, 1));
+    TP_CHECK(!all_set(s, k2, 2));
+    TP_CHECK(tp__now_ns() - t0 < 2000u * 1000000u);
+    bool all = true;
+    TP_CHECK_EQ(tp_store_check(s, k2, 5000, -1, &all, &err), TP_EINVAL);
+    tp_error_unref(err);
+    err = NULL;
+
+    // multi_set / multi_get.
+    const char *mk[] = {"m1", "m2", "m3"};
+    const void *mv[] = {"one", "", "three"};
+    size_t ml[] = {3, 0, 5};
+    TP_CHECK_OK(tp_store_multi_set(s, mk, mv, ml, 3, -1, &err), err);
+    void *out[3] = {NULL, NULL, NULL};
+    size_t ol[3] = {9, 9, 9};
+    TP_CHECK_OK(tp_store_multi_get(s, mk, 3, -1, out, ol, &err), err);
+    TP_CHECK(ol[0] == 3 && memcmp(out[0], "one", 3) == 0);
+    TP_CHECK(ol[1] == 0);
+    TP_CHECK(ol[2] == 5 && memcmp(out[2], "three", 5) == 0);
+    for (int i = 0; i < 3; i++) {
+        free(out[i]);
+    }
+    // A missing key times out and returns nothing.
+    const char *mk2[] = {"m1", "missing"};
+    void *out2[2] = {NULL, NULL};
+    TP_CHECK_EQ(tp_store_multi_get(s, mk2, 2, 100, out2, NULL, &err),
+                TP_ETIMEDOUT);
+    TP_CHECK_STR_CONTAINS(tp_error_message(err), "timed out");
+    TP_CHECK(out2[0] == NULL && out2[1] == NULL);
+    tp_error_unref(err);
+    err = NULL;
+
+    // A prefix view: "p/" keys of the base; views nest.
+    tp_store *p = NULL, *pq = NULL;
+    TP_CHECK_OK(tp_store_prefix_open(s, "p", &p, &err), err);
+    TP_CHECK_OK(tp_store_prefix_open(p, "q", &pq, &err), err);
+    TP_CHECK_OK(tp_store_set(p, "k", "pv", 2, -1, &err), err);
+    TP_CHECK_OK(tp_store_set(pq, "k", "pqv", 3, -1, &err), err);
+    check_val(s, "p/k", "pv");
+    check_val(s, "p/q/k", "pqv");
+    check_val(p, "q/k", "pqv");
+    int64_t nv = 0;
+    TP_CHECK_OK(tp_store_add(pq, "cnt", 5, -1, &nv, &err), err);
+    TP_CHECK_EQ(nv, 5);
+    check_val(s, "p/q/cnt", "5");
+    TP_CHECK_OK(tp_store_append(p, "k", "+", 1, -1, &err), err);
+    check_val(s, "p/k", "pv+");
+    const char *pk[] = {"k", "q/k"};
+    TP_CHECK(all_set(p, pk, 2));
+    TP_CHECK(!all_set(pq, pk, 2));
+    TP_CHECK_OK(tp_store_wait(p, pk, 2, -1, &err), err);
+    void *cv = NULL;
+    size_t cl = 0;
+    TP_CHECK_OK(
+        tp_store_compare_set(p, "k", "pv+", 3, "new", 3, -1, &cv, &cl, &err),
+        err);
+    TP_CHECK(cl == 3 && memcmp(cv, "new", 3) == 0);
+    free(cv);
+    bool del = false;
+    TP_CHECK_OK(tp_store_delete_key(p, "k", -1, &del, &err), err);
+    TP_CHECK(del);
+    TP_CHECK(!all_set(s, (const char *[]){"p/k"}, 1));
+    // A key missing in the view times out naming the view's key.
+    TP_CHECK_EQ(tp_store_get(pq, "gone", 100, &cv, &cl, &err), TP_ETIMEDOUT);
+    TP_CHECK_STR_CONTAINS(tp_error_message(err), "\"gone\"");
+    TP_CHECK_STR_CONTAINS(tp_error_message(err), "prefix");
+    tp_error_unref(err);
+    err = NULL;
+    // Too long once prefixed.
+    char longk[TP_STORE_MAX_KEY + 1];
+    memset(longk, 'x', TP_STORE_MAX_KEY);
+    longk[TP_STORE_MAX_KEY] = '\0';
+    TP_CHECK_EQ(tp_store_set(p, longk, "v", 1, -1, &err), TP_EINVAL);
+    tp_error_unref(err);
+    err = NULL;
+    TP_CHECK_EQ(tp_store_prefix_open(s, "", &pq, &err), TP_EINVAL);
+    tp_error_unref(err);
+    err = NULL;
+    tp_store_close(pq);
+    tp_store_close(p);
+    tp_store_close(s);
+    fix_fini(&f);
+}
+
+static void
+test_new_ops_mem(void)
+{
+    new_ops(B_MEM);
+}
+
+static void
+test_new_ops_file(void)
+{
+    new_ops(B_FILE);
+}
+
+static void
+test_new_ops_tcp(void)
+{
+    new_ops(B_TCP);
+}
+
 static const tp_test_case cases[] = {
-    TP_TEST_CASE(test_bad_url_first),
-    TP_TEST_CASE(test_ranks_from_env),
-    TP_TEST_CASE(test_world_refused),
-    TP_TEST_CASE(test_null_handles),
+    TP_TEST_CASE(test_bad_url_first), TP_TEST_CASE(test_ranks_from_env),
+    TP_TEST_CASE(test_world_refused), TP_TEST_CASE(test_null_handles),
+    TP_TEST_CASE(test_new_ops_mem),   TP_TEST_CASE(test_new_ops_file),
+    TP_TEST_CASE(test_new_ops_tcp),
 };
 
 TP_TEST_MAIN(cases)
