@@ -115,7 +115,9 @@ store_open_tcp(tp_store *s, const char *url, int rank, uint64_t deadline_ns,
                 "could not learn the port",
                 addr);
         }
-        st = tp_store_server_start(addr, &srv, err_p);
+        // Shared with the other opens of this address in this process
+        // (RPC and a process group on one tcp:// store).
+        st = tp__store_server_acquire(addr, &srv, err_p);
         if (st != TP_OK) {
             return st;
         }
@@ -124,7 +126,7 @@ store_open_tcp(tp_store *s, const char *url, int rank, uint64_t deadline_ns,
         tp__store_tcp_open(srv ? tp_store_server_addr(srv) : addr,
                            s->s_max_value, deadline_ns, srv, &s->s_impl, err_p);
     if (st != TP_OK) {
-        tp_store_server_stop(srv);
+        tp__store_server_release(srv);
         return tp__error_wrap(err_p, st, "store %s: connect (rank %d)", addr,
                               rank);
     }

@@ -133,6 +133,13 @@ struct tp_store {
     char s_addr[TP_SOCKADDR_STRLEN + 4096];
 };
 
+// shared.c: the server of @addr that this process hosts, started by the
+// first acquire, stopped by the last release (tp_store_server_start's
+// errors). Release of a server not acquired here stops it.
+tp_status tp__store_server_acquire(const char *addr, tp_store_server **srv_p,
+                                   tp_error **err_p);
+void tp__store_server_release(tp_store_server *srv);
+
 // prefix.c: the ops of a view of another store (tp_store_prefix_open).
 extern const tp__store_ops tp__store_prefix_ops;
 

@@ -267,7 +267,7 @@ tcp_close(void *impl)
     if (t->t_fd >= 0) {
         close(t->t_fd);
     }
-    tp_store_server_stop(t->t_srv);
+    tp__store_server_release(t->t_srv);
     tp__free(t);
 }
 

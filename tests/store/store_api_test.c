@@ -420,11 +420,48 @@ test_new_ops_tcp(void)
     new_ops(B_TCP);
 }
 
+// ---- one tcp:// server for the opens of one process ----
+
+// Two opens of one tcp://host:port as rank 0 in one process (RPC and a
+// process group) share the server instead of failing with EADDRINUSE; it
+// stops with the last close.
+static void
+test_tcp_shared(void)
+{
+    char url[64];
+    snprintf(url, sizeof(url), "tcp://127.0.0.1:%d", tp_test_free_port());
+    tp_store *a = NULL, *b = NULL, *c = NULL;
+    tp_error *err = NULL;
+    TP_CHECK_OK(tp_store_open(url, 0, 2, tp_test_ms(WAIT_MS), &a, &err), err);
+    TP_CHECK_OK(tp_store_open(url, 0, 2, tp_test_ms(WAIT_MS), &b, &err), err);
+    TP_CHECK_OK(tp_store_set(a, "k", "v", 1, -1, &err), err);
+    check_val(b, "k", "v");
+    // A rank 1 client of the same process is an ordinary client.
+    TP_CHECK_OK(tp_store_open(url, 1, 2, tp_test_ms(WAIT_MS), &c, &err), err);
+    check_val(c, "k", "v");
+    tp_store_close(a);
+    TP_CHECK_OK(tp_store_set(b, "k2", "w", 1, -1, &err), err);
+    check_val(c, "k2", "w");
+    tp_store_close(b);
+    // The last host closed: the server is gone, the port free again.
+    void *v = NULL;
+    size_t n = 0;
+    TP_CHECK(tp_store_get(c, "k", 2000, &v, &n, &err) != TP_OK);
+    tp_error_unref(err);
+    err = NULL;
+    tp_store_close(c);
+    TP_CHECK_OK(tp_store_open(url, 0, 1, tp_test_ms(WAIT_MS), &a, &err), err);
+    int64_t nk = -1;
+    TP_CHECK_OK(tp_store_num_keys(a, -1, &nk, &err), err);
+    TP_CHECK_EQ(nk, 0);
+    tp_store_close(a);
+}
+
 static const tp_test_case cases[] = {
     TP_TEST_CASE(test_bad_url_first), TP_TEST_CASE(test_ranks_from_env),
     TP_TEST_CASE(test_world_refused), TP_TEST_CASE(test_null_handles),
     TP_TEST_CASE(test_new_ops_mem),   TP_TEST_CASE(test_new_ops_file),
-    TP_TEST_CASE(test_new_ops_tcp),
+    TP_TEST_CASE(test_new_ops_tcp),   TP_TEST_CASE(test_tcp_shared),
 };
 
 TP_TEST_MAIN(cases)
