@@ -12,6 +12,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <tpipe/config.h>
+
 #include "bench_common.h"
 #include "tool.h"
 
@@ -130,16 +132,29 @@ bench_parse_sizes(bench_opts *o)
     return true;
 }
 
+static void
+bench_env_nop_cb(const tp_config_item *item, void *arg)
+{
+    (void)item;
+    (void)arg;
+}
+
 bool
-bench_opts_finish(bench_opts *o)
+bench_env_check(void)
 {
     tp_error *err = NULL;
-    if (tp__config_load(&o->bo_cfg, &err) != TP_OK) {
+    if (tp_config_visit(bench_env_nop_cb, NULL, &err) != TP_OK) {
         tool_err("%s", tp_error_message(err));
         tp_error_unref(err);
         return false;
     }
-    return bench_parse_sizes(o);
+    return true;
+}
+
+bool
+bench_opts_finish(bench_opts *o)
+{
+    return bench_env_check() && bench_parse_sizes(o);
 }
 
 uint64_t

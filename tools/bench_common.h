@@ -12,7 +12,6 @@
 #include <sys/types.h>
 
 #include "bench_peer.h"
-#include "core/config.h"
 
 #define BENCH_MAX_SIZES 32
 
@@ -38,7 +37,6 @@ typedef struct bench_opts {
     bool bo_json;
     double bo_stall_s;
     bool bo_verbose;
-    tp_config bo_cfg; // from the environment
 } bench_opts;
 
 // Sets the defaults.
@@ -48,9 +46,13 @@ void bench_opts_init(bench_opts *o, const char *what, const char *vprefix);
 bool bench_opts_arg(bench_opts *o, int argc, char **argv, int *i, bool *bad_p);
 // After the arguments: resolves --test. False after reporting.
 bool bench_opts_test(bench_opts *o);
-// Then: loads bo_cfg from the environment and parses --sizes (setting
-// bo_max_size). False after reporting.
+// Then: checks the TP_* environment (bench_env_check) and parses --sizes
+// (setting bo_max_size). False after reporting.
 bool bench_opts_finish(bench_opts *o);
+
+// Checks that every TP_* variable of the environment is well formed; false
+// after reporting the first bad one (its name and why).
+bool bench_env_check(void);
 
 // The stall timeout in ns.
 uint64_t bench_stall_ns(const bench_opts *o);

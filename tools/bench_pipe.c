@@ -37,8 +37,6 @@
 
 #include "bench_common.h"
 #include "bench_peer.h"
-#include "channel/channel.h"
-#include "core/config.h"
 #include "core/platform.h"
 #include "tool.h"
 
@@ -181,9 +179,9 @@ bp_parse_transports(const char *list, bp_opts *o)
         return false;
     }
     for (size_t i = 0; i < o->bo_ntransports; i++) {
-        if (tp__transport_find(o->bo_transports[i]) == NULL) {
-            tool_err("bench pipe: unknown transport \"%s\" (tcp, shm, all)",
-                     o->bo_transports[i]);
+        if (!tool_backend_known(TOOL_TRANSPORT, o->bo_transports[i])) {
+            tool_backend_unknown("bench pipe", TOOL_TRANSPORT,
+                                 o->bo_transports[i], "all");
             return false;
         }
     }
@@ -204,7 +202,7 @@ bp_parse_channels(const char *list, bp_opts *o)
     }
     size_t kept = 0;
     for (size_t i = 0; i < o->bo_nchannels; i++) {
-        if (tp__channel_find(o->bo_channels[i]) != NULL) {
+        if (tool_backend_known(TOOL_CHANNEL, o->bo_channels[i])) {
             o->bo_channels[kept++] = o->bo_channels[i];
             continue;
         }
@@ -214,15 +212,8 @@ bp_parse_channels(const char *list, bp_opts *o)
                     o->bo_channels[i]);
             continue;
         }
-        char known[128] = "";
-        size_t n = 0, off = 0;
-        const tp_channel_ops *const *all = tp__channel_registry(&n);
-        for (size_t k = 0; k < n && off < sizeof(known); k++) {
-            off += (size_t)snprintf(known + off, sizeof(known) - off, "%s, ",
-                                    all[k]->name);
-        }
-        tool_err("bench pipe: unknown channel \"%s\" (%sall)",
-                 o->bo_channels[i], known);
+        tool_backend_unknown("bench pipe", TOOL_CHANNEL, o->bo_channels[i],
+                             "all");
         return false;
     }
     o->bo_nchannels = kept;
@@ -1723,17 +1714,15 @@ tool_bench_pipe_main(int argc, char **argv)
         }
         // A transport that cannot work here is skipped before forking.
         char why[256] = "";
-        const tp_transport_ops *ops = tp__transport_find(cb->bc_connect);
-        if (ops != NULL &&
-            !ops->is_viable(&o.bo_com.bo_cfg, why, sizeof(why))) {
+        if (!tool_backend_viable(TOOL_TRANSPORT, cb->bc_connect, why,
+                                 sizeof(why))) {
             fprintf(stderr,
                     "tpipe: bench pipe: skipping %s: transport %s: %s\n",
                     cb->bc_label, cb->bc_connect, why);
             continue;
         }
-        const tp_channel_ops *chops = tp__channel_find(cb->bc_channel);
-        if (chops != NULL &&
-            !chops->is_viable(&o.bo_com.bo_cfg, why, sizeof(why))) {
+        if (!tool_backend_viable(TOOL_CHANNEL, cb->bc_channel, why,
+                                 sizeof(why))) {
             fprintf(stderr, "tpipe: bench pipe: skipping %s: channel %s: %s\n",
                     cb->bc_label, cb->bc_channel, why);
             continue;

@@ -43,10 +43,8 @@
 
 #include "bench_common.h"
 #include "bench_rpc.h"
-#include "channel/channel.h"
 #include "core/platform.h"
 #include "tool.h"
-#include "transport/transport.h"
 
 static const br_transport br_transports[] = {
     {"shm", "shm"},
@@ -140,8 +138,7 @@ br_parse_transports(const char *list, br_opts *o)
             }
         }
         if (t == NULL) {
-            tool_err("bench rpc: unknown transport \"%s\" (shm, tcp, all)",
-                     tok);
+            tool_backend_unknown("bench rpc", TOOL_TRANSPORT, tok, "all");
             return false;
         }
         if (o->bo_ntr == BR_MAX_TRANSPORTS) {
@@ -294,22 +291,12 @@ br_parse_args(int argc, char **argv, br_opts *o)
         !br_parse_sizes(sizes, o)) {
         return TOOL_EXIT_USAGE;
     }
-    if (o->bo_channel != NULL && tp__channel_find(o->bo_channel) == NULL) {
-        char known[128] = "";
-        size_t n = 0, off = 0;
-        const tp_channel_ops *const *all = tp__channel_registry(&n);
-        for (size_t k = 0; k < n && off < sizeof(known); k++) {
-            off += (size_t)snprintf(known + off, sizeof(known) - off, "%s%s",
-                                    k ? ", " : "", all[k]->name);
-        }
-        tool_err("bench rpc: unknown channel \"%s\" (%s)", o->bo_channel,
-                 known);
+    if (o->bo_channel != NULL &&
+        !tool_backend_known(TOOL_CHANNEL, o->bo_channel)) {
+        tool_backend_unknown("bench rpc", TOOL_CHANNEL, o->bo_channel, NULL);
         return TOOL_EXIT_USAGE;
     }
-    tp_error *err = NULL;
-    if (tp__config_load(&o->bo_cfg, &err) != TP_OK) {
-        tool_err("%s", tp_error_message(err));
-        tp_error_unref(err);
+    if (!bench_env_check()) {
         return TOOL_EXIT_USAGE;
     }
     return -1;
@@ -488,8 +475,8 @@ tool_bench_rpc_main(int argc, char **argv)
         const br_transport *tr = o.bo_tr[ti];
         // A transport that cannot work here is skipped before forking.
         char why[256] = "";
-        const tp_transport_ops *ops = tp__transport_find(tr->bt_name);
-        if (ops != NULL && !ops->is_viable(&o.bo_cfg, why, sizeof(why))) {
+        if (!tool_backend_viable(TOOL_TRANSPORT, tr->bt_name, why,
+                                 sizeof(why))) {
             fprintf(stderr, "tpipe: bench rpc: skipping %s: %s\n", tr->bt_name,
                     why);
             if (!o.bo_all_tr) {

@@ -12,8 +12,6 @@
 
 #include <tpipe/rpc.h>
 
-#include "core/config.h"
-
 #define BR_MAX_TRANSPORTS 4
 #define BR_MAX_SIZES      16
 #define BR_MIN_NOOP       100u     // noop calls measured at least
@@ -45,7 +43,6 @@ typedef struct br_opts {
     double bo_stall_s;
     bool bo_json;
     bool bo_verbose;
-    tp_config bo_cfg;
 } br_opts;
 
 // Statistics of one cell (a test and size) per repetition.

@@ -35,6 +35,7 @@ typedef struct bt_opts {
     bool bo_idle;
     double bo_idle_s;
     const char *bo_addr;
+    tp_config bo_cfg; // from the environment
 } bt_opts;
 
 static void
@@ -110,7 +111,7 @@ bt_parse_transports(const char *list, bt_opts *o)
         // only the first viable one.
         for (size_t i = 0; i < n && i < BT_MAX_TRANSPORTS; i++) {
             char why[256] = "";
-            if (all[i]->is_viable(&o->bo_com.bo_cfg, why, sizeof(why))) {
+            if (all[i]->is_viable(&o->bo_cfg, why, sizeof(why))) {
                 o->bo_transports[o->bo_ntransports++] = all[i]->name;
                 if (best) {
                     break;
@@ -128,11 +129,12 @@ bt_parse_transports(const char *list, bt_opts *o)
          tok = strtok_r(NULL, ",", &save)) {
         const tp_transport_ops *ops = tp__transport_find(tok);
         if (ops == NULL) {
-            tool_err("bench transport: unknown transport \"%s\"", tok);
+            tool_backend_unknown("bench transport", TOOL_TRANSPORT, tok,
+                                 "all, best");
             return false;
         }
         char why[256] = "";
-        if (!ops->is_viable(&o->bo_com.bo_cfg, why, sizeof(why))) {
+        if (!ops->is_viable(&o->bo_cfg, why, sizeof(why))) {
             tool_err("bench transport: transport %s is not viable here: %s",
                      tok, why);
             return false;
@@ -227,6 +229,7 @@ bt_parse_args(int argc, char **argv, bt_opts *o)
         }
     }
     if (!bench_opts_test(&o->bo_com) || !bench_opts_finish(&o->bo_com) ||
+        tp__config_load(&o->bo_cfg, NULL) != TP_OK ||
         !bt_parse_transports(transports, o) ||
         !bt_parse_backends(backends, o)) {
         return TOOL_EXIT_USAGE;
@@ -258,7 +261,7 @@ bt_server_child(const bt_run *r, int wfd)
 {
     const bt_opts *o = r->br_opts;
     char msg[1200];
-    tp_config cfg = o->bo_com.bo_cfg;
+    tp_config cfg = o->bo_cfg;
     cfg.io_backend = r->br_backend;
     tp_loop *loop = NULL;
     tp_transport *t = NULL;
@@ -471,7 +474,7 @@ bt_run_rep(bt_run *r, bench_cell *cells, bt_idle_result *idle)
     tool_verbose(o->bo_com.bo_verbose, NULL, "%s: server %d listens on %s",
                  r->br_label, (int)pid, addr);
 
-    tp_config cfg = o->bo_com.bo_cfg;
+    tp_config cfg = o->bo_cfg;
     cfg.io_backend = r->br_backend;
     tp_loop *loop = NULL;
     tp_transport *t = NULL;

@@ -1,7 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// info.c - `tpipe info`: version, features, loop backends and transports
-// (viability, domain descriptor, default listen address); `--config`: the
-// table of every tunable with its effective value.
+// info.c - `tpipe info`: version, features, loop backends, transports
+// (viability, domain descriptor, default listen address) and channels
+// (viability) through the public lists of tpipe/info.h, the collective
+// engines, the checked TP_TRANSPORTS / TP_CHANNELS / TP_INIT_METHOD and the
+// launcher variables set; `--config`: the table of every tunable with its
+// effective value.
 
 #include <stdlib.h>
 #include <string.h>
@@ -9,10 +12,7 @@
 
 #include "collectives/nccl.h"
 #include "collectives/shm.h"
-#include "core/config.h"
-#include "core/loop.h"
 #include "tool.h"
-#include "transport/transport.h"
 
 static void
 info_usage(FILE *f)
@@ -25,12 +25,19 @@ info_usage(FILE *f)
           "                  [--channels L]\n"
           "\n"
           "  (no option)  version, features compiled in, loop backends "
-          "(epoll, uring:\n"
-          "               viable or why not) and, for each transport: viable "
+          "(uring, epoll:\n"
+          "               viable or why not); for each transport: viable "
           "or why\n"
           "               not, its domain descriptor and the address it "
           "listens on\n"
-          "               by default\n"
+          "               by default; for each channel: viable or why not; "
+          "the\n"
+          "               collective engines; TP_TRANSPORTS, TP_CHANNELS and"
+          "\n"
+          "               TP_INIT_METHOD checked; the launcher variables set"
+          "\n"
+          "               (RANK, WORLD_SIZE, MASTER_*, SLURM_*, OMPI_*, "
+          "PMIX_*)\n"
           "  --config     every tunable: name, environment variable, default,"
           "\n"
           "               effective value, source (default|env), doc\n"
@@ -52,9 +59,11 @@ info_usage(FILE *f)
           "  --transports L, --channels L  allow lists, as the context "
           "options\n"
           "\n"
-          "Exit status 2 if a TP_* environment variable is malformed (the "
-          "message\n"
-          "names it); everything is still printed.\n",
+          "Exit status 2 if a TP_* environment variable is malformed or "
+          "names an\n"
+          "unknown transport, channel or init method (the message names it "
+          "and the\n"
+          "valid values); everything is still printed.\n",
           f);
 }
 
@@ -170,49 +179,245 @@ info_config(bool json)
 
 // ---- info ------------------------------------------------------------------
 
-typedef struct info_transport {
-    const char *it_name;
-    bool it_viable;
-    char it_why[256];
-    char it_domain[256];
-    char it_addr[256];
-    char it_error[512]; // creating or listening failed although viable
-} info_transport;
+// The effective io_backend and coll_engine, from the tunables' table.
+typedef struct info_cfg {
+    char ic_io_backend[32];
+    char ic_coll_engine[32];
+} info_cfg;
 
 static void
-info_probe_transport(const tp_transport_ops *ops, tp_loop *loop,
-                     const tp_config *cfg, info_transport *it)
+info_cfg_cb(const tp_config_item *item, void *arg)
 {
-    memset(it, 0, sizeof(*it));
-    it->it_name = ops->name;
-    it->it_viable = ops->is_viable(cfg, it->it_why, sizeof(it->it_why));
-    if (!it->it_viable) {
-        return;
+    info_cfg *ic = arg;
+    if (strcmp(item->name, "io_backend") == 0) {
+        snprintf(ic->ic_io_backend, sizeof(ic->ic_io_backend), "%s",
+                 item->value);
+    } else if (strcmp(item->name, "coll_engine") == 0) {
+        snprintf(ic->ic_coll_engine, sizeof(ic->ic_coll_engine), "%s",
+                 item->value);
     }
-    if (loop == NULL) {
-        snprintf(it->it_error, sizeof(it->it_error), "no loop");
-        return;
+}
+
+// The environment variables that choose what a job uses: each is checked,
+// and a bad one makes the exit status 2.
+typedef struct info_env {
+    const char *ie_name;
+    const char *ie_value; // NULL when unset
+    char ie_note[512];    // what unset means, or what is wrong
+    bool ie_bad;
+} info_env;
+
+enum {
+    INFO_ENV_TRANSPORTS,
+    INFO_ENV_CHANNELS,
+    INFO_ENV_INIT_METHOD,
+    INFO_NENV
+};
+
+// The first unknown name of the comma-separated @list, with the valid ones.
+static bool
+info_check_names(tool_backend_kind kind, const char *list, char *note,
+                 size_t len)
+{
+    const char *p = list;
+    while (*p != '\0') {
+        size_t n = strcspn(p, ",");
+        char name[64];
+        snprintf(name, sizeof(name), "%.*s", (int)n, p);
+        if (n > 0 && !tool_backend_known(kind, name)) {
+            char known[256];
+            tool_backend_names(kind, known, sizeof(known));
+            snprintf(note, len, "unknown %s \"%s\" (valid: %s)",
+                     tool_backend_kind_name(kind), name, known);
+            return false;
+        }
+        p += n + (p[n] == ',');
     }
-    tp_transport *t = NULL;
+    return true;
+}
+
+static bool
+info_check_init_method(const char *im, char *note, size_t len)
+{
+    static const char valid[] = "(valid: env://, tcp://HOST:PORT, "
+                                "file:///PATH)";
+    if (strcmp(im, "env://") == 0) {
+        const char *a = getenv("MASTER_ADDR"), *p = getenv("MASTER_PORT");
+        if (a == NULL || p == NULL) {
+            snprintf(note, len,
+                     "env:// reads MASTER_ADDR and MASTER_PORT "
+                     "(%s not set here)",
+                     a == NULL && p == NULL ? "both"
+                     : a == NULL            ? "MASTER_ADDR"
+                                            : "MASTER_PORT");
+        }
+        return true;
+    }
+    if (strncmp(im, "tcp://", 6) == 0) {
+        const char *colon = strrchr(im + 6, ':');
+        uint64_t port = 0;
+        if (colon == NULL || colon == im + 6 ||
+            !tool_parse_u64(colon + 1, &port) || port == 0 || port > 65535) {
+            snprintf(note, len, "expected tcp://HOST:PORT %s", valid);
+            return false;
+        }
+        return true;
+    }
+    if (strncmp(im, "file://", 7) == 0) {
+        if (im[7] != '/') {
+            snprintf(note, len, "expected file:///ABSOLUTE/PATH %s", valid);
+            return false;
+        }
+        return true;
+    }
+    snprintf(note, len, "unknown init method %s", valid);
+    return false;
+}
+
+static bool
+info_check_env(info_env *env)
+{
+    static const char *const names[INFO_NENV] = {"TP_TRANSPORTS", "TP_CHANNELS",
+                                                 "TP_INIT_METHOD"};
+    bool ok = true;
+    for (int i = 0; i < INFO_NENV; i++) {
+        info_env *e = &env[i];
+        memset(e, 0, sizeof(*e));
+        e->ie_name = names[i];
+        e->ie_value = getenv(names[i]);
+        const char *v = e->ie_value;
+        if (i == INFO_ENV_INIT_METHOD) {
+            e->ie_bad = !info_check_init_method(v ? v : "env://", e->ie_note,
+                                                sizeof(e->ie_note));
+        } else if (v != NULL && v[0] != '\0') {
+            e->ie_bad = !info_check_names(
+                i == INFO_ENV_TRANSPORTS ? TOOL_TRANSPORT : TOOL_CHANNEL, v,
+                e->ie_note, sizeof(e->ie_note));
+        } else {
+            snprintf(e->ie_note, sizeof(e->ie_note), "every viable %s",
+                     i == INFO_ENV_TRANSPORTS ? "transport" : "channel");
+        }
+        ok = ok && !e->ie_bad;
+    }
+    return ok;
+}
+
+// The launcher variables a job's workers may read (torchrun, Slurm, Open
+// MPI, PMIx), shown when set.
+static const char *const info_launcher_vars[] = {
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "SLURM_JOB_ID",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_LOCALID",
+    "SLURM_NODEID",
+    "SLURM_STEP_NODELIST",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "PMIX_RANK",
+    "PMIX_NAMESPACE",
+    "PMI_RANK",
+    "PMI_SIZE",
+};
+#define INFO_NLAUNCHER                                                         \
+    (sizeof(info_launcher_vars) / sizeof(info_launcher_vars[0]))
+
+typedef struct info_report {
+    const char *ir_features;
+    info_cfg ir_cfg;
+    char ir_cfg_error[512];
+    tp_backend_info ir_io[TP_INFO_MAX];
+    size_t ir_nio;
+    const char *ir_loop_backend; // the selected io backend, "" if none
+    char ir_loop_error[320];
+    tp_backend_info ir_tr[TP_INFO_MAX];
+    size_t ir_ntr;
+    tp_backend_info ir_ch[TP_INFO_MAX];
+    size_t ir_nch;
+    bool ir_shm_ok, ir_nccl_ok;
+    char ir_shm_why[384], ir_nccl_why[256];
+    info_env ir_env[INFO_NENV];
+} info_report;
+
+static void
+info_nop_cb(const tp_config_item *item, void *arg)
+{
+    (void)item;
+    (void)arg;
+}
+
+static size_t
+info_clamp(size_t n)
+{
+    return n > TP_INFO_MAX ? TP_INFO_MAX : n;
+}
+
+static int
+info_collect(info_report *r)
+{
+    int rc = TOOL_EXIT_OK;
     tp_error *err = NULL;
-    if (tp__transport_create(ops->name, loop, cfg, &t, &err) != TP_OK) {
-        snprintf(it->it_error, sizeof(it->it_error), "%s",
+    snprintf(r->ir_cfg.ic_io_backend, sizeof(r->ir_cfg.ic_io_backend), "auto");
+    snprintf(r->ir_cfg.ic_coll_engine, sizeof(r->ir_cfg.ic_coll_engine),
+             "auto");
+    if (tp_config_visit(info_nop_cb, NULL, &err) != TP_OK) {
+        // Keep going with the defaults for the bad field: the rest of the
+        // report is still useful to diagnose the host.
+        snprintf(r->ir_cfg_error, sizeof(r->ir_cfg_error), "%s",
                  tp_error_message(err));
         tp_error_unref(err);
-        return;
-    }
-    snprintf(it->it_domain, sizeof(it->it_domain), "%s",
-             tp__transport_domain(t));
-    tp_listener *l = NULL;
-    if (tp__transport_listen(t, NULL, &l, &err) != TP_OK) {
-        snprintf(it->it_error, sizeof(it->it_error), "%s",
-                 tp_error_message(err));
-        tp_error_unref(err);
+        err = NULL;
+        rc = TOOL_EXIT_USAGE;
+        // A malformed value shows as itself in the table; the library
+        // runs on the default, which is what the lists below use.
     } else {
-        snprintf(it->it_addr, sizeof(it->it_addr), "%s", tp__listener_addr(l));
-        tp__listener_destroy(l);
+        (void)tp_config_visit(info_cfg_cb, &r->ir_cfg, NULL);
     }
-    tp__transport_destroy(t);
+    r->ir_features = tp_build_features();
+    r->ir_loop_backend = "";
+    if (tp_info_io_backends(0, r->ir_io, TP_INFO_MAX, &r->ir_nio, &err) !=
+            TP_OK ||
+        tp_info_transports(TP_INFO_PROBE, r->ir_tr, TP_INFO_MAX, &r->ir_ntr,
+                           &err) != TP_OK ||
+        tp_info_channels(0, r->ir_ch, TP_INFO_MAX, &r->ir_nch, &err) != TP_OK) {
+        tool_err("info: %s", tp_error_message(err));
+        tp_error_unref(err);
+        return TOOL_EXIT_FAIL;
+    }
+    r->ir_nio = info_clamp(r->ir_nio);
+    r->ir_ntr = info_clamp(r->ir_ntr);
+    r->ir_nch = info_clamp(r->ir_nch);
+    for (size_t i = 0; i < r->ir_nio; i++) {
+        if (r->ir_io[i].selected) {
+            r->ir_loop_backend = r->ir_io[i].name;
+        }
+        // TP_IO_BACKEND names a backend that cannot work here: a loop
+        // (every context's) fails to start.
+        if (strcmp(r->ir_io[i].name, r->ir_cfg.ic_io_backend) == 0 &&
+            !r->ir_io[i].viable) {
+            snprintf(r->ir_loop_error, sizeof(r->ir_loop_error),
+                     "TP_IO_BACKEND=%s: %s", r->ir_io[i].name,
+                     r->ir_io[i].reason);
+            rc = TOOL_EXIT_FAIL;
+        }
+    }
+    for (size_t i = 0; i < r->ir_ntr; i++) {
+        if (r->ir_tr[i].error[0] && rc == TOOL_EXIT_OK) {
+            rc = TOOL_EXIT_FAIL;
+        }
+    }
+    r->ir_shm_ok = tp__shm_viable(r->ir_shm_why, sizeof(r->ir_shm_why));
+    r->ir_nccl_ok = tp__nccl_available(r->ir_nccl_why, sizeof(r->ir_nccl_why));
+    if (!info_check_env(r->ir_env)) {
+        rc = TOOL_EXIT_USAGE;
+    }
+    return rc;
 }
 
 static void
@@ -226,177 +431,218 @@ info_json_opt(const char *key, const char *s)
     }
 }
 
+// [{"name":..,"viable":..,"why":..[,"domain":..,"listen_addr":..,
+// "error":..]},...]
+static void
+info_json_list(const tp_backend_info *v, size_t n, bool probe)
+{
+    fputc('[', stdout);
+    for (size_t i = 0; i < n; i++) {
+        fputs(i ? ",{\"name\":" : "{\"name\":", stdout);
+        tool_json_str(stdout, v[i].name);
+        printf(",\"viable\":%s", v[i].viable ? "true" : "false");
+        info_json_opt("why", v[i].viable ? NULL : v[i].reason);
+        if (probe) {
+            info_json_opt("domain", v[i].domain);
+            info_json_opt("listen_addr", v[i].listen_addr);
+            info_json_opt("error", v[i].error);
+        }
+        fputc('}', stdout);
+    }
+    fputc(']', stdout);
+}
+
+static void
+info_print_json(const info_report *r)
+{
+    fputs("{\"version\":", stdout);
+    tool_json_str(stdout, tp_version_string());
+    fputs(",\"features\":[", stdout);
+    char fbuf[256];
+    snprintf(fbuf, sizeof(fbuf), "%s", r->ir_features);
+    bool first = true;
+    for (char *save = NULL, *tok = strtok_r(fbuf, " ", &save); tok != NULL;
+         tok = strtok_r(NULL, " ", &save)) {
+        if (!first) {
+            fputc(',', stdout);
+        }
+        tool_json_str(stdout, tok);
+        first = false;
+    }
+    fputs("],\"io_backend\":", stdout);
+    tool_json_str(stdout, r->ir_cfg.ic_io_backend);
+    info_json_opt("loop_backend", r->ir_loop_backend);
+    info_json_opt("loop_error", r->ir_loop_error);
+    fputs(",\"backends\":", stdout);
+    info_json_list(r->ir_io, r->ir_nio, false);
+    fputs(",\"transports\":", stdout);
+    info_json_list(r->ir_tr, r->ir_ntr, true);
+    fputs(",\"channels\":", stdout);
+    info_json_list(r->ir_ch, r->ir_nch, false);
+    fputs(",\"collectives\":{\"engine\":", stdout);
+    tool_json_str(stdout, r->ir_cfg.ic_coll_engine);
+    printf(",\"shm_viable\":%s", r->ir_shm_ok ? "true" : "false");
+    info_json_opt("shm_why", r->ir_shm_ok ? NULL : r->ir_shm_why);
+    printf(",\"nccl_viable\":%s", r->ir_nccl_ok ? "true" : "false");
+    info_json_opt("nccl_why", r->ir_nccl_ok ? NULL : r->ir_nccl_why);
+    fputs("},\"environment\":[", stdout);
+    for (int i = 0; i < INFO_NENV; i++) {
+        const info_env *e = &r->ir_env[i];
+        fputs(i ? ",{\"name\":" : "{\"name\":", stdout);
+        tool_json_str(stdout, e->ie_name);
+        info_json_opt("value", e->ie_value);
+        printf(",\"valid\":%s", e->ie_bad ? "false" : "true");
+        info_json_opt("note", e->ie_note);
+        fputc('}', stdout);
+    }
+    fputs("],\"launcher\":{", stdout);
+    first = true;
+    for (size_t i = 0; i < INFO_NLAUNCHER; i++) {
+        const char *v = getenv(info_launcher_vars[i]);
+        if (v != NULL) {
+            printf("%s\"%s\":", first ? "" : ",", info_launcher_vars[i]);
+            tool_json_str(stdout, v);
+            first = false;
+        }
+    }
+    fputc('}', stdout);
+    info_json_opt("config_error", r->ir_cfg_error);
+    fputs("}\n", stdout);
+}
+
+// Rows "  <name>  yes|no: <why>  <domain>  <address>" (a table of two
+// columns shows the first two).
+static void
+info_table_backends(tool_table *t, const tp_backend_info *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        char name[64], viable[300];
+        snprintf(name, sizeof(name), "  %s", v[i].name);
+        if (v[i].viable) {
+            snprintf(viable, sizeof(viable), "yes");
+        } else {
+            snprintf(viable, sizeof(viable), "no: %s", v[i].reason);
+        }
+        const char *row[] = {name, viable, v[i].domain[0] ? v[i].domain : "-",
+                             v[i].listen_addr[0] ? v[i].listen_addr : "-"};
+        tool_table_add(t, row);
+    }
+}
+
+static void
+info_print_text(const info_report *r)
+{
+    printf("tpipe %s\n", tp_version_string());
+    printf("features: %s\n", r->ir_features[0] ? r->ir_features : "(none)");
+
+    printf("\nloop backends (TP_IO_BACKEND=%s", r->ir_cfg.ic_io_backend);
+    if (r->ir_loop_backend[0]) {
+        printf(" -> %s", r->ir_loop_backend);
+    }
+    printf("):\n");
+    tool_table t;
+    tool_table_init(&t, 2);
+    for (size_t i = 0; i < r->ir_nio; i++) {
+        char name[64], why[300];
+        snprintf(name, sizeof(name), "  %s", r->ir_io[i].name);
+        snprintf(why, sizeof(why), "not viable: %s", r->ir_io[i].reason);
+        const char *row[] = {name, r->ir_io[i].viable ? "viable" : why};
+        tool_table_add(&t, row);
+    }
+    tool_table_print(&t, stdout);
+    tool_table_fini(&t);
+    if (r->ir_loop_error[0]) {
+        printf("  (could not start a loop: %s)\n", r->ir_loop_error);
+    }
+
+    printf("\ntransports (best first):\n");
+    tool_table_init(&t, 4);
+    const char *hdr[] = {"  NAME", "VIABLE", "DOMAIN",
+                         "DEFAULT LISTEN ADDRESS"};
+    tool_table_add(&t, hdr);
+    info_table_backends(&t, r->ir_tr, r->ir_ntr);
+    tool_table_print(&t, stdout);
+    tool_table_fini(&t);
+    for (size_t i = 0; i < r->ir_ntr; i++) {
+        if (r->ir_tr[i].error[0]) {
+            printf("  %s: %s\n", r->ir_tr[i].name, r->ir_tr[i].error);
+        }
+    }
+
+    printf("\nchannels (best first):\n");
+    tool_table_init(&t, 2);
+    const char *chdr[] = {"  NAME", "VIABLE"};
+    tool_table_add(&t, chdr);
+    info_table_backends(&t, r->ir_ch, r->ir_nch);
+    tool_table_print(&t, stdout);
+    tool_table_fini(&t);
+
+    printf("\ncollectives (TP_COLL_ENGINE=%s):\n", r->ir_cfg.ic_coll_engine);
+    printf("  shm engine   %s%s\n",
+           r->ir_shm_ok ? "viable here (used when every member of a group "
+                          "is on this host)"
+                        : "not viable: ",
+           r->ir_shm_ok ? "" : r->ir_shm_why);
+    printf("  pipe engine  viable (every group; over the transports above)\n");
+    printf("  nccl         %s%s\n",
+           r->ir_nccl_ok ? "viable (CUDA tensors)" : "not viable: ",
+           r->ir_nccl_ok ? "" : r->ir_nccl_why);
+
+    printf("\nenvironment:\n");
+    tool_table_init(&t, 3);
+    for (int i = 0; i < INFO_NENV; i++) {
+        const info_env *e = &r->ir_env[i];
+        char name[64], note[540];
+        snprintf(name, sizeof(name), "  %s", e->ie_name);
+        snprintf(note, sizeof(note), "%s%s", e->ie_bad ? "INVALID: " : "",
+                 e->ie_note);
+        const char *row[] = {name, e->ie_value ? e->ie_value : "(unset)", note};
+        tool_table_add(&t, row);
+    }
+    tool_table_print(&t, stdout);
+    tool_table_fini(&t);
+
+    printf("\nlauncher variables:");
+    bool any = false;
+    for (size_t i = 0; i < INFO_NLAUNCHER; i++) {
+        const char *v = getenv(info_launcher_vars[i]);
+        if (v != NULL) {
+            printf("%s%s=%s", any ? " " : "\n  ", info_launcher_vars[i], v);
+            any = true;
+        }
+    }
+    printf("%s\n", any ? "" : " (none)");
+}
+
 static int
 info_main(bool json)
 {
-    int rc = TOOL_EXIT_OK;
-    tp_config cfg;
-    tp_error *err = NULL;
-    char cfg_error[512] = "";
-    if (tp__config_load(&cfg, &err) != TP_OK) {
-        // Keep going with the defaults for the bad field: the rest of the
-        // report is still useful to diagnose the host.
-        snprintf(cfg_error, sizeof(cfg_error), "%s", tp_error_message(err));
-        tp_error_unref(err);
-        err = NULL;
-        rc = TOOL_EXIT_USAGE;
-    }
-
-    char uring_why[256] = "";
-    bool uring_ok = tp__loop_uring_viable(uring_why, sizeof(uring_why));
-    char shm_why[384] = "", nccl_why[256] = "";
-    bool shm_ok = tp__shm_viable(shm_why, sizeof(shm_why));
-    bool nccl_ok = tp__nccl_available(nccl_why, sizeof(nccl_why));
-
-    // One loop with the configured backend (auto by default), on which
-    // each viable transport is created to read its domain and address.
-    tp_loop *loop = NULL;
-    char loop_error[512] = "";
-    if (tp__loop_create(&cfg, "info", &loop, &err) != TP_OK) {
-        snprintf(loop_error, sizeof(loop_error), "%s", tp_error_message(err));
-        tp_error_unref(err);
-        err = NULL;
-        rc = TOOL_EXIT_FAIL;
-    }
-    const char *loop_backend = loop ? tp__loop_backend_name(loop) : "";
-
-    size_t n = 0;
-    const tp_transport_ops *const *ops = tp__transport_registry(&n);
-    info_transport *its = calloc(n ? n : 1, sizeof(*its));
-    if (its == NULL) {
+    info_report *r = calloc(1, sizeof(*r));
+    if (r == NULL) {
         tool_err("out of memory");
         return TOOL_EXIT_FAIL;
     }
-    for (size_t i = 0; i < n; i++) {
-        info_probe_transport(ops[i], loop, &cfg, &its[i]);
+    int rc = info_collect(r);
+    if (r->ir_nio + r->ir_ntr == 0) {
+        free(r);
+        return rc;
     }
-    if (loop != NULL) {
-        tp__loop_destroy(loop);
-    }
-
-    const char *feat = tp_build_features();
     if (json) {
-        fputs("{\"version\":", stdout);
-        tool_json_str(stdout, tp_version_string());
-        fputs(",\"features\":[", stdout);
-        char fbuf[256];
-        snprintf(fbuf, sizeof(fbuf), "%s", feat);
-        bool first = true;
-        for (char *save = NULL, *tok = strtok_r(fbuf, " ", &save); tok != NULL;
-             tok = strtok_r(NULL, " ", &save)) {
-            if (!first) {
-                fputc(',', stdout);
-            }
-            tool_json_str(stdout, tok);
-            first = false;
-        }
-        fputs("],\"io_backend\":", stdout);
-        tool_json_str(stdout, tp__io_backend_name(cfg.io_backend));
-        info_json_opt("loop_backend", loop_backend);
-        info_json_opt("loop_error", loop_error);
-        fputs(",\"backends\":[{\"name\":\"epoll\",\"viable\":true,"
-              "\"why\":null},{\"name\":\"uring\",\"viable\":",
-              stdout);
-        fputs(uring_ok ? "true" : "false", stdout);
-        info_json_opt("why", uring_ok ? NULL : uring_why);
-        fputs("}],\"transports\":[", stdout);
-        for (size_t i = 0; i < n; i++) {
-            info_transport *it = &its[i];
-            fputs(i ? ",{\"name\":" : "{\"name\":", stdout);
-            tool_json_str(stdout, it->it_name);
-            printf(",\"viable\":%s", it->it_viable ? "true" : "false");
-            info_json_opt("why", it->it_viable ? NULL : it->it_why);
-            info_json_opt("domain", it->it_domain);
-            info_json_opt("listen_addr", it->it_addr);
-            info_json_opt("error", it->it_error);
-            fputc('}', stdout);
-        }
-        fputs("],\"collectives\":{\"engine\":", stdout);
-        tool_json_str(stdout, cfg.coll_engine == TP_COLL_ENGINE_SHM ? "shm"
-                              : cfg.coll_engine == TP_COLL_ENGINE_PIPE
-                                  ? "pipe"
-                                  : "auto");
-        printf(",\"shm_viable\":%s", shm_ok ? "true" : "false");
-        info_json_opt("shm_why", shm_ok ? NULL : shm_why);
-        printf(",\"nccl_viable\":%s", nccl_ok ? "true" : "false");
-        info_json_opt("nccl_why", nccl_ok ? NULL : nccl_why);
-        fputc('}', stdout);
-        info_json_opt("config_error", cfg_error);
-        fputs("}\n", stdout);
+        info_print_json(r);
     } else {
-        printf("tpipe %s\n", tp_version_string());
-        printf("features: %s\n", feat[0] ? feat : "(none)");
-        printf("\nloop backends (TP_IO_BACKEND=%s",
-               tp__io_backend_name(cfg.io_backend));
-        if (loop_backend[0]) {
-            printf(" -> %s", loop_backend);
-        }
-        printf("):\n");
-        tool_table t;
-        tool_table_init(&t, 2);
-        const char *r1[] = {"  epoll", "viable"};
-        tool_table_add(&t, r1);
-        char why[300];
-        snprintf(why, sizeof(why), "not viable: %s", uring_why);
-        const char *r2[] = {"  uring", uring_ok ? "viable" : why};
-        tool_table_add(&t, r2);
-        tool_table_print(&t, stdout);
-        tool_table_fini(&t);
-        if (loop_error[0]) {
-            printf("  (could not start a loop: %s)\n", loop_error);
-        }
-
-        printf("\ntransports (best first):\n");
-        tool_table_init(&t, 4);
-        const char *hdr[] = {"  NAME", "VIABLE", "DOMAIN",
-                             "DEFAULT LISTEN ADDRESS"};
-        tool_table_add(&t, hdr);
-        for (size_t i = 0; i < n; i++) {
-            info_transport *it = &its[i];
-            char name[64], viable[300];
-            snprintf(name, sizeof(name), "  %s", it->it_name);
-            if (it->it_viable) {
-                snprintf(viable, sizeof(viable), "yes");
-            } else {
-                snprintf(viable, sizeof(viable), "no: %s", it->it_why);
-            }
-            const char *row[] = {name, viable,
-                                 it->it_domain[0] ? it->it_domain : "-",
-                                 it->it_addr[0] ? it->it_addr : "-"};
-            tool_table_add(&t, row);
-        }
-        tool_table_print(&t, stdout);
-        tool_table_fini(&t);
-        for (size_t i = 0; i < n; i++) {
-            if (its[i].it_error[0]) {
-                printf("  %s: %s\n", its[i].it_name, its[i].it_error);
-            }
-        }
-        printf("\ncollectives (TP_COLL_ENGINE=%s):\n",
-               cfg.coll_engine == TP_COLL_ENGINE_SHM    ? "shm"
-               : cfg.coll_engine == TP_COLL_ENGINE_PIPE ? "pipe"
-                                                        : "auto");
-        printf("  shm engine   %s%s\n",
-               shm_ok ? "viable here (used when every member of a group is "
-                        "on this host)"
-                      : "not viable: ",
-               shm_ok ? "" : shm_why);
-        printf("  pipe engine  viable (every group; over the transports "
-               "above)\n");
-        printf("  nccl         %s%s\n",
-               nccl_ok ? "viable (CUDA tensors)" : "not viable: ",
-               nccl_ok ? "" : nccl_why);
+        info_print_text(r);
     }
     fflush(stdout);
-    if (cfg_error[0]) {
-        tool_err("%s", cfg_error);
+    if (r->ir_cfg_error[0]) {
+        tool_err("%s", r->ir_cfg_error);
     }
-    for (size_t i = 0; i < n; i++) {
-        if (its[i].it_error[0] && rc == TOOL_EXIT_OK) {
-            rc = TOOL_EXIT_FAIL;
+    for (int i = 0; i < INFO_NENV; i++) {
+        if (r->ir_env[i].ie_bad) {
+            tool_err("%s=\"%s\": %s", r->ir_env[i].ie_name,
+                     r->ir_env[i].ie_value, r->ir_env[i].ie_note);
         }
     }
-    free(its);
+    free(r);
     return rc;
 }
 

@@ -7,11 +7,11 @@
 
 #include <stdlib.h>
 #include <string.h>
-#include <tpipe/tpipe.h>
+#include <tpipe/info.h>
 #include <tpipe/pipe.h>
+#include <tpipe/tpipe.h>
 
 #include "tool.h"
-#include "transport/transport.h"
 
 static tp_context *
 info_pipe_ctx(const char *name, const char *transports, const char *channels)
@@ -82,10 +82,13 @@ tool_info_listen(const char *url, int64_t timeout_ms, long count,
         return TOOL_EXIT_FAIL;
     }
     printf("listening:");
+    tp_backend_info tr[TP_INFO_MAX];
     size_t ntr = 0;
-    const tp_transport_ops *const *reg = tp__transport_registry(&ntr);
-    for (size_t i = 0; i < ntr; i++) {
-        const char *a = tp_pipe_listener_addr(l, reg[i]->name);
+    if (tp_info_transports(0, tr, TP_INFO_MAX, &ntr, NULL) != TP_OK) {
+        ntr = 0;
+    }
+    for (size_t i = 0; i < ntr && i < TP_INFO_MAX; i++) {
+        const char *a = tp_pipe_listener_addr(l, tr[i].name);
         if (a != NULL) {
             printf(" %s", a);
         }

@@ -69,6 +69,27 @@ void tool_table_add(tool_table *t, const char *const *cells);
 void tool_table_print(const tool_table *t, FILE *f);
 void tool_table_fini(tool_table *t);
 
+// ---- transports and channels (backends.c, through tpipe/info.h) ----
+
+typedef enum tool_backend_kind {
+    TOOL_TRANSPORT,
+    TOOL_CHANNEL,
+} tool_backend_kind;
+
+// "transport" or "channel".
+const char *tool_backend_kind_name(tool_backend_kind kind);
+// The names compiled in, best first: "shm, tcp".
+void tool_backend_names(tool_backend_kind kind, char *buf, size_t len);
+// Whether @name is compiled in.
+bool tool_backend_known(tool_backend_kind kind, const char *name);
+// Whether @name works here; when not, why in @why ("not built in" for an
+// unknown name).
+bool tool_backend_viable(tool_backend_kind kind, const char *name, char *why,
+                         size_t why_len);
+// Reports "<what>: unknown transport "x" (valid: shm, tcp[, @extra])".
+void tool_backend_unknown(const char *what, tool_backend_kind kind,
+                          const char *name, const char *extra);
+
 // ---- shared by the benchmarks (bench_transport.c, bench_pipe.c) ----
 
 // qsort comparator for doubles, ascending.

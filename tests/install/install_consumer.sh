@@ -47,7 +47,8 @@ cflags=(-std=c11 -Wall -Wextra -Wpedantic -Werror -Wstrict-prototypes
 
 expected="tpipe $TP_VERSION
 TP_ECLOSED
-tp_error(NULL): status TP_OK, errno 0, message \"success\", cause NULL, ref NULL"
+tp_error(NULL): status TP_OK, errno 0, message \"success\", cause NULL, ref NULL
+tp_info_transports: tcp listed"
 
 # check_run <binary> <shared|static>: run it, compare output, check linkage.
 check_run() {

@@ -40,6 +40,6 @@ main(void)
     for (size_t i = 0; i < n && i < TP_INFO_MAX; i++) {
         tcp = tcp || strcmp(tr[i].name, "tcp") == 0;
     }
-    printf("transports: %zu, tcp %s\n", n, tcp ? "listed" : "missing");
+    printf("tp_info_transports: tcp %s\n", tcp ? "listed" : "missing");
     return tcp ? 0 : 1;
 }
