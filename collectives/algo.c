@@ -698,23 +698,3 @@ tp__algo_run(const tp__algo *c, const tp__coll_args *a, tp_error **err_p)
     reqs_fini(c, &q);
     return st;
 }
-
-const char *
-tp__algo_name(const tp__algo *c, const tp__coll_args *a)
-{
-    size_t bytes = a->count * esize(a);
-    switch (a->kind) {
-    case TP__COLL_BARRIER:
-        return "dissemination";
-    case TP__COLL_BROADCAST:
-        return bcast_is_chain(c, bytes) ? "chain" : "tree";
-    case TP__COLL_ALL_REDUCE:
-        return allreduce_is_ring(c, bytes, a->count) ? "ring" : "rd";
-    case TP__COLL_REDUCE:
-        return "tree";
-    case TP__COLL_ALL_GATHER:
-        return "ring";
-    default:
-        return "direct";
-    }
-}

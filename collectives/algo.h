@@ -41,8 +41,4 @@ typedef struct tp__algo {
 tp_status tp__algo_run(const tp__algo *c, const tp__coll_args *a,
                        tp_error **err_p);
 
-// The algorithm tp__algo_run uses for @a ("ring", "rd", ...), for
-// messages and the benchmark.
-const char *tp__algo_name(const tp__algo *c, const tp__coll_args *a);
-
 #endif

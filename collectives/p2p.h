@@ -160,9 +160,6 @@ typedef struct tp__p2p_seq {
 // loop thread. No error: what could not be learnt is in @out.
 void tp__p2p_query_seqs(tp__p2p *p, uint64_t gid, const int *wranks, int n,
                         int64_t bound_ms, tp__p2p_seq *out);
-// The transport and channel of the pipe this rank writes to @dst on
-// ("shm+cma"), or "-" when there is none yet. Static or owned by @p.
-void tp__p2p_path(tp__p2p *p, int dst, char *buf, size_t len);
 
 // ---- wire (exposed for the fuzzer) -------------------------------------
 

@@ -397,14 +397,3 @@ tp__p2p_waitall(tp__p2p *p, tp__req *const *rs, int n, uint64_t start_ns,
         tp__mtx_unlock(&p->p_mtx);
     }
 }
-
-void
-tp__p2p_path(tp__p2p *p, int dst, char *buf, size_t len)
-{
-    tp__mtx_lock(&p->p_conn_mtx);
-    tp_pipe *out = p->p_peers[dst].pe_out;
-    const char *t = out != NULL ? tp_pipe_transport(out) : NULL;
-    const char *c = out != NULL ? tp_pipe_channel(out) : NULL;
-    snprintf(buf, len, "%s+%s", t != NULL ? t : "-", c != NULL ? c : "-");
-    tp__mtx_unlock(&p->p_conn_mtx);
-}

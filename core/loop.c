@@ -270,34 +270,6 @@ tp__loop_post(tp_loop *l, tp_task *task)
     }
 }
 
-typedef struct loop_fn_task {
-    tp_task t;
-    tp_task_fn fn;
-    void *arg;
-} loop_fn_task;
-
-static void
-loop_fn_task_run(void *arg)
-{
-    loop_fn_task *ft = arg;
-    ft->fn(ft->arg);
-    tp__free(ft);
-}
-
-tp_status
-tp__loop_post_fn(tp_loop *l, tp_task_fn fn, void *arg)
-{
-    loop_fn_task *ft = tp__alloc(sizeof(*ft));
-    if (ft == NULL) {
-        return TP_ENOMEM;
-    }
-    ft->fn = fn;
-    ft->arg = arg;
-    tp__task_init(&ft->t, loop_fn_task_run, ft);
-    tp__loop_post(l, &ft->t);
-    return TP_OK;
-}
-
 void
 tp__loop_defer(tp_loop *l, tp_task *task)
 {

@@ -137,8 +137,6 @@ void tp__loop_post(tp_loop *loop, tp_task *task);
 // instead of running inline), so operations start in the order they were
 // submitted, whichever threads submitted them.
 bool tp__loop_has_pending_posts(tp_loop *loop);
-// Any thread: as tp__loop_post with a task allocated here.
-tp_status tp__loop_post_fn(tp_loop *loop, tp_task_fn fn, void *arg);
 // Loop thread: run @task after the current handler returns, before the
 // loop waits again. This is how completions avoid running inside the call
 // that started an operation.
