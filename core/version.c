@@ -23,16 +23,8 @@ tp_version_string(void)
 #else
 #define VERSION_F_CRYPTO ""
 #endif
-#if TP_HAVE_IBV
-#define VERSION_F_IBV " ibv"
-#else
-#define VERSION_F_IBV ""
-#endif
-#if TP_HAVE_UCX
-#define VERSION_F_UCX " ucx"
-#else
-#define VERSION_F_UCX ""
-#endif
+// libibverbs and UCX are detected (TP_HAVE_IBV, TP_HAVE_UCX) but no
+// transport uses them yet (issue 13): they are not features until one does.
 #if TP_HAVE_CUDA
 #define VERSION_F_CUDA " cuda"
 #else
@@ -44,8 +36,8 @@ tp_version_string(void)
 #define VERSION_F_NCCL ""
 #endif
 
-static const char version_features[] = VERSION_F_URING VERSION_F_CRYPTO
-    VERSION_F_IBV VERSION_F_UCX VERSION_F_CUDA VERSION_F_NCCL;
+static const char version_features[] =
+    VERSION_F_URING VERSION_F_CRYPTO VERSION_F_CUDA VERSION_F_NCCL;
 
 const char *
 tp_build_features(void)
