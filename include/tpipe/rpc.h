@@ -349,6 +349,33 @@ typedef struct tp_rpc_op_record {
 TP_API tp_status tp_rpc_get_recent_ops(const tp_agent *a, tp_rpc_op_record *out,
                                        size_t cap, size_t *n_p);
 
+/**
+ * tp_rpc_all_gather - PyTorch's _all_gather over the workers: each worker
+ * gives @len bytes at @in (small: at most TP_STORE_MAX_VALUE; copied) and
+ * receives every worker's, by rank: @vals[r] (free() each; NUL-terminated
+ * beyond the length) and @lens[r] (@lens may be NULL); @vals and @lens
+ * hold tp_rpc_world_size entries. Goes through the job's store.
+ * Collective: every worker makes the same all_gather and barrier calls in
+ * the same order.
+ * @timeout_ms: TP_TIMEOUT_DEFAULT (the agent's rpc_timeout_ms), 0 (none)
+ *   or > 0.
+ * Errors: TP_EINVAL (NULL @a or @vals), TP_ETIMEDOUT naming the worker
+ *   whose value is missing ("timed out"), the store's errors. On error
+ *   nothing is returned.
+ * Thread safety: any thread, one collective call at a time per worker.
+ */
+TP_API tp_status tp_rpc_all_gather(tp_agent *a, const void *in, size_t len,
+                                   int64_t timeout_ms, void **vals,
+                                   size_t *lens, tp_error **err_p);
+
+/**
+ * tp_rpc_barrier - wait until every worker has called tp_rpc_barrier (an
+ * all_gather of nothing); as tp_rpc_all_gather for timeout, errors and
+ * ordering.
+ */
+TP_API tp_status tp_rpc_barrier(tp_agent *a, int64_t timeout_ms,
+                                tp_error **err_p);
+
 #ifdef __cplusplus
 }
 #endif
