@@ -125,15 +125,18 @@ ag_rendezvous(tp_agent *a, uint64_t deadline, tp_error **err_p)
     // A store may outlive a job (a file, a standalone server): each job's
     // keys get their own generation, counted by the joins so far (every
     // job of world_size workers adds world_size).
+    // The count is per world size: a later job of another size starts
+    // its own count instead of landing between generations.
     int64_t joins = 0;
-    tp_status st = tp_store_add(a->a_store, AG_KEY_PREFIX "joins", 1,
-                                tp__ms_left(deadline), &joins, err_p);
+    snprintf(key, sizeof(key), AG_KEY_PREFIX "joins/%d", a->a_world);
+    tp_status st =
+        tp_store_add(a->a_store, key, 1, tp__ms_left(deadline), &joins, err_p);
     if (st != TP_OK) {
         return tp__error_wrap(err_p, st, "rpc init of %s (rank %d)", ag_name(a),
                               a->a_rank);
     }
-    snprintf(a->a_prefix, sizeof(a->a_prefix), AG_KEY_PREFIX "%lld/",
-             (long long)((joins - 1) / a->a_world));
+    snprintf(a->a_prefix, sizeof(a->a_prefix), AG_KEY_PREFIX "w%d/%lld/",
+             a->a_world, (long long)((joins - 1) / a->a_world));
     int n = snprintf(val, sizeof(val), "%s\n%d\n", me->p_info.name, a->a_world);
     for (int i = 0; i < me->p_nurls; i++) {
         n += snprintf(val + n, sizeof(val) - (size_t)n, "%s\n", me->p_urls[i]);

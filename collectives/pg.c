@@ -473,14 +473,18 @@ tp_pg_init(const char *init_method, int rank, int world_size,
         goto fail;
     }
     // A store may outlive a job: each job's keys get their own generation.
+    // Counted per world size, so a later job of another size does not land
+    // between generations.
     int64_t joins = 0;
-    st = tp_store_add(store, PG_KEY_PREFIX "joins", 1, tp__ms_left(deadline),
-                      &joins, err_p);
+    char jkey[64];
+    snprintf(jkey, sizeof(jkey), PG_KEY_PREFIX "joins/%d", world_size);
+    st = tp_store_add(store, jkey, 1, tp__ms_left(deadline), &joins, err_p);
     if (st != TP_OK) {
         tp__error_wrap(err_p, st, "%s: init", w->g_what);
         goto fail;
     }
-    snprintf(w->w_prefix, sizeof(w->w_prefix), PG_KEY_PREFIX "%" PRId64 "/",
+    snprintf(w->w_prefix, sizeof(w->w_prefix),
+             PG_KEY_PREFIX "w%d/%" PRId64 "/", world_size,
              (joins - 1) / world_size);
     snprintf(w->g_prefix, sizeof(w->g_prefix), "%sworld/", w->w_prefix);
     tp_context_options co;

@@ -7,6 +7,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static void
 worker_gather(int rank, int world, const char *url, void *arg)
@@ -91,9 +92,44 @@ test_barrier_timeout(void)
     run_tcp(2, worker_barrier_timeout, NULL);
 }
 
+// A file store reused by a later job of another world size (2, then 3,
+// then 2 again): each job's init works (issue 15).
+static void
+worker_reuse(int rank, int world, const char *url, void *arg)
+{
+    tp_agent_options o;
+    opts_init(&o, url);
+    o.init_timeout_ms = tp_test_ms(15000);
+    tp_agent *a = NULL;
+    tp_error *err = NULL;
+    TP_CHECK_OK(tp_rpc_init(k_names[rank], rank, world, &o, &a, &err), err);
+    TP_CHECK_EQ(tp_rpc_world_size(a), world);
+    TP_CHECK_OK(tp_rpc_barrier(a, tp_test_ms(WAIT_MS), &err), err);
+    leave(a);
+}
+
+static void
+test_file_store_reused(void)
+{
+    char path[] = "/tmp/tp_rpc_reuse_XXXXXX";
+    int fd = mkstemp(path);
+    TP_CHECK(fd >= 0);
+    close(fd);
+    setenv("TP_SOCKET_IFNAME", "lo", 1);
+    static const int sizes[] = {2, 3, 2};
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        job j;
+        job_tcp(&j, sizes[i], worker_reuse, NULL);
+        snprintf(j.url, sizeof(j.url), "file://%s", path);
+        job_run(&j);
+    }
+    unlink(path);
+}
+
 static const tp_test_case cases[] = {
     TP_TEST_CASE_T(test_gather_3, 60),
     TP_TEST_CASE_T(test_barrier_timeout, 60),
+    TP_TEST_CASE_T(test_file_store_reused, 90),
 };
 
 TP_TEST_MAIN(cases)
