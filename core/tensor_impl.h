@@ -1,6 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* tensor_impl.h (internal) - the tensor and storage structs, raw
- * (non-recording) views and copies, and element conversion helpers. */
+ * (non-recording) views and copies, and element conversion helpers; shared
+ * by core/tensor.c (storage, creation), tensor_dtype.c (dtypes, element
+ * conversion, shapes), tensor_view.c (byte ranges, views), tensor_copy.c
+ * (raw copies) and tensor_rand.c (random generators), and used by the
+ * kernels above core. */
 #ifndef TP_CORE_TENSOR_IMPL_H
 #define TP_CORE_TENSOR_IMPL_H
 
@@ -61,6 +65,11 @@ const char *tp__shape_str(int ndim, const int64_t *shape, char *buf,
                           size_t len);
 // Normalises a possibly negative dim; false if out of range.
 bool tp__dim_norm(int ndim, int d, int *out);
+// True if numel (sizes 0 counted as 1) times 16 fits in int64_t.
+bool tp__shape_fits(int ndim, const int64_t *shape);
+// TP_EINVAL naming @what unless @dt, @ndim and @shape make a valid tensor.
+tp_status tp__check_shape(const char *what, tp_dtype dt, int ndim,
+                          const int64_t *shape, tp_error **err_p);
 
 // Raw views: no autograd recording.
 tp_status tp__view_reshape(const tp_tensor *t, int ndim, const int64_t *shape,
@@ -193,6 +202,18 @@ tp__tensor_ptr(const tp_tensor *t)
 {
     return (char *)t->t_storage->s_data +
            t->t_offset * (int64_t)tp_dtype_size(t->t_dtype);
+}
+
+// The address of element @i (row-major order) of @t, any layout.
+static inline char *
+tp__tensor_elem_ptr(const tp_tensor *t, int64_t i)
+{
+    int64_t off = 0;
+    for (int d = t->t_ndim - 1; d >= 0; d--) {
+        off += (i % t->t_shape[d]) * t->t_strides[d];
+        i /= t->t_shape[d];
+    }
+    return tp__tensor_ptr(t) + off * (int64_t)tp_dtype_size(t->t_dtype);
 }
 
 // TP_ENOTSUP (naming @op) unless @t lives in host memory: the CPU
