@@ -49,6 +49,22 @@ if(TP_HAVE_CRYPTO)
   list(APPEND TP_DEP_TARGETS PkgConfig::CRYPTO)
 endif()
 
+# PMIx (libpmix): env:// learns rank 0's store address from the PMIx
+# server of mpirun / srun --mpi=pmix when MASTER_ADDR is unset
+# (store/pmix.c). TP_WITH_PMIX is declared here, beside its detection.
+if(NOT DEFINED TP_WITH_PMIX)
+  set(TP_WITH_PMIX AUTO CACHE STRING "Use PMIX: AUTO|ON|OFF")
+  set_property(CACHE TP_WITH_PMIX PROPERTY STRINGS AUTO ON OFF)
+endif()
+set(PMIX_FOUND 0)
+if(NOT TP_WITH_PMIX STREQUAL "OFF")
+  pkg_check_modules(PMIX IMPORTED_TARGET pmix>=3.0)
+endif()
+tp_feature(PMIX PMIX_FOUND "${PMIX_VERSION} (env:// under mpirun/srun)")
+if(TP_HAVE_PMIX)
+  list(APPEND TP_DEP_TARGETS PkgConfig::PMIX)
+endif()
+
 # libibverbs (+ rdmacm)
 set(IBV_FOUND 0)
 if(NOT TP_WITH_IBV STREQUAL "OFF")

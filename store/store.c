@@ -10,9 +10,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/config.h"
 #include "core/alloc.h"
+#include "launch.h"
 #include "store_int.h"
 #include "transport/sockaddr.h"
 
@@ -134,6 +136,54 @@ store_open_tcp(tp_store *s, const char *url, int rank, uint64_t deadline_ns,
     return TP_OK;
 }
 
+// env:// under a PMIx launcher: rank 0 serves on every interface (port
+// MASTER_PORT, else any) and publishes "tcp://<hostname>:<port>" through
+// PMIx; everyone connects to what rank 0 published.
+static tp_status
+store_open_pmix(tp_store *s, int rank, uint64_t deadline_ns, tp_error **err_p)
+{
+    char adv[TP_SOCKADDR_STRLEN + 300];
+    tp_store_server *srv = NULL;
+    tp_status st;
+    if (rank == 0) {
+        const char *ep = getenv("MASTER_PORT");
+        char bind_addr[64], hn[256];
+        snprintf(bind_addr, sizeof(bind_addr), "tcp://0.0.0.0:%s",
+                 ep != NULL && *ep != '\0' ? ep : "0");
+        st = tp_store_server_start(bind_addr, &srv, err_p);
+        if (st != TP_OK) {
+            return tp__error_wrap(err_p, st, "env://: PMIx");
+        }
+        const char *sa = tp_store_server_addr(srv);
+        const char *colon = strrchr(sa, ':');
+        if (gethostname(hn, sizeof(hn)) != 0) {
+            snprintf(hn, sizeof(hn), "127.0.0.1");
+        }
+        hn[sizeof(hn) - 1] = '\0';
+        snprintf(adv, sizeof(adv), "tcp://%s%s", hn, colon ? colon : ":0");
+    }
+    int64_t left_ms = s->s_timeout_ms;
+    st = tp__pmix_exchange(rank == 0 ? adv : NULL, rank, left_ms, adv,
+                           sizeof(adv), err_p);
+    if (st != TP_OK) {
+        tp_store_server_stop(srv);
+        return st;
+    }
+    snprintf(s->s_addr, sizeof(s->s_addr), "%s", adv);
+    st =
+        tp__store_tcp_open(srv ? tp_store_server_addr(srv) : adv,
+                           s->s_max_value, deadline_ns, srv, &s->s_impl, err_p);
+    if (st != TP_OK) {
+        tp_store_server_stop(srv);
+        return tp__error_wrap(err_p, st,
+                              "store %s (from PMIx): connect (rank "
+                              "%d)",
+                              adv, rank);
+    }
+    s->s_ops = &tp__store_tcp_ops;
+    return TP_OK;
+}
+
 static tp_status
 store_open_env(tp_store *s, int *rank, int *world, uint64_t deadline_ns,
                tp_error **err_p)
@@ -151,13 +201,36 @@ store_open_env(tp_store *s, int *rank, int *world, uint64_t deadline_ns,
             *world = w;
         }
     }
-    const char *host = getenv("MASTER_ADDR");
-    const char *port = getenv("MASTER_PORT");
-    if (host == NULL || *host == '\0' || port == NULL || *port == '\0') {
+    // MASTER_ADDR/MASTER_PORT, else what the launcher tells: Slurm's node
+    // list and job id, or rank 0's address through PMIx.
+    char host[TP_SOCKADDR_STRLEN + 1] = "", port[16] = "";
+    const char *eh = getenv("MASTER_ADDR"), *ep = getenv("MASTER_PORT");
+    if (eh != NULL && *eh != '\0') {
+        snprintf(host, sizeof(host), "%s", eh);
+    }
+    if (ep != NULL && *ep != '\0') {
+        snprintf(port, sizeof(port), "%s", ep);
+    }
+    if (host[0] == '\0' || port[0] == '\0') {
+        bool slurm = false;
+        tp_status st = tp__slurm_master(host, sizeof(host), port, sizeof(port),
+                                        &slurm, err_p);
+        if (st != TP_OK) {
+            return st;
+        }
+        if (!slurm && host[0] == '\0' && tp__pmix_present()) {
+            return store_open_pmix(s, *rank, deadline_ns, err_p);
+        }
+    }
+    if (host[0] == '\0' || port[0] == '\0') {
         return tp__error_set(err_p, TP_EINVAL,
                              "env://: MASTER_ADDR and MASTER_PORT must be "
-                             "set (MASTER_ADDR=%s, MASTER_PORT=%s)",
-                             host ? host : "(unset)", port ? port : "(unset)");
+                             "set (MASTER_ADDR=%s, MASTER_PORT=%s), or the "
+                             "job started by Slurm (SLURM_JOB_NODELIST and "
+                             "SLURM_JOB_ID)%s",
+                             eh ? eh : "(unset)", ep ? ep : "(unset)",
+                             TP_HAVE_PMIX ? " or a PMIx launcher (mpirun)"
+                                          : "");
     }
     char url[TP_SOCKADDR_STRLEN + 300];
     bool v6 = strchr(host, ':') != NULL && host[0] != '[';
