@@ -1,15 +1,25 @@
 // SPDX-License-Identifier: Apache-2.0
-// run.c - `tpipe run -n N [--] PROGRAM ARGS...`: a single-node launcher.
+// run.c - `tpipe run -n N [--] PROGRAM ARGS...`: the launcher of one node.
 // Starts N processes with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
-// MASTER_ADDR and MASTER_PORT set, re-emits their output line by line with
-// a "[rank] " prefix, and when one fails stops the others (SIGTERM, then
-// SIGKILL after a grace period) and exits with the failing status.
+// NODE_RANK, MASTER_ADDR and MASTER_PORT set (RANK = node rank x N + local
+// rank with --nnodes), re-emits their output line by line with a "[rank] "
+// prefix (and into --log-dir), and when one fails says which and how, stops
+// the others (SIGTERM, then SIGKILL after a grace period) and exits with the
+// failing status.
+//
+// Signals and fork: every signal is blocked across fork(), so a child can
+// never run the launcher's handler (a SIGTERM sent before the child reset
+// its dispositions would otherwise be swallowed by that handler and the
+// rank would live on until SIGKILL). The child restores the default
+// dispositions, then unblocks: a signal that arrived in between is
+// delivered then, with its default action.
 
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +27,7 @@
 #include <sys/random.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -26,6 +37,7 @@
 #include "tp_config.h"
 
 #define RUN_MAX_RANKS    1024
+#define RUN_MAX_NODES    65536
 #define RUN_EXIT_NOEXEC  127
 #define RUN_EXIT_TIMEOUT 124
 // A line longer than this is emitted in pieces (only the first prefixed).
@@ -43,11 +55,14 @@ typedef struct run_stream {
     size_t rs_len;   // bytes pending
     size_t rs_cap;   // capacity of rs_buf
     bool rs_midline; // a piece of an over-long line was already emitted
+    bool rs_show;    // re-emitted on the launcher's stdout/stderr
+    int rs_log;      // the rank's --log-dir file (shared by both), or -1
 } run_stream;
 
 typedef struct run_rank {
     pid_t rr_pid; // 0 once reaped
     run_stream rr_s[2];
+    int rr_log; // --log-dir file, -1 if none
 } run_rank;
 
 static volatile sig_atomic_t run_got_signal;
@@ -81,17 +96,33 @@ run_usage(FILE *f)
     fputs("usage: tpipe run -n N [options] [--] PROGRAM [ARGS...]\n"
           "  Starts N local processes of PROGRAM with RANK, WORLD_SIZE, "
           "LOCAL_RANK,\n"
-          "  LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT set; prefixes "
-          "each line of\n"
-          "  their stdout/stderr with \"[rank] \". When one exits non-zero "
-          "or is killed,\n"
-          "  the others get SIGTERM, then SIGKILL after the grace period; "
-          "the exit\n"
-          "  status is the first failing rank's (128+signal for a "
-          "signal).\n"
-          "  -n N                number of processes, 1..1024\n"
-          "  --master-addr A     MASTER_ADDR (default 127.0.0.1)\n"
-          "  --master-port P     MASTER_PORT (default: a free port on A)\n"
+          "  LOCAL_WORLD_SIZE, NODE_RANK, MASTER_ADDR and MASTER_PORT set; "
+          "prefixes\n"
+          "  each line of their stdout/stderr with \"[rank] \". When one "
+          "exits non-zero\n"
+          "  or is killed, it says which and how, the others get SIGTERM, "
+          "then SIGKILL\n"
+          "  after the grace period; the exit status is the first failing "
+          "rank's\n"
+          "  (128+signal for a signal).\n"
+          "  -n N, --nproc N     processes on this node, 1..1024\n"
+          "  --nnodes M          nodes of the job (default 1); each runs its "
+          "own\n"
+          "                      tpipe run; WORLD_SIZE = M x N\n"
+          "  --node-rank R       this node, 0..M-1 (required with --nnodes);\n"
+          "                      RANK = R x N + LOCAL_RANK\n"
+          "  --master-addr A     MASTER_ADDR (default 127.0.0.1; required "
+          "with\n"
+          "                      --nnodes)\n"
+          "  --master-port P     MASTER_PORT (default: a free port on A; "
+          "required\n"
+          "                      with --nnodes)\n"
+          "  --rdzv-endpoint A:P both of the above at once\n"
+          "  --log-dir DIR       also write each rank's output to "
+          "DIR/rank-RANK.log\n"
+          "  --output-ranks L    re-emit only these ranks' output (\"0,2-3\", "
+          "\"none\";\n"
+          "                      default all)\n"
           "  --grace SECONDS     SIGTERM-to-SIGKILL delay (default 5)\n"
           "  --timeout SECONDS   stop the whole job after this long, exit "
           "124\n"
@@ -102,27 +133,43 @@ run_usage(FILE *f)
           "their\n"
           "                      connections, unless TP_JOB_TOKEN or\n"
           "                      TP_JOB_TOKEN_FILE is already set: "
-          "docs/security.md)\n",
+          "docs/security.md;\n"
+          "                      with --nnodes set one yourself, the same "
+          "on every\n"
+          "                      node)\n",
           f);
 }
 
 // Gives the ranks a job secret: a fresh random TP_JOB_TOKEN (64 hex
 // digits), unless the user set TP_JOB_TOKEN or TP_JOB_TOKEN_FILE (several
-// launchers sharing one secret). Never printed. False after reporting.
-static bool
-run_job_token(bool none)
+// launchers sharing one secret). Never printed. With @nnodes > 1 the
+// launchers of the other nodes could not know a fresh one, so the user
+// must give it. Returns TOOL_EXIT_OK, or the exit status after reporting.
+static int
+run_job_token(bool none, uint64_t nnodes)
 {
     if (none) {
         unsetenv("TP_JOB_TOKEN");
         unsetenv("TP_JOB_TOKEN_FILE");
-        return true;
+        return TOOL_EXIT_OK;
     }
     if (getenv("TP_JOB_TOKEN") != NULL || getenv("TP_JOB_TOKEN_FILE") != NULL) {
-        return true;
+        return TOOL_EXIT_OK;
     }
 #if !TP_HAVE_CRYPTO
-    return true; // the library could not check one: run without
-#endif
+    (void)nnodes;
+    return TOOL_EXIT_OK; // the library could not check one: run without
+#else
+    if (nnodes > 1) {
+        tool_err("run: --nnodes %llu: the nodes must share one job secret, "
+                 "and a fresh one made here would be unknown to the others: "
+                 "set TP_JOB_TOKEN (or TP_JOB_TOKEN_FILE) to the same value "
+                 "on every node (e.g. TP_JOB_TOKEN=$(openssl rand -hex 32)), "
+                 "or pass --no-job-token to run without one "
+                 "(docs/security.md)",
+                 (unsigned long long)nnodes);
+        return TOOL_EXIT_USAGE;
+    }
     unsigned char rnd[32];
     size_t got = 0;
     while (got < sizeof(rnd)) {
@@ -132,7 +179,7 @@ run_job_token(bool none)
         }
         if (r < 0) {
             tool_err("run: getrandom for the job secret: %s", strerror(errno));
-            return false;
+            return TOOL_EXIT_FAIL;
         }
         got += (size_t)r;
     }
@@ -141,7 +188,8 @@ run_job_token(bool none)
         snprintf(hex + 2 * k, 3, "%02x", rnd[k]);
     }
     setenv("TP_JOB_TOKEN", hex, 1);
-    return true;
+    return TOOL_EXIT_OK;
+#endif
 }
 
 // Finds a free tcp port by binding port 0 on @addr. Returns the port, or
@@ -213,21 +261,33 @@ run_write_all(int fd, struct iovec *iov, int n)
     }
 }
 
-// Emits @len bytes of @p (one line's content, or a piece of one) with the
-// rank prefix unless continuing a line; @nl appends a newline.
+// Emits @len bytes of @p (one line's content, or a piece of one): on the
+// launcher's stdout/stderr with the rank prefix unless continuing a line
+// (when the rank is shown), and bare into the rank's log file (if any);
+// @nl appends a newline.
 static void
 run_emit(run_stream *s, const char *prefix, const char *p, size_t len, bool nl)
 {
     struct iovec iov[3];
     int n = 0;
-    if (!s->rs_midline) {
-        iov[n++] = (struct iovec){(void *)prefix, strlen(prefix)};
+    if (s->rs_show) {
+        if (!s->rs_midline) {
+            iov[n++] = (struct iovec){(void *)prefix, strlen(prefix)};
+        }
+        iov[n++] = (struct iovec){(void *)p, len};
+        if (nl) {
+            iov[n++] = (struct iovec){"\n", 1};
+        }
+        run_write_all(s->rs_out, iov, n);
     }
-    iov[n++] = (struct iovec){(void *)p, len};
-    if (nl) {
-        iov[n++] = (struct iovec){"\n", 1};
+    if (s->rs_log >= 0) {
+        n = 0;
+        iov[n++] = (struct iovec){(void *)p, len};
+        if (nl) {
+            iov[n++] = (struct iovec){"\n", 1};
+        }
+        run_write_all(s->rs_log, iov, n);
     }
-    run_write_all(s->rs_out, iov, n);
     s->rs_midline = !nl;
 }
 
@@ -299,17 +359,52 @@ run_exit_code(int status)
     return TOOL_EXIT_FAIL;
 }
 
-static void
-run_signal_all(run_rank *r, int n, int sig)
+// "SIGSEGV", or "signal 42" for one without a name; into @buf.
+static const char *
+run_sig_name(int sig, char *buf, size_t len)
 {
-    for (int i = 0; i < n; i++) {
-        if (r[i].rr_pid > 0) {
-            kill(r[i].rr_pid, sig);
-        }
+    const char *abbrev = sigabbrev_np(sig);
+    if (abbrev != NULL) {
+        snprintf(buf, len, "SIG%s", abbrev);
+    } else {
+        snprintf(buf, len, "signal %d", sig);
+    }
+    return buf;
+}
+
+// How a reaped child ended, for the launcher's messages: "exited with code
+// 3", "was killed by signal 11 (SIGSEGV: Segmentation fault)".
+static void
+run_describe(int status, char *buf, size_t len)
+{
+    if (WIFEXITED(status)) {
+        snprintf(buf, len, "exited with code %d", WEXITSTATUS(status));
+    } else if (WIFSIGNALED(status)) {
+        char nm[32];
+        int sig = WTERMSIG(status);
+        snprintf(buf, len, "was killed by signal %d (%s: %s)%s", sig,
+                 run_sig_name(sig, nm, sizeof(nm)), strsignal(sig),
+                 WCOREDUMP(status) ? ", core dumped" : "");
+    } else {
+        snprintf(buf, len, "ended with wait status 0x%x", (unsigned)status);
     }
 }
 
-// The child's side of a fork: environment is already set by the parent.
+// Sends @sig to every running rank; returns how many got it.
+static int
+run_signal_all(run_rank *r, int n, int sig)
+{
+    int sent = 0;
+    for (int i = 0; i < n; i++) {
+        if (r[i].rr_pid > 0 && kill(r[i].rr_pid, sig) == 0) {
+            sent++;
+        }
+    }
+    return sent;
+}
+
+// The child's side of a fork, entered with every signal blocked (see the
+// top of the file); the environment is already set by the parent.
 static void
 run_child(pid_t parent, int out_w, int err_w, char **prog,
           const struct rlimit *nofile)
@@ -318,10 +413,14 @@ run_child(pid_t parent, int out_w, int err_w, char **prog,
     if (getppid() != parent) {
         _exit(TOOL_EXIT_FAIL); // the launcher already died
     }
-    signal(SIGPIPE, SIG_DFL);
-    signal(SIGINT, SIG_DFL);
-    signal(SIGTERM, SIG_DFL);
-    signal(SIGCHLD, SIG_DFL);
+    // Default dispositions first, then unblock: a SIGTERM sent since the
+    // fork is pending and now kills the child, as it should.
+    static const int caught[] = {SIGPIPE, SIGINT, SIGTERM, SIGCHLD};
+    struct sigaction dfl = {.sa_handler = SIG_DFL};
+    sigemptyset(&dfl.sa_mask);
+    for (size_t k = 0; k < sizeof(caught) / sizeof(caught[0]); k++) {
+        sigaction(caught[k], &dfl, NULL);
+    }
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
@@ -351,11 +450,142 @@ run_parse_seconds(const char *opt, const char *v, double *out)
     return true;
 }
 
+// Parses --output-ranks: "all", "none", or a comma list of ranks and
+// ranges ("0,2-3") of the job's global ranks (< @world). Marks this node's
+// ranks (@first .. @first+@n-1) in @show. False after reporting.
+static bool
+run_parse_output_ranks(const char *v, uint64_t world, uint64_t first, int n,
+                       bool *show)
+{
+    bool all = strcmp(v, "all") == 0;
+    for (int k = 0; k < n; k++) {
+        show[k] = all;
+    }
+    if (all || strcmp(v, "none") == 0) {
+        return true;
+    }
+    const char *p = v;
+    for (;;) {
+        char *end = NULL;
+        if (*p < '0' || *p > '9') {
+            goto bad;
+        }
+        errno = 0;
+        unsigned long long lo = strtoull(p, &end, 10), hi = lo;
+        if (errno != 0) {
+            goto bad;
+        }
+        p = end;
+        if (*p == '-') {
+            p++;
+            if (*p < '0' || *p > '9') {
+                goto bad;
+            }
+            hi = strtoull(p, &end, 10);
+            if (errno != 0 || hi < lo) {
+                goto bad;
+            }
+            p = end;
+        }
+        if (hi >= world) {
+            tool_err("run: --output-ranks \"%s\": rank %llu is not below the "
+                     "world size %llu",
+                     v, hi, (unsigned long long)world);
+            return false;
+        }
+        for (unsigned long long r = lo; r <= hi; r++) {
+            if (r >= first && r < first + (uint64_t)n) {
+                show[r - first] = true;
+            }
+        }
+        if (*p == '\0') {
+            return true;
+        }
+        if (*p != ',') {
+            goto bad;
+        }
+        p++;
+    }
+bad:
+    tool_err("run: --output-ranks needs \"all\", \"none\" or a list of ranks "
+             "and ranges such as \"0,2-3\", not \"%s\"",
+             v);
+    return false;
+}
+
+// Splits --rdzv-endpoint "HOST:PORT" or "[V6]:PORT" into @host (storage
+// in @buf) and @port_p. False after reporting.
+static bool
+run_parse_endpoint(const char *v, char *buf, size_t len, const char **host_p,
+                   const char **port_p)
+{
+    const char *colon = NULL;
+    if (v[0] == '[') {
+        const char *rb = strchr(v, ']');
+        if (rb != NULL && rb[1] == ':') {
+            colon = rb + 1;
+        }
+    } else {
+        colon = strchr(v, ':');
+        if (colon != NULL && strchr(colon + 1, ':') != NULL) {
+            colon = NULL; // a bare IPv6 address: needs brackets
+        }
+    }
+    if (colon == NULL || colon == v || colon[1] == '\0' ||
+        (size_t)(colon - v) >= len) {
+        tool_err("run: --rdzv-endpoint needs HOST:PORT (or [IPV6]:PORT), not "
+                 "\"%s\"",
+                 v);
+        return false;
+    }
+    size_t hl = (size_t)(colon - v);
+    if (v[0] == '[') {
+        memcpy(buf, v + 1, hl - 2); // without the brackets
+        buf[hl - 2] = '\0';
+    } else {
+        memcpy(buf, v, hl);
+        buf[hl] = '\0';
+    }
+    *host_p = buf;
+    *port_p = colon + 1;
+    return true;
+}
+
+// Opens DIR/rank-RANK.log for each rank of this node (creating DIR, not
+// its parents). False after reporting.
+static bool
+run_open_logs(const char *dir, run_rank *ranks, int n, uint64_t first)
+{
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+        tool_err("run: --log-dir %s: mkdir: %s", dir, strerror(errno));
+        return false;
+    }
+    for (int k = 0; k < n; k++) {
+        char path[4096];
+        int pl = snprintf(path, sizeof(path), "%s/rank-%llu.log", dir,
+                          (unsigned long long)(first + (uint64_t)k));
+        if (pl < 0 || (size_t)pl >= sizeof(path)) {
+            tool_err("run: --log-dir %s: path too long", dir);
+            return false;
+        }
+        ranks[k].rr_log =
+            open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (ranks[k].rr_log < 0) {
+            tool_err("run: --log-dir: cannot open %s: %s", path,
+                     strerror(errno));
+            return false;
+        }
+    }
+    return true;
+}
+
 int
 tool_run_main(int argc, char **argv)
 {
-    const char *n_s = NULL, *addr = "127.0.0.1", *port_s = NULL;
-    const char *grace_s = NULL, *timeout_s = NULL;
+    const char *n_s = NULL, *addr = NULL, *port_s = NULL;
+    const char *grace_s = NULL, *timeout_s = NULL, *nnodes_s = NULL;
+    const char *node_rank_s = NULL, *rdzv_s = NULL, *log_dir = NULL;
+    const char *out_ranks_s = NULL;
     bool bad = false, no_token = false;
     int i = 1;
     for (; i < argc && !bad; i++) {
@@ -378,8 +608,15 @@ tool_run_main(int argc, char **argv)
         }
         if (tool_opt_value(argc, argv, &i, "-n", &n_s, &bad) ||
             tool_opt_value(argc, argv, &i, "--nproc", &n_s, &bad) ||
+            tool_opt_value(argc, argv, &i, "--nproc-per-node", &n_s, &bad) ||
+            tool_opt_value(argc, argv, &i, "--nnodes", &nnodes_s, &bad) ||
+            tool_opt_value(argc, argv, &i, "--node-rank", &node_rank_s, &bad) ||
             tool_opt_value(argc, argv, &i, "--master-addr", &addr, &bad) ||
             tool_opt_value(argc, argv, &i, "--master-port", &port_s, &bad) ||
+            tool_opt_value(argc, argv, &i, "--rdzv-endpoint", &rdzv_s, &bad) ||
+            tool_opt_value(argc, argv, &i, "--log-dir", &log_dir, &bad) ||
+            tool_opt_value(argc, argv, &i, "--output-ranks", &out_ranks_s,
+                           &bad) ||
             tool_opt_value(argc, argv, &i, "--grace", &grace_s, &bad) ||
             tool_opt_value(argc, argv, &i, "--timeout", &timeout_s, &bad)) {
             continue;
@@ -407,6 +644,43 @@ tool_run_main(int argc, char **argv)
         tool_err("run: no program to run (try tpipe run --help)");
         return TOOL_EXIT_USAGE;
     }
+    uint64_t nnodes = 1, node_rank = 0;
+    if (nnodes_s != NULL && (!tool_parse_u64(nnodes_s, &nnodes) || nnodes < 1 ||
+                             nnodes > RUN_MAX_NODES)) {
+        tool_err("run: --nnodes must be between 1 and %d, not \"%s\"",
+                 RUN_MAX_NODES, nnodes_s);
+        return TOOL_EXIT_USAGE;
+    }
+    if (node_rank_s != NULL &&
+        (!tool_parse_u64(node_rank_s, &node_rank) || node_rank >= nnodes)) {
+        tool_err("run: --node-rank must be between 0 and %llu (--nnodes "
+                 "%llu), not \"%s\"",
+                 (unsigned long long)(nnodes - 1), (unsigned long long)nnodes,
+                 node_rank_s);
+        return TOOL_EXIT_USAGE;
+    }
+    char rdzv_host[256];
+    if (rdzv_s != NULL) {
+        if (addr != NULL || port_s != NULL) {
+            tool_err("run: --rdzv-endpoint names the master address and "
+                     "port: give it or --master-addr/--master-port, not both");
+            return TOOL_EXIT_USAGE;
+        }
+        if (!run_parse_endpoint(rdzv_s, rdzv_host, sizeof(rdzv_host), &addr,
+                                &port_s)) {
+            return TOOL_EXIT_USAGE;
+        }
+    }
+    if (nnodes > 1 && (node_rank_s == NULL || addr == NULL || port_s == NULL)) {
+        tool_err("run: --nnodes %llu needs --node-rank and the address every "
+                 "node can reach rank 0's store at: --master-addr and "
+                 "--master-port (or --rdzv-endpoint HOST:PORT)",
+                 (unsigned long long)nnodes);
+        return TOOL_EXIT_USAGE;
+    }
+    if (addr == NULL) {
+        addr = "127.0.0.1";
+    }
     if (addr[0] == '\0') {
         tool_err("run: --master-addr needs an address");
         return TOOL_EXIT_USAGE;
@@ -427,18 +701,26 @@ tool_run_main(int argc, char **argv)
         tool_err("run: --timeout must be positive");
         return TOOL_EXIT_USAGE;
     }
-    if (!run_job_token(no_token)) {
-        return TOOL_EXIT_FAIL;
-    }
     int n = (int)n64;
+    uint64_t world = nnodes * n64;
+    uint64_t first = node_rank * n64; // RANK of local rank 0
+    bool show[RUN_MAX_RANKS];
+    if (!run_parse_output_ranks(out_ranks_s ? out_ranks_s : "all", world, first,
+                                n, show)) {
+        return TOOL_EXIT_USAGE;
+    }
+    int trc = run_job_token(no_token, nnodes);
+    if (trc != TOOL_EXIT_OK) {
+        return trc;
+    }
     char **prog = argv + i;
     uint64_t grace_ms = (uint64_t)(grace * 1000);
 
-    // Two pipes per rank: make room for them.
+    // Two pipes per rank, and a log file: make room for them.
     struct rlimit nofile_orig, nofile;
     getrlimit(RLIMIT_NOFILE, &nofile_orig);
     nofile = nofile_orig;
-    rlim_t need = (rlim_t)(4 * n + 64);
+    rlim_t need = (rlim_t)(5 * n + 64);
     if (nofile.rlim_cur != RLIM_INFINITY && nofile.rlim_cur < need) {
         nofile.rlim_cur =
             nofile.rlim_max == RLIM_INFINITY || nofile.rlim_max > need
@@ -462,7 +744,7 @@ tool_run_main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
 
     run_rank *ranks = calloc((size_t)n, sizeof(*ranks));
-    char(*prefix)[16] = calloc((size_t)n, sizeof(*prefix));
+    char(*prefix)[24] = calloc((size_t)n, sizeof(*prefix));
     struct pollfd *pfd = calloc((size_t)(2 * n + 1), sizeof(*pfd));
     run_stream **pfd_s = calloc((size_t)(2 * n + 1), sizeof(*pfd_s));
     int *pfd_rank = calloc((size_t)(2 * n + 1), sizeof(*pfd_rank));
@@ -471,6 +753,14 @@ tool_run_main(int argc, char **argv)
     if (ranks == NULL || prefix == NULL || pfd == NULL || pfd_s == NULL ||
         pfd_rank == NULL) {
         tool_err("run: out of memory");
+        goto out;
+    }
+    for (int k = 0; k < n; k++) {
+        ranks[k].rr_log = -1;
+        snprintf(prefix[k], sizeof(prefix[k]), "[%llu] ",
+                 (unsigned long long)(first + (uint64_t)k));
+    }
+    if (log_dir != NULL && !run_open_logs(log_dir, ranks, n, first)) {
         goto out;
     }
 
@@ -484,17 +774,26 @@ tool_run_main(int argc, char **argv)
     setenv("MASTER_ADDR", addr, 1);
     snprintf(buf, sizeof(buf), "%u", (unsigned)port);
     setenv("MASTER_PORT", buf, 1);
-    snprintf(buf, sizeof(buf), "%d", n);
+    snprintf(buf, sizeof(buf), "%llu", (unsigned long long)world);
     setenv("WORLD_SIZE", buf, 1);
+    snprintf(buf, sizeof(buf), "%d", n);
     setenv("LOCAL_WORLD_SIZE", buf, 1);
+    snprintf(buf, sizeof(buf), "%llu", (unsigned long long)node_rank);
+    setenv("NODE_RANK", buf, 1);
+    setenv("GROUP_RANK", buf, 1); // torchrun's name for it
+    snprintf(buf, sizeof(buf), "%llu", (unsigned long long)nnodes);
+    setenv("NNODES", buf, 1);
     fflush(stdout);
     fflush(stderr);
     pid_t self = getpid();
+    sigset_t all, old_mask;
+    sigfillset(&all);
     for (; started < n; started++) {
         run_rank *r = &ranks[started];
-        snprintf(prefix[started], sizeof(prefix[started]), "[%d] ", started);
-        snprintf(buf, sizeof(buf), "%d", started);
+        snprintf(buf, sizeof(buf), "%llu",
+                 (unsigned long long)(first + (uint64_t)started));
         setenv("RANK", buf, 1);
+        snprintf(buf, sizeof(buf), "%d", started);
         setenv("LOCAL_RANK", buf, 1);
         int po[2], pe[2];
         if (pipe2(po, O_CLOEXEC) != 0) {
@@ -507,28 +806,36 @@ tool_run_main(int argc, char **argv)
             close(po[1]);
             break;
         }
+        // No handler of ours may run in the child: block everything
+        // across the fork (the child unblocks after resetting them).
+        sigprocmask(SIG_BLOCK, &all, &old_mask);
         pid_t pid = fork();
         if (pid == 0) {
             run_child(self, po[1], pe[1], prog, &nofile_orig);
         }
+        int fork_errno = errno;
+        sigprocmask(SIG_SETMASK, &old_mask, NULL);
         close(po[1]);
         close(pe[1]);
         if (pid < 0) {
-            tool_err("run: fork: %s", strerror(errno));
+            tool_err("run: fork: %s", strerror(fork_errno));
             close(po[0]);
             close(pe[0]);
             break;
         }
         r->rr_pid = pid;
-        r->rr_s[0] = (run_stream){.rs_fd = po[0], .rs_out = 1};
-        r->rr_s[1] = (run_stream){.rs_fd = pe[0], .rs_out = 2};
+        r->rr_s[0] = (run_stream){.rs_fd = po[0],
+                                  .rs_out = 1,
+                                  .rs_show = show[started],
+                                  .rs_log = r->rr_log};
+        r->rr_s[1] = (run_stream){.rs_fd = pe[0],
+                                  .rs_out = 2,
+                                  .rs_show = show[started],
+                                  .rs_log = r->rr_log};
     }
 
     // -1 until the first failure (or launcher signal / timeout) decides it.
     int code = -1;
-    if (started < n) {
-        code = TOOL_EXIT_FAIL;
-    }
     uint64_t now = run_now_ms();
     uint64_t job_deadline = timeout_s ? now + (uint64_t)(timeout * 1000) : 0;
     uint64_t kill_at = 0;  // when to SIGKILL the remaining children
@@ -539,9 +846,20 @@ tool_run_main(int argc, char **argv)
     int handled_signals = 0;
     int launcher_sig = 0;
     int alive = started;
-    if (code != -1) {
+    // Signals this launcher sent to the ranks (bit per signal number), and
+    // how the ranks it stopped ended, for the closing summary.
+    uint64_t sent = 0;
+    int stopped_by[65] = {0};
+    int stopped_exited = 0;
+    char nm[32], how[160];
+    if (started < n) {
+        code = TOOL_EXIT_FAIL;
         stopping = true;
+        tool_err("run: could not start rank %llu; stopping the %d started "
+                 "rank(s)",
+                 (unsigned long long)(first + (uint64_t)started), started);
         run_signal_all(ranks, started, SIGTERM);
+        sent |= UINT64_C(1) << SIGTERM;
         kill_at = now + grace_ms;
     }
     for (;;) {
@@ -555,12 +873,19 @@ tool_run_main(int argc, char **argv)
                 launcher_sig = sig;
             }
             if (handled_signals == 1) {
+                tool_err("run: got %s: passing it to the %d running rank(s) "
+                         "(SIGKILL after %s s; %s again kills them now)",
+                         run_sig_name(sig, nm, sizeof(nm)), alive,
+                         grace_s ? grace_s : "5", nm);
                 run_signal_all(ranks, started, sig);
+                sent |= UINT64_C(1) << sig;
                 if (!stopping) {
                     stopping = true;
                     kill_at = now + grace_ms;
                 }
             } else if (!killed) {
+                tool_err("run: got %s again: killing the %d running rank(s)",
+                         run_sig_name(sig, nm, sizeof(nm)), alive);
                 kill_at = now;
             }
         }
@@ -574,28 +899,65 @@ tool_run_main(int argc, char **argv)
             r->rr_pid = 0;
             alive--;
             int c = run_exit_code(st);
+            unsigned long long gr = (unsigned long long)(first + (uint64_t)k);
             if (c != 0 && code == -1) {
                 code = c;
             }
             if (c != 0 && !stopping) {
+                // The first failure: say which rank and how, and whom it
+                // stops.
+                run_describe(st, how, sizeof(how));
+                if (alive > 0) {
+                    tool_err("run: rank %llu %s; stopping the %d other "
+                             "running rank(s) (SIGTERM, SIGKILL after %s s)",
+                             gr, how, alive, grace_s ? grace_s : "5");
+                } else {
+                    tool_err("run: rank %llu %s", gr, how);
+                }
                 stopping = true;
                 run_signal_all(ranks, started, SIGTERM);
+                sent |= UINT64_C(1) << SIGTERM;
                 kill_at = now + grace_ms;
+            } else if (stopping) {
+                int ts = WIFSIGNALED(st) ? WTERMSIG(st) : 0;
+                if (ts > 0 && ts < 64 && (sent & (UINT64_C(1) << ts))) {
+                    stopped_by[ts]++; // as asked: in the summary
+                } else if (ts > 0) {
+                    // A signal of its own while stopping: never silent.
+                    run_describe(st, how, sizeof(how));
+                    tool_err("run: rank %llu %s", gr, how);
+                } else {
+                    stopped_exited++;
+                }
+            } else if (WIFSIGNALED(st)) {
+                // Only reachable for a signal death that did not fail the
+                // job (none today); kept so that no signal death is silent.
+                run_describe(st, how, sizeof(how));
+                tool_err("run: rank %llu %s", gr, how);
             }
         }
         if (job_deadline != 0 && now >= job_deadline && !stopping &&
             alive > 0) {
-            tool_err("run: timed out after %s s; stopping the job", timeout_s);
+            tool_err("run: timed out after %s s; stopping the %d running "
+                     "rank(s)",
+                     timeout_s, alive);
             if (code == -1) {
                 code = RUN_EXIT_TIMEOUT;
             }
             stopping = true;
             run_signal_all(ranks, started, SIGTERM);
+            sent |= UINT64_C(1) << SIGTERM;
             kill_at = now + grace_ms;
         }
         if (stopping && !killed && alive > 0 && now >= kill_at) {
             killed = true;
+            if (handled_signals < 2) {
+                tool_err("run: %d rank(s) still running after the %s s "
+                         "grace: sending SIGKILL",
+                         alive, grace_s ? grace_s : "5");
+            }
             run_signal_all(ranks, started, SIGKILL);
+            sent |= UINT64_C(1) << SIGKILL;
             give_up = now + RUN_FINAL_MS;
         }
         if (alive == 0 && !drained) {
@@ -665,6 +1027,25 @@ tool_run_main(int argc, char **argv)
             }
         }
     }
+    // How the ranks this launcher stopped ended: one line.
+    int nstopped = stopped_exited;
+    char sum[512];
+    size_t sl = 0;
+    for (int sg = 1; sg < 65; sg++) {
+        if (stopped_by[sg] > 0 && sl < sizeof(sum)) {
+            nstopped += stopped_by[sg];
+            sl += (size_t)snprintf(sum + sl, sizeof(sum) - sl, "%s%d by %s",
+                                   sl ? ", " : "", stopped_by[sg],
+                                   run_sig_name(sg, nm, sizeof(nm)));
+        }
+    }
+    if (stopped_exited > 0 && sl < sizeof(sum)) {
+        snprintf(sum + sl, sizeof(sum) - sl, "%s%d exited on their own",
+                 sl ? ", " : "", stopped_exited);
+    }
+    if (nstopped > 0) {
+        tool_err("run: %d rank(s) stopped: %s", nstopped, sum);
+    }
     if (code == -1) {
         code = launcher_sig != 0 ? 128 + launcher_sig : TOOL_EXIT_OK;
     }
@@ -676,6 +1057,11 @@ out:
             for (int j = 0; j < 2; j++) {
                 run_close_stream(&ranks[k].rr_s[j], prefix[k]);
                 free(ranks[k].rr_s[j].rs_buf);
+            }
+        }
+        for (int k = 0; k < n; k++) {
+            if (ranks[k].rr_log >= 0) {
+                close(ranks[k].rr_log);
             }
         }
     }

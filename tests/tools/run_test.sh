@@ -59,12 +59,26 @@ elapsed=$(( $(date +%s) - start ))
 st=0
 "$TPIPE" run -n 2 --grace 1 sh -c '[ "$RANK" = 0 ] && kill -9 $$; exec sleep 30' >"$out/k" 2>&1 || st=$?
 [ "$st" = 137 ] || fail "SIGKILLed rank: exit $st, want 137"
+# Never silent: which rank, the signal's name, how many others are stopped.
+grep -q '^tpipe: run: rank 0 was killed by signal 9 (SIGKILL: Killed); stopping the 1 other running rank(s)' "$out/k" \
+    || fail "SIGKILLed rank: no failure summary"
+grep -q '^tpipe: run: 1 rank(s) stopped: 1 by SIGTERM$' "$out/k" || fail "SIGKILLed rank: no stop summary"
+# A rank that dies of a signal of its own while the others are stopped is
+# named too.
+st=0
+# Rank 0 fails once rank 1's trap is set (it waits 10 s at most).
+rdy="$out/ready"
+RDY=$rdy "$TPIPE" run -n 2 --grace 5 sh -c 'if [ "$RANK" = 0 ]; then i=0; while [ ! -f "$RDY" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done; exit 2; fi; trap "kill -SEGV \$\$" TERM; : >"$RDY"; while :; do sleep 0.1; done' >"$out/k2" 2>&1 || st=$?
+rm -f "$rdy"
+[ "$st" = 2 ] || fail "SEGV while stopping: exit $st, want 2"
+grep -q '^tpipe: run: rank 1 was killed by signal 11 (SIGSEGV' "$out/k2" || fail "SEGV while stopping: not reported"
 
 # 4. A missing program: 127 and the message, through the prefixed stderr.
 st=0
 "$TPIPE" run -n 2 /nonexistent/tpipe-no-such-prog >"$out/m" 2>&1 || st=$?
 [ "$st" = 127 ] || fail "missing program: exit $st, want 127"
-grep -q '^\[0\] tpipe: run: cannot execute "/nonexistent/tpipe-no-such-prog": No such file or directory$' "$out/m" \
+# (The first rank to fail stops the other, which may not get to say it.)
+grep -q '^\[[01]\] tpipe: run: cannot execute "/nonexistent/tpipe-no-such-prog": No such file or directory$' "$out/m" \
     || fail "missing program message"
 
 # 5. Usage errors: 2.
