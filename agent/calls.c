@@ -679,6 +679,11 @@ tp_future *
 tp_rpc_async(tp_agent *a, const char *to, const char *fn_name,
              const tp_args *in, int64_t timeout_ms)
 {
+    if (a == NULL || to == NULL) {
+        return future_failed(tp__error_new(
+            TP_EINVAL, 0, NULL, "rpc \"%s\": %s", fn_name ? fn_name : "",
+            a == NULL ? "NULL agent" : "NULL worker name"));
+    }
     ag_peer *p = ag_peer_by_name(a, to);
     if (p == NULL) {
         return future_failed(tp__error_new(
@@ -693,6 +698,11 @@ tp_future *
 tp_rpc_async_rank(tp_agent *a, int to, const char *fn_name, const tp_args *in,
                   int64_t timeout_ms)
 {
+    if (a == NULL) {
+        return future_failed(tp__error_new(TP_EINVAL, 0, NULL,
+                                           "rpc \"%s\": NULL agent",
+                                           fn_name ? fn_name : ""));
+    }
     if (to < 0 || to >= a->a_world) {
         return future_failed(tp__error_new(
             TP_ENOENT, 0, NULL,
@@ -715,7 +725,9 @@ tp_rpc_wait(tp_future *f, int64_t timeout_ms, tp_args **out_p, tp_error **err_p)
         *out_p = NULL;
     }
     if (f == NULL) {
-        return tp__error_set(err_p, TP_ENOMEM, "rpc: no future");
+        return tp__error_set(err_p, TP_EINVAL,
+                             "rpc: no future (NULL, or the call could not "
+                             "allocate one)");
     }
     // Spin briefly: a reply within microseconds should not pay for a
     // sleep and a wake-up. TP_LOOP_SPIN_US bounds it, as for the loops.
@@ -748,6 +760,9 @@ tp__agent_wait(tp_agent *a, tp_future *f, int64_t timeout_ms, tp_args **out_p,
 {
     // The call ends by itself at its deadline (the timer thread); the
     // wait's own deadline is only a backstop.
+    if (a == NULL) {
+        return tp_rpc_wait(f, timeout_ms, out_p, err_p); // its error
+    }
     int64_t t = agent_timeout(a, timeout_ms);
     int64_t wait_ms =
         t > 0 && t < INT64_MAX - AG_SYNC_GRACE_MS ? t + AG_SYNC_GRACE_MS : 0;

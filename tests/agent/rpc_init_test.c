@@ -127,6 +127,33 @@ test_register(void)
 }
 
 // Bad names, ranks and init methods fail at once with TP_EINVAL.
+// Public calls given a NULL agent or future fail with TP_EINVAL and a
+// message instead of crashing.
+static void
+test_null_handles(void)
+{
+    tp_args *out = NULL;
+    tp_error *err = NULL;
+    TP_CHECK_EQ(tp_rpc_sync(NULL, "bravo", "tp.noop", NULL, 100, &out, &err),
+                TP_EINVAL);
+    TP_CHECK_STR_CONTAINS(tp_error_message(err), "NULL agent");
+    TP_CHECK(out == NULL);
+    tp_error_unref(err);
+    err = NULL;
+    TP_CHECK_EQ(tp_rpc_sync_rank(NULL, 1, "tp.noop", NULL, 100, &out, &err),
+                TP_EINVAL);
+    tp_error_unref(err);
+    err = NULL;
+    tp_future *f = tp_rpc_async(NULL, "bravo", "tp.noop", NULL, 100);
+    TP_CHECK(f != NULL);
+    TP_CHECK_EQ(tp_rpc_wait(f, 1000, &out, &err), TP_EINVAL);
+    tp_error_unref(err);
+    err = NULL;
+    tp_future_unref(f);
+    TP_CHECK_EQ(tp_rpc_wait(NULL, 1000, &out, &err), TP_EINVAL);
+    tp_error_unref(err);
+}
+
 static void
 test_bad_init(void)
 {
@@ -419,6 +446,7 @@ static const tp_test_case cases[] = {
     TP_TEST_CASE(test_options),
     TP_TEST_CASE(test_register),
     TP_TEST_CASE(test_bad_init),
+    TP_TEST_CASE(test_null_handles),
     TP_TEST_CASE(test_world_of_one),
     TP_TEST_CASE_T(test_init_tcp_2, 60),
     TP_TEST_CASE_T(test_init_tcp_4, 60),
