@@ -21,19 +21,6 @@ tp__channel_registry(size_t *n_p)
     return channel_registry;
 }
 
-const tp_channel_ops *
-tp__channel_find(const char *name)
-{
-    size_t n;
-    const tp_channel_ops *const *r = tp__channel_registry(&n);
-    for (size_t i = 0; i < n; i++) {
-        if (strcmp(r[i]->name, name) == 0) {
-            return r[i];
-        }
-    }
-    return NULL;
-}
-
 static void
 chan_op_fail_task(void *arg)
 {

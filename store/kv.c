@@ -66,8 +66,9 @@ kv_notify(tp__kv *kv, const char *key)
     }
 }
 
-uint8_t *
-tp__kv_dup(const void *v, size_t len)
+// A malloc'ed copy of @len bytes + NUL; NULL on OOM.
+static uint8_t *
+kv_dup(const void *v, size_t len)
 {
     uint8_t *p = tp__alloc(len + 1);
     if (p == NULL) {
@@ -80,8 +81,9 @@ tp__kv_dup(const void *v, size_t len)
     return p;
 }
 
-bool
-tp__kv_parse_i64(const uint8_t *v, size_t len, int64_t *out_p)
+// Parses a decimal int64 of @len bytes; false if it is not one.
+static bool
+kv_parse_i64(const uint8_t *v, size_t len, int64_t *out_p)
 {
     char buf[32];
     if (len == 0 || len >= sizeof(buf)) {
@@ -127,7 +129,7 @@ kv_put_locked(tp__kv *kv, const char *key, const void *val, size_t len,
                              len, key, (unsigned long long)after,
                              (unsigned long long)kv->kv_max_bytes);
     }
-    uint8_t *v = tp__kv_dup(val, len);
+    uint8_t *v = kv_dup(val, len);
     if (v == NULL) {
         return tp__error_set(err_p, TP_ENOMEM, "out of memory");
     }
@@ -202,7 +204,7 @@ tp__kv_get(tp__kv *kv, const char *key, uint64_t deadline_ns, uint8_t **val_p,
             goto out;
         }
     }
-    uint8_t *v = tp__kv_dup(e->e_val, e->e_len);
+    uint8_t *v = kv_dup(e->e_val, e->e_len);
     if (v == NULL) {
         st = tp__error_set(err_p, TP_ENOMEM, "out of memory");
         goto out;
@@ -226,7 +228,7 @@ tp__kv_add(tp__kv *kv, const char *key, int64_t delta, int64_t *value_p,
     }
     int64_t cur = 0;
     tp__kv_entry *e = kv_find_locked(kv, key);
-    if (e != NULL && !tp__kv_parse_i64(e->e_val, e->e_len, &cur)) {
+    if (e != NULL && !kv_parse_i64(e->e_val, e->e_len, &cur)) {
         st = tp__error_set(err_p, TP_EINVAL, "value is not a decimal integer");
         goto out;
     }
@@ -330,7 +332,7 @@ tp__kv_compare_set(tp__kv *kv, const char *key, const void *exp, size_t elen,
         res = e->e_val;
         rlen = e->e_len;
     }
-    uint8_t *v = tp__kv_dup(res, rlen);
+    uint8_t *v = kv_dup(res, rlen);
     if (v == NULL) {
         st = tp__error_set(err_p, TP_ENOMEM, "out of memory");
         goto out;

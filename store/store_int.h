@@ -73,12 +73,6 @@ tp_status tp__kv_append(tp__kv *kv, const char *key, const void *val,
 bool tp__kv_check(tp__kv *kv, const char *const *keys, size_t n);
 int64_t tp__kv_num_keys(tp__kv *kv);
 
-// Shared helpers of the engine and the file backend.
-// Parses a decimal int64 of @len bytes; false if it is not one.
-bool tp__kv_parse_i64(const uint8_t *v, size_t len, int64_t *out_p);
-// A malloc'ed copy of @len bytes + NUL; NULL on OOM.
-uint8_t *tp__kv_dup(const void *v, size_t len);
-
 // ---- backends ----
 
 typedef struct tp__store_ops {

@@ -269,8 +269,7 @@ tool_cpu_ns(void)
                1000u;
 }
 
-// ---- shared by the benchmarks
-// ------------------------------------------------
+// ---- shared by the benchmarks ----------------------------------------------
 
 int
 tool_cmp_double(const void *a, const void *b)

@@ -142,9 +142,23 @@ tp__sockaddr_split(const char *addr, unsigned flags, tp_hostport *hp_p,
 
 // ---- numeric / resolved ----------------------------------------------------
 
-tp_status
-tp__sockaddr_numeric(const char *host, uint16_t port, tp_sockaddr *sa_p,
-                     tp_error **err_p)
+static void
+sockaddr_set_port(tp_sockaddr *sa, uint16_t port)
+{
+    if (sa->u.sa.sa_family == AF_INET) {
+        sa->u.in4.sin_port = htons(port);
+    } else if (sa->u.sa.sa_family == AF_INET6) {
+        sa->u.in6.sin6_port = htons(port);
+    }
+}
+
+// @host (an IPv4 literal, or an IPv6 literal without brackets, optionally
+// with %scope) and @port to a socket address. Returns TP_EAGAIN without
+// touching @sa_p or @err_p if @host is not numeric (so the caller may
+// resolve it), TP_EINVAL for a bad scope.
+static tp_status
+sockaddr_numeric(const char *host, uint16_t port, tp_sockaddr *sa_p,
+                 tp_error **err_p)
 {
     tp_sockaddr sa;
     memset(&sa, 0, sizeof(sa));
@@ -212,9 +226,12 @@ sockaddr_lower_first(char *s)
     }
 }
 
-tp_status
-tp__sockaddr_resolve(const char *host, uint16_t port, int family,
-                     tp_sockaddr *sa_p, tp_error **err_p)
+// Resolves @host with getaddrinfo (BLOCKS; only where blocking is fine).
+// @family: AF_UNSPEC, AF_INET or AF_INET6. The first result is used.
+// Errors: TP_EINVAL (unknown name, with gai_strerror).
+static tp_status
+sockaddr_resolve(const char *host, uint16_t port, int family, tp_sockaddr *sa_p,
+                 tp_error **err_p)
 {
     struct addrinfo hints;
     memset(&hints, 0, sizeof(hints));
@@ -259,7 +276,7 @@ tp__sockaddr_resolve(const char *host, uint16_t port, int family,
                              "IPv6 address",
                              host);
     }
-    tp__sockaddr_set_port(&sa, port);
+    sockaddr_set_port(&sa, port);
     *sa_p = sa;
     return TP_OK;
 }
@@ -270,7 +287,7 @@ tp__sockaddr_from_hostport(const tp_hostport *hp, const char *addr,
 {
     const char *shown = addr != NULL ? addr : hp->hp_host;
     tp_sockaddr sa;
-    tp_status st = tp__sockaddr_numeric(hp->hp_host, hp->hp_port, &sa, err_p);
+    tp_status st = sockaddr_numeric(hp->hp_host, hp->hp_port, &sa, err_p);
     if (st == TP_OK && hp->hp_bracketed && sa.u.sa.sa_family != AF_INET6) {
         st = TP_EAGAIN; // "[1.2.3.4]": brackets are for IPv6 only
     }
@@ -293,8 +310,7 @@ tp__sockaddr_from_hostport(const tp_hostport *hp, const char *addr,
                              "numeric IPv4 or IPv6 address",
                              shown, hp->hp_host);
     }
-    return tp__sockaddr_resolve(hp->hp_host, hp->hp_port, AF_UNSPEC, sa_p,
-                                err_p);
+    return sockaddr_resolve(hp->hp_host, hp->hp_port, AF_UNSPEC, sa_p, err_p);
 }
 
 tp_status
@@ -337,16 +353,6 @@ tp__sockaddr_port(const tp_sockaddr *sa)
         return ntohs(sa->u.in6.sin6_port);
     default:
         return 0;
-    }
-}
-
-void
-tp__sockaddr_set_port(tp_sockaddr *sa, uint16_t port)
-{
-    if (sa->u.sa.sa_family == AF_INET) {
-        sa->u.in4.sin_port = htons(port);
-    } else if (sa->u.sa.sa_family == AF_INET6) {
-        sa->u.in6.sin6_port = htons(port);
     }
 }
 
@@ -524,7 +530,7 @@ sockaddr_choose_addr(const char *value, char *addr_out, size_t len,
         host[hl - 2] = '\0';
     }
     tp_sockaddr sa;
-    tp_status st = tp__sockaddr_numeric(host, 0, &sa, err_p);
+    tp_status st = sockaddr_numeric(host, 0, &sa, err_p);
     if (st == TP_OK) {
         tp__sockaddr_format_host(&sa, addr_out, len);
         return TP_OK;

@@ -63,19 +63,6 @@ typedef struct tp_hostport {
 tp_status tp__sockaddr_split(const char *addr, unsigned flags,
                              tp_hostport *hp_p, tp_error **err_p);
 
-// @host (an IPv4 literal, or an IPv6 literal without brackets, optionally
-// with %scope) and @port to a socket address. Returns TP_EAGAIN without
-// touching @sa_p or @err_p if @host is not numeric (so the caller may
-// resolve it), TP_EINVAL for a bad scope.
-tp_status tp__sockaddr_numeric(const char *host, uint16_t port,
-                               tp_sockaddr *sa_p, tp_error **err_p);
-
-// Resolves @host with getaddrinfo (BLOCKS; only where blocking is fine).
-// @family: AF_UNSPEC, AF_INET or AF_INET6. The first result is used.
-// Errors: TP_EINVAL (unknown name, with gai_strerror).
-tp_status tp__sockaddr_resolve(const char *host, uint16_t port, int family,
-                               tp_sockaddr *sa_p, tp_error **err_p);
-
 // A split address to a socket address: numeric hosts directly, host names
 // with getaddrinfo (BLOCKS) if @flags has TP_SOCKADDR_RESOLVE, else
 // TP_EINVAL. Brackets must hold an IPv6 address. @addr (may be NULL) is
@@ -98,7 +85,6 @@ void tp__sockaddr_format_host(const tp_sockaddr *sa, char *buf, size_t len);
 void tp__sockaddr_format_url(const tp_sockaddr *sa, const char *scheme,
                              char *buf, size_t len);
 uint16_t tp__sockaddr_port(const tp_sockaddr *sa);
-void tp__sockaddr_set_port(tp_sockaddr *sa, uint16_t port);
 // Builds a tp_sockaddr from a kernel-filled sockaddr of @len bytes.
 void tp__sockaddr_from_sys(tp_sockaddr *sa, const struct sockaddr *sys,
                            socklen_t len);

@@ -171,8 +171,8 @@ tp__transport_domain(const tp_transport *t)
 
 // ---- listeners -------------------------------------------------------------
 
-void
-tp__listener_init_base(tp_listener *l, tp_transport *t)
+static void
+listener_init_base(tp_listener *l, tp_transport *t)
 {
     l->l_transport = t;
     atomic_init(&l->l_refs, 1);
@@ -189,7 +189,7 @@ tp__transport_listen(tp_transport *t, const char *addr, tp_listener **l_p,
                              "%s: listen on %s: out of memory", t->t_ops->name,
                              addr ? addr : "(default)");
     }
-    tp__listener_init_base(l, t);
+    listener_init_base(l, t);
     tp_status st = t->t_ops->listen(t, l, addr, err_p);
     if (st != TP_OK) {
         tp__free(l);
@@ -718,8 +718,7 @@ tp__transport_fault_set(tp_transport *t, const tp_fault *f)
     }
 }
 
-// ---- TP_FAULT parsing
-// --------------------------------------------------------
+// ---- TP_FAULT parsing ------------------------------------------------------
 
 static bool
 fault_parse_u64(const char *v, uint64_t max, bool suffix, uint64_t *out)

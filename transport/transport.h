@@ -175,7 +175,6 @@ const char *tp__conn_local(const tp_conn *c);
 
 // Backend helpers (loop thread).
 tp_conn *tp__conn_alloc(tp_transport *t); // zeroed conn_size, refcount 1
-void tp__listener_init_base(tp_listener *l, tp_transport *t);
 
 // Any thread: count one more object that keeps @t (and its loop) alive:
 // tp__transport_destroy waits until each hold is released. Conns

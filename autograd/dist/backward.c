@@ -276,8 +276,7 @@ da_backward_remote(da_ctx *c, int from, uint64_t send_id, uint64_t pass,
     return done;
 }
 
-// ---- the initiator
-// -----------------------------------------------------------
+// ---- the initiator ---------------------------------------------------------
 
 // Tells every worker @c reached that pass @pass failed (best effort).
 static void

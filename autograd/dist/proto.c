@@ -87,8 +87,7 @@ da_detach(void *state)
     da_state_unref(x);
 }
 
-// ---- hooks
-// -------------------------------------------------------------------
+// ---- hooks -----------------------------------------------------------------
 
 static tp_status
 da_send(void *state, int to, uint8_t kind, const tp_args *args,

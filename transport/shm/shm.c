@@ -20,8 +20,7 @@
 
 #include "transport/shm/shm_impl.h"
 
-// ---- context
-// ------------------------------------------------------------------
+// ---- context ---------------------------------------------------------------
 
 static bool
 shm_read_boot_id(char *buf, size_t len, char *why, size_t why_len)
