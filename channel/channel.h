@@ -116,6 +116,5 @@ void tp__chan_op_fail_later(tp_loop *loop, tp_chan_op *op, tp_error *err);
 
 // The channels compiled in, best first (xth, cma, mpt, basic).
 const tp_channel_ops *const *tp__channel_registry(size_t *n_p);
-const tp_channel_ops *tp__channel_find(const char *name);
 
 #endif
