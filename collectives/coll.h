@@ -67,6 +67,7 @@ typedef struct tp__coll_args {
     void *out;
     size_t count;
     const size_t *scounts, *sdispls, *rcounts, *rdispls; // all_to_all
+    int device; // CUDA device of the buffers (the NCCL engine only)
 } tp__coll_args;
 
 #endif

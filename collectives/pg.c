@@ -62,7 +62,7 @@ tp_pg_world_rank(const tp_pg *pg, int group_rank)
 const char *
 tp_pg_engine(const tp_pg *pg)
 {
-    return pg != NULL ? pg->g_engine : "";
+    return pg != NULL ? pg->g_eng->name : "";
 }
 
 const char *
@@ -269,7 +269,7 @@ group_alloc(int size, int world_size)
     tp__cv_init(&g->w_cv);
     atomic_init(&g->g_refs, 1);
     tp__pg_fr_init(g);
-    g->g_engine = "pipe";
+    g->g_eng = tp__pg_default_engine;
     return g;
 }
 
@@ -279,8 +279,7 @@ static void
 group_free(tp_pg *g)
 {
     tp_pg *w = g->g_world;
-    tp__shm_close(g->g_shm);
-    tp__nccl_comm_destroy(g->g_nccl);
+    tp__pg_engine_close(g);
     free(g->g_scratch);
     tp_error_unref(g->g_broken);
     tp__pg_fr_fini(g);
@@ -331,44 +330,6 @@ tp__pg_p2p_leave(tp_pg *w)
         tp__cv_broadcast(&w->w_cv);
     }
     tp__mtx_unlock(&w->w_mtx);
-}
-
-// Chooses the engine of a new group: every member calls this at the same
-// point of its creation.
-static tp_status
-group_engine(tp_pg *w, tp_pg *g, uint64_t deadline, tp_error **err_p)
-{
-    g->g_engine = "pipe";
-    if (g->g_cfg.coll_engine == TP_COLL_ENGINE_PIPE) {
-        return TP_OK;
-    }
-    char why[512] = "";
-    tp__shm_setup s = {
-        .store = w->w_store,
-        .prefix = g->g_prefix,
-        .rank = g->g_rank,
-        .size = g->g_size,
-        .world_ranks = g->g_wranks,
-        .group = g->g_name,
-        .slot_bytes = (size_t)g->g_cfg.coll_shm_slot,
-        .deadline_ns = deadline,
-    };
-    tp_status st = tp__shm_open(&s, &g->g_shm, why, sizeof(why), err_p);
-    if (st != TP_OK) {
-        return tp__error_wrap(err_p, st, "%s: shared-memory engine", g->g_what);
-    }
-    if (g->g_shm != NULL) {
-        g->g_engine = "shm";
-        return TP_OK;
-    }
-    if (g->g_cfg.coll_engine == TP_COLL_ENGINE_SHM) {
-        return tp__error_set(err_p, TP_ENOTSUP,
-                             "%s: TP_COLL_ENGINE=shm, but the shared-memory "
-                             "engine cannot be used: %s",
-                             g->g_what, why);
-    }
-    TP_LOG_INFO("TP-PG-ENGINE", "%s: collectives on pipes: %s", g->g_what, why);
-    return TP_OK;
 }
 
 static void
@@ -525,12 +486,12 @@ tp_pg_init(const char *init_method, int rank, int world_size,
     }
     w->w_groups = w;
     tp__p2p_start(w->w_p2p);
-    st = group_engine(w, w, deadline, err_p);
+    st = tp__pg_engine_choose(w, deadline, err_p);
     if (st != TP_OK) {
         goto fail;
     }
-    TP_LOG_INFO("TP-PG-INIT", "%s: engine %s, store %s", w->g_what, w->g_engine,
-                saddr);
+    TP_LOG_INFO("TP-PG-INIT", "%s: engine %s, store %s", w->g_what,
+                w->g_eng->name, saddr);
     *pg_p = w;
     return TP_OK;
 fail:
@@ -688,7 +649,7 @@ tp_pg_new_group(tp_pg *world, const int *ranks, int n, const tp_pg_options *o,
             }
         }
         tp__mtx_unlock(&w->w_mtx);
-        st = group_engine(w, g, deadline, err_p);
+        st = tp__pg_engine_choose(g, deadline, err_p);
         if (st != TP_OK) {
             tp_pg_destroy(g);
             return st;
@@ -731,14 +692,14 @@ tp_pg_destroy(tp_pg *pg)
     tp__cv_broadcast(&pg->g_cv);
     bool started = pg->g_thread_started;
     tp__mtx_unlock(&pg->g_mtx);
-    // The pipe engine's waits see the group broken and end; queued works
-    // complete with TP_ECLOSED.
+    // The group's engine aborts (the pipe engine's waits see the group
+    // broken and end, the shm engine's are canceled); queued works complete
+    // with TP_ECLOSED.
     tp_error *e =
         tp_error_create(TP_ECLOSED, NULL, "%s: destroyed", pg->g_what);
     tp__pg_break(pg, e);
     tp_error_unref(e);
-    tp__p2p_kick(w->w_p2p);
-    tp__shm_cancel(pg->g_shm);
+    tp__pg_engine_abort(pg);
     if (started) {
         pthread_join(pg->g_thread, NULL);
     }
@@ -771,9 +732,6 @@ tp_pg_destroy(tp_pg *pg)
         tp_store_close(w->w_store);
         w->w_store = NULL;
     }
-    tp__shm_close(pg->g_shm);
-    pg->g_shm = NULL;
-    tp__nccl_comm_destroy(pg->g_nccl);
-    pg->g_nccl = NULL;
+    tp__pg_engine_close(pg);
     tp__pg_unref(pg); // the owner's
 }

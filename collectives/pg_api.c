@@ -133,6 +133,9 @@ work_hold(tp_work *wk, tp_tensor *t1, tp_tensor *t2)
     wk->wk_t1 = t1 != NULL ? tp_tensor_ref(t1) : NULL;
     wk->wk_t2 = t2 != NULL ? tp_tensor_ref(t2) : NULL;
     wk->wk_cuda = is_cuda(t1) || is_cuda(t2);
+    if (wk->wk_cuda) {
+        wk->wk_args.device = tp_tensor_device(t1 != NULL ? t1 : t2).index;
+    }
 }
 
 static size_t

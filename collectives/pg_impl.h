@@ -7,6 +7,7 @@
  *   pg_api.c    argument checks and the public collective and
  *               point-to-point calls
  *   pg_debug.c  TP_DEBUG_COLLECTIVES (the mismatch check)
+ *   pg_engine.c the engines (shm, pipe, nccl) behind tp__coll_engine_ops
  *
  * Order: a group runs one collective at a time. A blocking call runs on
  * the caller's thread when nothing is queued before it; asynchronous calls
@@ -96,6 +97,40 @@ struct tp_work {
     tp_list_node wk_lnode; // in w_works
 };
 
+/**
+ * tp__coll_engine_ops - an engine that runs a group's collectives
+ * (pg_engine.c). Each keeps its state in its own fields of the group.
+ * A group has one host engine (shm or pipe, chosen when it is made by
+ * tp__pg_engine_choose); CUDA tensors go to NCCL (tp__pg_engine_for).
+ */
+typedef struct tp__coll_engine_ops {
+    const char *name; // "shm", "pipe", "nccl" (tp_pg_engine)
+    // Runs CUDA tensors: takes no sequence number, has no
+    // TP_DEBUG_COLLECTIVES check, and reduces avg itself.
+    bool device;
+    // Optional (NULL: nothing to open, or opened on first use). Collective:
+    // every member calls it at the same point of the group's creation.
+    // TP_OK with @why empty: the group uses the engine; TP_OK with @why
+    // set: the engine cannot be used (every member gets the same answer);
+    // other statuses: the store failed or @deadline passed.
+    tp_status (*open)(tp_pg *g, uint64_t deadline, char *why, size_t why_len,
+                      tp_error **err_p);
+    // Runs one collective (coll.h) numbered @seq before @deadline. Called
+    // by the one thread running the group's collective, no lock held.
+    tp_status (*run)(tp_pg *g, const tp__coll_args *a, uint64_t seq,
+                     uint64_t deadline, tp_error **err_p);
+    // Optional: makes a collective running on another thread end soon
+    // (the group is broken first). Never blocks. NULL: the destroy waits
+    // for it (bounded by its deadline).
+    void (*abort)(tp_pg *g);
+    // Optional: frees the engine's state (not collective). Safe on a group
+    // the engine never ran on.
+    void (*close)(tp_pg *g);
+    // Optional: a collective failed on this rank with @e: tell the other
+    // members, so that they do not wait for their deadline.
+    void (*tell_failed)(tp_pg *g, const tp_error *e);
+} tp__coll_engine_ops;
+
 struct tp_pg {
     tp_pg *g_world; // itself for the world group
     char g_name[64];
@@ -108,8 +143,9 @@ struct tp_pg {
     char g_prefix[160]; // store keys of this group
     int64_t g_timeout_ms;
     tp_config g_cfg;
-    tp__shm *g_shm;
-    const char *g_engine;
+    // the group's host engine (shm or pipe), chosen when it is made
+    const struct tp__coll_engine_ops *g_eng;
+    tp__shm *g_shm; // the shm engine's
     tp__nccl_comm *g_nccl;
     void *g_scratch; // the pipe engine's, kept between collectives
     size_t g_scratch_len;
@@ -200,11 +236,24 @@ void tp__pg_p2p_work_cb(tp__req *r, void *arg);
 // it. Takes the caller's reference of @wk.
 tp_status tp__pg_coll_submit(tp_pg *g, tp_work *wk, tp_work **w_p,
                              tp_error **err_p);
-// Runs one collective on the group's engine (no debug check).
-tp_status tp__pg_engine_run(tp_pg *g, const tp__coll_args *a, uint64_t seq,
-                            uint64_t deadline, tp_error **err_p);
 // Finishes the point-to-point works of @pg (see pg_work.c).
 void tp__pg_finish_p2p_works(tp_pg *pg);
+
+// ---- pg_engine.c
+// The engine a group has before tp__pg_engine_choose (pipe).
+extern const tp__coll_engine_ops *const tp__pg_default_engine;
+// Chooses and opens the host engine of @g (TP_COLL_ENGINE): every member
+// calls this at the same point of its creation.
+tp_status tp__pg_engine_choose(tp_pg *g, uint64_t deadline, tp_error **err_p);
+// The engine that runs a collective of @g: NCCL for CUDA tensors, else the
+// group's host engine.
+const tp__coll_engine_ops *tp__pg_engine_for(const tp_pg *g, bool cuda);
+// Runs one collective on the group's host engine (no debug check).
+tp_status tp__pg_engine_run(tp_pg *g, const tp__coll_args *a, uint64_t seq,
+                            uint64_t deadline, tp_error **err_p);
+// Aborts what runs on @g's engines (destroy); closes them (free).
+void tp__pg_engine_abort(tp_pg *g);
+void tp__pg_engine_close(tp_pg *g);
 
 // ---- pg_fr.c (flight recorder)
 void tp__pg_fr_init(tp_pg *g);

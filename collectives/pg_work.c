@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* pg_work.c - work handles (tp_work_*), running a collective on its engine
- * (shm.c on one host, algo.c over pipes otherwise, NCCL for CUDA
+ * (pg_engine.c: shm on one host, pipes otherwise, NCCL for CUDA
  * tensors), and the group's queue and thread (the order is described in
  * pg_impl.h).
  *
@@ -11,7 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "collectives/algo.h"
 #include "collectives/pg_impl.h"
 #include "collectives/reduce.h"
 #include "core/error.h"
@@ -260,104 +259,6 @@ tp__pg_seq_take(tp_pg *g)
     return seq;
 }
 
-// Runs one collective on the group's engine (no debug check).
-tp_status
-tp__pg_engine_run(tp_pg *g, const tp__coll_args *a, uint64_t seq,
-                  uint64_t deadline, tp_error **err_p)
-{
-    if (g->g_shm != NULL) {
-        return tp__shm_run(g->g_shm, a, deadline, err_p);
-    }
-    char what[192];
-    snprintf(what, sizeof(what), "%s: %s #%" PRIu64, g->g_what,
-             tp__coll_kind_name(a->kind), seq);
-    tp__algo c = {
-        .p2p = g->g_world->w_p2p,
-        .gid = g->g_gid,
-        .tag = seq,
-        .rank = g->g_rank,
-        .size = g->g_size,
-        .wranks = g->g_wranks,
-        // the deadline was set when the collective was issued
-        .start_ns = deadline != UINT64_MAX && g->g_timeout_ms > 0
-                        ? deadline - (uint64_t)g->g_timeout_ms * 1000000u
-                        : 0,
-        .deadline_ns = deadline,
-        .check = tp__pg_check,
-        .check_arg = g,
-        .what = what,
-        .allreduce_algo = (int)g->g_cfg.coll_allreduce,
-        .bcast_algo = (int)g->g_cfg.coll_bcast,
-        .small_max = (size_t)g->g_cfg.coll_small_max,
-        .chunk = (size_t)g->g_cfg.coll_chunk,
-        .scratch = &g->g_scratch,
-        .scratch_len = &g->g_scratch_len,
-    };
-    tp_status st = tp__algo_run(&c, a, err_p);
-    if (st == TP_ETIMEDOUT) {
-        // The rank this one waited for may be waiting too: name the
-        // members that never called it.
-        tp__pg_blame_timeout(g, tp__coll_kind_name(a->kind), seq, c.start_ns,
-                             what, err_p);
-    }
-    return st;
-}
-
-static tp_status
-nccl_run(tp_pg *g, tp_work *wk, uint64_t deadline, tp_error **err_p)
-{
-    const tp__coll_args *a = &wk->wk_args;
-    char why[256];
-    if (!tp__nccl_available(why, sizeof(why))) {
-        return tp__error_set(err_p, TP_ENOTSUP,
-                             "%s: %s of CUDA tensors needs NCCL: %s", g->g_what,
-                             tp__coll_kind_name(a->kind), why);
-    }
-    int dev = tp_tensor_device(wk->wk_t1).index;
-    int64_t left = tp__ms_left(deadline);
-    if (g->g_nccl == NULL) {
-        char prefix[200];
-        snprintf(prefix, sizeof(prefix), "%snccl/%" PRIu64 "/", g->g_prefix,
-                 g->g_seq);
-        tp_status st =
-            tp__nccl_comm_create(g->g_world->w_store, prefix, g->g_rank,
-                                 g->g_size, dev, left, &g->g_nccl, err_p);
-        if (st != TP_OK) {
-            return tp__error_wrap(err_p, st, "%s: NCCL communicator",
-                                  g->g_what);
-        }
-        g->g_nccl_device = dev;
-    } else if (dev != g->g_nccl_device) {
-        return tp__error_set(err_p, TP_EINVAL,
-                             "%s: CUDA tensor on device %d, the group's NCCL "
-                             "communicator is on device %d",
-                             g->g_what, dev, g->g_nccl_device);
-    }
-    tp_reduce_op op = wk->wk_op;
-    switch (a->kind) {
-    case TP__COLL_ALL_REDUCE:
-        return tp__nccl_all_reduce(g->g_nccl, a->buf, a->buf, a->count,
-                                   a->dtype, op, left, err_p);
-    case TP__COLL_BROADCAST:
-        return tp__nccl_broadcast(g->g_nccl, a->buf, a->buf, a->count, a->dtype,
-                                  a->root, left, err_p);
-    case TP__COLL_REDUCE:
-        return tp__nccl_reduce(g->g_nccl, a->buf, a->buf, a->count, a->dtype,
-                               op, a->root, left, err_p);
-    case TP__COLL_ALL_GATHER:
-        return tp__nccl_all_gather(g->g_nccl, a->in, a->out, a->count, a->dtype,
-                                   left, err_p);
-    case TP__COLL_REDUCE_SCATTER:
-        return tp__nccl_reduce_scatter(g->g_nccl, a->in, a->out, a->count,
-                                       a->dtype, op, left, err_p);
-    default:
-        return tp__error_set(err_p, TP_ENOTSUP,
-                             "%s: %s of CUDA tensors is not supported with "
-                             "NCCL; copy them to the CPU",
-                             g->g_what, tp__coll_kind_name(a->kind));
-    }
-}
-
 // Runs @wk: debug check, engine, avg. Breaks the group on error.
 static tp_status
 coll_exec_engine(tp_pg *g, tp_work *wk, tp_error **err_p)
@@ -368,9 +269,10 @@ coll_exec_engine(tp_pg *g, tp_work *wk, tp_error **err_p)
     }
     const tp__coll_args *a = &wk->wk_args;
     uint64_t deadline = wk->wk_deadline_ns;
+    const tp__coll_engine_ops *eng = tp__pg_engine_for(g, wk->wk_cuda);
     bool mismatch = false;
-    if (wk->wk_cuda) {
-        st = nccl_run(g, wk, deadline, err_p);
+    if (eng->device) {
+        st = eng->run(g, a, g->g_seq, deadline, err_p);
     } else {
         if (g->g_cfg.debug_collectives) {
             st = tp__pg_debug_check(g, a, wk->wk_op, deadline, err_p);
@@ -378,7 +280,7 @@ coll_exec_engine(tp_pg *g, tp_work *wk, tp_error **err_p)
         }
         if (st == TP_OK) {
             uint64_t seq = tp__pg_seq_take(g);
-            st = tp__pg_engine_run(g, a, seq, deadline, err_p);
+            st = eng->run(g, a, seq, deadline, err_p);
         }
         if (st == TP_OK && wk->wk_op == TP_REDUCE_AVG) {
             if (a->kind == TP__COLL_ALL_REDUCE ||
@@ -398,22 +300,12 @@ coll_exec_engine(tp_pg *g, tp_work *wk, tp_error **err_p)
             e = own;
         }
         tp__pg_break(g, e);
-        // Pipe engine: tell the others, so that ranks waiting on one that
-        // gave up do not wait for their deadline.
-        // (Not for a mismatch, which every member detects itself, nor for
-        // an abort that came from another member.)
-        if (g->g_shm == NULL && !wk->wk_cuda && st != TP_EREMOTE && !mismatch) {
-            for (int i = 0; i < g->g_size; i++) {
-                int wr = g->g_wranks[i];
-                tp_error *pe = i == g->g_rank
-                                   ? NULL
-                                   : tp__p2p_peer_error(g->g_world->w_p2p, wr);
-                if (i != g->g_rank && pe == NULL) {
-                    tp__p2p_send_abort(g->g_world->w_p2p, wr, g->g_gid,
-                                       tp_error_message(e));
-                }
-                tp_error_unref(pe);
-            }
+        // Tell the others where the engine can (pipe), so that ranks
+        // waiting on one that gave up do not wait for their deadline (not
+        // for a mismatch, which every member detects itself, nor for an
+        // abort that came from another member).
+        if (eng->tell_failed != NULL && st != TP_EREMOTE && !mismatch) {
+            eng->tell_failed(g, e);
         }
         tp_error_unref(own);
     }
@@ -425,7 +317,8 @@ coll_exec_engine(tp_pg *g, tp_work *wk, tp_error **err_p)
 static tp_status
 coll_exec(tp_pg *g, tp_work *wk, tp_error **err_p)
 {
-    bool debug = g->g_cfg.debug_collectives && !wk->wk_cuda;
+    bool debug = g->g_cfg.debug_collectives &&
+                 !tp__pg_engine_for(g, wk->wk_cuda)->device;
     tp__pg_fr_run(g, wk, g->g_seq + (debug ? 1u : 0u));
     tp_status st = coll_exec_engine(g, wk, err_p);
     if (st == TP_ETIMEDOUT) {
