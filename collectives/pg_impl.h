@@ -87,6 +87,7 @@ struct tp_work {
     bool wk_done;
     tp_status wk_st;
     tp_error *wk_err;
+    tp_future *wk_fut;     // tp_work_get_future's (wk_mtx), or NULL
     int wk_source;         // group rank
     uint64_t wk_fr_id;     // its flight-recorder entry (0: none)
     tp_list_node wk_qnode; // in its group's g_queue while queued

@@ -48,6 +48,7 @@ work_release(tp_work *wk)
         return; // on a caller's stack; no lock, error or request
     }
     tp_error_unref(wk->wk_err);
+    tp_future_unref(wk->wk_fut);
     tp__cv_fini(&wk->wk_cv);
     tp__mtx_fini(&wk->wk_mtx);
     tp_pg *g = wk->wk_pg;
@@ -90,9 +91,40 @@ tp__pg_work_unref(tp_work *wk)
     work_release(wk);
 }
 
+static void
+work_future_free(void *value)
+{
+    tp_tensor_unref(value);
+}
+
+// Resolves @f (the future of the completed @wk) with its output tensor or
+// its error. Called with no lock held: @f's callbacks run here.
+static void
+work_future_resolve(tp_work *wk, tp_future *f)
+{
+    if (wk->wk_st == TP_OK) {
+        tp_tensor *t = wk->wk_t1 != NULL ? tp_tensor_ref(wk->wk_t1) : NULL;
+        if (tp_future_set_value(f, t, work_future_free) != TP_OK) {
+            tp_tensor_unref(t);
+        }
+        return;
+    }
+    tp_error *own = NULL;
+    const tp_error *e = wk->wk_err;
+    if (e == NULL) {
+        own =
+            tp_error_create(wk->wk_st, NULL, "%s: %s failed", wk->wk_pg->g_what,
+                            tp__coll_kind_name(wk->wk_args.kind));
+        e = own;
+    }
+    (void)tp_future_set_error(f, e);
+    tp_error_unref(own);
+}
+
 void
 tp__pg_work_complete(tp_work *wk, tp_status st, const tp_error *err, int source)
 {
+    tp_future *f = NULL;
     tp__mtx_lock(&wk->wk_mtx);
     if (!wk->wk_done) {
         wk->wk_st = st;
@@ -100,8 +132,49 @@ tp__pg_work_complete(tp_work *wk, tp_status st, const tp_error *err, int source)
         wk->wk_source = source;
         wk->wk_done = true;
         tp__cv_broadcast(&wk->wk_cv);
+        f = wk->wk_fut != NULL ? tp_future_ref(wk->wk_fut) : NULL;
     }
     tp__mtx_unlock(&wk->wk_mtx);
+    if (f != NULL) {
+        // wk_st, wk_err and wk_t1 no longer change: read without the lock.
+        work_future_resolve(wk, f);
+        tp_future_unref(f);
+    }
+}
+
+tp_status
+tp_work_get_future(tp_work *w, tp_future **f_p, tp_error **err_p)
+{
+    if (w == NULL || f_p == NULL) {
+        return tp__error_set(err_p, TP_EINVAL,
+                             "tp_work_get_future: NULL work or f_p");
+    }
+    if (w->wk_p2p) {
+        return tp__error_set(err_p, TP_ENOTSUP,
+                             "%s: tp_work_get_future of a %s: wait for it with "
+                             "tp_work_wait",
+                             w->wk_pg->g_what, w->wk_send ? "send" : "recv");
+    }
+    tp__mtx_lock(&w->wk_mtx);
+    tp_future *f = w->wk_fut;
+    bool made = false;
+    if (f == NULL) {
+        if (tp_future_create(&f) != TP_OK) {
+            tp__mtx_unlock(&w->wk_mtx);
+            return tp__error_set(err_p, TP_ENOMEM, "%s: tp_work_get_future",
+                                 w->wk_pg->g_what);
+        }
+        w->wk_fut = f;
+        made = true;
+    }
+    bool resolve = made && w->wk_done; // else completion resolves it
+    tp_future_ref(f);
+    tp__mtx_unlock(&w->wk_mtx);
+    if (resolve) {
+        work_future_resolve(w, f);
+    }
+    *f_p = f;
+    return TP_OK;
 }
 
 bool

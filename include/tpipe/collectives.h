@@ -53,6 +53,7 @@
 
 #include <tpipe/error.h>
 #include <tpipe/export.h>
+#include <tpipe/future.h>
 #include <tpipe/tensor.h>
 
 #ifdef __cplusplus
@@ -183,6 +184,26 @@ TP_API tp_status tp_work_wait(tp_work *w, int64_t timeout_ms, tp_error **err_p);
 TP_API const tp_error *tp_work_error(const tp_work *w);
 /** tp_work_source - for a completed recv: the rank the message came from. */
 TP_API int tp_work_source(const tp_work *w);
+/**
+ * tp_work_get_future - a future of the collective @w (torch's
+ * Work.get_future), usable with the future API like an RPC future
+ * (tp_future_then, tp_future_wait, tp_future_wait_all).
+ * Completion: it resolves when the collective completes: with its output
+ * tensor as the value (@t of broadcast, all_reduce and reduce, @out of the
+ * others, NULL for barrier and on a non-root of gather; borrowed from the
+ * future through tp_future_value), or with the collective's error (the
+ * same error tp_work_wait returns). Callbacks added with tp_future_then
+ * run on the group's thread when it completes (or on the caller if it
+ * already has); they may issue asynchronous collectives, but must not
+ * make a blocking call on the same group.
+ * Ownership: *@f_p is a new reference (tp_future_unref); each call returns
+ * the same future. It outlives @w: freeing the handle does not cancel it.
+ * Errors: TP_EINVAL (NULL arguments), TP_ENOTSUP (a point-to-point work:
+ * wait for it with tp_work_wait), TP_ENOMEM.
+ * Thread safety: any thread.
+ */
+TP_API tp_status tp_work_get_future(tp_work *w, tp_future **f_p,
+                                    tp_error **err_p);
 /**
  * tp_work_free - drop the handle. An operation still running goes on to
  * completion (its tensors stay referenced until then). NULL is fine. Any

@@ -1,0 +1,230 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* pg_future_test.c - process groups across forked ranks on loopback:
+ * a work's future (tp_work_get_future) chained with tp_future_then, and
+ * the same error as the work's when it fails.
+ *
+ * Every rank is a forked child of the case process, forked before any
+ * thread exists. Every wait has a deadline. */
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <tpipe/collectives.h>
+#include <tpipe/tpipe.h>
+
+#include "tp_test.h"
+#include "tp_test_job.h"
+
+static void
+job_run(tp_job *j)
+{
+    int e = 0;
+    while (e < TP_JOB_MAX_ENV - 1 && j->env[e] != NULL) {
+        e++;
+    }
+    TP_CHECK(j->env[e] == NULL);
+    j->env[e] = "TP_SOCKET_IFNAME=lo";
+    if (j->limit_ms == 0) {
+        j->limit_ms = 60000;
+    }
+    tp_job_run(j);
+}
+
+static void
+file_url(char *url, size_t n)
+{
+    static int seq;
+    snprintf(url, n, "file:///tmp/tp-pg-future-test-%d-%d-%lld", (int)getpid(),
+             seq++, (long long)tp_job_now_ms());
+}
+
+static tp_pg *
+init_pg(int rank, int world, const char *url, int64_t timeout_ms)
+{
+    tp_pg_options o;
+    tp_pg_options_init(&o);
+    o.init_timeout_ms = tp_test_ms(30000);
+    o.timeout_ms = timeout_ms != 0 ? timeout_ms : tp_test_ms(60000);
+    tp_pg *pg = NULL;
+    tp_error *err = NULL;
+    TP_CHECK_OK(tp_pg_init(url, rank, world, &o, &pg, &err), err);
+    return pg;
+}
+
+static tp_tensor *
+tensor(tp_dtype dt, int64_t count)
+{
+    tp_tensor *t = NULL;
+    tp_error *err = NULL;
+    TP_CHECK_OK(tp_tensor_zeros(dt, 1, &count, &t, &err), err);
+    return t;
+}
+
+static const char *const k_engines[] = {"TP_COLL_ENGINE=pipe",
+                                        "TP_COLL_ENGINE=auto"};
+
+// Runs @fn on @world ranks, once per engine.
+static void
+run_engines(int world, tp_job_fn fn)
+{
+    for (int e = 0; e < 2; e++) {
+        tp_job j = {.world = world, .fn = fn};
+        j.env[0] = k_engines[e];
+        file_url(j.url, sizeof(j.url));
+        job_run(&j);
+    }
+}
+
+// ---- tp_work_get_future
+// ---------------------------------------------------------
+
+typedef struct chain {
+    tp_future *c_next; // resolved by the callback
+    int c_world;
+    atomic_int c_calls;
+} chain;
+
+// Checks the all_reduce's result (its future's value) and resolves the
+// next future of the chain with it.
+static void
+chain_cb(tp_future *f, void *arg)
+{
+    chain *c = arg;
+    atomic_fetch_add(&c->c_calls, 1);
+    tp_tensor *t = tp_future_value(f);
+    bool ok = tp_future_error(f) == NULL && t != NULL;
+    for (int64_t i = 0; ok && i < tp_tensor_numel(t); i++) {
+        double want = (double)(i * c->c_world) +
+                      (double)c->c_world * (c->c_world - 1) / 2.0;
+        double v = 0;
+        ok = tp_tensor_item(t, i, &v) == TP_OK && v == want;
+    }
+    if (ok) {
+        tp_future_set_value(c->c_next, tp_tensor_ref(t), NULL);
+    } else {
+        tp_error *e = tp_error_create(TP_EINTERNAL, tp_future_error(f),
+                                      "wrong all_reduce result");
+        tp_future_set_error(c->c_next, e);
+        tp_error_unref(e);
+    }
+}
+
+static void
+future_rank(int rank, int world, const char *url, void *arg)
+{
+    (void)arg;
+    tp_pg *pg = init_pg(rank, world, url, 0);
+    tp_error *err = NULL;
+    tp_tensor *t = tensor(TP_F32, 1000);
+    for (int64_t i = 0; i < 1000; i++) {
+        tp_tensor_set_item(t, i, (double)(i + rank));
+    }
+    tp_work *w = NULL;
+    TP_CHECK_OK(tp_pg_all_reduce(pg, t, TP_REDUCE_SUM, &w, &err), err);
+    tp_future *f = NULL;
+    TP_CHECK_OK(tp_work_get_future(w, &f, &err), err);
+    tp_future *f2 = NULL;
+    TP_CHECK_OK(tp_work_get_future(w, &f2, &err), err);
+    TP_CHECK(f == f2); // one future per work
+    tp_future_unref(f2);
+    chain c = {.c_world = world};
+    atomic_init(&c.c_calls, 0);
+    TP_CHECK_OK(tp_future_create(&c.c_next), NULL);
+    TP_CHECK_OK(tp_future_then(f, chain_cb, &c), NULL);
+    // The handle may go before the future resolves.
+    tp_work_free(w);
+    TP_CHECK_OK(tp_future_wait(c.c_next, tp_test_ms(30000), &err), err);
+    TP_CHECK(tp_future_value(c.c_next) == t);
+    TP_CHECK_OK(tp_future_wait(f, tp_test_ms(1000), &err), err);
+    TP_CHECK(tp_future_value(f) == t);
+    TP_CHECK_EQ(atomic_load(&c.c_calls), 1);
+    tp_future_unref(c.c_next); // the tensor's reference: a leak the test
+    tp_tensor_unref(t);        // accepts (the value had no free function)
+    tp_future_unref(f);
+
+    // A future taken after completion is resolved already; a barrier's
+    // value is NULL.
+    TP_CHECK_OK(tp_pg_barrier(pg, &w, &err), err);
+    TP_CHECK_OK(tp_work_wait(w, tp_test_ms(30000), &err), err);
+    TP_CHECK_OK(tp_work_get_future(w, &f, &err), err);
+    TP_CHECK(tp_future_is_done(f));
+    TP_CHECK(tp_future_error(f) == NULL && tp_future_value(f) == NULL);
+    tp_future_unref(f);
+    tp_work_free(w);
+
+    // Point-to-point works have none.
+    if (world > 1) {
+        tp_tensor *x = tensor(TP_I32, 4);
+        if (rank < 2) {
+            TP_CHECK_OK(rank == 0 ? tp_pg_send(pg, x, 1, 3, &w, &err)
+                                  : tp_pg_recv(pg, x, 0, 3, &w, &err),
+                        err);
+            tp_status st = tp_work_get_future(w, &f, &err);
+            TP_CHECK_EQ(st, TP_ENOTSUP);
+            tp_error_unref(err);
+            err = NULL;
+            TP_CHECK_OK(tp_work_wait(w, tp_test_ms(30000), &err), err);
+            tp_work_free(w);
+        }
+        tp_tensor_unref(x);
+    }
+    TP_CHECK_OK(tp_pg_barrier(pg, NULL, &err), err);
+    tp_pg_destroy(pg);
+}
+
+static void
+test_work_future(void)
+{
+    run_engines(1, future_rank);
+    run_engines(3, future_rank);
+}
+
+// A collective that times out: its future fails with the work's error.
+static void
+future_timeout_rank(int rank, int world, const char *url, void *arg)
+{
+    (void)arg;
+    tp_pg *pg = init_pg(rank, world, url, 300);
+    tp_error *err = NULL;
+    if (rank == 1) {
+        // Never calls the all_reduce; waits for rank 0 to finish.
+        tp_job_sleep_ms(1500);
+        tp_pg_destroy(pg);
+        return;
+    }
+    tp_tensor *t = tensor(TP_F32, 16);
+    tp_work *w = NULL;
+    TP_CHECK_OK(tp_pg_all_reduce(pg, t, TP_REDUCE_SUM, &w, &err), err);
+    tp_future *f = NULL;
+    TP_CHECK_OK(tp_work_get_future(w, &f, &err), err);
+    tp_status st = tp_future_wait(f, tp_test_ms(10000), &err);
+    TP_CHECKF(st == TP_ETIMEDOUT, "status %s: %s", tp_status_name(st),
+              tp_error_message(err));
+    TP_CHECK_STR_CONTAINS(tp_error_message(err), "all_reduce");
+    tp_error *werr = NULL;
+    TP_CHECK_EQ(tp_work_wait(w, tp_test_ms(1000), &werr), TP_ETIMEDOUT);
+    TP_CHECK(werr == err); // the same error object
+    TP_CHECK(tp_future_error(f) == tp_work_error(w));
+    tp_error_unref(werr);
+    tp_error_unref(err);
+    tp_future_unref(f);
+    tp_work_free(w);
+    tp_tensor_unref(t);
+    tp_pg_destroy(pg);
+}
+
+static void
+test_future_timeout(void)
+{
+    run_engines(2, future_timeout_rank);
+}
+
+static const tp_test_case k_cases[] = {
+    TP_TEST_CASE_T(test_work_future, 120),
+    TP_TEST_CASE_T(test_future_timeout, 60),
+};
+
+TP_TEST_MAIN(k_cases)
