@@ -290,3 +290,123 @@ tp_future_then(tp_future *f, tp_future_cb cb, void *arg)
     future_drain_start_unlock(f);
     return TP_OK;
 }
+
+// ---- wait_all
+// The waiter of tp_future_wait_all, shared with one callback per future:
+// it goes with the last of them, so callbacks that run after the wait
+// returned (fail-fast, timeout) touch live memory.
+typedef struct wait_all {
+    _Atomic long wa_refs;
+    tp_mtx wa_mtx; // a leaf lock
+    tp_cv wa_cv;
+    size_t wa_left;      // futures not resolved yet
+    tp_error *wa_err;    // the first error, once one failed
+    size_t wa_err_index; // its future's index
+} wait_all;
+
+typedef struct wait_all_arg {
+    wait_all *a_wa;
+    size_t a_index;
+} wait_all_arg;
+
+static void
+wait_all_unref(wait_all *wa)
+{
+    if (atomic_fetch_sub_explicit(&wa->wa_refs, 1, memory_order_acq_rel) != 1) {
+        return;
+    }
+    tp_error_unref(wa->wa_err);
+    tp__cv_fini(&wa->wa_cv);
+    tp__mtx_fini(&wa->wa_mtx);
+    tp__free(wa);
+}
+
+static void
+wait_all_cb(tp_future *f, void *arg)
+{
+    wait_all_arg *a = arg;
+    wait_all *wa = a->a_wa;
+    const tp_error *e = tp_future_error(f);
+    tp__mtx_lock(&wa->wa_mtx);
+    wa->wa_left--;
+    if (e != NULL && wa->wa_err == NULL) {
+        wa->wa_err = tp_error_ref(e);
+        wa->wa_err_index = a->a_index;
+    }
+    tp__cv_broadcast(&wa->wa_cv);
+    tp__mtx_unlock(&wa->wa_mtx);
+    tp__free(a);
+    wait_all_unref(wa);
+}
+
+tp_status
+tp_future_wait_all(tp_future *const *futs, size_t n, int64_t timeout_ms,
+                   tp_error **err_p)
+{
+    if (n > 0 && futs == NULL) {
+        return tp__error_set(err_p, TP_EINVAL, "tp_future_wait_all: NULL list");
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (futs[i] == NULL) {
+            return tp__error_set(err_p, TP_EINVAL,
+                                 "tp_future_wait_all: future %zu is NULL", i);
+        }
+    }
+    uint64_t deadline = tp__deadline_after_ms(timeout_ms);
+    wait_all *wa = tp__zalloc(sizeof(*wa));
+    if (wa == NULL) {
+        return tp__error_set(err_p, TP_ENOMEM, "tp_future_wait_all");
+    }
+    atomic_init(&wa->wa_refs, 1); // this call's
+    tp__mtx_init(&wa->wa_mtx);
+    tp__cv_init(&wa->wa_cv);
+    wa->wa_left = n;
+    tp_status st = TP_OK;
+    for (size_t i = 0; i < n; i++) {
+        wait_all_arg *a = tp__alloc(sizeof(*a));
+        if (a == NULL) {
+            st = TP_ENOMEM;
+            break;
+        }
+        a->a_wa = wa;
+        a->a_index = i;
+        atomic_fetch_add_explicit(&wa->wa_refs, 1, memory_order_relaxed);
+        if (tp_future_then(futs[i], wait_all_cb, a) != TP_OK) {
+            atomic_fetch_sub_explicit(&wa->wa_refs, 1, memory_order_relaxed);
+            tp__free(a);
+            st = TP_ENOMEM;
+            break;
+        }
+    }
+    if (st != TP_OK) {
+        wait_all_unref(wa);
+        return tp__error_set(err_p, st, "tp_future_wait_all");
+    }
+    tp__mtx_lock(&wa->wa_mtx);
+    while (wa->wa_left > 0 && wa->wa_err == NULL) {
+        if (!tp__cv_wait_until(&wa->wa_cv, &wa->wa_mtx, deadline) &&
+            wa->wa_left > 0 && wa->wa_err == NULL) {
+            break;
+        }
+    }
+    size_t left = wa->wa_left;
+    tp_error *e = wa->wa_err != NULL ? tp_error_ref(wa->wa_err) : NULL;
+    tp__mtx_unlock(&wa->wa_mtx);
+    wait_all_unref(wa);
+    if (e != NULL) {
+        st = tp_error_status(e);
+        if (err_p != NULL) {
+            *err_p = e;
+        } else {
+            tp_error_unref(e);
+        }
+        return st;
+    }
+    if (left > 0) {
+        return tp__error_set(err_p, TP_ETIMEDOUT,
+                             "tp_future_wait_all: %zu of %zu futures not "
+                             "resolved after %lld ms",
+                             left, n, (long long)timeout_ms);
+    }
+    return TP_OK;
+}

@@ -4,6 +4,7 @@
 #define TPIPE_FUTURE_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <tpipe/export.h>
 #include <tpipe/error.h>
@@ -74,6 +75,21 @@ TP_API const tp_error *tp_future_error(const tp_future *f);
  * Errors: TP_ENOMEM (the callback will not run).
  */
 TP_API tp_status tp_future_then(tp_future *f, tp_future_cb cb, void *arg);
+/**
+ * tp_future_wait_all - block until every one of the @n futures @futs has
+ * resolved, or one resolved with an error (fail-fast, as PyTorch's
+ * torch.futures.wait_all), or @timeout_ms passed (0 = no deadline).
+ * Returns TP_OK when all resolved with a value; the error's status (and a
+ * new reference to it in @err_p) of the first future seen to fail; or
+ * TP_ETIMEDOUT (saying how many were left). The futures are borrowed;
+ * those still pending stay so (nothing is canceled). Futures of any
+ * origin may be mixed (RPC, collectives' tp_work_get_future, made with
+ * tp_future_create).
+ * Errors: TP_EINVAL (a NULL future), TP_ENOMEM.
+ * Thread safety: any thread but a loop thread.
+ */
+TP_API tp_status tp_future_wait_all(tp_future *const *futs, size_t n,
+                                    int64_t timeout_ms, tp_error **err_p);
 
 #ifdef __cplusplus
 }

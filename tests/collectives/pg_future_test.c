@@ -1,10 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* pg_future_test.c - process groups across forked ranks on loopback:
  * a work's future (tp_work_get_future) chained with tp_future_then, and
- * the same error as the work's when it fails.
+ * the same error as the work's when it fails; tp_future_wait_all over
+ * collective and plain futures (all, fail-fast, timeout).
  *
  * Every rank is a forked child of the case process, forked before any
  * thread exists. Every wait has a deadline. */
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -200,6 +202,21 @@ future_timeout_rank(int rank, int world, const char *url, void *arg)
     TP_CHECK_OK(tp_pg_all_reduce(pg, t, TP_REDUCE_SUM, &w, &err), err);
     tp_future *f = NULL;
     TP_CHECK_OK(tp_work_get_future(w, &f, &err), err);
+    // wait_all fails fast: it does not wait for a future that never
+    // resolves once the collective's failed.
+    tp_future *never = NULL;
+    TP_CHECK_OK(tp_future_create(&never), NULL);
+    tp_future *both[2] = {never, f};
+    int64_t t0 = tp_job_now_ms();
+    tp_error *aerr = NULL;
+    tp_status ast = tp_future_wait_all(both, 2, tp_test_ms(20000), &aerr);
+    TP_CHECKF(ast == TP_ETIMEDOUT, "status %s: %s", tp_status_name(ast),
+              tp_error_message(aerr));
+    TP_CHECK(tp_job_now_ms() - t0 < tp_test_ms(10000));
+    TP_CHECK(aerr == tp_future_error(f));
+    tp_error_unref(aerr);
+    tp_future_set_value(never, NULL, NULL);
+    tp_future_unref(never);
     tp_status st = tp_future_wait(f, tp_test_ms(10000), &err);
     TP_CHECKF(st == TP_ETIMEDOUT, "status %s: %s", tp_status_name(st),
               tp_error_message(err));
@@ -222,9 +239,106 @@ test_future_timeout(void)
     run_engines(2, future_timeout_rank);
 }
 
+// ---- tp_future_wait_all
+// ---------------------------------------------------------
+
+// Several asynchronous collectives of two groups, waited for together.
+static void
+wait_all_rank(int rank, int world, const char *url, void *arg)
+{
+    (void)arg;
+    tp_pg *pg = init_pg(rank, world, url, 0);
+    tp_error *err = NULL;
+    enum { N = 6 };
+    tp_tensor *t[N];
+    tp_future *f[N];
+    for (int k = 0; k < N; k++) {
+        t[k] = tensor(TP_I64, 100 + k);
+        for (int64_t i = 0; i < 100 + k; i++) {
+            tp_tensor_set_item(t[k], i, (double)(rank * k + i));
+        }
+        tp_work *w = NULL;
+        TP_CHECK_OK(tp_pg_all_reduce(pg, t[k], TP_REDUCE_SUM, &w, &err), err);
+        TP_CHECK_OK(tp_work_get_future(w, &f[k], &err), err);
+        tp_work_free(w);
+    }
+    TP_CHECK_OK(tp_future_wait_all(f, N, tp_test_ms(30000), &err), err);
+    for (int k = 0; k < N; k++) {
+        TP_CHECK(tp_future_is_done(f[k]) && tp_future_value(f[k]) == t[k]);
+        double v = 0;
+        TP_CHECK_OK(tp_tensor_item(t[k], 7, &v), NULL);
+        TP_CHECK_EQ((int64_t)v,
+                    (int64_t)(k * world * (world - 1) / 2 + 7 * world));
+        tp_future_unref(f[k]);
+        tp_tensor_unref(t[k]);
+    }
+    tp_pg_destroy(pg);
+}
+
+static void
+test_wait_all(void)
+{
+    run_engines(3, wait_all_rank);
+}
+
+static void *
+fail_later(void *arg)
+{
+    tp_job_sleep_ms(50);
+    tp_error *e = tp_error_create(TP_ECONNRESET, NULL, "peer gone");
+    tp_future_set_error(arg, e);
+    tp_error_unref(e);
+    return NULL;
+}
+
+// Plain futures: none, all resolved, fail-fast, timeout, bad arguments.
+static void
+test_wait_all_plain(void)
+{
+    tp_error *err = NULL;
+    TP_CHECK_OK(tp_future_wait_all(NULL, 0, 1000, &err), err);
+    tp_future *f[3];
+    for (int i = 0; i < 3; i++) {
+        TP_CHECK_OK(tp_future_create(&f[i]), NULL);
+    }
+    tp_future_set_value(f[0], NULL, NULL);
+    // timeout: two left
+    tp_status st = tp_future_wait_all(f, 3, 100, &err);
+    TP_CHECK_EQ(st, TP_ETIMEDOUT);
+    TP_CHECK_STR_CONTAINS(tp_error_message(err), "2 of 3");
+    tp_error_unref(err);
+    err = NULL;
+    // fail-fast: f[2] fails on another thread; f[1] never resolves
+    pthread_t th;
+    TP_CHECK_EQ(pthread_create(&th, NULL, fail_later, f[2]), 0);
+    int64_t t0 = tp_job_now_ms();
+    st = tp_future_wait_all(f, 3, tp_test_ms(20000), &err);
+    TP_CHECK_EQ(st, TP_ECONNRESET);
+    TP_CHECK(tp_job_now_ms() - t0 < tp_test_ms(10000));
+    TP_CHECK_STR_CONTAINS(tp_error_message(err), "peer gone");
+    tp_error_unref(err);
+    err = NULL;
+    pthread_join(th, NULL);
+    // a future already failed: at once
+    st = tp_future_wait_all(&f[2], 1, 0, &err);
+    TP_CHECK_EQ(st, TP_ECONNRESET);
+    tp_error_unref(err);
+    err = NULL;
+    tp_future_set_value(f[1], NULL, NULL);
+    TP_CHECK_OK(tp_future_wait_all(f, 2, 0, &err), err);
+    tp_future *bad[2] = {f[0], NULL};
+    TP_CHECK_EQ(tp_future_wait_all(bad, 2, 0, &err), TP_EINVAL);
+    tp_error_unref(err);
+    for (int i = 0; i < 3; i++) {
+        tp_future_unref(f[i]);
+    }
+}
+
 static const tp_test_case k_cases[] = {
     TP_TEST_CASE_T(test_work_future, 120),
     TP_TEST_CASE_T(test_future_timeout, 60),
+    TP_TEST_CASE_T(test_wait_all, 120),
+    TP_TEST_CASE_T(test_wait_all_plain, 60),
 };
 
 TP_TEST_MAIN(k_cases)
