@@ -662,6 +662,50 @@ tp_pg_new_group(tp_pg *world, const int *ranks, int n, const tp_pg_options *o,
     return TP_OK;
 }
 
+tp_status
+tp_pg_new_subgroups(tp_pg *world, int group_size, const tp_pg_options *o,
+                    tp_pg **pg_p, tp_error **err_p)
+{
+    if (pg_p == NULL) {
+        return tp__error_set(err_p, TP_EINVAL,
+                             "tp_pg_new_subgroups: pg_p is NULL");
+    }
+    *pg_p = NULL;
+    if (world == NULL || world->g_world != world) {
+        return tp__error_set(err_p, TP_EINVAL,
+                             "tp_pg_new_subgroups: needs the world group");
+    }
+    int n = world->g_size;
+    if (group_size < 1 || group_size > n || n % group_size != 0) {
+        return tp__error_set(err_p, TP_EINVAL,
+                             "%s: new_subgroups of %d ranks: the world size "
+                             "%d is not a multiple of it",
+                             world->g_what, group_size, n);
+    }
+    int k = world->g_rank / group_size;
+    int *ranks = malloc((size_t)group_size * sizeof(int));
+    if (ranks == NULL) {
+        return tp__error_set(err_p, TP_ENOMEM, "%s: new_subgroups",
+                             world->g_what);
+    }
+    for (int i = 0; i < group_size; i++) {
+        ranks[i] = k * group_size + i;
+    }
+    tp_pg_options oo;
+    if (o != NULL) {
+        oo = *o;
+    } else {
+        tp_pg_options_init(&oo);
+    }
+    char name[64];
+    snprintf(name, sizeof(name), "%.40s%d",
+             o != NULL && o->name != NULL ? o->name : "subgroup", k);
+    oo.name = name;
+    tp_status st = tp_pg_new_group(world, ranks, group_size, &oo, pg_p, err_p);
+    free(ranks);
+    return st;
+}
+
 // ---- destroy
 // ------------------------------------------------------------------------------
 

@@ -132,6 +132,9 @@ work_hold(tp_work *wk, tp_tensor *t1, tp_tensor *t2)
 {
     wk->wk_t1 = t1 != NULL ? tp_tensor_ref(t1) : NULL;
     wk->wk_t2 = t2 != NULL ? tp_tensor_ref(t2) : NULL;
+    if (wk->wk_result == NULL && !wk->wk_no_result && t1 != NULL) {
+        wk->wk_result = tp_tensor_ref(t1);
+    }
     wk->wk_cuda = is_cuda(t1) || is_cuda(t2);
     if (wk->wk_cuda) {
         wk->wk_args.device = tp_tensor_device(t1 != NULL ? t1 : t2).index;
@@ -223,19 +226,13 @@ tp_pg_broadcast(tp_pg *pg, tp_tensor *t, int root, tp_work **w_p,
     return coll_finish(pg, wk, w_p, st, err_p);
 }
 
+// A reducing collective on the work @wk (from coll_begin).
 static tp_status
-reducing(tp_pg *pg, tp__coll_kind kind, tp_tensor *t, int root, tp_reduce_op op,
-         tp_work **w_p, tp_error **err_p)
+reducing_on(tp_pg *pg, tp_work *wk, tp__coll_kind kind, tp_tensor *t, int root,
+            tp_reduce_op op, tp_work **w_p, tp_error **err_p)
 {
-    tp_work *wk = NULL;
     const char *name = tp__coll_kind_name(kind);
-    tp_work local;
-    tp_status st =
-        coll_begin(pg, kind, w_p == NULL ? &local : NULL, &wk, err_p);
-    if (st != TP_OK) {
-        return st;
-    }
-    st = check_tensor(pg, name, "tensor", t, err_p);
+    tp_status st = check_tensor(pg, name, "tensor", t, err_p);
     if (st == TP_OK && kind == TP__COLL_REDUCE) {
         st = check_root(pg, name, root, err_p);
     }
@@ -255,6 +252,20 @@ reducing(tp_pg *pg, tp__coll_kind kind, tp_tensor *t, int root, tp_reduce_op op,
     return coll_finish(pg, wk, w_p, st, err_p);
 }
 
+static tp_status
+reducing(tp_pg *pg, tp__coll_kind kind, tp_tensor *t, int root, tp_reduce_op op,
+         tp_work **w_p, tp_error **err_p)
+{
+    tp_work *wk = NULL;
+    tp_work local;
+    tp_status st =
+        coll_begin(pg, kind, w_p == NULL ? &local : NULL, &wk, err_p);
+    if (st != TP_OK) {
+        return st;
+    }
+    return reducing_on(pg, wk, kind, t, root, op, w_p, err_p);
+}
+
 tp_status
 tp_pg_all_reduce(tp_pg *pg, tp_tensor *t, tp_reduce_op op, tp_work **w_p,
                  tp_error **err_p)
@@ -267,6 +278,95 @@ tp_pg_reduce(tp_pg *pg, tp_tensor *t, int root, tp_reduce_op op, tp_work **w_p,
              tp_error **err_p)
 {
     return reducing(pg, TP__COLL_REDUCE, t, root, op, w_p, err_p);
+}
+
+// The elements of @t as a view of @flat from element @off, in @t's shape.
+static tp_status
+flat_view(tp_tensor *flat, int64_t off, const tp_tensor *t, tp_tensor **v_p,
+          tp_error **err_p)
+{
+    tp_tensor *n = NULL;
+    tp_status st =
+        tp_tensor_narrow(flat, 0, off, tp_tensor_numel(t), &n, err_p);
+    if (st != TP_OK) {
+        return st;
+    }
+    st =
+        tp_tensor_reshape(n, tp_tensor_ndim(t), tp_tensor_shape(t), v_p, err_p);
+    tp_tensor_unref(n);
+    return st;
+}
+
+tp_status
+tp_pg_all_reduce_coalesced(tp_pg *pg, tp_tensor *const *ts, size_t n,
+                           tp_reduce_op op, tp_work **w_p, tp_error **err_p)
+{
+    tp_work *wk = NULL;
+    tp_work local;
+    tp_status st = coll_begin(pg, TP__COLL_ALL_REDUCE,
+                              w_p == NULL ? &local : NULL, &wk, err_p);
+    if (st != TP_OK) {
+        return st;
+    }
+    const char *name = "all_reduce_coalesced";
+    if (ts == NULL || n < 1 || n > INT32_MAX) {
+        st = tp__error_set(err_p, TP_EINVAL, "%s: %s: %zu tensors (1 or more)",
+                           pg->g_what, name, ts == NULL ? 0 : n);
+    }
+    int64_t total = 0;
+    char arg[32];
+    for (size_t i = 0; st == TP_OK && i < n; i++) {
+        snprintf(arg, sizeof(arg), "tensor %zu", i);
+        st = check_tensor(pg, name, arg, ts[i], err_p);
+        if (st == TP_OK && is_cuda(ts[i])) {
+            st = tp__error_set(err_p, TP_ENOTSUP,
+                               "%s: %s: %s is a CUDA tensor (all_reduce each "
+                               "one)",
+                               pg->g_what, name, arg);
+        }
+        if (st == TP_OK && tp_tensor_dtype(ts[i]) != tp_tensor_dtype(ts[0])) {
+            st = tp__error_set(err_p, TP_EINVAL,
+                               "%s: %s: %s has dtype %s, tensor 0 has dtype %s",
+                               pg->g_what, name, arg,
+                               tp_dtype_name(tp_tensor_dtype(ts[i])),
+                               tp_dtype_name(tp_tensor_dtype(ts[0])));
+        }
+        if (st == TP_OK) {
+            total += tp_tensor_numel(ts[i]);
+        }
+    }
+    // One buffer: the tensors one after the other; the result is copied
+    // back into them once the all_reduce succeeded.
+    tp_tensor *flat = NULL;
+    if (st == TP_OK) {
+        st = tp_tensor_empty(tp_tensor_dtype(ts[0]), 1, &total, &flat, err_p);
+    }
+    if (st == TP_OK) {
+        wk->wk_back = calloc(n, sizeof(*wk->wk_back));
+        if (wk->wk_back == NULL) {
+            st = tp__error_set(err_p, TP_ENOMEM, "%s: %s", pg->g_what, name);
+        }
+    }
+    int64_t off = 0;
+    for (size_t i = 0; st == TP_OK && i < n; i++) {
+        tp_tensor *v = NULL;
+        st = flat_view(flat, off, ts[i], &v, err_p);
+        if (st == TP_OK) {
+            st = tp_tensor_copy(v, ts[i], err_p);
+            wk->wk_back[i].b_dst = tp_tensor_ref(ts[i]);
+            wk->wk_back[i].b_src = v;
+            wk->wk_nback++;
+        }
+        off += tp_tensor_numel(ts[i]);
+    }
+    if (st != TP_OK) {
+        tp_tensor_unref(flat);
+        return coll_finish(pg, wk, w_p, st, err_p);
+    }
+    wk->wk_no_result = true;
+    st = reducing_on(pg, wk, TP__COLL_ALL_REDUCE, flat, 0, op, w_p, err_p);
+    tp_tensor_unref(flat); // the work's reference holds it
+    return st;
 }
 
 tp_status

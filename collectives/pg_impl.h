@@ -87,7 +87,16 @@ struct tp_work {
     bool wk_done;
     tp_status wk_st;
     tp_error *wk_err;
-    tp_future *wk_fut;     // tp_work_get_future's (wk_mtx), or NULL
+    tp_future *wk_fut;    // tp_work_get_future's (wk_mtx), or NULL
+    tp_tensor *wk_result; // its future's value (a reference), or NULL
+    bool wk_no_result;    // coalesced: the future's value is NULL
+    // Copies into the caller's tensors once the collective succeeded
+    // (coalesced calls; strided tensors): b_dst = b_src, same shape.
+    struct pg_back {
+        tp_tensor *b_dst;
+        tp_tensor *b_src;
+    } * wk_back;
+    int wk_nback;
     int wk_source;         // group rank
     uint64_t wk_fr_id;     // its flight-recorder entry (0: none)
     tp_list_node wk_qnode; // in its group's g_queue while queued

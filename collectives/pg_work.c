@@ -42,6 +42,12 @@ work_release(tp_work *wk)
 {
     tp_tensor_unref(wk->wk_t1);
     tp_tensor_unref(wk->wk_t2);
+    tp_tensor_unref(wk->wk_result);
+    for (int i = 0; i < wk->wk_nback; i++) {
+        tp_tensor_unref(wk->wk_back[i].b_dst);
+        tp_tensor_unref(wk->wk_back[i].b_src);
+    }
+    free(wk->wk_back);
     free(wk->wk_splits);
     free(wk->wk_in_copy);
     if (wk->wk_local) {
@@ -103,7 +109,8 @@ static void
 work_future_resolve(tp_work *wk, tp_future *f)
 {
     if (wk->wk_st == TP_OK) {
-        tp_tensor *t = wk->wk_t1 != NULL ? tp_tensor_ref(wk->wk_t1) : NULL;
+        tp_tensor *t =
+            wk->wk_result != NULL ? tp_tensor_ref(wk->wk_result) : NULL;
         if (tp_future_set_value(f, t, work_future_free) != TP_OK) {
             tp_tensor_unref(t);
         }
@@ -136,7 +143,8 @@ tp__pg_work_complete(tp_work *wk, tp_status st, const tp_error *err, int source)
     }
     tp__mtx_unlock(&wk->wk_mtx);
     if (f != NULL) {
-        // wk_st, wk_err and wk_t1 no longer change: read without the lock.
+        // wk_st, wk_err and wk_result no longer change: read without the
+        // lock.
         work_future_resolve(wk, f);
         tp_future_unref(f);
     }
@@ -394,6 +402,14 @@ coll_exec(tp_pg *g, tp_work *wk, tp_error **err_p)
                  !tp__pg_engine_for(g, wk->wk_cuda)->device;
     tp__pg_fr_run(g, wk, g->g_seq + (debug ? 1u : 0u));
     tp_status st = coll_exec_engine(g, wk, err_p);
+    for (int i = 0; st == TP_OK && i < wk->wk_nback; i++) {
+        // The result into the caller's tensors (coalesced, strided).
+        st = tp_tensor_copy(wk->wk_back[i].b_dst, wk->wk_back[i].b_src, err_p);
+        if (st != TP_OK) {
+            tp__error_wrap(err_p, st, "%s: %s: copy of the result", g->g_what,
+                           tp__coll_kind_name(wk->wk_args.kind));
+        }
+    }
     if (st == TP_ETIMEDOUT) {
         char *fl = tp__pg_fr_dump(g, true);
         // The error names the group and the collective.
@@ -491,12 +507,18 @@ tp__pg_coll_submit(tp_pg *g, tp_work *wk, tp_work **w_p, tp_error **err_p)
         h->wk_in_copy = wk->wk_in_copy;
         h->wk_t1 = wk->wk_t1;
         h->wk_t2 = wk->wk_t2;
+        h->wk_result = wk->wk_result;
+        h->wk_no_result = wk->wk_no_result;
+        h->wk_back = wk->wk_back;
+        h->wk_nback = wk->wk_nback;
         h->wk_cuda = wk->wk_cuda;
         h->wk_deadline_ns = wk->wk_deadline_ns;
         h->wk_fr_id = wk->wk_fr_id;
         wk->wk_splits = NULL;
         wk->wk_in_copy = NULL;
-        wk->wk_t1 = wk->wk_t2 = NULL;
+        wk->wk_t1 = wk->wk_t2 = wk->wk_result = NULL;
+        wk->wk_back = NULL;
+        wk->wk_nback = 0;
         wk = h;
     }
     if (!g->g_thread_started) {

@@ -131,6 +131,19 @@ TP_API tp_status tp_pg_init(const char *init_method, int rank, int world_size,
 TP_API tp_status tp_pg_new_group(tp_pg *world, const int *ranks, int n,
                                  const tp_pg_options *o, tp_pg **pg_p,
                                  tp_error **err_p);
+/**
+ * tp_pg_new_subgroups - splits @world (the world group) into groups of
+ * @group_size consecutive ranks (torch's new_subgroups): world ranks
+ * [k*group_size, (k+1)*group_size) make group k. Every rank calls it and
+ * gets its own group in *@pg_p (named "subgroup<k>", or o->name followed
+ * by k), made as with tp_pg_new_group (it blocks until the group's members
+ * have called it). Ownership: *@pg_p is the caller's (tp_pg_destroy).
+ * Errors: TP_EINVAL (@world is not the world group, @group_size < 1, or
+ * the world size is not a multiple of it), as tp_pg_new_group otherwise.
+ */
+TP_API tp_status tp_pg_new_subgroups(tp_pg *world, int group_size,
+                                     const tp_pg_options *o, tp_pg **pg_p,
+                                     tp_error **err_p);
 
 /**
  * tp_pg_destroy - fails every operation of @pg still queued or running
@@ -243,6 +256,19 @@ TP_API tp_status tp_pg_all_reduce(tp_pg *pg, tp_tensor *t, tp_reduce_op op,
  * are left unchanged. */
 TP_API tp_status tp_pg_reduce(tp_pg *pg, tp_tensor *t, int root,
                               tp_reduce_op op, tp_work **w_p, tp_error **err_p);
+/**
+ * tp_pg_all_reduce_coalesced - all_reduce of the @n tensors @ts (one dtype,
+ * CPU) as one operation (torch's all_reduce_coalesced): they are copied
+ * into one buffer, reduced with one all_reduce, and the result is copied
+ * back into each once it succeeded (a failed call leaves them unchanged).
+ * Every member passes tensors of the same element counts in the same
+ * order. The work's future resolves with a NULL value.
+ * Errors: TP_EINVAL (no tensors, dtypes differ, op), TP_ENOTSUP (CUDA
+ * tensors: all_reduce each one), TP_ENOMEM; as all_reduce otherwise.
+ */
+TP_API tp_status tp_pg_all_reduce_coalesced(tp_pg *pg, tp_tensor *const *ts,
+                                            size_t n, tp_reduce_op op,
+                                            tp_work **w_p, tp_error **err_p);
 /** tp_pg_all_gather - @out (size * numel(@in) elements) = every rank's
  * @in, in rank order (all_gather_into_tensor). */
 TP_API tp_status tp_pg_all_gather(tp_pg *pg, tp_tensor *out, tp_tensor *in,

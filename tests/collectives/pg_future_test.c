@@ -2,7 +2,8 @@
 /* pg_future_test.c - process groups across forked ranks on loopback:
  * a work's future (tp_work_get_future) chained with tp_future_then, and
  * the same error as the work's when it fails; tp_future_wait_all over
- * collective and plain futures (all, fail-fast, timeout).
+ * collective and plain futures (all, fail-fast, timeout);
+ * tp_pg_new_subgroups; tp_pg_all_reduce_coalesced.
  *
  * Every rank is a forked child of the case process, forked before any
  * thread exists. Every wait has a deadline. */
@@ -54,6 +55,20 @@ init_pg(int rank, int world, const char *url, int64_t timeout_ms)
     tp_error *err = NULL;
     TP_CHECK_OK(tp_pg_init(url, rank, world, &o, &pg, &err), err);
     return pg;
+}
+
+// Two barriers, then the destroy: a pipe made for the first message
+// between two ranks (the first barrier's) may still be finishing its
+// channel's handshake on the sender when the receiver has its message and
+// leaves; the second barrier runs on pipes that are set up.
+static void
+finish(tp_pg *pg)
+{
+    tp_error *err = NULL;
+    for (int i = 0; i < 2; i++) {
+        TP_CHECK_OK(tp_pg_barrier(pg, NULL, &err), err);
+    }
+    tp_pg_destroy(pg);
 }
 
 static tp_tensor *
@@ -173,8 +188,7 @@ future_rank(int rank, int world, const char *url, void *arg)
         }
         tp_tensor_unref(x);
     }
-    TP_CHECK_OK(tp_pg_barrier(pg, NULL, &err), err);
-    tp_pg_destroy(pg);
+    finish(pg);
 }
 
 static void
@@ -272,7 +286,7 @@ wait_all_rank(int rank, int world, const char *url, void *arg)
         tp_future_unref(f[k]);
         tp_tensor_unref(t[k]);
     }
-    tp_pg_destroy(pg);
+    finish(pg);
 }
 
 static void
@@ -334,11 +348,152 @@ test_wait_all_plain(void)
     }
 }
 
+// ---- new_subgroups, all_reduce_coalesced
+// --------------------------------------------------------
+
+// (a macro: the call must set err before it is read)
+#define EXPECT_EINVAL(call, needle) expect_einval((call), &err, (needle))
+
+static void
+expect_einval(tp_status st, tp_error **err_p, const char *needle)
+{
+    tp_error *err = *err_p;
+    *err_p = NULL;
+    TP_CHECKF(st == TP_EINVAL, "status %s: %s", tp_status_name(st),
+              tp_error_message(err));
+    TP_CHECK_STR_CONTAINS(tp_error_message(err), needle);
+    tp_error_unref(err);
+}
+
+static void
+subgroups_rank(int rank, int world, const char *url, void *arg)
+{
+    (void)arg;
+    tp_pg *pg = init_pg(rank, world, url, 0);
+    tp_error *err = NULL;
+    tp_pg *sub = NULL;
+    EXPECT_EINVAL(tp_pg_new_subgroups(pg, 3, NULL, &sub, &err),
+                  "not a multiple");
+    EXPECT_EINVAL(tp_pg_new_subgroups(pg, 0, NULL, &sub, &err),
+                  "not a multiple");
+    err = NULL;
+    TP_CHECK(sub == NULL);
+    int sizes[] = {2, 1, 4};
+    for (int s = 0; s < 3; s++) {
+        int gs = sizes[s];
+        TP_CHECK_OK(tp_pg_new_subgroups(pg, gs, NULL, &sub, &err), err);
+        TP_CHECK(sub != NULL);
+        TP_CHECK_EQ(tp_pg_size(sub), gs);
+        TP_CHECK_EQ(tp_pg_rank(sub), rank % gs);
+        int k = rank / gs;
+        char name[32];
+        snprintf(name, sizeof(name), "subgroup%d", k);
+        TP_CHECK(strcmp(tp_pg_name(sub), name) == 0);
+        for (int i = 0; i < gs; i++) {
+            TP_CHECK_EQ(tp_pg_world_rank(sub, i), k * gs + i);
+        }
+        tp_tensor *t = tensor(TP_I32, 3);
+        tp_tensor_set_item(t, 1, (double)rank);
+        TP_CHECK_OK(tp_pg_all_reduce(sub, t, TP_REDUCE_SUM, NULL, &err), err);
+        double v = 0;
+        TP_CHECK_OK(tp_tensor_item(t, 1, &v), NULL);
+        // the sum of the world ranks k*gs .. k*gs+gs-1
+        TP_CHECK_EQ((int64_t)v, (int64_t)(k * gs * gs + gs * (gs - 1) / 2));
+        tp_tensor_unref(t);
+        tp_pg_destroy(sub);
+        sub = NULL;
+    }
+    finish(pg);
+}
+
+static void
+test_new_subgroups(void)
+{
+    run_engines(4, subgroups_rank);
+}
+
+static void
+coalesced_rank(int rank, int world, const char *url, void *arg)
+{
+    (void)arg;
+    tp_pg *pg = init_pg(rank, world, url, 0);
+    tp_error *err = NULL;
+    enum { N = 4 };
+    int64_t counts[N] = {5, 0, 1000, 17};
+    tp_tensor *ts[N];
+    for (int round = 0; round < 2; round++) {
+        for (int k = 0; k < N; k++) {
+            if (k == 3) {
+                int64_t shape[2] = {1, counts[k]}; // 2-D
+                TP_CHECK_OK(tp_tensor_zeros(TP_F64, 2, shape, &ts[k], &err),
+                            err);
+            } else {
+                ts[k] = tensor(TP_F64, counts[k]);
+            }
+            for (int64_t i = 0; i < counts[k]; i++) {
+                tp_tensor_set_item(ts[k], i, (double)(rank + k * i));
+            }
+        }
+        if (round == 0) {
+            TP_CHECK_OK(tp_pg_all_reduce_coalesced(pg, ts, N, TP_REDUCE_SUM,
+                                                   NULL, &err),
+                        err);
+        } else {
+            // asynchronous, through its future
+            tp_work *w = NULL;
+            TP_CHECK_OK(
+                tp_pg_all_reduce_coalesced(pg, ts, N, TP_REDUCE_AVG, &w, &err),
+                err);
+            tp_future *f = NULL;
+            TP_CHECK_OK(tp_work_get_future(w, &f, &err), err);
+            tp_work_free(w);
+            TP_CHECK_OK(tp_future_wait(f, tp_test_ms(30000), &err), err);
+            TP_CHECK(tp_future_value(f) == NULL);
+            tp_future_unref(f);
+        }
+        for (int k = 0; k < N; k++) {
+            for (int64_t i = 0; i < counts[k]; i++) {
+                double v = 0;
+                TP_CHECK_OK(tp_tensor_item(ts[k], i, &v), NULL);
+                double sum =
+                    (double)world * (world - 1) / 2.0 + (double)(world * k * i);
+                double want = round == 0 ? sum : sum / world;
+                TP_CHECKF(v == want, "round %d tensor %d [%lld]: %g, want %g",
+                          round, k, (long long)i, v, want);
+            }
+        }
+        for (int k = 0; k < N; k++) {
+            tp_tensor_unref(ts[k]);
+        }
+    }
+    // argument errors, before anything is sent
+    tp_tensor *a = tensor(TP_F32, 4), *b = tensor(TP_I32, 4);
+    tp_tensor *ab[2] = {a, b};
+    EXPECT_EINVAL(
+        tp_pg_all_reduce_coalesced(pg, ab, 2, TP_REDUCE_SUM, NULL, &err),
+        "tensor 1 has dtype");
+    EXPECT_EINVAL(
+        tp_pg_all_reduce_coalesced(pg, ab, 0, TP_REDUCE_SUM, NULL, &err),
+        "0 tensors");
+    err = NULL;
+    tp_tensor_unref(a);
+    tp_tensor_unref(b);
+    finish(pg);
+}
+
+static void
+test_coalesced(void)
+{
+    run_engines(3, coalesced_rank);
+}
+
 static const tp_test_case k_cases[] = {
     TP_TEST_CASE_T(test_work_future, 120),
     TP_TEST_CASE_T(test_future_timeout, 60),
     TP_TEST_CASE_T(test_wait_all, 120),
     TP_TEST_CASE_T(test_wait_all_plain, 60),
+    TP_TEST_CASE_T(test_new_subgroups, 120),
+    TP_TEST_CASE_T(test_coalesced, 120),
 };
 
 TP_TEST_MAIN(k_cases)
