@@ -23,13 +23,14 @@ check_tensor(tp_pg *g, const char *op, const char *arg, const tp_tensor *t,
         return tp__error_set(err_p, TP_EINVAL, "%s: %s: %s is NULL", g->g_what,
                              op, arg);
     }
-    if (!tp_tensor_is_contiguous(t)) {
+    tp_device d = tp_tensor_device(t);
+    // A strided CPU tensor is staged in a contiguous copy (stage()).
+    if (!tp_tensor_is_contiguous(t) && d.type != TP_DEVICE_CPU) {
         return tp__error_set(err_p, TP_EINVAL,
                              "%s: %s: %s is not contiguous (call "
                              "tp_tensor_contiguous first)",
                              g->g_what, op, arg);
     }
-    tp_device d = tp_tensor_device(t);
     if (d.type != TP_DEVICE_CPU && d.type != TP_DEVICE_CUDA) {
         return tp__error_set(err_p, TP_EINVAL, "%s: %s: %s is on device %d",
                              g->g_what, op, arg, (int)d.type);
@@ -147,6 +148,49 @@ numel(const tp_tensor *t)
     return t != NULL ? (size_t)tp_tensor_numel(t) : 0;
 }
 
+// Strided tensors: *@t_p, if it is not contiguous, is replaced by a
+// contiguous copy held by the work; for an output (@out) the result is
+// copied back into the caller's tensor once the collective succeeded (the
+// first output staged is the value of the work's future).
+static tp_status
+stage(tp_work *wk, tp_tensor **t_p, bool out, tp_error **err_p)
+{
+    tp_tensor *t = *t_p;
+    if (t == NULL || tp_tensor_is_contiguous(t)) {
+        return TP_OK;
+    }
+    struct pg_back *nb =
+        realloc(wk->wk_back, (size_t)(wk->wk_nback + 1) * sizeof(*nb));
+    if (nb == NULL) {
+        return tp__error_set(err_p, TP_ENOMEM, "%s: contiguous copy",
+                             wk->wk_pg->g_what);
+    }
+    wk->wk_back = nb;
+    tp_tensor *c = NULL;
+    tp_status st = tp_tensor_contiguous(t, &c, err_p);
+    if (st != TP_OK) {
+        return tp__error_wrap(err_p, st, "%s: contiguous copy",
+                              wk->wk_pg->g_what);
+    }
+    // An input's copy is only held (b_dst NULL: nothing is copied back).
+    nb[wk->wk_nback].b_dst = out ? tp_tensor_ref(t) : NULL;
+    nb[wk->wk_nback].b_src = c;
+    wk->wk_nback++;
+    if (out && wk->wk_result == NULL && !wk->wk_no_result) {
+        wk->wk_result = tp_tensor_ref(t);
+    }
+    *t_p = c;
+    return TP_OK;
+}
+
+// Stages @out (an output) and @in (an input) of @wk.
+static tp_status
+stage2(tp_work *wk, tp_tensor **out_p, tp_tensor **in_p, tp_error **err_p)
+{
+    tp_status st = stage(wk, out_p, true, err_p);
+    return st == TP_OK ? stage(wk, in_p, false, err_p) : st;
+}
+
 // An input that overlaps the output is copied first (in-place all_gather
 // with the input as the output's block r, and the like).
 static tp_status
@@ -217,6 +261,9 @@ tp_pg_broadcast(tp_pg *pg, tp_tensor *t, int root, tp_work **w_p,
         st = check_root(pg, "broadcast", root, err_p);
     }
     if (st == TP_OK) {
+        st = stage(wk, &t, true, err_p);
+    }
+    if (st == TP_OK) {
         work_hold(wk, t, NULL);
         wk->wk_args.dtype = tp_tensor_dtype(t);
         wk->wk_args.root = root;
@@ -238,6 +285,9 @@ reducing_on(tp_pg *pg, tp_work *wk, tp__coll_kind kind, tp_tensor *t, int root,
     }
     if (st == TP_OK) {
         st = check_op(pg, name, op, tp_tensor_dtype(t), err_p);
+    }
+    if (st == TP_OK) {
+        st = stage(wk, &t, true, err_p);
     }
     if (st == TP_OK) {
         work_hold(wk, t, NULL);
@@ -388,6 +438,9 @@ tp_pg_all_gather(tp_pg *pg, tp_tensor *out, tp_tensor *in, tp_work **w_p,
         st = check_blocks(pg, "all_gather", out, "out", in, "in", err_p);
     }
     if (st == TP_OK) {
+        st = stage2(wk, &out, &in, err_p);
+    }
+    if (st == TP_OK) {
         work_hold(wk, out, in);
         wk->wk_args.dtype = tp_tensor_dtype(in);
         wk->wk_args.in = tp_tensor_data(in);
@@ -418,6 +471,10 @@ tp_pg_gather(tp_pg *pg, tp_tensor *out, tp_tensor *in, int root, tp_work **w_p,
         if (st == TP_OK) {
             st = check_blocks(pg, "gather", out, "out", in, "in", err_p);
         }
+    }
+    if (st == TP_OK) {
+        st = is_root ? stage2(wk, &out, &in, err_p)
+                     : stage(wk, &in, false, err_p);
     }
     if (st == TP_OK) {
         work_hold(wk, is_root ? out : NULL, in);
@@ -453,6 +510,10 @@ tp_pg_scatter(tp_pg *pg, tp_tensor *out, tp_tensor *in, int root, tp_work **w_p,
         }
     }
     if (st == TP_OK) {
+        st = is_root ? stage2(wk, &out, &in, err_p)
+                     : stage(wk, &out, true, err_p);
+    }
+    if (st == TP_OK) {
         work_hold(wk, out, is_root ? in : NULL);
         wk->wk_args.dtype = tp_tensor_dtype(out);
         wk->wk_args.root = root;
@@ -483,6 +544,9 @@ tp_pg_reduce_scatter(tp_pg *pg, tp_tensor *out, tp_tensor *in, tp_reduce_op op,
     }
     if (st == TP_OK) {
         st = check_op(pg, "reduce_scatter", op, tp_tensor_dtype(in), err_p);
+    }
+    if (st == TP_OK) {
+        st = stage2(wk, &out, &in, err_p);
     }
     if (st == TP_OK) {
         work_hold(wk, out, in);
@@ -612,6 +676,9 @@ tp_pg_all_to_all(tp_pg *pg, tp_tensor *out, tp_tensor *in,
         }
     }
     if (st == TP_OK) {
+        st = stage2(wk, &out, &in, err_p);
+    }
+    if (st == TP_OK) {
         work_hold(wk, out, in);
         size_t *sp = wk->wk_splits;
         wk->wk_args.dtype = tp_tensor_dtype(in);
@@ -640,6 +707,12 @@ p2p_start(tp_pg *pg, bool send, tp_tensor *t, int peer, int tag, tp_work **w_p,
     tp_status st = check_tensor(pg, op, "tensor", t, err_p);
     if (st != TP_OK) {
         return st;
+    }
+    if (!tp_tensor_is_contiguous(t)) {
+        return tp__error_set(err_p, TP_EINVAL,
+                             "%s: %s: tensor is not contiguous (call "
+                             "tp_tensor_contiguous first)",
+                             pg->g_what, op);
     }
     if (tag < 0) {
         return tp__error_set(err_p, TP_EINVAL, "%s: %s: tag %d (tags are >= 0)",

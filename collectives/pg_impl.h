@@ -91,7 +91,8 @@ struct tp_work {
     tp_tensor *wk_result; // its future's value (a reference), or NULL
     bool wk_no_result;    // coalesced: the future's value is NULL
     // Copies into the caller's tensors once the collective succeeded
-    // (coalesced calls; strided tensors): b_dst = b_src, same shape.
+    // (coalesced calls; strided tensors): b_dst = b_src, same shape;
+    // b_dst NULL: a strided input's copy, only held.
     struct pg_back {
         tp_tensor *b_dst;
         tp_tensor *b_src;

@@ -404,6 +404,9 @@ coll_exec(tp_pg *g, tp_work *wk, tp_error **err_p)
     tp_status st = coll_exec_engine(g, wk, err_p);
     for (int i = 0; st == TP_OK && i < wk->wk_nback; i++) {
         // The result into the caller's tensors (coalesced, strided).
+        if (wk->wk_back[i].b_dst == NULL) {
+            continue; // an input's copy
+        }
         st = tp_tensor_copy(wk->wk_back[i].b_dst, wk->wk_back[i].b_src, err_p);
         if (st != TP_OK) {
             tp__error_wrap(err_p, st, "%s: %s: copy of the result", g->g_what,

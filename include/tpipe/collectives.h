@@ -17,7 +17,7 @@
  * the call blocking (it returns the operation's status); non-NULL makes it
  * asynchronous: it returns TP_OK once the operation is queued and hands
  * back a work handle to wait on. Argument errors that can be detected
- * locally (dtype, count, root, device, a non-contiguous tensor) are
+ * locally (dtype, count, root, device, a non-contiguous CUDA tensor) are
  * returned by the call itself, before any communication, in both forms.
  * Tensors passed to an asynchronous call are referenced by the work until
  * it completes; their contents must not be touched until then.
@@ -240,9 +240,13 @@ TP_API tp_status tp_pg_recv(tp_pg *pg, tp_tensor *t, int src, int tag,
                             tp_work **w_p, tp_error **err_p);
 
 /* ---- collectives -----------------------------------------------------------
- * Tensors are contiguous CPU tensors (or CUDA tensors when built with NCCL:
- * they go to NCCL). Each rank's tensors must agree with the others' in
- * dtype and element count. */
+ * Tensors are CPU tensors (or contiguous CUDA tensors when built with NCCL:
+ * they go to NCCL). A strided (non-contiguous) CPU tensor, e.g. a
+ * transposed view, is copied into a contiguous buffer first and, for an
+ * output, the result is copied back into it once the collective
+ * succeeded (a copy each way; pass contiguous tensors where that counts).
+ * Each rank's tensors must agree with the others' in dtype and element
+ * count. */
 
 /** tp_pg_barrier - returns when every member has entered it. */
 TP_API tp_status tp_pg_barrier(tp_pg *pg, tp_work **w_p, tp_error **err_p);

@@ -3,7 +3,8 @@
  * a work's future (tp_work_get_future) chained with tp_future_then, and
  * the same error as the work's when it fails; tp_future_wait_all over
  * collective and plain futures (all, fail-fast, timeout);
- * tp_pg_new_subgroups; tp_pg_all_reduce_coalesced.
+ * tp_pg_new_subgroups; tp_pg_all_reduce_coalesced; strided (transposed)
+ * tensors in collectives.
  *
  * Every rank is a forked child of the case process, forked before any
  * thread exists. Every wait has a deadline. */
@@ -487,6 +488,109 @@ test_coalesced(void)
     run_engines(3, coalesced_rank);
 }
 
+// ---- strided tensors
+// ------------------------------------------------------------
+
+// A transposed view of a fresh [rows, cols] tensor, element (i, j) of the
+// base = @base_of(i, j); the view's (j, i) is that element.
+static tp_tensor *
+transposed(tp_dtype dt, int64_t rows, int64_t cols, double salt)
+{
+    int64_t shape[2] = {rows, cols};
+    tp_tensor *b = NULL, *v = NULL;
+    tp_error *err = NULL;
+    TP_CHECK_OK(tp_tensor_zeros(dt, 2, shape, &b, &err), err);
+    for (int64_t i = 0; i < rows * cols; i++) {
+        tp_tensor_set_item(b, i, salt + (double)i);
+    }
+    TP_CHECK_OK(tp_tensor_transpose(b, 0, 1, &v, &err), err);
+    tp_tensor_unref(b);
+    TP_CHECK(!tp_tensor_is_contiguous(v));
+    return v;
+}
+
+// Element (i, j) of the base of @v (its view index is j * rows + i).
+static double
+base_item(tp_tensor *v, int64_t rows, int64_t i, int64_t j)
+{
+    double x = 0;
+    TP_CHECK_OK(tp_tensor_item(v, j * rows + i, &x), NULL);
+    return x;
+}
+
+static void
+strided_rank(int rank, int world, const char *url, void *arg)
+{
+    (void)arg;
+    tp_pg *pg = init_pg(rank, world, url, 0);
+    tp_error *err = NULL;
+    const int64_t R = 4, C = 6, N = R * C;
+    // all_reduce, blocking and through a future (the value is the view)
+    for (int a = 0; a < 2; a++) {
+        tp_tensor *v = transposed(TP_F32, R, C, rank * 100.0);
+        if (a == 0) {
+            TP_CHECK_OK(tp_pg_all_reduce(pg, v, TP_REDUCE_SUM, NULL, &err),
+                        err);
+        } else {
+            tp_work *w = NULL;
+            TP_CHECK_OK(tp_pg_all_reduce(pg, v, TP_REDUCE_SUM, &w, &err), err);
+            tp_future *f = NULL;
+            TP_CHECK_OK(tp_work_get_future(w, &f, &err), err);
+            TP_CHECK_OK(tp_future_wait(f, tp_test_ms(30000), &err), err);
+            TP_CHECK(tp_future_value(f) == v);
+            tp_future_unref(f);
+            tp_work_free(w);
+        }
+        TP_CHECK(!tp_tensor_is_contiguous(v));
+        for (int64_t i = 0; i < R; i++) {
+            for (int64_t j = 0; j < C; j++) {
+                double want = 100.0 * world * (world - 1) / 2.0 +
+                              (double)(world * (i * C + j));
+                TP_CHECK_EQ((int64_t)base_item(v, R, i, j), (int64_t)want);
+            }
+        }
+        tp_tensor_unref(v);
+    }
+    // broadcast from the last rank
+    tp_tensor *v = transposed(TP_I32, R, C, rank * 1000.0);
+    TP_CHECK_OK(tp_pg_broadcast(pg, v, world - 1, NULL, &err), err);
+    TP_CHECK_EQ((int64_t)base_item(v, R, 2, 5),
+                (int64_t)((world - 1) * 1000 + 2 * C + 5));
+    tp_tensor_unref(v);
+    // all_gather: a strided input into a strided output ([world*C, R]
+    // viewed from [R, world*C]... both transposed)
+    tp_tensor *in = transposed(TP_I64, R, C, rank * 1000.0);
+    tp_tensor *out = transposed(TP_I64, R * world, C, -1.0);
+    TP_CHECK_OK(tp_pg_all_gather(pg, out, in, NULL, &err), err);
+    for (int r = 0; r < world; r++) {
+        for (int64_t k = 0; k < N; k++) {
+            // block r of out (in out's view order) = rank r's in, in view
+            // order: view index k of in is base (k % R, k / R)
+            double x = 0;
+            TP_CHECK_OK(tp_tensor_item(out, r * N + k, &x), NULL);
+            double want = r * 1000.0 + (double)((k % R) * C + k / R);
+            TP_CHECKF(x == want, "all_gather block %d [%lld]: %g, want %g", r,
+                      (long long)k, x, want);
+        }
+    }
+    tp_tensor_unref(in);
+    tp_tensor_unref(out);
+    // point-to-point still wants contiguous tensors
+    tp_tensor *s = transposed(TP_F32, 2, 3, 0);
+    tp_status st = tp_pg_send(pg, s, (rank + 1) % world, 1, NULL, &err);
+    TP_CHECK_EQ(st, TP_EINVAL);
+    TP_CHECK_STR_CONTAINS(tp_error_message(err), "not contiguous");
+    tp_error_unref(err);
+    tp_tensor_unref(s);
+    finish(pg);
+}
+
+static void
+test_strided(void)
+{
+    run_engines(3, strided_rank);
+}
+
 static const tp_test_case k_cases[] = {
     TP_TEST_CASE_T(test_work_future, 120),
     TP_TEST_CASE_T(test_future_timeout, 60),
@@ -494,6 +598,7 @@ static const tp_test_case k_cases[] = {
     TP_TEST_CASE_T(test_wait_all_plain, 60),
     TP_TEST_CASE_T(test_new_subgroups, 120),
     TP_TEST_CASE_T(test_coalesced, 120),
+    TP_TEST_CASE_T(test_strided, 120),
 };
 
 TP_TEST_MAIN(k_cases)
