@@ -1091,8 +1091,10 @@ malformed_rank(int rank, int world, const char *url, void *arg)
                     err);
         void *v = NULL;
         size_t len = 0;
-        TP_CHECK_OK(tp_store_get(st, "tp.pg/0/addr/0", tp_test_ms(10000), &v,
-                                 &len, &err),
+        // the first job of this world size on the store (pg.c)
+        char key[64];
+        snprintf(key, sizeof(key), "tp.pg/w%d/0/addr/0", world);
+        TP_CHECK_OK(tp_store_get(st, key, tp_test_ms(10000), &v, &len, &err),
                     err);
         char addr[256];
         snprintf(addr, sizeof(addr), "%s", (const char *)v);
