@@ -27,7 +27,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")"
 # tooling (the build leaves a backend out when its package is missing).
 NEED_PKGS=(build-essential cmake pkg-config libxxhash-dev liburing-dev)
 WANT_PKGS=(libibverbs-dev librdmacm-dev libucx-dev libopenblas-dev clang clang-format
-           zlib1g-dev libssl-dev iptables valgrind)
+           zlib1g-dev libssl-dev libpmix-dev iptables valgrind)
 # The demo also needs the data set and zlib to read it (tp_train).
 DEMO_PKGS=(dataset-fashion-mnist zlib1g-dev)
 

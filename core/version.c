@@ -25,6 +25,11 @@ tp_version_string(void)
 #endif
 // libibverbs and UCX are detected (TP_HAVE_IBV, TP_HAVE_UCX) but no
 // transport uses them yet (issue 13): they are not features until one does.
+#if TP_HAVE_PMIX
+#define VERSION_F_PMIX " pmix"
+#else
+#define VERSION_F_PMIX ""
+#endif
 #if TP_HAVE_CUDA
 #define VERSION_F_CUDA " cuda"
 #else
@@ -36,8 +41,8 @@ tp_version_string(void)
 #define VERSION_F_NCCL ""
 #endif
 
-static const char version_features[] =
-    VERSION_F_URING VERSION_F_CRYPTO VERSION_F_CUDA VERSION_F_NCCL;
+static const char version_features[] = VERSION_F_URING VERSION_F_CRYPTO
+    VERSION_F_PMIX VERSION_F_CUDA VERSION_F_NCCL;
 
 const char *
 tp_build_features(void)
