@@ -422,6 +422,10 @@ tp__auth_warn_open(const char *what, const struct sockaddr *sa)
     if (tp__auth_enabled(&on, NULL) != TP_OK || on || auth_is_local(sa)) {
         return;
     }
+    const char *quiet = getenv("TP_AUTH_WARN");
+    if (quiet != NULL && strcmp(quiet, "0") == 0) {
+        return; // tools that only probe (tpipe info)
+    }
     if (atomic_exchange(&g_warned, true)) {
         return;
     }

@@ -481,6 +481,12 @@ open_listener_warns_once(void)
     set_secret(SECRET_A);
     listen_and_close("tcp://0.0.0.0:0");
     TP_CHECK_EQ(atomic_load(&g_open_warnings), 0);
+    // TP_AUTH_WARN=0 (tpipe info) silences it.
+    set_secret(NULL);
+    setenv("TP_AUTH_WARN", "0", 1);
+    listen_and_close("tcp://0.0.0.0:0");
+    unsetenv("TP_AUTH_WARN");
+    TP_CHECK_EQ(atomic_load(&g_open_warnings), 0);
     // The wildcard address without one: once per process.
     set_secret(NULL);
     listen_and_close("tcp://0.0.0.0:0");
