@@ -1,0 +1,142 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* bench_pipe.h (internal) - what the files of `tpipe bench pipe` share:
+ * bench_pipe.c (options, main), bench_pipe_server.c (the echo and sink
+ * server, in a forked child or in this process), bench_pipe_client.c (the
+ * client that measures, one combination and repetition) and
+ * bench_pipe_plot.c (the ceilings, the rows and the SVG). */
+#ifndef TP_TOOLS_BENCH_PIPE_H
+#define TP_TOOLS_BENCH_PIPE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <tpipe/pipe.h>
+
+#include "bench_common.h"
+#include "bench_peer.h"
+
+#define BP_MAX_NAMES    8
+#define BP_MAX_COMBOS   32
+#define BP_MAX_PAYLOADS 64u
+#define BP_MAX_PAYLOAD  (64u << 20)
+
+// One transport/channel combination.
+typedef struct bp_combo {
+    char bc_transports[32]; // allow list of both contexts: "tcp", "tcp,shm"
+    char bc_connect[8];     // transport whose listener URL the client dials
+    char bc_expect[8];      // the transport the pipe must choose ("" = any)
+    char bc_channel[16];
+    bool bc_inproc; // both contexts in this process (xth)
+    char bc_label[48];
+} bp_combo;
+
+typedef struct bp_opts {
+    bench_opts bo_com; // the options bench transport has too
+    const char *bo_transports[BP_MAX_NAMES];
+    size_t bo_ntransports;
+    bool bo_all_transports;
+    const char *bo_channels[BP_MAX_NAMES];
+    size_t bo_nchannels;
+    bool bo_all_channels;
+    bp_combo bo_combos[BP_MAX_COMBOS];
+    size_t bo_ncombos;
+    uint32_t bo_npayloads;
+    uint64_t bo_payload_size;
+    int bo_lanes;
+    const char *bo_plot;
+} bp_opts;
+
+// What a combination produced, for the output and the plot.
+typedef struct bp_result {
+    const bp_combo *pr_combo;
+    char pr_transport[32]; // the one negotiated
+    bool pr_ok;
+    double *pr_stream_gbps; // [nsizes], NAN where not measured
+} bp_result;
+
+typedef enum bp_outcome { BP_OK, BP_SKIP, BP_FAIL } bp_outcome;
+
+// ---- the server (bench_pipe_server.c) --------------------------------------
+
+typedef struct bp_server bp_server;
+
+// One message the server is reading or answering: its own buffers, a
+// read and a write aio. A slot is busy from its descriptor until its read
+// (sink) or its answer's write (echo, ack) completed.
+typedef struct bp_slot {
+    bp_server *ss_srv;
+    tp_aio *ss_rd;
+    tp_aio *ss_wr;
+    tp_message *ss_msg; // from tp_pipe_read_descriptor
+    tp_message ss_out;  // echo or ack
+    tp_msg_buf ss_out_t;
+    tp_msg_buf *ss_out_p; // bo_npayloads
+    uint8_t *ss_buf;      // tensor
+    uint8_t *ss_pay;      // payloads, bo_payload_size each
+    char ss_op;
+    bool ss_busy;
+} bp_slot;
+
+struct bp_server {
+    bt_sync sv_sync;
+    const bp_opts *sv_opts;
+    tp_pipe_listener *sv_listener;
+    tp_pipe *sv_pipe;
+    tp_aio *sv_accept;
+    tp_aio *sv_desc;
+    unsigned sv_nslots;
+    bp_slot *sv_slots;
+    // loop thread
+    unsigned sv_head; // next slot to use
+    bool sv_desc_posted;
+    bool sv_quitting;
+};
+
+// Counts progress on @s (the stall deadline's).
+void bp_bump(bt_sync *s);
+// A context for combination @c. Returns false with @why set.
+bool bp_context(const bp_opts *o, const bp_combo *c, const char *name,
+                tp_context **ctx_p, char *why, size_t why_len);
+// The report as one line ("a; b; c"), for error messages.
+void bp_flatten(char *s);
+// Creates the server's context and listener, allocates and starts
+// accepting; writes the URL to dial into @url. BP_SKIP or BP_FAIL with
+// @why set; whatever was created is left for bp_server_teardown.
+bp_outcome bp_server_setup(const bp_opts *o, const bp_combo *c,
+                           tp_context **ctx_p, bp_server *s, char *url,
+                           size_t url_len, char *why, size_t why_len);
+void bp_server_teardown(tp_context *ctx, bp_server *s);
+// The forked server: never returns.
+void bp_server_child(const bp_opts *o, const bp_combo *c, int wfd);
+
+// ---- the client (bench_pipe_client.c) --------------------------------------
+
+// One (combination, repetition).
+typedef struct bp_run {
+    const bp_opts *pr_opts;
+    const bp_combo *pr_combo;
+    char pr_transport[32]; // negotiated
+    char pr_err[2048];
+} bp_run;
+
+// Runs one repetition of r->pr_combo, recording into @cells (pingpong
+// cells, then stream cells, one per size). BP_SKIP or BP_FAIL with
+// r->pr_err set.
+bp_outcome bp_run_rep(bp_run *r, bench_cell *cells);
+
+// ---- output (bench_pipe_plot.c) --------------------------------------------
+
+// Single-thread memcpy of 256 MiB and a raw loopback TCP stream for @secs:
+// GB/s, NAN when not measurable.
+double bp_memcpy_gbps(void);
+double bp_tcp_gbps(double secs);
+void bp_print_header(const bp_opts *o);
+// Prints one cell; returns the median GB/s.
+double bp_print_cell(const bp_opts *o, const bp_combo *cb, const char *tr,
+                     const char *test, uint64_t size, bench_cell *cell);
+// Writes the SVG of stream GB/s; false (with errno) when it cannot.
+bool bp_write_svg(const bp_opts *o, const bp_result *res, size_t nres,
+                  double memcpy_gbps, double tcp_gbps);
+
+#endif
