@@ -521,7 +521,6 @@ tool_bench_collective_main(int argc, char **argv)
         free(p);
     }
     if (ok) {
-        bc_print(&o, &res, cells, ncells);
         if (o.bo_plot != NULL && !bc_plot(&o, &res, cells, ncells)) {
             ok = false;
         }

@@ -114,6 +114,7 @@ typedef struct bc_results {
     double *rs_time; // us
     double *rs_iters;
     char rs_engine[16];
+    bool rs_header; // the table's header was printed
 } bc_results;
 
 // The state of one repetition in this process.
@@ -139,8 +140,10 @@ bool bc_run_rep(bc_rep *p);
 
 // ---- output (bench_collective_out.c) -----------------------------------
 
-void bc_print(const bc_opts *o, const bc_results *res, const bc_cell *cells,
-              size_t ncells);
+// Prints cell @idx (@c) once its last repetition reported: a JSON line or
+// a table row (the header before the first).
+void bc_print_row(const bc_opts *o, bc_results *res, const bc_cell *c,
+                  size_t idx);
 bool bc_plot(const bc_opts *o, const bc_results *res, const bc_cell *cells,
              size_t ncells);
 

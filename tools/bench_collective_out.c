@@ -20,6 +20,7 @@
 #include "core/platform.h"
 #include "tool.h"
 #include "bench_collective.h"
+#include "bench_plot.h"
 
 // ---- output ----------------------------------------------------------------
 
@@ -56,181 +57,134 @@ bc_json_num(const char *name, double v)
     tool_json_num(stdout, v);
 }
 
+// The table's columns: fixed widths, so that each row is printed as its
+// cell completes.
+#define BC_ROW_FMT "%-14s  %10s  %10s  %-5s  %-6s  %8s  %9s  %8s  %8s\n"
+
 void
-bc_print(const bc_opts *o, const bc_results *res, const bc_cell *cells,
-         size_t ncells)
+bc_print_row(const bc_opts *o, bc_results *res, const bc_cell *c, size_t idx)
 {
     const char *dt = tp_dtype_name(o->bo_dtype);
     const char *engine = res->rs_engine[0] ? res->rs_engine : "?";
+    bc_row w;
+    bc_row_of(o, res, c, idx, &w);
     if (o->bo_json) {
-        for (size_t i = 0; i < ncells; i++) {
-            const bc_cell *c = &cells[i];
-            bc_row w;
-            bc_row_of(o, res, c, i, &w);
-            printf("{\"bench\":\"collective\",\"op\":\"%s\",\"size\":%llu,"
-                   "\"count\":%llu,\"dtype\":",
-                   bc_ops[c->c_kind].op_name, (unsigned long long)c->c_size,
-                   (unsigned long long)c->c_count);
-            if (c->c_kind == BC_BARRIER) {
-                printf("null");
-            } else {
-                tool_json_str(stdout, dt);
-            }
-            printf(",\"world\":%d,\"engine\":", o->bo_world);
-            tool_json_str(stdout, engine);
-            bc_json_num("time_us", w.rw_time);
-            bc_json_num("algbw_gbps", w.rw_algbw);
-            bc_json_num("busbw_gbps", w.rw_busbw);
-            bc_json_num("busbw_factor", w.rw_factor);
-            printf(",\"iters\":%.0f,\"warmup\":%u", w.rw_iters, o->bo_warmup);
-            bc_json_num("time_min_us", w.rw_min);
-            bc_json_num("time_max_us", w.rw_max);
-            printf(",\"reps\":%u}\n", res->rs_reps);
+        printf("{\"bench\":\"collective\",\"op\":\"%s\",\"size\":%llu,"
+               "\"count\":%llu,\"dtype\":",
+               bc_ops[c->c_kind].op_name, (unsigned long long)c->c_size,
+               (unsigned long long)c->c_count);
+        if (c->c_kind == BC_BARRIER) {
+            printf("null");
+        } else {
+            tool_json_str(stdout, dt);
         }
+        printf(",\"world\":%d,\"engine\":", o->bo_world);
+        tool_json_str(stdout, engine);
+        bc_json_num("time_us", w.rw_time);
+        bc_json_num("algbw_gbps", w.rw_algbw);
+        bc_json_num("busbw_gbps", w.rw_busbw);
+        bc_json_num("busbw_factor", w.rw_factor);
+        printf(",\"iters\":%.0f,\"warmup\":%u", w.rw_iters, o->bo_warmup);
+        bc_json_num("time_min_us", w.rw_min);
+        bc_json_num("time_max_us", w.rw_max);
+        printf(",\"reps\":%u}\n", res->rs_reps);
         fflush(stdout);
         return;
     }
-    printf("# tpipe bench collective: world %d, engine %s, median of %u "
-           "repetition%s\n",
-           o->bo_world, engine, res->rs_reps, res->rs_reps == 1 ? "" : "s");
-    printf("# time_us: mean per call, max over ranks; algbw, busbw: GB/s "
-           "(1e9 B/s); size: bytes\n");
-    tool_table tab;
-    tool_table_init(&tab, 9);
-    for (size_t k = 1; k < 9; k++) {
-        tab.tt_right[k] = k != 3 && k != 4;
+    if (!res->rs_header) {
+        res->rs_header = true;
+        printf("# tpipe bench collective: world %d, engine %s, median of %u "
+               "repetition%s\n",
+               o->bo_world, engine, res->rs_reps, res->rs_reps == 1 ? "" : "s");
+        printf("# time_us: mean per call, max over ranks; algbw, busbw: GB/s "
+               "(1e9 B/s); size: bytes\n");
+        printf(BC_ROW_FMT, "op", "size", "count", "dtype", "engine", "iters",
+               "time_us", "algbw", "busbw");
     }
-    static const char *const head[] = {"op",      "size",   "count",
-                                       "dtype",   "engine", "iters",
-                                       "time_us", "algbw",  "busbw"};
-    tool_table_add(&tab, head);
-    for (size_t i = 0; i < ncells; i++) {
-        const bc_cell *c = &cells[i];
-        bc_row w;
-        bc_row_of(o, res, c, i, &w);
-        char sz[32], cnt[32], it[32], t[32], ab[32], bb[32];
-        snprintf(sz, sizeof(sz), "%llu", (unsigned long long)c->c_size);
-        snprintf(cnt, sizeof(cnt), "%llu", (unsigned long long)c->c_count);
-        snprintf(it, sizeof(it), "%.0f", w.rw_iters);
-        tool_fmt_num(t, sizeof(t), w.rw_time, w.rw_time < 100 ? 2 : 1);
-        tool_fmt_num(ab, sizeof(ab), w.rw_algbw, 3);
-        tool_fmt_num(bb, sizeof(bb), w.rw_busbw, 3);
-        const char *cells_row[] = {bc_ops[c->c_kind].op_name,
-                                   sz,
-                                   cnt,
-                                   c->c_kind == BC_BARRIER ? "-" : dt,
-                                   engine,
-                                   it,
-                                   t,
-                                   ab,
-                                   bb};
-        tool_table_add(&tab, cells_row);
-    }
-    tool_table_print(&tab, stdout);
-    tool_table_fini(&tab);
+    char sz[32], cnt[32], it[32], t[32], ab[32], bb[32];
+    snprintf(sz, sizeof(sz), "%llu", (unsigned long long)c->c_size);
+    snprintf(cnt, sizeof(cnt), "%llu", (unsigned long long)c->c_count);
+    snprintf(it, sizeof(it), "%.0f", w.rw_iters);
+    tool_fmt_num(t, sizeof(t), w.rw_time, w.rw_time < 100 ? 2 : 1);
+    tool_fmt_num(ab, sizeof(ab), w.rw_algbw, 3);
+    tool_fmt_num(bb, sizeof(bb), w.rw_busbw, 3);
+    printf(BC_ROW_FMT, bc_ops[c->c_kind].op_name, sz, cnt,
+           c->c_kind == BC_BARRIER ? "-" : dt, engine, it, t, ab, bb);
     fflush(stdout);
 }
 
-// --plot FILE: FILE.dat (one block per op: size busbw algbw time_us,
-// blocks separated by two blank lines) and FILE, a gnuplot script with the
-// same data inline that writes an SVG of busbw against size (log2 x).
+// --plot FILE: an SVG of busbw against size, one curve per op (barrier
+// has no bytes), and the time per call beside it.
 bool
 bc_plot(const bc_opts *o, const bc_results *res, const bc_cell *cells,
         size_t ncells)
 {
-    const char *file = o->bo_plot;
-    char dat[1024], svg[1024];
-    snprintf(dat, sizeof(dat), "%s.dat", file);
-    size_t len = strlen(file);
-    if (len > 3 && strcmp(file + len - 3, ".gp") == 0) {
-        snprintf(svg, sizeof(svg), "%.*s.svg", (int)(len - 3), file);
-    } else {
-        snprintf(svg, sizeof(svg), "%s.svg", file);
-    }
-    FILE *fd = fopen(dat, "w");
-    FILE *fg = fd != NULL ? fopen(file, "w") : NULL;
-    if (fg == NULL) {
-        tool_err("bench collective: --plot: cannot write %s: %s",
-                 fd == NULL ? dat : file, strerror(errno));
-        if (fd != NULL) {
-            fclose(fd);
-        }
+    bench_series bw[BC_NKINDS], lat[BC_NKINDS];
+    size_t n = 0;
+    uint64_t *x = calloc(ncells, sizeof(*x));
+    double *y = calloc(2 * ncells, sizeof(*y));
+    if (x == NULL || y == NULL) {
+        tool_err("out of memory");
+        free(x);
+        free(y);
         return false;
     }
-    fprintf(fg,
-            "# tpipe bench collective: busbw against size, world %d, "
-            "engine %s, dtype %s.\n"
-            "# Run `gnuplot %s`; it writes %s. The same data: %s.\n"
-            "set terminal svg size 800,500 dynamic\n"
-            "set output \"%s\"\n"
-            "set title \"tpipe bench collective (world %d, engine %s)\"\n"
-            "set xlabel \"size (bytes)\"\n"
-            "set ylabel \"busbw (GB/s)\"\n"
-            "set logscale x 2\n"
-            "set format x \"%%.0b%%B\"\n"
-            "set key top left\n"
-            "set grid\n",
-            o->bo_world, res->rs_engine, tp_dtype_name(o->bo_dtype), file, svg,
-            dat, svg, o->bo_world, res->rs_engine);
-    fprintf(fd,
-            "# tpipe bench collective, world %d, engine %s, dtype %s\n"
-            "# one block per op; columns: size_bytes busbw_gbps "
-            "algbw_gbps time_us\n",
-            o->bo_world, res->rs_engine, tp_dtype_name(o->bo_dtype));
-    size_t nblocks = 0;
-    char plot[2048] = "";
-    size_t poff = 0;
     for (size_t j = 0; j < o->bo_nops; j++) {
         bc_kind k = o->bo_ops[j];
         if (k == BC_BARRIER) {
-            continue; // no bytes: nothing to plot
+            continue;
         }
-        const char *name = bc_ops[k].op_name;
-        fprintf(fd, "%s# %s\n", nblocks ? "\n\n" : "", name);
-        fprintf(fg, "$%s << EOD\n", name);
+        size_t first = ncells, m = 0;
         for (size_t i = 0; i < ncells; i++) {
             if (cells[i].c_kind != k) {
                 continue;
             }
+            first = first < i ? first : i;
             bc_row w;
             bc_row_of(o, res, &cells[i], i, &w);
-            fprintf(fd, "%llu %.6g %.6g %.6g\n",
-                    (unsigned long long)cells[i].c_size, w.rw_busbw, w.rw_algbw,
-                    w.rw_time);
-            fprintf(fg, "%llu %.6g\n", (unsigned long long)cells[i].c_size,
-                    w.rw_busbw);
+            x[i] = cells[i].c_size;
+            y[i] = w.rw_busbw;
+            y[ncells + i] = w.rw_time;
+            m++;
         }
-        fprintf(fg, "EOD\n");
-        if (poff < sizeof(plot)) {
-            poff +=
-                (size_t)snprintf(plot + poff, sizeof(plot) - poff,
-                                 "%s$%s using 1:2 with linespoints title "
-                                 "\"%s\"",
-                                 nblocks ? ", \\\n     " : "plot ", name, name);
+        if (m == 0) {
+            continue;
         }
-        nblocks++;
+        // An op's cells are consecutive (bc_cells).
+        const char *name = bc_ops[k].op_name;
+        bw[n] = (bench_series){name, x + first, y + first, m};
+        lat[n] = (bench_series){name, x + first, y + ncells + first, m};
+        n++;
     }
-    if (nblocks > 0) {
-        fprintf(fg, "%s\n", plot);
-    } else {
-        fprintf(fg, "# (no op with a size was measured: nothing to plot)\n");
-    }
-    bool ok = !ferror(fd) && !ferror(fg);
-    ok = (fclose(fd) == 0) && ok;
-    ok = (fclose(fg) == 0) && ok;
+    const bench_panel panels[2] = {
+        {.pn_title = "bus bandwidth",
+         .pn_ylabel = "busbw, GB/s (1e9 B/s)",
+         .pn_unit = "GB/s",
+         .pn_series = bw,
+         .pn_nseries = n},
+        {.pn_title = "time per call",
+         .pn_ylabel = "time per call, us",
+         .pn_unit = "us",
+         .pn_logy = true,
+         .pn_series = lat,
+         .pn_nseries = n},
+    };
+    char title[200];
+    snprintf(title, sizeof(title),
+             "tpipe bench collective (world %d, engine %s, dtype %s, median "
+             "of %u rep%s)",
+             o->bo_world, res->rs_engine[0] ? res->rs_engine : "?",
+             tp_dtype_name(o->bo_dtype), res->rs_reps,
+             res->rs_reps == 1 ? "" : "s");
+    bool ok = bench_plot_svg(o->bo_plot, title, panels, 2);
     if (!ok) {
-        tool_err("bench collective: --plot: writing %s or %s failed", file,
-                 dat);
-        return false;
-    }
-    if (o->bo_json) {
-        fprintf(stderr,
-                "tpipe: bench collective: plot written to %s (data "
-                "%s; gnuplot %s writes %s)\n",
-                file, dat, file, svg);
+        tool_err("bench collective: cannot write %s: %s", o->bo_plot,
+                 strerror(errno));
     } else {
-        printf("# plot written to %s (data %s; gnuplot %s writes %s)\n", file,
-               dat, file, svg);
+        fprintf(o->bo_json ? stderr : stdout, "%splot written to %s\n",
+                o->bo_json ? "tpipe: bench collective: " : "# ", o->bo_plot);
     }
-    return true;
+    free(x);
+    free(y);
+    return ok;
 }

@@ -97,6 +97,9 @@ bc_rep_line(bc_rep *p, char *line)
         tool_verbose(o->bo_verbose, "bench collective",
                      "repetition %u: %s: %.2f us per call (%.0f calls)",
                      p->rp_rep + 1, name, us, iters);
+        if (p->rp_rep + 1 == p->rp_res->rs_reps) {
+            bc_print_row(o, p->rp_res, &p->rp_cells[idx], (size_t)idx);
+        }
     } else if (strncmp(rest, "error ", 6) == 0) {
         bc_rep_err(p, "rank %ld: %s", rank, rest + 6);
     } else if (strcmp(rest, "abort") == 0) {

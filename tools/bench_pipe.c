@@ -329,7 +329,8 @@ tool_bench_pipe_main(int argc, char **argv)
     bench_cell *cells = calloc(ncells, sizeof(*cells));
     double *vals = calloc(ncells * 4 * o.bo_com.bo_reps, sizeof(double));
     bp_result *res = calloc(o.bo_ncombos, sizeof(*res));
-    double *gbps = calloc(o.bo_ncombos * o.bo_com.bo_nsizes, sizeof(double));
+    double *gbps =
+        calloc(2 * o.bo_ncombos * o.bo_com.bo_nsizes, sizeof(double));
     if (cells == NULL || vals == NULL || res == NULL || gbps == NULL) {
         tool_err("out of memory");
         free(cells);
@@ -346,8 +347,9 @@ tool_bench_pipe_main(int argc, char **argv)
         bp_result *pr = &res[ci];
         pr->pr_combo = cb;
         pr->pr_stream_gbps = gbps + ci * o.bo_com.bo_nsizes;
+        pr->pr_p50_us = gbps + (o.bo_ncombos + ci) * o.bo_com.bo_nsizes;
         for (size_t i = 0; i < o.bo_com.bo_nsizes; i++) {
-            pr->pr_stream_gbps[i] = NAN;
+            pr->pr_stream_gbps[i] = pr->pr_p50_us[i] = NAN;
         }
         // A transport that cannot work here is skipped before forking.
         char why[256] = "";
@@ -398,9 +400,7 @@ tool_bench_pipe_main(int argc, char **argv)
                                          test == 0 ? "pingpong" : "stream",
                                          o.bo_com.bo_sizes[i],
                                          &cells[test * o.bo_com.bo_nsizes + i]);
-                if (test == 1) {
-                    pr->pr_stream_gbps[i] = g;
-                }
+                (test == 1 ? pr->pr_stream_gbps : pr->pr_p50_us)[i] = g;
             }
         }
     }

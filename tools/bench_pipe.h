@@ -53,6 +53,7 @@ typedef struct bp_result {
     char pr_transport[32]; // the one negotiated
     bool pr_ok;
     double *pr_stream_gbps; // [nsizes], NAN where not measured
+    double *pr_p50_us;      // [nsizes], pingpong
 } bp_result;
 
 typedef enum bp_outcome { BP_OK, BP_SKIP, BP_FAIL } bp_outcome;
@@ -132,10 +133,12 @@ bp_outcome bp_run_rep(bp_run *r, bench_cell *cells);
 double bp_memcpy_gbps(void);
 double bp_tcp_gbps(double secs);
 void bp_print_header(const bp_opts *o);
-// Prints one cell; returns the median GB/s.
+// Prints one cell; returns the median GB/s (stream) or p50 us
+// (pingpong).
 double bp_print_cell(const bp_opts *o, const bp_combo *cb, const char *tr,
                      const char *test, uint64_t size, bench_cell *cell);
-// Writes the SVG of stream GB/s; false (with errno) when it cannot.
+// Writes the SVG: stream GB/s with the ceilings, pingpong p50 beside it;
+// false (with errno) when it cannot.
 bool bp_write_svg(const bp_opts *o, const bp_result *res, size_t nres,
                   double memcpy_gbps, double tcp_gbps);
 

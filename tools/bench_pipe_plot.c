@@ -17,6 +17,7 @@
 #include <tpipe/pipe.h>
 
 #include "bench_pipe.h"
+#include "bench_plot.h"
 #include "core/platform.h"
 #include "tool.h"
 
@@ -171,180 +172,66 @@ bp_print_cell(const bp_opts *o, const bp_combo *cb, const char *tr,
         bench_print_row_stats(size, &m, cell->bc_iters);
     }
     fflush(stdout);
-    return m.bm_gbps;
+    return strcmp(test, "stream") == 0 ? m.bm_gbps : m.bm_p50;
 }
 
-static const char *const bp_colors[] = {
-    "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd",
-    "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f",
-};
-
-// A round step for about 6 ticks up to @max.
-static double
-bp_nice_step(double max)
-{
-    double raw = max / 6, p = pow(10, floor(log10(raw)));
-    double m = raw / p;
-    return (m <= 1 ? 1 : m <= 2 ? 2 : m <= 5 ? 5 : 10) * p;
-}
-
-// Stream GB/s against log2(size), one polyline per combination, and the
-// two ceilings as dashed lines. Returns false (with errno) if the file
-// cannot be written.
+// Stream GB/s against size, one curve per combination, with the two
+// ceilings; and, when pingpong was measured, its p50 beside it.
 bool
 bp_write_svg(const bp_opts *o, const bp_result *res, size_t nres,
              double memcpy_gbps, double tcp_gbps)
 {
-    FILE *f = fopen(o->bo_plot, "w");
-    if (f == NULL) {
+    const bench_opts *c = &o->bo_com;
+    bench_series *bw = calloc(nres + 1, sizeof(*bw));
+    bench_series *lat = calloc(nres + 1, sizeof(*lat));
+    char(*names)[64] = calloc(nres + 1, sizeof(*names));
+    if (bw == NULL || lat == NULL || names == NULL) {
+        free(bw);
+        free(lat);
+        free(names);
+        errno = ENOMEM;
         return false;
     }
-    const double W = 900, H = 540, L = 70, R = 210, T = 40, B = 60;
-    const double pw = W - L - R, ph = H - T - B;
-    uint64_t smin = o->bo_com.bo_sizes[0], smax = o->bo_com.bo_sizes[0];
-    for (size_t i = 0; i < o->bo_com.bo_nsizes; i++) {
-        smin = o->bo_com.bo_sizes[i] < smin ? o->bo_com.bo_sizes[i] : smin;
-        smax = o->bo_com.bo_sizes[i] > smax ? o->bo_com.bo_sizes[i] : smax;
-    }
-    double x0 = floor(log2((double)smin)), x1 = ceil(log2((double)smax));
-    if (x1 <= x0) {
-        x0 -= 1;
-        x1 += 1;
-    }
-    double ymax = 0;
-    for (size_t k = 0; k < nres; k++) {
-        for (size_t i = 0; res[k].pr_ok && i < o->bo_com.bo_nsizes; i++) {
-            double v = res[k].pr_stream_gbps[i];
-            ymax = isfinite(v) && v > ymax ? v : ymax;
-        }
-    }
-    ymax = isfinite(memcpy_gbps) && memcpy_gbps > ymax ? memcpy_gbps : ymax;
-    ymax = isfinite(tcp_gbps) && tcp_gbps > ymax ? tcp_gbps : ymax;
-    ymax = ymax > 0 ? ymax * 1.08 : 1;
-    double ystep = bp_nice_step(ymax);
-    ymax = ceil(ymax / ystep) * ystep;
-#define BP_X(s) (L + (log2((double)(s)) - x0) / (x1 - x0) * pw)
-#define BP_Y(v) (T + ph - (v) / ymax * ph)
-
-    fprintf(f,
-            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
-            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" "
-            "height=\"%.0f\" viewBox=\"0 0 %.0f %.0f\" "
-            "font-family=\"sans-serif\" font-size=\"12\">\n"
-            "<title>tpipe bench pipe: stream bandwidth</title>\n"
-            "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n"
-            "<text x=\"%.1f\" y=\"22\" font-size=\"15\" "
-            "text-anchor=\"middle\">tpipe bench pipe: stream, one tensor "
-            "per message (median of %u rep%s, window %u)</text>\n",
-            W, H, W, H, L + pw / 2, o->bo_com.bo_reps,
-            o->bo_com.bo_reps == 1 ? "" : "s", o->bo_com.bo_window);
-    // Grid, ticks and labels.
-    fprintf(f, "<g stroke=\"#ddd\" stroke-width=\"1\">\n");
-    for (double y = 0; y <= ymax + ystep / 2; y += ystep) {
-        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>\n",
-                L, BP_Y(y), L + pw, BP_Y(y));
-    }
-    int xspan = (int)(x1 - x0), every = xspan > 12 ? (xspan + 11) / 12 : 1;
-    for (int e = (int)x0; e <= (int)x1; e++) {
-        double x = L + (e - x0) / (x1 - x0) * pw;
-        fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\"/>\n",
-                x, T, x, T + ph);
-    }
-    fprintf(f, "</g>\n<g text-anchor=\"end\">\n");
-    for (double y = 0; y <= ymax + ystep / 2; y += ystep) {
-        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\">%g</text>\n", L - 6,
-                BP_Y(y) + 4, y);
-    }
-    fprintf(f, "</g>\n<g text-anchor=\"middle\">\n");
-    for (int e = (int)x0; e <= (int)x1; e++) {
-        if ((e - (int)x0) % every != 0 || e < 0 || e > 62) {
-            continue;
-        }
-        char sz[32];
-        tool_format_size((uint64_t)1 << e, sz, sizeof(sz));
-        double x = L + (e - x0) / (x1 - x0) * pw;
-        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\">%s</text>\n", x, T + ph + 18,
-                sz);
-    }
-    fprintf(f, "</g>\n");
-    fprintf(f,
-            "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" "
-            "fill=\"none\" stroke=\"#333\"/>\n"
-            "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">tensor size, "
-            "bytes (log2 scale; K, M = KiB, MiB)</text>\n"
-            "<text x=\"18\" y=\"%.1f\" text-anchor=\"middle\" "
-            "transform=\"rotate(-90 18 %.1f)\">GB/s (1e9 B/s), one "
-            "way</text>\n",
-            L, T, pw, ph, L + pw / 2, H - 16, T + ph / 2, T + ph / 2);
-    // Ceilings.
-    struct {
-        const char *name, *color;
-        double v;
-    } ceil_[2] = {{"memcpy 256 MiB, 1 thread", "#555", memcpy_gbps},
-                  {"loopback TCP, 1 stream", "#999", tcp_gbps}};
-    for (int i = 0; i < 2; i++) {
-        if (isfinite(ceil_[i].v)) {
-            double y = BP_Y(ceil_[i].v);
-            fprintf(f,
-                    "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" "
-                    "stroke=\"%s\" stroke-width=\"1.5\" "
-                    "stroke-dasharray=\"6 4\"/>\n",
-                    L, y, L + pw, y, ceil_[i].color);
-        }
-    }
-    // One polyline per combination, and the legend.
-    double ly = T + 10;
+    size_t n = 0;
     for (size_t k = 0; k < nres; k++) {
         if (!res[k].pr_ok) {
             continue;
         }
-        const char *col = bp_colors[k % TP_ARRAY_LEN(bp_colors)];
-        fprintf(f,
-                "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" "
-                "points=\"",
-                col);
-        for (size_t i = 0; i < o->bo_com.bo_nsizes; i++) {
-            double v = res[k].pr_stream_gbps[i];
-            if (isfinite(v)) {
-                fprintf(f, "%.1f,%.1f ", BP_X(o->bo_com.bo_sizes[i]), BP_Y(v));
-            }
-        }
-        fprintf(f, "\"/>\n");
-        for (size_t i = 0; i < o->bo_com.bo_nsizes; i++) {
-            double v = res[k].pr_stream_gbps[i];
-            if (isfinite(v)) {
-                fprintf(f,
-                        "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" "
-                        "fill=\"%s\"><title>%s+%s %llu B: %.3f "
-                        "GB/s</title></circle>\n",
-                        BP_X(o->bo_com.bo_sizes[i]), BP_Y(v), col,
-                        res[k].pr_transport, res[k].pr_combo->bc_channel,
-                        (unsigned long long)o->bo_com.bo_sizes[i], v);
-            }
-        }
-        fprintf(f,
-                "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" "
-                "stroke=\"%s\" stroke-width=\"2\"/>\n"
-                "<text x=\"%.1f\" y=\"%.1f\">%s+%s%s</text>\n",
-                W - R + 15, ly, W - R + 40, ly, col, W - R + 46, ly + 4,
-                res[k].pr_transport, res[k].pr_combo->bc_channel,
-                res[k].pr_combo->bc_inproc ? " (1 process)" : "");
-        ly += 18;
+        snprintf(names[n], sizeof(names[n]), "%s+%s%s", res[k].pr_transport,
+                 res[k].pr_combo->bc_channel,
+                 res[k].pr_combo->bc_inproc ? " (1 process)" : "");
+        bw[n] = (bench_series){names[n], c->bo_sizes, res[k].pr_stream_gbps,
+                               c->bo_nsizes};
+        lat[n] = (bench_series){names[n], c->bo_sizes, res[k].pr_p50_us,
+                                c->bo_nsizes};
+        n++;
     }
-    // The ceilings' labels last, with a halo, over the curves.
-    for (int i = 0; i < 2; i++) {
-        if (isfinite(ceil_[i].v)) {
-            fprintf(f,
-                    "<text x=\"%.1f\" y=\"%.1f\" fill=\"%s\" "
-                    "stroke=\"white\" stroke-width=\"3\" "
-                    "paint-order=\"stroke\">%s: %.2f GB/s</text>\n",
-                    L + 6, BP_Y(ceil_[i].v) - 4, ceil_[i].color, ceil_[i].name,
-                    ceil_[i].v);
-        }
-    }
-    fprintf(f, "</svg>\n");
-#undef BP_X
-#undef BP_Y
-    bool ok = !ferror(f);
-    return fclose(f) == 0 && ok;
+    const bench_ceiling ceils[2] = {{"memcpy 256 MiB, 1 thread", memcpy_gbps},
+                                    {"loopback TCP, 1 stream", tcp_gbps}};
+    const bench_panel panels[2] = {
+        {.pn_title = "stream, one tensor per message",
+         .pn_ylabel = "GB/s (1e9 B/s), one way",
+         .pn_unit = "GB/s",
+         .pn_series = bw,
+         .pn_nseries = n,
+         .pn_ceils = ceils,
+         .pn_nceils = 2},
+        {.pn_title = "pingpong, round trip p50",
+         .pn_ylabel = "round trip p50, us",
+         .pn_unit = "us",
+         .pn_logy = true,
+         .pn_series = lat,
+         .pn_nseries = n},
+    };
+    char title[160];
+    snprintf(title, sizeof(title),
+             "tpipe bench pipe (median of %u rep%s, window %u)", c->bo_reps,
+             c->bo_reps == 1 ? "" : "s", c->bo_window);
+    bool ok = bench_plot_svg(o->bo_plot, title, panels, c->bo_pingpong ? 2 : 1);
+    int e = errno;
+    free(bw);
+    free(lat);
+    free(names);
+    errno = e;
+    return ok;
 }

@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # bench_collective_test.sh TPIPE [PYTHON3] - `tpipe bench collective` end
 # to end with 2 ranks: the JSON lines (schema, values, busbw = algbw x the
-# nccl-tests factor), the table, --plot's files, --engine pipe, and usage
+# nccl-tests factor), the table, --plot's SVG, --engine pipe, and usage
 # errors (exit 2). Short runs: --iters 5 --warmup 1 --reps 1.
 set -u
 TPIPE=$1
@@ -77,23 +77,28 @@ rc=$?
 check_json "$TMP/pipe.jsonl" pipe ||
   { cat "$TMP/pipe.jsonl" >&2; fail "bad JSON with --engine pipe"; }
 
-# The table and --plot: a header, one row per op and size, the plot's
-# script (with its data inline) and data file.
+# The table and --plot: a header, one row per op and size (each printed as
+# it completes), and the SVG written here (no gnuplot): bandwidth and time
+# per call side by side, the op names literal in the legend.
 # shellcheck disable=SC2086
-timeout -k 5 60 "$TPIPE" bench collective $ARGS --plot "$TMP/coll.gp" \
+timeout -k 5 60 "$TPIPE" bench collective $ARGS --plot "$TMP/coll.svg" \
   >"$TMP/table.txt" 2>&1 || { cat "$TMP/table.txt" >&2; fail "table run"; }
 grep -q '^op  *size  *count  *dtype  *engine  *iters  *time_us  *algbw  *busbw$' \
   "$TMP/table.txt" &&
   [ "$(grep -c '^all_reduce  ' "$TMP/table.txt")" -eq 2 ] &&
   [ "$(grep -c '^all_gather  ' "$TMP/table.txt")" -eq 2 ] &&
-  grep -q '^barrier  *0  *0  *-  ' "$TMP/table.txt" ||
+  grep -q '^barrier  *0  *0  *-  ' "$TMP/table.txt" &&
+  grep -q "^# plot written to $TMP/coll.svg" "$TMP/table.txt" ||
   { cat "$TMP/table.txt" >&2; fail "table lacks the header or a row"; }
-grep -q '^plot \$all_reduce using 1:2' "$TMP/coll.gp" &&
-  grep -q '^set output ".*coll.svg"' "$TMP/coll.gp" &&
-  grep -q '^\$all_gather << EOD' "$TMP/coll.gp" &&
-  grep -q '^65536 ' "$TMP/coll.gp.dat" &&
-  [ "$(grep -c '^[0-9]' "$TMP/coll.gp.dat")" -eq 4 ] ||
-  { cat "$TMP/coll.gp" "$TMP/coll.gp.dat" >&2; fail "plot files"; }
+"$PY" -c 'import sys, xml.dom.minidom as m; m.parse(sys.argv[1])' \
+  "$TMP/coll.svg" || fail "SVG is not well-formed XML"
+grep -q '>all_reduce</text>' "$TMP/coll.svg" &&
+  grep -q '>all_gather</text>' "$TMP/coll.svg" &&
+  ! grep -q '>barrier</text>' "$TMP/coll.svg" &&
+  grep -q 'time per call' "$TMP/coll.svg" &&
+  grep -q 'busbw' "$TMP/coll.svg" &&
+  [ "$(grep -c '<polyline' "$TMP/coll.svg")" -eq 4 ] ||
+  { cat "$TMP/coll.svg" >&2; fail "SVG lacks a panel, curve or legend"; }
 
 # Usage errors: a message naming the problem, exit 2.
 check_usage() {
