@@ -48,6 +48,7 @@
 #include "core/platform.h"
 #include "tool.h"
 #include "bench_collective.h"
+#include "bench_common.h"
 
 // ---- ops -------------------------------------------------------------------
 
@@ -307,99 +308,45 @@ bc_parse_args(int argc, char **argv, bc_opts *o)
     o->bo_engine = "auto";
     o->bo_budget = 0.1;
     o->bo_timeout_s = 120;
-    for (int i = 1; i < argc; i++) {
-        const char *v = NULL, *a = argv[i];
-        bool bad = false;
-        uint64_t u = 0;
-        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
-            bc_usage(stdout);
-            return TOOL_EXIT_OK;
-        } else if (strcmp(a, "--json") == 0) {
-            o->bo_json = true;
-        } else if (strcmp(a, "-v") == 0 || strcmp(a, "--verbose") == 0) {
-            o->bo_verbose = true;
-        } else if (strcmp(a, "--no-bind") == 0) {
-            o->bo_no_bind = true;
-        } else if (tool_opt_value(argc, argv, &i, "--op", &v, &bad)) {
-            ops = v;
-        } else if (tool_opt_value(argc, argv, &i, "--sizes", &v, &bad)) {
-            sizes = v;
-        } else if (tool_opt_value(argc, argv, &i, "--min-bytes", &v, &bad)) {
-            min_b = v;
-        } else if (tool_opt_value(argc, argv, &i, "--max-bytes", &v, &bad)) {
-            max_b = v;
-        } else if (tool_opt_value(argc, argv, &i, "--factor", &v, &bad)) {
-            factor = v;
-        } else if (tool_opt_value(argc, argv, &i, "--dtype", &v, &bad)) {
-            dtype = v;
-        } else if (tool_opt_value(argc, argv, &i, "--plot", &v, &bad)) {
-            o->bo_plot = v;
-        } else if (tool_opt_value(argc, argv, &i, "--world", &v, &bad)) {
-            if (!bad && (!tool_parse_u64(v, &u) || u < 1 || u > BC_MAX_WORLD)) {
-                tool_err("bench collective: --world must be 1..%d, not "
-                         "\"%s\"",
-                         BC_MAX_WORLD, v);
-                bad = true;
-            }
-            o->bo_world = (int)u;
-        } else if (tool_opt_value(argc, argv, &i, "--iters", &v, &bad)) {
-            if (!bad && (!tool_parse_u64(v, &u) || u < 1 || u > BC_MAX_ITERS)) {
-                tool_err("bench collective: --iters must be 1..%u",
-                         BC_MAX_ITERS);
-                bad = true;
-            }
-            o->bo_iters = u;
-        } else if (tool_opt_value(argc, argv, &i, "--warmup", &v, &bad)) {
-            if (!bad && (!tool_parse_u64(v, &u) || u > 1000000)) {
-                tool_err("bench collective: --warmup must be 0..1000000");
-                bad = true;
-            }
-            o->bo_warmup = (unsigned)u;
-        } else if (tool_opt_value(argc, argv, &i, "--reps", &v, &bad)) {
-            if (!bad && (!tool_parse_u64(v, &u) || u < 1 || u > BC_MAX_REPS)) {
-                tool_err("bench collective: --reps must be 1..%d", BC_MAX_REPS);
-                bad = true;
-            }
-            o->bo_reps = (unsigned)u;
-        } else if (tool_opt_value(argc, argv, &i, "--engine", &v, &bad)) {
-            if (!bad && strcmp(v, "auto") != 0 && strcmp(v, "shm") != 0 &&
-                strcmp(v, "pipe") != 0) {
-                tool_err("bench collective: unknown engine \"%s\" (auto, "
-                         "shm, pipe)",
-                         v);
-                bad = true;
-            }
-            o->bo_engine = v;
-        } else if (tool_opt_value(argc, argv, &i, "--store", &v, &bad)) {
-            if (!bad && strcmp(v, "file") != 0 && strcmp(v, "tcp") != 0) {
-                tool_err("bench collective: unknown store \"%s\" (file, tcp)",
-                         v);
-                bad = true;
-            }
-            o->bo_tcp = !bad && strcmp(v, "tcp") == 0;
-        } else if (tool_opt_value(argc, argv, &i, "--budget", &v, &bad)) {
-            if (!bad && (!tool_parse_double(v, &o->bo_budget) ||
-                         o->bo_budget <= 0 || o->bo_budget > 3600)) {
-                tool_err("bench collective: bad --budget \"%s\"", v);
-                bad = true;
-            }
-        } else if (tool_opt_value(argc, argv, &i, "--timeout", &v, &bad)) {
-            if (!bad && (!tool_parse_double(v, &o->bo_timeout_s) ||
-                         o->bo_timeout_s < 1 || o->bo_timeout_s > 86400)) {
-                tool_err("bench collective: bad --timeout \"%s\" (1..86400 "
-                         "seconds)",
-                         v);
-                bad = true;
-            }
-        } else {
-            tool_err("bench collective: unknown option \"%s\"", a);
-            bad = true;
-        }
-        if (bad) {
-            bc_usage(stderr);
-            return TOOL_EXIT_USAGE;
-        }
+    const char *store = "file";
+    uint64_t world = 2, warmup = 5, reps = 3;
+    const bench_opt opts[] = {
+        {"--json", NULL, BENCH_OPT_FLAG, &o->bo_json, 0, 0},
+        {"--verbose", "-v", BENCH_OPT_FLAG, &o->bo_verbose, 0, 0},
+        {"--no-bind", NULL, BENCH_OPT_FLAG, &o->bo_no_bind, 0, 0},
+        {"--op", NULL, BENCH_OPT_STR, &ops, 0, 0},
+        {"--sizes", NULL, BENCH_OPT_STR, &sizes, 0, 0},
+        {"--min-bytes", NULL, BENCH_OPT_STR, &min_b, 0, 0},
+        {"--max-bytes", NULL, BENCH_OPT_STR, &max_b, 0, 0},
+        {"--factor", NULL, BENCH_OPT_STR, &factor, 0, 0},
+        {"--dtype", NULL, BENCH_OPT_STR, &dtype, 0, 0},
+        {"--plot", NULL, BENCH_OPT_STR, &o->bo_plot, 0, 0},
+        {"--engine", NULL, BENCH_OPT_STR, &o->bo_engine, 0, 0},
+        {"--store", NULL, BENCH_OPT_STR, &store, 0, 0},
+        {"--world", NULL, BENCH_OPT_U64, &world, 1, BC_MAX_WORLD},
+        {"--iters", NULL, BENCH_OPT_U64, &o->bo_iters, 1, BC_MAX_ITERS},
+        {"--warmup", NULL, BENCH_OPT_U64, &warmup, 0, 1000000},
+        {"--reps", NULL, BENCH_OPT_U64, &reps, 1, BC_MAX_REPS},
+        {"--budget", NULL, BENCH_OPT_DOUBLE, &o->bo_budget, 1e-6, 3600},
+        {"--timeout", NULL, BENCH_OPT_DOUBLE, &o->bo_timeout_s, 1, 86400},
+    };
+    int rc = bench_parse_args("bench collective", opts, TP_ARRAY_LEN(opts),
+                              argc, argv, bc_usage);
+    if (rc >= 0) {
+        return rc;
     }
+    o->bo_world = (int)world;
+    o->bo_warmup = (unsigned)warmup;
+    o->bo_reps = (unsigned)reps;
+    static const char *const engines[] = {"auto", "shm", "pipe"};
+    static const char *const stores[] = {"file", "tcp"};
+    if (!bench_name_check("bench collective", "engine", o->bo_engine, engines,
+                          TP_ARRAY_LEN(engines)) ||
+        !bench_name_check("bench collective", "store", store, stores,
+                          TP_ARRAY_LEN(stores))) {
+        return TOOL_EXIT_USAGE;
+    }
+    o->bo_tcp = strcmp(store, "tcp") == 0;
     if (!bc_parse_ops(ops, o) || !bc_parse_dtype(dtype, o) ||
         !bc_parse_sizes(sizes, min_b, max_b, factor, o)) {
         return TOOL_EXIT_USAGE;

@@ -15,6 +15,7 @@
 #include <tpipe/config.h>
 
 #include "bench_common.h"
+#include "core/platform.h"
 #include "tool.h"
 
 // ---- options ---------------------------------------------------------------
@@ -29,56 +30,128 @@ bench_opts_init(bench_opts *o, const char *what, const char *vprefix)
     o->bo_test_arg = "all";
     o->bo_iters = 1000000;
     o->bo_budget = 0.5;
-    o->bo_window = 4;
-    o->bo_reps = 1;
+    o->bo_window = o->bo_window64 = 4;
+    o->bo_reps = o->bo_reps64 = 1;
     o->bo_stall_s = 30.0;
 }
 
 bool
+bench_opt_arg(const char *what, const bench_opt *opts, size_t nopts, int argc,
+              char **argv, int *i, bool *bad_p)
+{
+    const char *a = argv[*i], *v = NULL;
+    for (size_t k = 0; k < nopts; k++) {
+        const bench_opt *op = &opts[k];
+        if (op->opt_kind == BENCH_OPT_FLAG) {
+            if (strcmp(a, op->opt_name) == 0 ||
+                (op->opt_alias != NULL && strcmp(a, op->opt_alias) == 0)) {
+                *(bool *)op->opt_target = true;
+                return true;
+            }
+            continue;
+        }
+        if (!tool_opt_value(argc, argv, i, op->opt_name, &v, bad_p)) {
+            continue;
+        }
+        if (*bad_p) {
+            return true;
+        }
+        uint64_t u = 0;
+        double d = 0;
+        switch (op->opt_kind) {
+        case BENCH_OPT_STR:
+            *(const char **)op->opt_target = v;
+            break;
+        case BENCH_OPT_U64:
+            if (!tool_parse_u64(v, &u) || (double)u < op->opt_min ||
+                (double)u > op->opt_max) {
+                tool_err("%s: %s must be %.0f..%.0f, not \"%s\"", what,
+                         op->opt_name, op->opt_min, op->opt_max, v);
+                *bad_p = true;
+            } else {
+                *(uint64_t *)op->opt_target = u;
+            }
+            break;
+        case BENCH_OPT_DOUBLE:
+            if (!tool_parse_double(v, &d) || d < op->opt_min ||
+                d > op->opt_max) {
+                tool_err("%s: bad %s \"%s\" (%g..%g)", what, op->opt_name, v,
+                         op->opt_min, op->opt_max);
+                *bad_p = true;
+            } else {
+                *(double *)op->opt_target = d;
+            }
+            break;
+        case BENCH_OPT_FLAG:
+            break;
+        }
+        return true;
+    }
+    return false;
+}
+
+int
+bench_parse_args(const char *what, const bench_opt *opts, size_t nopts,
+                 int argc, char **argv, void (*usage_fn)(FILE *f))
+{
+    for (int i = 1; i < argc; i++) {
+        bool bad = false;
+        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+            usage_fn(stdout);
+            return TOOL_EXIT_OK;
+        }
+        if (!bench_opt_arg(what, opts, nopts, argc, argv, &i, &bad)) {
+            tool_err("%s: unknown option \"%s\"", what, argv[i]);
+            bad = true;
+        }
+        if (bad) {
+            usage_fn(stderr);
+            return TOOL_EXIT_USAGE;
+        }
+    }
+    return -1;
+}
+
+bool
+bench_name_check(const char *what, const char *noun, const char *name,
+                 const char *const *valid, size_t nvalid)
+{
+    char list[256] = "";
+    size_t off = 0;
+    for (size_t k = 0; k < nvalid; k++) {
+        if (strcmp(name, valid[k]) == 0) {
+            return true;
+        }
+        if (off < sizeof(list)) {
+            off += (size_t)snprintf(list + off, sizeof(list) - off, "%s%s",
+                                    k ? ", " : "", valid[k]);
+        }
+    }
+    tool_err("%s: unknown %s \"%s\" (valid: %s)", what, noun, name, list);
+    return false;
+}
+
+// The options every bench command shares (bench_opts), as a table.
+bool
 bench_opts_arg(bench_opts *o, int argc, char **argv, int *i, bool *bad_p)
 {
-    const char *a = argv[*i], *v = NULL, *what = o->bo_what;
-    uint64_t u = 0;
-    if (strcmp(a, "--json") == 0) {
-        o->bo_json = true;
-    } else if (strcmp(a, "-v") == 0 || strcmp(a, "--verbose") == 0) {
-        o->bo_verbose = true;
-    } else if (tool_opt_value(argc, argv, i, "--sizes", &v, bad_p)) {
-        o->bo_sizes_arg = v;
-    } else if (tool_opt_value(argc, argv, i, "--test", &v, bad_p)) {
-        o->bo_test_arg = v;
-    } else if (tool_opt_value(argc, argv, i, "--iters", &v, bad_p)) {
-        if (!*bad_p && (!tool_parse_u64(v, &o->bo_iters) || o->bo_iters < 10)) {
-            tool_err("%s: --iters needs a number >= 10", what);
-            *bad_p = true;
-        }
-    } else if (tool_opt_value(argc, argv, i, "--budget", &v, bad_p)) {
-        if (!*bad_p && !tool_parse_double(v, &o->bo_budget)) {
-            tool_err("%s: bad --budget \"%s\"", what, v);
-            *bad_p = true;
-        }
-    } else if (tool_opt_value(argc, argv, i, "--stall-timeout", &v, bad_p)) {
-        if (!*bad_p &&
-            (!tool_parse_double(v, &o->bo_stall_s) || o->bo_stall_s <= 0)) {
-            tool_err("%s: bad --stall-timeout \"%s\"", what, v);
-            *bad_p = true;
-        }
-    } else if (tool_opt_value(argc, argv, i, "--window", &v, bad_p)) {
-        if (!*bad_p && (!tool_parse_u64(v, &u) || u < 1 || u > BT_MAX_WINDOW)) {
-            tool_err("%s: --window must be 1..%u", what, BT_MAX_WINDOW);
-            *bad_p = true;
-        }
-        o->bo_window = (unsigned)u;
-    } else if (tool_opt_value(argc, argv, i, "--reps", &v, bad_p)) {
-        if (!*bad_p && (!tool_parse_u64(v, &u) || u < 1 || u > 1000)) {
-            tool_err("%s: --reps must be 1..1000", what);
-            *bad_p = true;
-        }
-        o->bo_reps = (unsigned)u;
-    } else {
-        return false;
-    }
-    return true;
+    const bench_opt opts[] = {
+        {"--json", NULL, BENCH_OPT_FLAG, &o->bo_json, 0, 0},
+        {"--verbose", "-v", BENCH_OPT_FLAG, &o->bo_verbose, 0, 0},
+        {"--sizes", NULL, BENCH_OPT_STR, &o->bo_sizes_arg, 0, 0},
+        {"--test", NULL, BENCH_OPT_STR, &o->bo_test_arg, 0, 0},
+        {"--iters", NULL, BENCH_OPT_U64, &o->bo_iters, 10, 1e12},
+        {"--budget", NULL, BENCH_OPT_DOUBLE, &o->bo_budget, 0, 3600},
+        {"--stall-timeout", NULL, BENCH_OPT_DOUBLE, &o->bo_stall_s, 0.001,
+         86400},
+        {"--window", NULL, BENCH_OPT_U64, &o->bo_window64, 1, BT_MAX_WINDOW},
+        {"--reps", NULL, BENCH_OPT_U64, &o->bo_reps64, 1, 1000},
+    };
+    bool hit = bench_opt_arg(o->bo_what, opts, TP_ARRAY_LEN(opts), argc, argv,
+                             i, bad_p);
+    o->bo_window = (unsigned)o->bo_window64;
+    o->bo_reps = (unsigned)o->bo_reps64;
+    return hit;
 }
 
 bool

@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <sys/types.h>
 
 #include "bench_peer.h"
@@ -34,10 +35,45 @@ typedef struct bench_opts {
     double bo_budget;
     unsigned bo_window;
     unsigned bo_reps;
+    uint64_t bo_window64, bo_reps64; // as parsed
     bool bo_json;
     double bo_stall_s;
     bool bo_verbose;
 } bench_opts;
+
+// One option of a benchmark's table: --name (or its alias), what it takes
+// and where it goes. The value is checked against [opt_min, opt_max]
+// (numbers) and the error names the option and the range.
+typedef enum bench_opt_kind {
+    BENCH_OPT_FLAG,   // bool *: set
+    BENCH_OPT_STR,    // const char **: the value as given
+    BENCH_OPT_U64,    // uint64_t *: an integer
+    BENCH_OPT_DOUBLE, // double *: a number
+} bench_opt_kind;
+
+typedef struct bench_opt {
+    const char *opt_name;  // "--reps"
+    const char *opt_alias; // "-v", or NULL
+    bench_opt_kind opt_kind;
+    void *opt_target;
+    double opt_min, opt_max;
+} bench_opt;
+
+// If argv[*i] is one of @opts, consumes it (and its value, advancing *i)
+// and returns true; a bad value is reported, prefixed with @what, and
+// *bad_p set.
+bool bench_opt_arg(const char *what, const bench_opt *opts, size_t nopts,
+                   int argc, char **argv, int *i, bool *bad_p);
+// Parses every argument with @opts: -1 to go on, else the exit status
+// (-h: @usage_fn on stdout, TOOL_EXIT_OK; an unknown option or a bad
+// value: reported, @usage_fn on stderr, TOOL_EXIT_USAGE).
+int bench_parse_args(const char *what, const bench_opt *opts, size_t nopts,
+                     int argc, char **argv, void (*usage_fn)(FILE *f));
+
+// Whether @name is one of @valid; if not, reports "<what>: unknown <noun>
+// "<name>" (valid: a, b, c)" and returns false.
+bool bench_name_check(const char *what, const char *noun, const char *name,
+                      const char *const *valid, size_t nvalid);
 
 // Sets the defaults.
 void bench_opts_init(bench_opts *o, const char *what, const char *vprefix);

@@ -232,61 +232,26 @@ br_parse_args(int argc, char **argv, br_opts *o)
     o->bo_reps = 3;
     o->bo_inflight = 64;
     o->bo_stall_s = 30.0;
-    for (int i = 1; i < argc; i++) {
-        const char *v = NULL, *a = argv[i];
-        bool bad = false;
-        uint64_t u = 0;
-        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
-            br_usage(stdout);
-            return TOOL_EXIT_OK;
-        } else if (strcmp(a, "--json") == 0) {
-            o->bo_json = true;
-        } else if (strcmp(a, "-v") == 0 || strcmp(a, "--verbose") == 0) {
-            o->bo_verbose = true;
-        } else if (tool_opt_value(argc, argv, &i, "--transport", &v, &bad)) {
-            transports = v;
-        } else if (tool_opt_value(argc, argv, &i, "--channel", &v, &bad)) {
-            o->bo_channel = v;
-        } else if (tool_opt_value(argc, argv, &i, "--test", &v, &bad)) {
-            tests = v;
-        } else if (tool_opt_value(argc, argv, &i, "--sizes", &v, &bad)) {
-            sizes = v;
-        } else if (tool_opt_value(argc, argv, &i, "--budget", &v, &bad)) {
-            if (!bad &&
-                (!tool_parse_double(v, &o->bo_budget) || o->bo_budget > 3600)) {
-                tool_err("bench rpc: bad --budget \"%s\"", v);
-                bad = true;
-            }
-        } else if (tool_opt_value(argc, argv, &i, "--reps", &v, &bad)) {
-            if (!bad && (!tool_parse_u64(v, &u) || u < 1 || u > 1000)) {
-                tool_err("bench rpc: --reps must be 1..1000");
-                bad = true;
-            }
-            o->bo_reps = (unsigned)u;
-        } else if (tool_opt_value(argc, argv, &i, "--inflight", &v, &bad)) {
-            if (!bad &&
-                (!tool_parse_u64(v, &u) || u < 1 || u > BR_MAX_INFLIGHT)) {
-                tool_err("bench rpc: --inflight must be 1..%u",
-                         BR_MAX_INFLIGHT);
-                bad = true;
-            }
-            o->bo_inflight = (unsigned)u;
-        } else if (tool_opt_value(argc, argv, &i, "--stall-timeout", &v,
-                                  &bad)) {
-            if (!bad && (!tool_parse_double(v, &o->bo_stall_s) ||
-                         o->bo_stall_s < 0.1 || o->bo_stall_s > 86400)) {
-                tool_err("bench rpc: bad --stall-timeout \"%s\"", v);
-                bad = true;
-            }
-        } else {
-            tool_err("bench rpc: unknown option \"%s\"", a);
-            bad = true;
-        }
-        if (bad) {
-            br_usage(stderr);
-            return TOOL_EXIT_USAGE;
-        }
+    uint64_t reps = 3, inflight = 64;
+    const bench_opt opts[] = {
+        {"--json", NULL, BENCH_OPT_FLAG, &o->bo_json, 0, 0},
+        {"--verbose", "-v", BENCH_OPT_FLAG, &o->bo_verbose, 0, 0},
+        {"--transport", NULL, BENCH_OPT_STR, &transports, 0, 0},
+        {"--channel", NULL, BENCH_OPT_STR, &o->bo_channel, 0, 0},
+        {"--test", NULL, BENCH_OPT_STR, &tests, 0, 0},
+        {"--sizes", NULL, BENCH_OPT_STR, &sizes, 0, 0},
+        {"--budget", NULL, BENCH_OPT_DOUBLE, &o->bo_budget, 0, 3600},
+        {"--reps", NULL, BENCH_OPT_U64, &reps, 1, 1000},
+        {"--inflight", NULL, BENCH_OPT_U64, &inflight, 1, BR_MAX_INFLIGHT},
+        {"--stall-timeout", NULL, BENCH_OPT_DOUBLE, &o->bo_stall_s, 0.1, 86400},
+    };
+    int rc = bench_parse_args("bench rpc", opts, TP_ARRAY_LEN(opts), argc, argv,
+                              br_usage);
+    if (rc >= 0) {
+        return rc;
     }
+    o->bo_reps = (unsigned)reps;
+    o->bo_inflight = (unsigned)inflight;
     if (!br_parse_transports(transports, o) || !br_parse_tests(tests, o) ||
         !br_parse_sizes(sizes, o)) {
         return TOOL_EXIT_USAGE;
