@@ -154,5 +154,33 @@ step="pkg-config consumer, static"
     $pc_cflags ${pc_static//-ltpipe/-l:libtpipe.a}
 check_run "$work/pc-static" static
 
+# The quickstart (docs/quickstart.md) from the install tree, both ways the
+# page shows, run under the installed `tpipe run`.
+qs=$prefix/share/tpipe/examples/quickstart
+step="quickstart, find_package"
+[ -f "$qs/CMakeLists.txt" ] && [ -f "$qs/hello_rpc.c" ] && [ -f "$qs/allreduce.c" ] ||
+    fail "quickstart sources not installed in $qs"
+"$TP_CMAKE" -S "$qs" -B "$work/qs" "${gen[@]}" -DCMAKE_C_COMPILER="$TP_CC" \
+    -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF \
+    -DCMAKE_C_FLAGS="${san_flags[*]}" \
+    -DCMAKE_EXE_LINKER_FLAGS="${san_flags[*]}" >"$work/qs.log" 2>&1 &&
+    "$TP_CMAKE" --build "$work/qs" >>"$work/qs.log" 2>&1 ||
+    { cat "$work/qs.log" >&2; fail "build"; }
+step="quickstart, run"
+out=$("$prefix/bin/tpipe" run -n 3 --timeout 60 -- "$work/qs/hello_rpc" 2>&1) ||
+    fail "hello_rpc: $out"
+grep -qx '\[0\] hello from worker2, worker0' <<<"$out" || fail "hello_rpc output: $out"
+out=$("$prefix/bin/tpipe" run -n 2 --timeout 60 -- "$work/qs/allreduce" 2>&1) ||
+    fail "allreduce: $out"
+grep -qx '\[1\] rank 1 of 2: sum 1' <<<"$out" || fail "allreduce output: $out"
+step="quickstart, pkg-config"
+# shellcheck disable=SC2086
+"$TP_CC" "${san_flags[@]}" -std=c11 "$qs/hello_rpc.c" -o "$work/qs-pc-hello" \
+    $pc_cflags $pc_libs -Wl,-rpath,"$libdir" || fail "pkg-config build"
+out=$("$prefix/bin/tpipe" run -n 2 --timeout 60 -- "$work/qs-pc-hello" 2>&1) ||
+    fail "pkg-config hello_rpc: $out"
+grep -qx '\[0\] hello from worker1, worker0' <<<"$out" || fail "pkg-config output: $out"
+echo "ok: quickstart (find_package, pkg-config)"
+
 step="done"
 echo "install_consumer: all steps passed"
