@@ -3,6 +3,8 @@
 
 #include "alloc.h"
 
+#include <tpipe/error.h>
+
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -66,6 +68,14 @@ void
 tp__free(void *p)
 {
     free(p);
+}
+
+// Public: what tp__alloc and friends returned to a caller. The same
+// allocator as tp__free, so a future allocation hook covers both.
+void
+tp_free(void *p)
+{
+    tp__free(p);
 }
 
 char *

@@ -175,7 +175,7 @@ TP_API const char *tp_pg_name(const tp_pg *pg);
  * state <queued|running|done|failed> issued <t> s ago duration <d> ms"
  * (seq and root are "-" when not known or not rooted; bytes are this
  * rank's input). Point-to-point operations are not recorded.
- * Ownership: *@out_p is NUL-terminated and the caller's (free()).
+ * Ownership: *@out_p is NUL-terminated and the caller's (tp_free()).
  * Errors: TP_EINVAL, TP_ENOMEM. Thread safety: any thread, also while
  * collectives of @pg run (not during or after tp_pg_destroy).
  */

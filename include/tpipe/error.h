@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* error.h - status codes and refcounted error objects. */
+/* error.h - status codes, refcounted error objects, and tp_free. */
 #ifndef TPIPE_ERROR_H
 #define TPIPE_ERROR_H
 
@@ -49,6 +49,16 @@ typedef enum tp_status {
 
 /** TP_STATUS_IS_CONN - true if @s means the connection is dead. */
 #define TP_STATUS_IS_CONN(s) ((s) <= -20 && (s) > -40)
+
+/**
+ * tp_free - free memory the library returned to the caller: strings such
+ *   as tp_context_report, tp_pipe_report, tp_rpc_get_debug_info and
+ *   tp_pg_get_debug_info, and the values of store gets. It uses the
+ *   library's own allocator, so it is right even when the program and the
+ *   library were linked against different C runtimes. NULL is a no-op.
+ * Thread safety: any thread.
+ */
+TP_API void tp_free(void *p);
 
 /**
  * tp_error - an immutable, reference-counted error: a status, an optional

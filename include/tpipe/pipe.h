@@ -107,7 +107,7 @@ TP_API void tp_context_destroy(tp_context *ctx);
 TP_API const char *tp_context_name(const tp_context *ctx);
 /**
  * tp_context_report - a multi-line text: each registered transport and
- * channel, whether it is used and if not why. Caller frees with free().
+ * channel, whether it is used and if not why. Caller frees with tp_free().
  */
 TP_API char *tp_context_report(const tp_context *ctx);
 
@@ -175,7 +175,7 @@ TP_API tp_status tp_pipe_wait_ready(tp_pipe *p, int64_t timeout_ms,
 /**
  * tp_pipe_report - after the handshake: the transport and channel chosen
  * and why each other one was refused, one line each. Caller frees with
- * free(). NULL before the pipe is ready.
+ * tp_free(). NULL before the pipe is ready.
  */
 TP_API char *tp_pipe_report(tp_pipe *p);
 /** tp_pipe_transport / tp_pipe_channel - chosen names; NULL before ready. */

@@ -303,7 +303,7 @@ TP_API tp_status tp_rpc_get_peer_stats(const tp_agent *a, int rank,
  * tp_rpc_get_debug_info - a multi-line text (PyTorch's _get_debug_info):
  * the agent's name, rank, options, pending calls, a line per peer with
  * its counters and pipe, and the flight recorder's messages (oldest
- * first). Caller frees with free(). NULL on ENOMEM.
+ * first). Caller frees with tp_free(). NULL on ENOMEM.
  */
 TP_API char *tp_rpc_get_debug_info(const tp_agent *a);
 
@@ -352,7 +352,7 @@ TP_API tp_status tp_rpc_get_recent_ops(const tp_agent *a, tp_rpc_op_record *out,
 /**
  * tp_rpc_all_gather - PyTorch's _all_gather over the workers: each worker
  * gives @len bytes at @in (small: at most TP_STORE_MAX_VALUE; copied) and
- * receives every worker's, by rank: @vals[r] (free() each; NUL-terminated
+ * receives every worker's, by rank: @vals[r] (tp_free() each; NUL-terminated
  * beyond the length) and @lens[r] (@lens may be NULL); @vals and @lens
  * hold tp_rpc_world_size entries. Goes through the job's store.
  * Collective: every worker makes the same all_gather and barrier calls in

@@ -31,7 +31,8 @@
  * (every timeout message holds "timed out", for grep).
  *
  * Values returned by the store (tp_store_get, tp_store_compare_set) are
- * allocated with malloc; the caller frees them with free(). They carry one
+ * the caller's; free them with tp_free() (free() works too while the
+ * program and the library share a C runtime). They carry one
  * extra NUL byte after the value (not counted in the length) so text values
  * can be used as C strings.
  *
@@ -112,7 +113,7 @@ TP_API tp_status tp_store_set(tp_store *store, const char *key, const void *val,
 
 /**
  * tp_store_get - wait until @key is set, then return a copy of its value:
- * *@val_p (free() it; NUL-terminated beyond *@len_p) and *@len_p.
+ * *@val_p (tp_free() it; NUL-terminated beyond *@len_p) and *@len_p.
  * Errors: TP_ETIMEDOUT if @key is still not set at the deadline.
  */
 TP_API tp_status tp_store_get(tp_store *store, const char *key,
@@ -138,7 +139,7 @@ TP_API tp_status tp_store_wait(tp_store *store, const char *const *keys,
 /**
  * tp_store_compare_set - PyTorch's compare_set: if @key holds @expected, or
  * is missing and @expected is empty (@elen 0), set it to @desired. Returns
- * the value @key holds afterwards in *@val_p and *@len_p (free() it); when @key
+ * the value @key holds afterwards in *@val_p and *@len_p (tp_free() it); when @key
  * is missing and @expected is not empty, nothing is set and @expected is
  * returned.
  */
@@ -192,7 +193,7 @@ TP_API tp_status tp_store_multi_set(tp_store *store, const char *const *keys,
 
 /**
  * tp_store_multi_get - wait until each of the @n keys (at most 4096) is set
- * and return copies: @vals[i] (free() each; NUL-terminated beyond the
+ * and return copies: @vals[i] (tp_free() each; NUL-terminated beyond the
  * length) and @lens[i] (@lens may be NULL), within one deadline. On error
  * nothing is returned.
  */
