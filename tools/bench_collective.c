@@ -82,63 +82,16 @@ bc_bus_factor(bc_kind k, int n)
     return 0.0;
 }
 
-static void
-bc_usage(FILE *f)
-{
-    fprintf(
-        f,
-        "usage: tpipe bench collective [options]\n"
-        "\n"
-        "Collectives of a process group between --world forked ranks on "
-        "this host\n"
-        "(nccl-tests style). Each repetition is a fresh set of ranks that "
-        "meet through\n"
-        "a file:// store (or tcp://127.0.0.1:PORT) and create the world "
-        "group.\n"
-        "\n"
-        "  --op LIST            comma list of all_reduce, all_gather, "
-        "reduce_scatter,\n"
-        "                       broadcast, reduce, all_to_all, barrier, "
-        "gather, scatter,\n"
-        "                       or all (default all_reduce)\n"
-        "  --world N            ranks, 1..%d (default 2)\n"
-        "  --sizes LIST         bytes of each op's main buffer, K/M/G = "
-        "KiB/MiB/GiB\n"
-        "                       (default %s)\n"
-        "  --min-bytes B, --max-bytes B, --factor 2|4\n"
-        "                       instead of --sizes: B, B*factor, ... up to "
-        "max\n"
-        "                       (defaults 4K, 64M, 2)\n"
-        "  --dtype f32|f64|i32|i64   element type (default f32); reductions "
-        "are sums\n"
-        "  --iters N            timed calls per measurement (default: "
-        "calibrated to\n"
-        "                       --budget, at least %d)\n"
-        "  --budget SECONDS     time per measurement when calibrating "
-        "(default 0.1)\n"
-        "  --warmup N           untimed calls before each measurement "
-        "(default 5)\n"
-        "  --reps R             repetitions, each on fresh ranks; report the "
-        "median\n"
-        "                       (default 3)\n"
-        "  --engine auto|shm|pipe   TP_COLL_ENGINE of the ranks (default "
-        "auto)\n"
-        "  --store file|tcp     how the ranks meet (default file)\n"
-        "  --no-bind            do not bind rank r to CPU r %% ncpus (bound "
-        "by default,\n"
-        "                       as mpirun --bind-to core)\n"
-        "  --timeout SECONDS    limit of one repetition; the ranks are "
-        "killed after it\n"
-        "                       (default 120)\n"
-        "  --json               one JSON object per line instead of the "
-        "table\n"
-        "  --plot FILE          also write a gnuplot script FILE (busbw "
-        "against size,\n"
-        "                       data inline; `gnuplot FILE` writes FILE's "
-        "name .svg)\n"
-        "                       and its data as FILE.dat\n"
-        "  -v, --verbose        progress on stderr\n"
-        "\n"
+static const bench_usage bc_usage = {
+    .bu_head = "usage: tpipe bench collective [options]\n"
+               "\n"
+               "Collectives of a process group between --world forked ranks "
+               "on this host\n"
+               "(nccl-tests style). Each repetition is a fresh set of ranks "
+               "that meet through\n"
+               "a file:// store (or tcp://127.0.0.1:PORT) and create the "
+               "world group.\n",
+    .bu_tail =
         "size: all_reduce, broadcast, reduce: the buffer; all_gather, "
         "gather: the\n"
         "output (world x input); reduce_scatter, scatter: the input (world x "
@@ -160,8 +113,10 @@ bc_usage(FILE *f)
         "  \"busbw_gbps\":..,\"busbw_factor\":1,\"iters\":..,\"warmup\":5,"
         "\"time_min_us\":..,\n"
         "  \"time_max_us\":..,\"reps\":3}\n",
-        BC_MAX_WORLD, BC_DEFAULT_SIZES, BC_MIN_ITERS);
-}
+};
+
+_Static_assert(BC_MAX_WORLD == 64 && BC_MIN_ITERS == 5 && BC_MAX_REPS == 1000,
+               "the usage says these numbers");
 
 static bool
 bc_parse_ops(const char *list, bc_opts *o)
@@ -186,11 +141,13 @@ bc_parse_ops(const char *list, bc_opts *o)
             }
         }
         if (!found) {
-            tool_err("bench collective: unknown op \"%s\" (all_reduce, "
-                     "all_gather, reduce_scatter, broadcast, reduce, "
-                     "all_to_all, barrier, gather, scatter, all)",
-                     tok);
-            return false;
+            const char *names[BC_NKINDS + 1];
+            for (int k = 0; k < BC_NKINDS; k++) {
+                names[k] = bc_ops[k].op_name;
+            }
+            names[BC_NKINDS] = "all";
+            return bench_name_check("bench collective", "op", tok, names,
+                                    BC_NKINDS + 1);
         }
     }
     if (o->bo_nops == 0) {
@@ -283,16 +240,16 @@ static bool
 bc_parse_dtype(const char *s, bc_opts *o)
 {
     static const tp_dtype ok[] = {TP_F32, TP_F64, TP_I32, TP_I64};
+    const char *names[TP_ARRAY_LEN(ok)];
     for (size_t k = 0; k < TP_ARRAY_LEN(ok); k++) {
-        if (strcmp(s, tp_dtype_name(ok[k])) == 0) {
+        names[k] = tp_dtype_name(ok[k]);
+        if (strcmp(s, names[k]) == 0) {
             o->bo_dtype = ok[k];
             return true;
         }
     }
-    tool_err("bench collective: unsupported --dtype \"%s\" (f32, f64, i32, "
-             "i64)",
-             s);
-    return false;
+    return bench_name_check("bench collective", "dtype", s, names,
+                            TP_ARRAY_LEN(ok));
 }
 
 // Returns -1 to continue, else the exit status.
@@ -311,27 +268,57 @@ bc_parse_args(int argc, char **argv, bc_opts *o)
     const char *store = "file";
     uint64_t world = 2, warmup = 5, reps = 3;
     const bench_opt opts[] = {
-        {"--json", NULL, BENCH_OPT_FLAG, &o->bo_json, 0, 0},
-        {"--verbose", "-v", BENCH_OPT_FLAG, &o->bo_verbose, 0, 0},
-        {"--no-bind", NULL, BENCH_OPT_FLAG, &o->bo_no_bind, 0, 0},
-        {"--op", NULL, BENCH_OPT_STR, &ops, 0, 0},
-        {"--sizes", NULL, BENCH_OPT_STR, &sizes, 0, 0},
-        {"--min-bytes", NULL, BENCH_OPT_STR, &min_b, 0, 0},
-        {"--max-bytes", NULL, BENCH_OPT_STR, &max_b, 0, 0},
-        {"--factor", NULL, BENCH_OPT_STR, &factor, 0, 0},
-        {"--dtype", NULL, BENCH_OPT_STR, &dtype, 0, 0},
-        {"--plot", NULL, BENCH_OPT_STR, &o->bo_plot, 0, 0},
-        {"--engine", NULL, BENCH_OPT_STR, &o->bo_engine, 0, 0},
-        {"--store", NULL, BENCH_OPT_STR, &store, 0, 0},
-        {"--world", NULL, BENCH_OPT_U64, &world, 1, BC_MAX_WORLD},
-        {"--iters", NULL, BENCH_OPT_U64, &o->bo_iters, 1, BC_MAX_ITERS},
-        {"--warmup", NULL, BENCH_OPT_U64, &warmup, 0, 1000000},
-        {"--reps", NULL, BENCH_OPT_U64, &reps, 1, BC_MAX_REPS},
-        {"--budget", NULL, BENCH_OPT_DOUBLE, &o->bo_budget, 1e-6, 3600},
-        {"--timeout", NULL, BENCH_OPT_DOUBLE, &o->bo_timeout_s, 1, 86400},
+        {"--op", NULL, BENCH_OPT_STR, &ops, 0, 0, "LIST",
+         "comma list of all_reduce, all_gather,\nreduce_scatter, broadcast, "
+         "reduce, all_to_all,\nbarrier, gather, scatter, or all (default "
+         "all_reduce)"},
+        {"--world", NULL, BENCH_OPT_U64, &world, 1, BC_MAX_WORLD, "N",
+         "ranks, 1..64 (default 2)"},
+        {"--sizes", NULL, BENCH_OPT_STR, &sizes, 0, 0, "LIST",
+         "bytes of each op's main buffer, K/M/G =\n"
+         "KiB/MiB/GiB (default " BC_DEFAULT_SIZES ")"},
+        {"--min-bytes", NULL, BENCH_OPT_STR, &min_b, 0, 0, "B",
+         "instead of --sizes: B, B*factor, ... up to\n--max-bytes "
+         "(defaults 4K, 64M, factor 2)"},
+        {"--max-bytes", NULL, BENCH_OPT_STR, &max_b, 0, 0, "B",
+         "the largest size of that series"},
+        {"--factor", NULL, BENCH_OPT_STR, &factor, 0, 0, "2|4",
+         "the series' factor"},
+        {"--dtype", NULL, BENCH_OPT_STR, &dtype, 0, 0, "f32|f64|i32|i64",
+         "element type (default f32); reductions are sums"},
+        {"--iters", NULL, BENCH_OPT_U64, &o->bo_iters, 1, BC_MAX_ITERS, "N",
+         "timed calls per measurement (default:\ncalibrated to --budget, at "
+         "least 5)"},
+        {"--budget", NULL, BENCH_OPT_DOUBLE, &o->bo_budget, 1e-6, 3600,
+         "SECONDS",
+         "time per measurement when calibrating (default 0.1,\nat most "
+         "3600)"},
+        {"--warmup", NULL, BENCH_OPT_U64, &warmup, 0, 1000000, "N",
+         "untimed calls before each measurement (default 5)"},
+        {"--reps", NULL, BENCH_OPT_U64, &reps, 1, BC_MAX_REPS, "R",
+         "repetitions, each on fresh ranks; report the median\n(default 3, "
+         "at most 1000)"},
+        {"--engine", NULL, BENCH_OPT_STR, &o->bo_engine, 0, 0, "auto|shm|pipe",
+         "TP_COLL_ENGINE of the ranks (default auto)"},
+        {"--store", NULL, BENCH_OPT_STR, &store, 0, 0, "file|tcp",
+         "how the ranks meet (default file)"},
+        {"--no-bind", NULL, BENCH_OPT_FLAG, &o->bo_no_bind, 0, 0, NULL,
+         "do not bind rank r to CPU r % ncpus (bound by\ndefault, as mpirun "
+         "--bind-to core)"},
+        {"--timeout", NULL, BENCH_OPT_DOUBLE, &o->bo_timeout_s, 1, 86400,
+         "SECONDS",
+         "limit of one repetition; the ranks are\nkilled after it (default "
+         "120)"},
+        {"--json", NULL, BENCH_OPT_FLAG, &o->bo_json, 0, 0, NULL,
+         "one JSON object per line instead of the table"},
+        {"--plot", NULL, BENCH_OPT_STR, &o->bo_plot, 0, 0, "FILE.svg",
+         "also write an SVG: busbw and the time per call\nagainst size, one "
+         "curve per op"},
+        {"--verbose", "-v", BENCH_OPT_FLAG, &o->bo_verbose, 0, 0, NULL,
+         "progress on stderr"},
     };
     int rc = bench_parse_args("bench collective", opts, TP_ARRAY_LEN(opts),
-                              argc, argv, bc_usage);
+                              &bc_usage, argc, argv);
     if (rc >= 0) {
         return rc;
     }

@@ -82,6 +82,19 @@ bench_opt_arg(const char *what, const bench_opt *opts, size_t nopts, int argc,
                 *(double *)op->opt_target = d;
             }
             break;
+        case BENCH_OPT_SIZE:
+            if (!tool_parse_size(v, &u) || (double)u < op->opt_min ||
+                (double)u > op->opt_max) {
+                char lo[32], hi[32];
+                tool_format_size((uint64_t)op->opt_min, lo, sizeof(lo));
+                tool_format_size((uint64_t)op->opt_max, hi, sizeof(hi));
+                tool_err("%s: %s must be %s..%s, not \"%s\"", what,
+                         op->opt_name, lo, hi, v);
+                *bad_p = true;
+            } else {
+                *(uint64_t *)op->opt_target = u;
+            }
+            break;
         case BENCH_OPT_FLAG:
             break;
         }
@@ -90,14 +103,62 @@ bench_opt_arg(const char *what, const bench_opt *opts, size_t nopts, int argc,
     return false;
 }
 
+// The usage's option column: "  --name ARG" padded to this, then the help.
+#define BENCH_USAGE_COL 28
+
+void
+bench_usage_print(FILE *f, const bench_usage *u, const bench_opt *opts,
+                  size_t nopts)
+{
+    fputs(u->bu_head, f);
+    fputs("\n", f);
+    for (size_t k = 0; k < nopts; k++) {
+        const bench_opt *op = &opts[k];
+        if (op->opt_help == NULL) {
+            continue;
+        }
+        char left[96];
+        snprintf(left, sizeof(left), "%s%s%s%s%s",
+                 op->opt_alias != NULL ? op->opt_alias : "",
+                 op->opt_alias != NULL ? ", " : "", op->opt_name,
+                 op->opt_arg != NULL ? " " : "",
+                 op->opt_arg != NULL ? op->opt_arg : "");
+        int n = fprintf(f, "  %s", left);
+        fprintf(f, "%*s", n < BENCH_USAGE_COL - 1 ? BENCH_USAGE_COL - n : 2,
+                "");
+        for (const char *h = op->opt_help; *h != '\0'; h++) {
+            fputc(*h, f);
+            if (*h == '\n') {
+                fprintf(f, "%*s", BENCH_USAGE_COL, "");
+            }
+        }
+        fputc('\n', f);
+    }
+    if (u->bu_tail != NULL) {
+        fputs("\n", f);
+        fputs(u->bu_tail, f);
+    }
+}
+
+void
+bench_opt_set_help(bench_opt *opts, size_t nopts, const char *name,
+                   const char *help)
+{
+    for (size_t k = 0; k < nopts; k++) {
+        if (strcmp(opts[k].opt_name, name) == 0) {
+            opts[k].opt_help = help;
+        }
+    }
+}
+
 int
 bench_parse_args(const char *what, const bench_opt *opts, size_t nopts,
-                 int argc, char **argv, void (*usage_fn)(FILE *f))
+                 const bench_usage *usage, int argc, char **argv)
 {
     for (int i = 1; i < argc; i++) {
         bool bad = false;
         if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
-            usage_fn(stdout);
+            bench_usage_print(stdout, usage, opts, nopts);
             return TOOL_EXIT_OK;
         }
         if (!bench_opt_arg(what, opts, nopts, argc, argv, &i, &bad)) {
@@ -105,7 +166,7 @@ bench_parse_args(const char *what, const bench_opt *opts, size_t nopts,
             bad = true;
         }
         if (bad) {
-            usage_fn(stderr);
+            bench_usage_print(stderr, usage, opts, nopts);
             return TOOL_EXIT_USAGE;
         }
     }
@@ -131,33 +192,49 @@ bench_name_check(const char *what, const char *noun, const char *name,
     return false;
 }
 
+_Static_assert(BT_MIN_SIZE == 16 && BT_MAX_WINDOW == 64,
+               "the usage below says these numbers");
+
 // The options every bench command shares (bench_opts), as a table.
-bool
-bench_opts_arg(bench_opts *o, int argc, char **argv, int *i, bool *bad_p)
+size_t
+bench_opts_table(bench_opts *o, bench_opt *out)
 {
-    const bench_opt opts[] = {
-        {"--json", NULL, BENCH_OPT_FLAG, &o->bo_json, 0, 0},
-        {"--verbose", "-v", BENCH_OPT_FLAG, &o->bo_verbose, 0, 0},
-        {"--sizes", NULL, BENCH_OPT_STR, &o->bo_sizes_arg, 0, 0},
-        {"--test", NULL, BENCH_OPT_STR, &o->bo_test_arg, 0, 0},
-        {"--iters", NULL, BENCH_OPT_U64, &o->bo_iters, 10, 1e12},
-        {"--budget", NULL, BENCH_OPT_DOUBLE, &o->bo_budget, 0, 3600},
+    const bench_opt opts[BENCH_OPTS_N] = {
+        {"--sizes", NULL, BENCH_OPT_STR, &o->bo_sizes_arg, 0, 0, "LIST",
+         "message sizes, K/M/G = KiB/MiB/GiB (default\n" BENCH_DEFAULT_SIZES
+         "; at least 16)"},
+        {"--test", NULL, BENCH_OPT_STR, &o->bo_test_arg, 0, 0,
+         "pingpong|stream|all", "(default all)"},
+        {"--iters", NULL, BENCH_OPT_U64, &o->bo_iters, 10, 1e12, "N",
+         "at most N measured iterations (stream: messages)\nper measurement "
+         "(default 1000000; at least 10)"},
+        {"--budget", NULL, BENCH_OPT_DOUBLE, &o->bo_budget, 0, 3600, "SECONDS",
+         "time per measurement (default 0.5, at most 3600)"},
+        {"--window", NULL, BENCH_OPT_U64, &o->bo_window64, 1, BT_MAX_WINDOW,
+         "W", "stream writes in flight (default 4, max 64)"},
+        {"--reps", NULL, BENCH_OPT_U64, &o->bo_reps64, 1, 1000, "R",
+         "repeat each measurement R times (at most 1000);\nreport the median "
+         "of the medians"},
+        {"--json", NULL, BENCH_OPT_FLAG, &o->bo_json, 0, 0, NULL,
+         "one JSON object per line instead of a table"},
         {"--stall-timeout", NULL, BENCH_OPT_DOUBLE, &o->bo_stall_s, 0.001,
-         86400},
-        {"--window", NULL, BENCH_OPT_U64, &o->bo_window64, 1, BT_MAX_WINDOW},
-        {"--reps", NULL, BENCH_OPT_U64, &o->bo_reps64, 1, 1000},
+         86400, "SECONDS",
+         "abort a measurement that makes no progress for\nthis long (default "
+         "30)"},
+        {"--verbose", "-v", BENCH_OPT_FLAG, &o->bo_verbose, 0, 0, NULL,
+         "progress on stderr"},
     };
-    bool hit = bench_opt_arg(o->bo_what, opts, TP_ARRAY_LEN(opts), argc, argv,
-                             i, bad_p);
-    o->bo_window = (unsigned)o->bo_window64;
-    o->bo_reps = (unsigned)o->bo_reps64;
-    return hit;
+    memcpy(out, opts, sizeof(opts));
+    return BENCH_OPTS_N;
 }
 
 bool
 bench_opts_test(bench_opts *o)
 {
+    static const char *const tests[] = {"pingpong", "stream", "all"};
     const char *test = o->bo_test_arg;
+    o->bo_window = (unsigned)o->bo_window64;
+    o->bo_reps = (unsigned)o->bo_reps64;
     if (strcmp(test, "all") == 0 || strcmp(test, "both") == 0) {
         o->bo_pingpong = o->bo_stream = true;
     } else if (strcmp(test, "pingpong") == 0) {
@@ -165,9 +242,8 @@ bench_opts_test(bench_opts *o)
     } else if (strcmp(test, "stream") == 0) {
         o->bo_stream = true;
     } else {
-        tool_err("%s: unknown test \"%s\" (pingpong, stream, all)", o->bo_what,
-                 test);
-        return false;
+        return bench_name_check(o->bo_what, "test", test, tests,
+                                TP_ARRAY_LEN(tests));
     }
     return true;
 }

@@ -42,13 +42,15 @@ typedef struct bench_opts {
 } bench_opts;
 
 // One option of a benchmark's table: --name (or its alias), what it takes
-// and where it goes. The value is checked against [opt_min, opt_max]
-// (numbers) and the error names the option and the range.
+// and where it goes, and its line of the usage. The value is checked
+// against [opt_min, opt_max] (numbers, sizes) and the error names the
+// option and the range.
 typedef enum bench_opt_kind {
     BENCH_OPT_FLAG,   // bool *: set
     BENCH_OPT_STR,    // const char **: the value as given
     BENCH_OPT_U64,    // uint64_t *: an integer
     BENCH_OPT_DOUBLE, // double *: a number
+    BENCH_OPT_SIZE,   // uint64_t *: bytes, K/M/G = KiB/MiB/GiB
 } bench_opt_kind;
 
 typedef struct bench_opt {
@@ -57,7 +59,25 @@ typedef struct bench_opt {
     bench_opt_kind opt_kind;
     void *opt_target;
     double opt_min, opt_max;
+    const char *opt_arg;  // the value in the usage: "N", "LIST"; NULL: none
+    const char *opt_help; // the usage's text: '\n' goes on below it
 } bench_opt;
+
+// What a command's usage says around its options: the synopsis and what
+// it does (before), and notes and the JSON line (after; may be NULL).
+typedef struct bench_usage {
+    const char *bu_head;
+    const char *bu_tail;
+} bench_usage;
+
+// Prints the usage: @u's head, a line per option of @opts (name, value,
+// help), @u's tail.
+void bench_usage_print(FILE *f, const bench_usage *u, const bench_opt *opts,
+                       size_t nopts);
+// Replaces the help of option @name in @opts (a command's wording of a
+// shared option).
+void bench_opt_set_help(bench_opt *opts, size_t nopts, const char *name,
+                        const char *help);
 
 // If argv[*i] is one of @opts, consumes it (and its value, advancing *i)
 // and returns true; a bad value is reported, prefixed with @what, and
@@ -65,10 +85,10 @@ typedef struct bench_opt {
 bool bench_opt_arg(const char *what, const bench_opt *opts, size_t nopts,
                    int argc, char **argv, int *i, bool *bad_p);
 // Parses every argument with @opts: -1 to go on, else the exit status
-// (-h: @usage_fn on stdout, TOOL_EXIT_OK; an unknown option or a bad
-// value: reported, @usage_fn on stderr, TOOL_EXIT_USAGE).
+// (-h: the usage on stdout, TOOL_EXIT_OK; an unknown option or a bad
+// value: reported, the usage on stderr, TOOL_EXIT_USAGE).
 int bench_parse_args(const char *what, const bench_opt *opts, size_t nopts,
-                     int argc, char **argv, void (*usage_fn)(FILE *f));
+                     const bench_usage *usage, int argc, char **argv);
 
 // Whether @name is one of @valid; if not, reports "<what>: unknown <noun>
 // "<name>" (valid: a, b, c)" and returns false.
@@ -77,9 +97,10 @@ bool bench_name_check(const char *what, const char *noun, const char *name,
 
 // Sets the defaults.
 void bench_opts_init(bench_opts *o, const char *what, const char *vprefix);
-// If argv[*i] is one of the common options, consumes it (and its value,
-// advancing *i) and returns true; a bad value is reported and *bad_p set.
-bool bench_opts_arg(bench_opts *o, int argc, char **argv, int *i, bool *bad_p);
+// The common options' entries (BENCH_OPTS_N of them), with their usage
+// lines, into @out; a command adds its own to the same table.
+#define BENCH_OPTS_N 9
+size_t bench_opts_table(bench_opts *o, bench_opt *out);
 // After the arguments: resolves --test. False after reporting.
 bool bench_opts_test(bench_opts *o);
 // Then: checks the TP_* environment (bench_env_check) and parses --sizes

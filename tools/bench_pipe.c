@@ -39,68 +39,32 @@
 #include "core/platform.h"
 #include "tool.h"
 
-static void
-bp_usage(FILE *f)
-{
-    fprintf(
-        f,
+static const bench_usage bp_usage = {
+    .bu_head =
         "usage: tpipe bench pipe [options]\n"
         "\n"
-        "Pipe messages of one tensor of SIZE bytes (plus --payloads) "
-        "between two\n"
-        "contexts: a forked server process and this one (xth: two contexts "
-        "in this\n"
-        "process). pingpong: this side writes a message, the server reads "
-        "it into a\n"
+        "Pipe messages of one tensor of SIZE bytes (plus --payloads) between "
+        "two\n"
+        "contexts: a forked server process and this one (xth: two contexts in "
+        "this\n"
+        "process). pingpong: this side writes a message, the server reads it "
+        "into a\n"
         "preallocated buffer and writes it back; round trip p50/p90/p99 in "
         "us.\n"
         "stream: W writes in flight; GB/s = bytes / time until the server's "
         "ack\n"
-        "(1 GB = 1e9 B).\n"
-        "\n"
-        "  --transport tcp|shm|all   transports (comma list; default all)\n"
-        "  --channel basic|cma|mpt|xth|all  channels (comma list; default "
-        "all:\n"
-        "                            tcp+basic tcp+mpt tcp+cma shm+basic "
-        "shm+cma xth)\n"
-        "  --sizes LIST              tensor sizes, K/M/G = KiB/MiB/GiB "
-        "(default\n"
-        "                            %s; at least %u)\n"
-        "  --test pingpong|stream|all  (default all)\n"
-        "  --payloads N              payloads per message (default 0, max "
-        "%u)\n"
-        "  --payload-size S          bytes per payload (default 64)\n"
-        "  --iters N                 at most N measured iterations (stream: "
-        "messages)\n"
-        "                            per measurement (default 1000000; at "
-        "least 10)\n"
-        "  --budget SECONDS          time per measurement (default 0.5)\n"
-        "  --window W                stream writes in flight (default 4, max "
-        "%u)\n"
-        "  --reps R                  repeat each measurement R times on new "
-        "processes\n"
-        "                            and pipes; report the median of the "
-        "medians\n"
-        "  --lanes N                 lanes of the mpt channel (default: the "
-        "library's)\n"
-        "  --json                    one JSON object per line instead of a "
-        "table\n"
-        "  --plot FILE.svg           also write stream GB/s against size, "
-        "with the\n"
-        "                            memcpy and loopback TCP ceilings\n"
-        "  --stall-timeout SECONDS   abort a measurement that makes no "
-        "progress for\n"
-        "                            this long (default 30)\n"
-        "  -v, --verbose             progress on stderr\n"
-        "\n"
+        "(1 GB = 1e9 B).\n",
+    .bu_tail =
         "JSON line: {\"bench\":\"pipe\",\"transport\":\"tcp\",\"channel\":"
         "\"basic\",\"mode\":\"proc\",\n"
         "  \"test\":\"pingpong\",\"size\":64,\"payloads\":0,"
         "\"payload_size\":0,\"p50_us\":..,\"p90_us\":..,\n"
         "  \"p99_us\":..,\"gbps\":null,\"iters\":..,\"reps\":1}\n"
         "(latency fields null for stream, gbps null for pingpong).\n",
-        BENCH_DEFAULT_SIZES, BT_MIN_SIZE, BP_MAX_PAYLOADS, BT_MAX_WINDOW);
-}
+};
+
+_Static_assert(BP_MAX_PAYLOADS == 64 && BP_MAX_PAYLOAD == 64u << 20,
+               "the usage says these numbers");
 
 // ---- options ---------------------------------------------------------------
 
@@ -247,52 +211,40 @@ bp_parse_args(int argc, char **argv, bp_opts *o)
     const char *transports = "all", *channels = "all";
     memset(o, 0, sizeof(*o));
     bench_opts_init(&o->bo_com, "bench pipe", "bench pipe");
+    uint64_t npayloads = 0, lanes = 0;
     o->bo_payload_size = 64;
-    for (int i = 1; i < argc; i++) {
-        const char *v = NULL;
-        bool bad = false;
-        const char *a = argv[i];
-        uint64_t u = 0;
-        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
-            bp_usage(stdout);
-            return TOOL_EXIT_OK;
-        } else if (bench_opts_arg(&o->bo_com, argc, argv, &i, &bad)) {
-            // A common option.
-        } else if (tool_opt_value(argc, argv, &i, "--transport", &v, &bad)) {
-            transports = v;
-        } else if (tool_opt_value(argc, argv, &i, "--channel", &v, &bad)) {
-            channels = v;
-        } else if (tool_opt_value(argc, argv, &i, "--plot", &v, &bad)) {
-            o->bo_plot = v;
-        } else if (tool_opt_value(argc, argv, &i, "--payloads", &v, &bad)) {
-            if (!bad && (!tool_parse_u64(v, &u) || u > BP_MAX_PAYLOADS)) {
-                tool_err("bench pipe: --payloads must be 0..%u",
-                         BP_MAX_PAYLOADS);
-                bad = true;
-            }
-            o->bo_npayloads = (uint32_t)u;
-        } else if (tool_opt_value(argc, argv, &i, "--payload-size", &v, &bad)) {
-            if (!bad && (!tool_parse_size(v, &o->bo_payload_size) ||
-                         o->bo_payload_size < 1 ||
-                         o->bo_payload_size > BP_MAX_PAYLOAD)) {
-                tool_err("bench pipe: --payload-size must be 1..64M");
-                bad = true;
-            }
-        } else if (tool_opt_value(argc, argv, &i, "--lanes", &v, &bad)) {
-            if (!bad && (!tool_parse_u64(v, &u) || u < 1 || u > 64)) {
-                tool_err("bench pipe: --lanes must be 1..64");
-                bad = true;
-            }
-            o->bo_lanes = (int)u;
-        } else {
-            tool_err("bench pipe: unknown option \"%s\"", a);
-            bad = true;
-        }
-        if (bad) {
-            bp_usage(stderr);
-            return TOOL_EXIT_USAGE;
-        }
+    bench_opt opts[BENCH_OPTS_N + 6] = {
+        {"--transport", NULL, BENCH_OPT_STR, &transports, 0, 0, "tcp|shm|all",
+         "transports (comma list; default all)"},
+        {"--channel", NULL, BENCH_OPT_STR, &channels, 0, 0,
+         "basic|cma|mpt|xth|all",
+         "channels (comma list; default all:\ntcp+basic tcp+mpt tcp+cma "
+         "shm+basic shm+cma xth)"},
+        {"--payloads", NULL, BENCH_OPT_U64, &npayloads, 0, BP_MAX_PAYLOADS, "N",
+         "payloads per message (default 0, max 64)"},
+        {"--payload-size", NULL, BENCH_OPT_SIZE, &o->bo_payload_size, 1,
+         BP_MAX_PAYLOAD, "S",
+         "bytes per payload, K/M = KiB/MiB\n(default 64, max 64M)"},
+        {"--lanes", NULL, BENCH_OPT_U64, &lanes, 1, 64, "N",
+         "lanes of the mpt channel (default: the library's)"},
+        {"--plot", NULL, BENCH_OPT_STR, &o->bo_plot, 0, 0, "FILE.svg",
+         "also write stream GB/s against size, with the\nmemcpy and "
+         "loopback TCP ceilings"},
+    };
+    size_t n = 6 + bench_opts_table(&o->bo_com, opts + 6);
+    bench_opt_set_help(
+        opts, n, "--sizes",
+        "tensor sizes, K/M/G = KiB/MiB/GiB (default\n" BENCH_DEFAULT_SIZES
+        "; at least 16)");
+    bench_opt_set_help(opts, n, "--reps",
+                       "repeat each measurement R times on new processes\nand "
+                       "pipes; report the median of the medians");
+    int rc = bench_parse_args("bench pipe", opts, n, &bp_usage, argc, argv);
+    if (rc >= 0) {
+        return rc;
     }
+    o->bo_npayloads = (uint32_t)npayloads;
+    o->bo_lanes = (int)lanes;
     if (!bench_opts_test(&o->bo_com)) {
         return TOOL_EXIT_USAGE;
     }

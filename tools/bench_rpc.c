@@ -50,11 +50,8 @@ static const br_transport br_transports[] = {
     {"shm", "shm"},
     {"tcp", "tcp"},
 };
-static void
-br_usage(FILE *f)
-{
-    fprintf(
-        f,
+static const bench_usage br_usage = {
+    .bu_head =
         "usage: tpipe bench rpc [options]\n"
         "\n"
         "The RPC agent between two worker processes on 127.0.0.1 (worker0 "
@@ -77,32 +74,8 @@ br_usage(FILE *f)
         "rpc_sync(\n"
         "         worker1, \"bench.mul\", x, w) of 1024-float leaves (y = x * "
         "w there),\n"
-        "         loss = sum(y), backward, get_gradients (x and w), release\n"
-        "\n"
-        "  --transport shm|tcp|all   (comma list; default all: shm, then "
-        "tcp)\n"
-        "  --channel NAME            allow only this channel (default: "
-        "every one)\n"
-        "  --test LIST|all           comma list of noop, echo, async, init, "
-        "remote,\n"
-        "                            rref_fork, dist_autograd (default all)\n"
-        "  --sizes LIST              echo tensor sizes, K/M/G = KiB/MiB/GiB, "
-        "multiples\n"
-        "                            of 4 (default %s)\n"
-        "  --budget SECONDS          time per measurement (default 1.0)\n"
-        "  --reps R                  repetitions, each on a new pair of "
-        "processes;\n"
-        "                            report the median (default 3)\n"
-        "  --inflight N              async calls per batch (default 64)\n"
-        "  --json                    one JSON object per line instead of a "
-        "table\n"
-        "  --stall-timeout SECONDS   deadline of every call, of init and of "
-        "shutdown\n"
-        "                            (default 30)\n"
-        "  -v, --verbose             progress and worker0's "
-        "tp_rpc_get_debug_info\n"
-        "                            on stderr\n"
-        "\n"
+        "         loss = sum(y), backward, get_gradients (x and w), release\n",
+    .bu_tail =
         "JSON line: {\"bench\":\"rpc\",\"transport\":\"shm\",\"channel\":"
         "\"cma\",\"test\":\"noop\",\n"
         "  \"size\":0,\"p50_us\":..,\"p10_us\":..,\"p90_us\":..,\"min_us\":..,"
@@ -114,8 +87,9 @@ br_usage(FILE *f)
         "gbps except for echo; init: p50_us = worker0's init time, "
         "init_max_us = the\n"
         "slower rank's).\n",
-        BR_DEFAULT_SIZES);
-}
+};
+
+_Static_assert(BR_MAX_INFLIGHT == 1024, "the usage says this number");
 
 // ---- options ---------------------------------------------------------------
 
@@ -179,10 +153,11 @@ br_parse_tests(const char *list, br_opts *o)
         } else if (strcmp(tok, "dist_autograd") == 0) {
             o->bo_autograd = true;
         } else {
-            tool_err("bench rpc: unknown test \"%s\" (noop, echo, async, "
-                     "init, remote, rref_fork, dist_autograd, all)",
-                     tok);
-            return false;
+            static const char *const names[] = {
+                "noop",   "echo",      "async",         "init",
+                "remote", "rref_fork", "dist_autograd", "all"};
+            return bench_name_check("bench rpc", "test", tok, names,
+                                    TP_ARRAY_LEN(names));
         }
     }
     if (!o->bo_noop && !o->bo_echo && !o->bo_async && !o->bo_init &&
@@ -234,19 +209,33 @@ br_parse_args(int argc, char **argv, br_opts *o)
     o->bo_stall_s = 30.0;
     uint64_t reps = 3, inflight = 64;
     const bench_opt opts[] = {
-        {"--json", NULL, BENCH_OPT_FLAG, &o->bo_json, 0, 0},
-        {"--verbose", "-v", BENCH_OPT_FLAG, &o->bo_verbose, 0, 0},
-        {"--transport", NULL, BENCH_OPT_STR, &transports, 0, 0},
-        {"--channel", NULL, BENCH_OPT_STR, &o->bo_channel, 0, 0},
-        {"--test", NULL, BENCH_OPT_STR, &tests, 0, 0},
-        {"--sizes", NULL, BENCH_OPT_STR, &sizes, 0, 0},
-        {"--budget", NULL, BENCH_OPT_DOUBLE, &o->bo_budget, 0, 3600},
-        {"--reps", NULL, BENCH_OPT_U64, &reps, 1, 1000},
-        {"--inflight", NULL, BENCH_OPT_U64, &inflight, 1, BR_MAX_INFLIGHT},
-        {"--stall-timeout", NULL, BENCH_OPT_DOUBLE, &o->bo_stall_s, 0.1, 86400},
+        {"--transport", NULL, BENCH_OPT_STR, &transports, 0, 0, "shm|tcp|all",
+         "(comma list; default all: shm, then tcp)"},
+        {"--channel", NULL, BENCH_OPT_STR, &o->bo_channel, 0, 0, "NAME",
+         "allow only this channel (default: every one)"},
+        {"--test", NULL, BENCH_OPT_STR, &tests, 0, 0, "LIST|all",
+         "comma list of noop, echo, async, init, remote,\nrref_fork, "
+         "dist_autograd (default all)"},
+        {"--sizes", NULL, BENCH_OPT_STR, &sizes, 0, 0, "LIST",
+         "echo tensor sizes, K/M/G = KiB/MiB/GiB, multiples\nof 4 "
+         "(default " BR_DEFAULT_SIZES ")"},
+        {"--budget", NULL, BENCH_OPT_DOUBLE, &o->bo_budget, 0, 3600, "SECONDS",
+         "time per measurement (default 1.0, at most 3600)"},
+        {"--reps", NULL, BENCH_OPT_U64, &reps, 1, 1000, "R",
+         "repetitions, each on a new pair of processes;\nreport the median "
+         "(default 3, at most 1000)"},
+        {"--inflight", NULL, BENCH_OPT_U64, &inflight, 1, BR_MAX_INFLIGHT, "N",
+         "async calls per batch (default 64, at most 1024)"},
+        {"--json", NULL, BENCH_OPT_FLAG, &o->bo_json, 0, 0, NULL,
+         "one JSON object per line instead of a table"},
+        {"--stall-timeout", NULL, BENCH_OPT_DOUBLE, &o->bo_stall_s, 0.1, 86400,
+         "SECONDS",
+         "deadline of every call, of init and of shutdown\n(default 30)"},
+        {"--verbose", "-v", BENCH_OPT_FLAG, &o->bo_verbose, 0, 0, NULL,
+         "progress and worker0's tp_rpc_get_debug_info\non stderr"},
     };
-    int rc = bench_parse_args("bench rpc", opts, TP_ARRAY_LEN(opts), argc, argv,
-                              br_usage);
+    int rc = bench_parse_args("bench rpc", opts, TP_ARRAY_LEN(opts), &br_usage,
+                              argc, argv);
     if (rc >= 0) {
         return rc;
     }

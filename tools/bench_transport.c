@@ -22,6 +22,7 @@
 #include "bench_common.h"
 #include "bench_peer.h"
 #include "core/config.h"
+#include "core/platform.h"
 #include "tool.h"
 
 #define BT_MAX_TRANSPORTS 8
@@ -38,64 +39,26 @@ typedef struct bt_opts {
     tp_config bo_cfg; // from the environment
 } bt_opts;
 
-static void
-bt_usage(FILE *f)
-{
-    fprintf(
-        f,
+static const bench_usage bt_usage = {
+    .bu_head =
         "usage: tpipe bench transport [options]\n"
         "\n"
         "Two processes (a forked server and this client) on this host. "
         "pingpong:\n"
-        "the client writes SIZE bytes, the server reads them and writes "
-        "them back;\n"
-        "round trip per iteration, p50/p90/p99 in microseconds. stream: "
-        "the client\n"
+        "the client writes SIZE bytes, the server reads them and writes them "
+        "back;\n"
+        "round trip per iteration, p50/p90/p99 in microseconds. stream: the "
+        "client\n"
         "keeps W writes of SIZE in flight; GB/s = bytes / time until the "
         "server's\n"
-        "ack (1 GB = 1e9 B).\n"
-        "\n"
-        "  --transport tcp|shm|all|best  transports (comma list, all, or the "
-        "best viable one; default all "
-        "viable)\n"
-        "  --backend epoll|uring|all loop backends (comma list; default all "
-        "viable)\n"
-        "  --sizes LIST              message sizes, K/M/G = KiB/MiB/GiB "
-        "(default\n"
-        "                            %s; at least %u)\n"
-        "  --test pingpong|stream|all  (default all)\n"
-        "  --iters N                 at most N measured iterations (stream: "
-        "messages)\n"
-        "                            per measurement (default 1000000; at "
-        "least 10)\n"
-        "  --budget SECONDS          time per measurement (default 0.5)\n"
-        "  --window W                stream writes in flight (default 4, max "
-        "%u)\n"
-        "  --reps R                  repeat each measurement R times on "
-        "separate\n"
-        "                            connections; report the median of the "
-        "medians\n"
-        "  --json                    one JSON object per line instead of a "
-        "table\n"
-        "  --idle-cpu                instead: post a read on each side, "
-        "send nothing,\n"
-        "                            sleep, report each process's CPU %%\n"
-        "  --idle-seconds S          length of the idle measurement "
-        "(default 2)\n"
-        "  --addr ADDR               server listen address (default: "
-        "tcp://127.0.0.1:0 for tcp, the transport's own otherwise)\n"
-        "  --stall-timeout SECONDS   abort a measurement that makes no "
-        "progress for\n"
-        "                            this long (default 30)\n"
-        "  -v, --verbose             progress on stderr\n"
-        "\n"
-        "JSON line: {\"bench\":\"transport\",\"transport\":\"tcp\",\"backend\":"
-        "\"epoll\",\n"
+        "ack (1 GB = 1e9 B).\n",
+    .bu_tail =
+        "JSON line: {\"bench\":\"transport\",\"transport\":\"tcp\","
+        "\"backend\":\"epoll\",\n"
         "  \"test\":\"pingpong\",\"size\":64,\"p50_us\":..,\"p90_us\":..,"
         "\"p99_us\":..,\"gbps\":null}\n"
         "(latency fields null for stream, gbps null for pingpong).\n",
-        BENCH_DEFAULT_SIZES, BT_MIN_SIZE, BT_MAX_WINDOW);
-}
+};
 
 // ---- options ---------------------------------------------------------------
 
@@ -180,10 +143,9 @@ bt_parse_backends(const char *list, bt_opts *o)
             }
             o->bo_backends[o->bo_nbackends++] = TP_IO_BACKEND_URING;
         } else {
-            tool_err("bench transport: unknown backend \"%s\" (epoll, uring, "
-                     "all)",
-                     tok);
-            return false;
+            static const char *const names[] = {"epoll", "uring", "all"};
+            return bench_name_check("bench transport", "backend", tok, names,
+                                    TP_ARRAY_LEN(names));
         }
     }
     return o->bo_nbackends > 0;
@@ -197,36 +159,30 @@ bt_parse_args(int argc, char **argv, bt_opts *o)
     memset(o, 0, sizeof(*o));
     bench_opts_init(&o->bo_com, "bench transport", NULL);
     o->bo_idle_s = 2.0;
-    for (int i = 1; i < argc; i++) {
-        const char *v = NULL;
-        bool bad = false;
-        const char *a = argv[i];
-        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
-            bt_usage(stdout);
-            return TOOL_EXIT_OK;
-        } else if (bench_opts_arg(&o->bo_com, argc, argv, &i, &bad)) {
-            // A common option.
-        } else if (strcmp(a, "--idle-cpu") == 0) {
-            o->bo_idle = true;
-        } else if (tool_opt_value(argc, argv, &i, "--transport", &v, &bad)) {
-            transports = v;
-        } else if (tool_opt_value(argc, argv, &i, "--backend", &v, &bad)) {
-            backends = v;
-        } else if (tool_opt_value(argc, argv, &i, "--addr", &v, &bad)) {
-            o->bo_addr = v;
-        } else if (tool_opt_value(argc, argv, &i, "--idle-seconds", &v, &bad)) {
-            if (!bad && !tool_parse_double(v, &o->bo_idle_s)) {
-                tool_err("bench transport: bad --idle-seconds \"%s\"", v);
-                bad = true;
-            }
-        } else {
-            tool_err("bench transport: unknown option \"%s\"", a);
-            bad = true;
-        }
-        if (bad) {
-            bt_usage(stderr);
-            return TOOL_EXIT_USAGE;
-        }
+    bench_opt opts[5 + BENCH_OPTS_N] = {
+        {"--transport", NULL, BENCH_OPT_STR, &transports, 0, 0,
+         "tcp|shm|all|best",
+         "transports (comma list, all, or the best viable\none; default all "
+         "viable)"},
+        {"--backend", NULL, BENCH_OPT_STR, &backends, 0, 0, "epoll|uring|all",
+         "loop backends (comma list; default all viable)"},
+        {"--idle-cpu", NULL, BENCH_OPT_FLAG, &o->bo_idle, 0, 0, NULL,
+         "instead: post a read on each side, send nothing,\nsleep, report "
+         "each process's CPU %"},
+        {"--idle-seconds", NULL, BENCH_OPT_DOUBLE, &o->bo_idle_s, 0, 86400, "S",
+         "length of the idle measurement (default 2)"},
+        {"--addr", NULL, BENCH_OPT_STR, &o->bo_addr, 0, 0, "ADDR",
+         "server listen address (default: tcp://127.0.0.1:0\nfor tcp, the "
+         "transport's own otherwise)"},
+    };
+    size_t n = 5 + bench_opts_table(&o->bo_com, opts + 5);
+    bench_opt_set_help(opts, n, "--reps",
+                       "repeat each measurement R times on separate\n"
+                       "connections; report the median of the medians");
+    int rc =
+        bench_parse_args("bench transport", opts, n, &bt_usage, argc, argv);
+    if (rc >= 0) {
+        return rc;
     }
     if (!bench_opts_test(&o->bo_com) || !bench_opts_finish(&o->bo_com) ||
         tp__config_load(&o->bo_cfg, NULL) != TP_OK ||
