@@ -23,6 +23,7 @@
 #include "core/error.h"
 #include "core/hash.h"
 #include "core/log.h"
+#include "store/join.h"
 
 // ---- options
 // --------------------------------------------------------------------
@@ -163,11 +164,13 @@ on_query(void *arg, uint64_t gid, int from, uint64_t *next_p)
 // Publishes @val under <prefix><stem><rank of @me> and reads the value of
 // each of the @n ranks (world ranks @wr, or 0..n-1 if NULL) into vals[i]
 // (free() each; vals[me] = copy of @val). On timeout, names every rank
-// still missing.
+// still missing. With @join (init), waits in slices that notice a conflict
+// posted to the generation (store/join.h).
 static tp_status
-store_exchange(tp_pg *w, const char *prefix, const char *stem, int n, int me,
-               const int *wr, const char *val, char **vals, uint64_t deadline,
-               const char *what, tp_error **err_p)
+store_exchange(tp_pg *w, tp__store_member *join, const char *prefix,
+               const char *stem, int n, int me, const int *wr, const char *val,
+               char **vals, uint64_t deadline, const char *what,
+               tp_error **err_p)
 {
     char key[256];
     snprintf(key, sizeof(key), "%s%s%d", prefix, stem, me);
@@ -188,7 +191,12 @@ store_exchange(tp_pg *w, const char *prefix, const char *stem, int n, int me,
         void *v = NULL;
         size_t len = 0;
         tp_error *e = NULL;
-        st = tp_store_get(w->w_store, key, tp__ms_left(deadline), &v, &len, &e);
+        if (join != NULL) {
+            st = tp__store_join_get(join, key, deadline, &v, &len, &e);
+        } else {
+            st = tp_store_get(w->w_store, key, tp__ms_left(deadline), &v, &len,
+                              &e);
+        }
         if (st == TP_ETIMEDOUT) {
             char missing[256];
             size_t off = 0;
@@ -429,25 +437,12 @@ tp_pg_init(const char *init_method, int rank, int world_size,
              o->name != NULL ? o->name : "world");
     group_set_what(w);
     char **vals = NULL;
+    tp__store_member join;
+    bool joined = false;
     st = load_config(w, o, err_p);
     if (st != TP_OK) {
         goto fail;
     }
-    // A store may outlive a job: each job's keys get their own generation.
-    // Counted per world size, so a later job of another size does not land
-    // between generations.
-    int64_t joins = 0;
-    char jkey[64];
-    snprintf(jkey, sizeof(jkey), PG_KEY_PREFIX "joins/%d", world_size);
-    st = tp_store_add(store, jkey, 1, tp__ms_left(deadline), &joins, err_p);
-    if (st != TP_OK) {
-        tp__error_wrap(err_p, st, "%s: init", w->g_what);
-        goto fail;
-    }
-    snprintf(w->w_prefix, sizeof(w->w_prefix),
-             PG_KEY_PREFIX "w%d/%" PRId64 "/", world_size,
-             (joins - 1) / world_size);
-    snprintf(w->g_prefix, sizeof(w->g_prefix), "%sworld/", w->w_prefix);
     tp_context_options co;
     tp_context_options_init(&co);
     char cname[96];
@@ -475,12 +470,49 @@ tp_pg_init(const char *init_method, int rank, int world_size,
     }
     char what[160];
     snprintf(what, sizeof(what), "%s: init", w->g_what);
-    st = store_exchange(w, w->w_prefix, "addr/", world_size, rank, NULL,
-                        tp__p2p_urls(w->w_p2p), vals, deadline, what, err_p);
+    // A store may outlive a job, or serve RPC too: rank 0 opens a
+    // generation of keys with its world size and every rank claims its
+    // slot (store/join.h), so a world-size disagreement or a rank used
+    // twice fails every member at once, and a later job, of any size,
+    // never reads an earlier one's addresses.
+    for (;;) {
+        st = tp__store_join(store, PG_KEY_PREFIX, rank, world_size, init_ms,
+                            deadline, &join, err_p);
+        if (st != TP_OK) {
+            tp__error_wrap(err_p, st, "%s", what);
+            goto fail;
+        }
+        joined = true;
+        snprintf(w->w_prefix, sizeof(w->w_prefix),
+                 PG_KEY_PREFIX "w%d/%" PRId64 "/", world_size, join.j_gen);
+        snprintf(w->g_prefix, sizeof(w->g_prefix), "%sworld/", w->w_prefix);
+        tp_error *xe = NULL;
+        st = store_exchange(w, &join, w->w_prefix, "addr/", world_size, rank,
+                            NULL, tp__p2p_urls(w->w_p2p), vals, deadline, what,
+                            &xe);
+        if (st != TP_EAGAIN) {
+            if (err_p != NULL) {
+                *err_p = xe;
+            } else {
+                tp_error_unref(xe);
+            }
+            break;
+        }
+        // This rank had joined a generation left by a job killed in its
+        // init; the next job's rank 0 opened a newer one.
+        TP_LOG_INFO("TP-PG-INIT", "%s: %s", w->g_what, tp_error_message(xe));
+        tp_error_unref(xe);
+        joined = false;
+        for (int i = 0; i < world_size; i++) {
+            free(vals[i]);
+            vals[i] = NULL;
+        }
+    }
     for (int i = 0; st == TP_OK && i < world_size; i++) {
         st = tp__p2p_set_peer(w->w_p2p, i, vals[i], err_p);
     }
     free_vals(vals, world_size);
+    vals = NULL;
     if (st != TP_OK) {
         goto fail;
     }
@@ -490,11 +522,26 @@ tp_pg_init(const char *init_method, int rank, int world_size,
     if (st != TP_OK) {
         goto fail;
     }
+    if (rank == 0) {
+        tp__store_join_done(&join);
+    }
     TP_LOG_INFO("TP-PG-INIT", "%s: engine %s, store %s", w->g_what,
                 w->g_eng->name, saddr);
     *pg_p = w;
     return TP_OK;
 fail:
+    if (joined) {
+        // The other members stop waiting for this one (the first post
+        // wins: a conflict found here is already there).
+        tp__store_join_fail(&join, false,
+                            err_p != NULL && *err_p != NULL
+                                ? tp_error_message(*err_p)
+                                : "a member's init failed");
+        if (rank == 0) {
+            tp__store_join_linger(&join, 2000);
+        }
+    }
+    free_vals(vals, world_size);
     tp__p2p_destroy(w->w_p2p);
     group_free(w);
     tp_store_close(store);
@@ -628,8 +675,8 @@ tp_pg_new_group(tp_pg *world, const int *ranks, int n, const tp_pg_options *o,
     snprintf(what, sizeof(what), "%s: new_group", g->g_what);
     char mine[32];
     snprintf(mine, sizeof(mine), "%d", g->g_wranks[me]);
-    st = store_exchange(w, g->g_prefix, "join/", n, me, g->g_wranks, mine, vals,
-                        deadline, what, err_p);
+    st = store_exchange(w, NULL, g->g_prefix, "join/", n, me, g->g_wranks, mine,
+                        vals, deadline, what, err_p);
     free_vals(vals, n);
     if (st == TP_OK) {
         // Listed before the engine is chosen: aborts and failures reach it.

@@ -1,0 +1,486 @@
+// SPDX-License-Identifier: Apache-2.0
+// join.c - joining a generation of a rendezvous on a store (join.h).
+//
+// Keys, under the namespace @ns ("tp.pg/"):
+//   open              generations opened so far (rank 0 adds 1)
+//   g/<G>/info        "<world size> <expiry>" (rank 0; expiry: realtime ms
+//                     of its init deadline, 0 for none)
+//   g/<G>/slot/<r>    the process holding rank r ("host pid N #k"),
+//                     claimed with compare_set
+//   g/<G>/failed      "c <realtime ms> <message>" (a conflict) or "a ..."
+//                     (abandoned: a member gave up), first post wins
+//   g/<G>/done        set once rank 0 finished its init
+// Why generations at all: a file or a standalone server outlives a job,
+// and the next job must not read the last one's addresses.
+
+#include "store/join.h"
+
+#include <inttypes.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/platform.h"
+
+// A generation past its opener's init deadline by this much is abandoned.
+#define JOIN_EXPIRY_SLACK_MS 2000
+// A conflict posted this recently to the newest generation is this job's,
+// even when this rank arrived after it.
+#define JOIN_CONFLICT_RECENT_MS 5000
+#define JOIN_SLICE_MS           50
+// How long a rank that found its slot taken waits for a newer generation
+// before it reports a rank used twice.
+#define JOIN_TAKEN_WAIT_MS 1000
+
+static int64_t
+join_realtime_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void
+join_key(const tp__store_member *j, int64_t gen, const char *leaf, char *buf,
+         size_t len)
+{
+    snprintf(buf, len, "%sg/%" PRId64 "/%s", j->j_ns, gen, leaf);
+}
+
+// The value of @key now (*@v_p NULL when it is not set). Store errors
+// other than "not set" are returned.
+static tp_status
+join_peek(tp__store_member *j, const char *key, char **v_p, tp_error **err_p)
+{
+    void *v = NULL;
+    size_t len = 0;
+    tp_error *e = NULL;
+    *v_p = NULL;
+    tp_status st = tp_store_get(j->j_store, key, 1, &v, &len, &e);
+    if (st == TP_ETIMEDOUT) {
+        tp_error_unref(e);
+        return TP_OK;
+    }
+    if (st != TP_OK) {
+        if (err_p != NULL) {
+            *err_p = e;
+        } else {
+            tp_error_unref(e);
+        }
+        return st;
+    }
+    *v_p = v;
+    return TP_OK;
+}
+
+// Generations opened so far.
+static tp_status
+join_opened(tp__store_member *j, int64_t *n_p, tp_error **err_p)
+{
+    char key[64];
+    snprintf(key, sizeof(key), "%sopen", j->j_ns);
+    return tp_store_add(j->j_store, key, 0, TP_TIMEOUT_DEFAULT, n_p, err_p);
+}
+
+void
+tp__store_join_fail(tp__store_member *j, bool conflict, const char *msg)
+{
+    char key[96];
+    char val[768];
+    join_key(j, j->j_gen, "failed", key, sizeof(key));
+    int n = snprintf(val, sizeof(val), "%c %" PRId64 " %s",
+                     conflict ? 'c' : 'a', join_realtime_ms(), msg);
+    if (n < 0 || (size_t)n >= sizeof(val)) {
+        n = (int)strlen(val);
+    }
+    void *v = NULL;
+    size_t len = 0;
+    tp_error *e = NULL;
+    if (tp_store_compare_set(j->j_store, key, "", 0, val, (size_t)n,
+                             TP_TIMEOUT_DEFAULT, &v, &len, &e) == TP_OK) {
+        free(v);
+    }
+    tp_error_unref(e);
+    e = NULL;
+    // Read by rank 0's linger (a store it hosts stays up until then).
+    char leaf[32];
+    snprintf(leaf, sizeof(leaf), "seen/%d", j->j_rank);
+    join_key(j, j->j_gen, leaf, key, sizeof(key));
+    (void)tp_store_set(j->j_store, key, "1", 1, TP_TIMEOUT_DEFAULT, &e);
+    tp_error_unref(e);
+}
+
+void
+tp__store_join_linger(tp__store_member *j, int64_t ms)
+{
+    uint64_t deadline = tp__deadline_after_ms(ms);
+    for (int r = 1; r < j->j_world; r++) {
+        char key[96];
+        char leaf[32];
+        char *slot = NULL;
+        snprintf(leaf, sizeof(leaf), "slot/%d", r);
+        join_key(j, j->j_gen, leaf, key, sizeof(key));
+        if (join_peek(j, key, &slot, NULL) != TP_OK || slot == NULL) {
+            continue; // nobody holds it: nobody to wait for
+        }
+        free(slot);
+        snprintf(leaf, sizeof(leaf), "seen/%d", r);
+        join_key(j, j->j_gen, leaf, key, sizeof(key));
+        const char *keys[1] = {key};
+        tp_error *e = NULL;
+        tp_status st =
+            tp_store_wait(j->j_store, keys, 1, tp__ms_left(deadline), &e);
+        tp_error_unref(e);
+        if (st != TP_OK) {
+            return;
+        }
+    }
+}
+
+void
+tp__store_join_done(tp__store_member *j)
+{
+    char key[96];
+    join_key(j, j->j_gen, "done", key, sizeof(key));
+    tp_error *e = NULL;
+    (void)tp_store_set(j->j_store, key, "1", 1, TP_TIMEOUT_DEFAULT, &e);
+    tp_error_unref(e);
+}
+
+// Fails with the message of a failed-generation record @rec.
+static tp_status
+join_failed_error(tp__store_member *j, const char *rec, tp_error **err_p)
+{
+    const char *msg = rec;
+    const char *sp = strchr(rec, ' ');
+    if (sp != NULL) {
+        sp = strchr(sp + 1, ' ');
+        if (sp != NULL) {
+            msg = sp + 1;
+        }
+    }
+    return tp__error_set(err_p, TP_EINVAL,
+                         "the rendezvous through %s failed: %s%s",
+                         tp_store_addr(j->j_store),
+                         rec[0] == 'a' ? "another member gave up: " : "", msg);
+}
+
+// Posts @msg as a conflict of generation @gen and fails with it.
+static tp_status
+join_conflict(tp__store_member *j, int64_t gen, const char *msg,
+              tp_error **err_p)
+{
+    int64_t mine = j->j_gen;
+    j->j_gen = gen;
+    tp__store_join_fail(j, true, msg);
+    j->j_gen = mine;
+    return tp__error_set(err_p, TP_EINVAL,
+                         "the rendezvous through %s failed: %s",
+                         tp_store_addr(j->j_store), msg);
+}
+
+static tp_status
+join_open(tp__store_member *j, int64_t init_ms, uint64_t deadline,
+          tp_error **err_p)
+{
+    char key[96];
+    int64_t n = 0;
+    snprintf(key, sizeof(key), "%sopen", j->j_ns);
+    tp_status st =
+        tp_store_add(j->j_store, key, 1, tp__ms_left(deadline), &n, err_p);
+    if (st != TP_OK) {
+        return st;
+    }
+    j->j_gen = n - 1;
+    // The slot first: a rank that finds the info finds rank 0 in place.
+    join_key(j, j->j_gen, "slot/0", key, sizeof(key));
+    void *v = NULL;
+    size_t len = 0;
+    st = tp_store_compare_set(j->j_store, key, "", 0, j->j_token,
+                              strlen(j->j_token), tp__ms_left(deadline), &v,
+                              &len, err_p);
+    if (st != TP_OK) {
+        return st;
+    }
+    free(v);
+    char info[64];
+    int64_t expiry = init_ms > 0 ? join_realtime_ms() + init_ms : 0;
+    int in = snprintf(info, sizeof(info), "%d %" PRId64, j->j_world, expiry);
+    join_key(j, j->j_gen, "info", key, sizeof(key));
+    return tp_store_set(j->j_store, key, info, (size_t)in,
+                        tp__ms_left(deadline), err_p);
+}
+
+// Newest generation @gen's state: whether to join it (*@join_p), and if
+// not, why (@why, for the timeout message) or, when its slot is taken, by
+// whom (@holder). Fails on a conflict that is this job's.
+static tp_status
+join_try(tp__store_member *j, int64_t gen, bool opened_since, bool *joined_p,
+         char *holder, size_t holder_len, char *why, size_t why_len,
+         uint64_t deadline, tp_error **err_p)
+{
+    char key[96];
+    char *info = NULL, *failed = NULL, *done = NULL;
+    *joined_p = false;
+    // Rank 0 adds, then sets the info: wait for it a little.
+    join_key(j, gen, "info", key, sizeof(key));
+    void *v = NULL;
+    size_t len = 0;
+    tp_error *e = NULL;
+    tp_status st = tp_store_get(
+        j->j_store, key, TP_MIN(tp__ms_left(deadline), 2000), &v, &len, &e);
+    if (st == TP_ETIMEDOUT) {
+        tp_error_unref(e);
+        snprintf(why, why_len, "generation %" PRId64 " has no world size", gen);
+        return TP_OK;
+    }
+    if (st != TP_OK) {
+        if (err_p != NULL) {
+            *err_p = e;
+        } else {
+            tp_error_unref(e);
+        }
+        return st;
+    }
+    info = v;
+    join_key(j, gen, "failed", key, sizeof(key));
+    st = join_peek(j, key, &failed, err_p);
+    if (st == TP_OK) {
+        join_key(j, gen, "done", key, sizeof(key));
+        st = join_peek(j, key, &done, err_p);
+    }
+    if (st != TP_OK) {
+        goto out;
+    }
+    int w0 = 0;
+    long long expiry = 0;
+    if (sscanf(info, "%d %lld", &w0, &expiry) != 2) {
+        st = tp__error_set(err_p, TP_EPROTO,
+                           "rendezvous through %s: malformed record \"%.64s\" "
+                           "of generation %" PRId64,
+                           tp_store_addr(j->j_store), info, gen);
+        goto out;
+    }
+    int64_t now = join_realtime_ms();
+    if (done != NULL) {
+        snprintf(why, why_len, "generation %" PRId64 " is complete", gen);
+        goto out;
+    }
+    if (expiry != 0 && now > expiry + JOIN_EXPIRY_SLACK_MS) {
+        snprintf(why, why_len, "generation %" PRId64 " is past its deadline",
+                 gen);
+        goto out;
+    }
+    if (failed != NULL) {
+        long long when = 0;
+        bool recent = sscanf(failed + 1, " %lld", &when) == 1 &&
+                      now - when < JOIN_CONFLICT_RECENT_MS;
+        if (failed[0] == 'c' && (opened_since || recent)) {
+            st = join_failed_error(j, failed, err_p);
+        } else {
+            snprintf(why, why_len, "generation %" PRId64 " failed: %.200s", gen,
+                     failed);
+        }
+        goto out;
+    }
+    char msg[512];
+    if (w0 != j->j_world) {
+        snprintf(msg, sizeof(msg),
+                 "rank %d says the world size is %d, rank 0 says %d", j->j_rank,
+                 j->j_world, w0);
+        st = join_conflict(j, gen, msg, err_p);
+        goto out;
+    }
+    char slot[32];
+    snprintf(slot, sizeof(slot), "slot/%d", j->j_rank);
+    join_key(j, gen, slot, key, sizeof(key));
+    v = NULL;
+    st = tp_store_compare_set(j->j_store, key, "", 0, j->j_token,
+                              strlen(j->j_token), tp__ms_left(deadline), &v,
+                              &len, err_p);
+    if (st != TP_OK) {
+        goto out;
+    }
+    if (len != strlen(j->j_token) || memcmp(v, j->j_token, len) != 0) {
+        // The caller decides: a duplicate, or a stale slot of a job killed
+        // in its init (then a newer generation opens soon).
+        snprintf(holder, holder_len, "%s", (const char *)v);
+        free(v);
+        goto out;
+    }
+    free(v);
+    j->j_gen = gen;
+    *joined_p = true;
+out:
+    free(info);
+    free(failed);
+    free(done);
+    return st;
+}
+
+tp_status
+tp__store_join(tp_store *store, const char *ns, int rank, int world,
+               int64_t init_ms, uint64_t deadline, tp__store_member *j,
+               tp_error **err_p)
+{
+    static atomic_uint seq;
+    memset(j, 0, sizeof(*j));
+    j->j_store = store;
+    snprintf(j->j_ns, sizeof(j->j_ns), "%s", ns);
+    j->j_rank = rank;
+    j->j_world = world;
+    char host[64] = "?";
+    if (gethostname(host, sizeof(host)) != 0) {
+        snprintf(host, sizeof(host), "?");
+    }
+    host[sizeof(host) - 1] = '\0';
+    snprintf(j->j_token, sizeof(j->j_token), "%.64s pid %d #%u", host,
+             (int)getpid(),
+             atomic_fetch_add_explicit(&seq, 1, memory_order_relaxed));
+    if (rank == 0) {
+        return join_open(j, init_ms, deadline, err_p);
+    }
+    int64_t first = -1;
+    char why[320] = "no generation was opened";
+    // A slot found taken: a conflict unless a newer generation opens
+    // within JOIN_TAKEN_WAIT_MS (the taken one was a killed job's).
+    int64_t taken_gen = -1;
+    uint64_t taken_dl = 0;
+    char holder[128] = "";
+    for (;;) {
+        int64_t n = 0;
+        tp_status st = join_opened(j, &n, err_p);
+        if (st != TP_OK) {
+            return st;
+        }
+        if (first < 0) {
+            first = n;
+        }
+        if (n > 0 && n - 1 != taken_gen) {
+            bool joined = false;
+            holder[0] = '\0';
+            st = join_try(j, n - 1, n > first, &joined, holder, sizeof(holder),
+                          why, sizeof(why), deadline, err_p);
+            if (st != TP_OK || joined) {
+                return st;
+            }
+            if (holder[0] != '\0') {
+                taken_gen = n - 1;
+                taken_dl = tp__deadline_after_ms(JOIN_TAKEN_WAIT_MS);
+            }
+        }
+        uint64_t now = tp__now_ns();
+        if (taken_gen >= 0 && (now >= taken_dl || now >= deadline)) {
+            char msg[512];
+            snprintf(msg, sizeof(msg),
+                     "rank %d is claimed by two processes at once: %.96s and "
+                     "%.96s",
+                     j->j_rank, holder, j->j_token);
+            return join_conflict(j, taken_gen, msg, err_p);
+        }
+        if (now >= deadline) {
+            return tp__error_set(err_p, TP_ETIMEDOUT,
+                                 "rendezvous through %s: timed out waiting "
+                                 "for rank 0 to open a generation (the "
+                                 "newest found: %s)",
+                                 tp_store_addr(store), why);
+        }
+        // Wait for rank 0 to open generation n.
+        char key[96];
+        join_key(j, n, "info", key, sizeof(key));
+        void *v = NULL;
+        size_t len = 0;
+        tp_error *e = NULL;
+        int64_t slice = TP_MIN(tp__ms_left(deadline), 500);
+        if (taken_gen >= 0) {
+            slice = TP_MIN(slice, tp__ms_left(taken_dl));
+        }
+        st = tp_store_get(store, key, slice, &v, &len, &e);
+        if (st != TP_OK && st != TP_ETIMEDOUT) {
+            if (err_p != NULL) {
+                *err_p = e;
+            } else {
+                tp_error_unref(e);
+            }
+            return st;
+        }
+        tp_error_unref(e);
+        free(v);
+    }
+}
+
+tp_status
+tp__store_join_check(tp__store_member *j, tp_error **err_p)
+{
+    int64_t n = 0;
+    tp_status st = join_opened(j, &n, err_p);
+    if (st != TP_OK) {
+        return st;
+    }
+    char key[96];
+    char msg[512];
+    if (n - 1 > j->j_gen) {
+        if (j->j_rank == 0) {
+            // Only rank 0 opens generations: a newer one while this one
+            // is being joined is another process as rank 0.
+            snprintf(msg, sizeof(msg),
+                     "rank 0 is claimed by two processes at once: %.96s "
+                     "(generation %" PRId64 ") and another (generation "
+                     "%" PRId64 ")",
+                     j->j_token, j->j_gen, n - 1);
+            int64_t mine = j->j_gen;
+            j->j_gen = n - 1;
+            tp__store_join_fail(j, true, msg);
+            j->j_gen = mine;
+            return join_conflict(j, mine, msg, err_p);
+        }
+        // Rank 0 of this generation is gone (a job killed in its init) and
+        // the next job's opened another: leave for it.
+        snprintf(msg, sizeof(msg),
+                 "rank %d left for the newer generation %" PRId64, j->j_rank,
+                 n - 1);
+        tp__store_join_fail(j, false, msg);
+        return tp__error_set(err_p, TP_EAGAIN,
+                             "rendezvous through %s: generation %" PRId64
+                             " superseded by %" PRId64,
+                             tp_store_addr(j->j_store), j->j_gen, n - 1);
+    }
+    char *failed = NULL;
+    join_key(j, j->j_gen, "failed", key, sizeof(key));
+    st = join_peek(j, key, &failed, err_p);
+    if (st != TP_OK || failed == NULL) {
+        return st;
+    }
+    st = join_failed_error(j, failed, err_p);
+    free(failed);
+    return st;
+}
+
+tp_status
+tp__store_join_get(tp__store_member *j, const char *key, uint64_t deadline,
+                   void **val_p, size_t *len_p, tp_error **err_p)
+{
+    for (;;) {
+        int64_t left = tp__ms_left(deadline);
+        bool last = deadline != UINT64_MAX && left <= JOIN_SLICE_MS;
+        tp_error *e = NULL;
+        tp_status st = tp_store_get(
+            j->j_store, key, last ? left : JOIN_SLICE_MS, val_p, len_p, &e);
+        if (st != TP_ETIMEDOUT || last) {
+            if (err_p != NULL) {
+                *err_p = e;
+            } else {
+                tp_error_unref(e);
+            }
+            return st;
+        }
+        tp_error_unref(e);
+        st = tp__store_join_check(j, err_p);
+        if (st != TP_OK) {
+            return st;
+        }
+    }
+}
