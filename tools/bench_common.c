@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <math.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -345,6 +346,89 @@ bench_fork_server(int *fd_p, char *err, size_t err_len)
     close(pfd[1]);
     *fd_p = pfd[0];
     return pid;
+}
+
+bool
+bench_server_report(int wfd, bench_outcome rc, const char *text)
+{
+    char msg[1600];
+    int n = snprintf(msg, sizeof(msg), "%s %s\n",
+                     rc == BENCH_OK     ? "OK"
+                     : rc == BENCH_SKIP ? "SKIP"
+                                        : "ERR",
+                     text);
+    if (n >= (int)sizeof(msg)) {
+        n = (int)sizeof(msg) - 1;
+        msg[n - 1] = '\n';
+    }
+    return write(wfd, msg, (size_t)n) == n;
+}
+
+bench_outcome
+bench_server_start(const bench_opts *o, void (*child_fn)(void *arg, int wfd),
+                   void *arg, char *addr, size_t addr_len, pid_t *pid_p,
+                   char *err, size_t err_len)
+{
+    int fd;
+    pid_t pid = bench_fork_server(&fd, err, err_len);
+    if (pid < 0) {
+        return BENCH_FAIL;
+    }
+    if (pid == 0) {
+        child_fn(arg, fd);
+        _exit(1);
+    }
+    char line[1600];
+    uint64_t deadline = tp__now_ns() + bench_stall_ns(o);
+    tool_line_status ls =
+        tool_read_line(fd, deadline, line, sizeof(line), err, err_len);
+    close(fd);
+    bench_outcome out = BENCH_FAIL;
+    if (ls == TOOL_LINE_TIMEOUT) {
+        snprintf(err, err_len, "server did not report its address within %g s",
+                 o->bo_stall_s);
+    } else if (ls == TOOL_LINE_EOF) {
+        snprintf(err, err_len, "server exited before reporting its address");
+    } else if (ls == TOOL_LINE_OK && strncmp(line, "OK ", 3) == 0) {
+        if (strlen(line + 3) < addr_len) {
+            memcpy(addr, line + 3, strlen(line + 3) + 1);
+            *pid_p = pid;
+            return BENCH_OK;
+        }
+        snprintf(err, err_len, "server address too long");
+    } else if (ls == TOOL_LINE_OK) {
+        out = strncmp(line, "SKIP ", 5) == 0 ? BENCH_SKIP : BENCH_FAIL;
+        const char *why = strchr(line, ' ');
+        snprintf(err, err_len, "server: %.1500s", why ? why + 1 : line);
+    }
+    // A server that said why exits by itself; one that did not is killed.
+    tool_reap(pid, 1000, ls != TOOL_LINE_OK);
+    return out;
+}
+
+void
+bench_skip(const char *what, const char *label, const char *fmt, ...)
+{
+    fflush(stdout);
+    fprintf(stderr, "tpipe: %s: skipping %s: ", what, label);
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+}
+
+bool
+bench_viable(const char *what, const char *label, tool_backend_kind kind,
+             const char *name)
+{
+    char why[256] = "";
+    if (tool_backend_viable(kind, name, why, sizeof(why))) {
+        return true;
+    }
+    bench_skip(what, label, "%s %s: %s", tool_backend_kind_name(kind), name,
+               why);
+    return false;
 }
 
 bool

@@ -13,6 +13,7 @@
 #include <sys/types.h>
 
 #include "bench_peer.h"
+#include "tool.h"
 
 #define BENCH_MAX_SIZES 32
 
@@ -119,6 +120,36 @@ uint64_t bench_stall_ns(const bench_opts *o);
 // die with this process. In this process returns the child's pid with the
 // read end in *fd_p, or -1 with "pipe: ..." or "fork: ..." in @err.
 pid_t bench_fork_server(int *fd_p, char *err, size_t err_len);
+
+// What a server child reports, or how starting it went.
+typedef enum bench_outcome {
+    BENCH_OK,   // "OK <address>"
+    BENCH_SKIP, // "SKIP <why>": the combination cannot work here
+    BENCH_FAIL, // "ERR <why>", or no line
+} bench_outcome;
+
+// In the server child: reports @rc and @text ("OK <address>", "SKIP
+// <why>", "ERR <why>") on @wfd as one line; false when the write failed.
+bool bench_server_report(int wfd, bench_outcome rc, const char *text);
+
+// Forks the server child, which runs @child_fn(@arg, its end of the pipe)
+// and never returns; then waits (--stall-timeout) for its report. BENCH_OK:
+// its address in @addr and its pid in *pid_p (reap it with
+// bench_reap_server). Otherwise the child is reaped and @err says why
+// ("server: <why>" for its own SKIP or ERR).
+bench_outcome bench_server_start(const bench_opts *o,
+                                 void (*child_fn)(void *arg, int wfd),
+                                 void *arg, char *addr, size_t addr_len,
+                                 pid_t *pid_p, char *err, size_t err_len);
+
+// "tpipe: <what>: skipping <label>: <why...>" on stderr, after flushing the
+// rows printed so far.
+void bench_skip(const char *what, const char *label, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+// Whether the transport or channel @name is viable here; if not, says
+// "skipping <label>: <transport|channel> <name>: <why>" (bench_skip).
+bool bench_viable(const char *what, const char *label, tool_backend_kind kind,
+                  const char *name);
 
 // Reaps the server child @pid (at once, killing it, unless @ok). Returns
 // whether @ok and the server exited with status 0; when @ok but the server

@@ -129,9 +129,9 @@ bp_parse_channels(const char *list, bp_opts *o)
             continue;
         }
         if (o->bo_all_channels) {
-            fprintf(stderr,
-                    "tpipe: bench pipe: skipping channel %s: not built in\n",
-                    o->bo_channels[i]);
+            char label[64];
+            snprintf(label, sizeof(label), "channel %s", o->bo_channels[i]);
+            bench_skip("bench pipe", label, "not built in");
             continue;
         }
         tool_backend_unknown("bench pipe", TOOL_CHANNEL, o->bo_channels[i],
@@ -304,18 +304,10 @@ tool_bench_pipe_main(int argc, char **argv)
             pr->pr_stream_gbps[i] = pr->pr_p50_us[i] = NAN;
         }
         // A transport that cannot work here is skipped before forking.
-        char why[256] = "";
-        if (!tool_backend_viable(TOOL_TRANSPORT, cb->bc_connect, why,
-                                 sizeof(why))) {
-            fprintf(stderr,
-                    "tpipe: bench pipe: skipping %s: transport %s: %s\n",
-                    cb->bc_label, cb->bc_connect, why);
-            continue;
-        }
-        if (!tool_backend_viable(TOOL_CHANNEL, cb->bc_channel, why,
-                                 sizeof(why))) {
-            fprintf(stderr, "tpipe: bench pipe: skipping %s: channel %s: %s\n",
-                    cb->bc_label, cb->bc_channel, why);
+        if (!bench_viable("bench pipe", cb->bc_label, TOOL_TRANSPORT,
+                          cb->bc_connect) ||
+            !bench_viable("bench pipe", cb->bc_label, TOOL_CHANNEL,
+                          cb->bc_channel)) {
             continue;
         }
         bench_cells_reset(cells, ncells, vals, o.bo_com.bo_reps);
@@ -331,9 +323,7 @@ tool_bench_pipe_main(int argc, char **argv)
             out = bp_run_rep(&r, cells);
         }
         if (out == BP_SKIP) {
-            fflush(stdout);
-            fprintf(stderr, "tpipe: bench pipe: skipping %s: %s\n",
-                    cb->bc_label, r.pr_err);
+            bench_skip("bench pipe", cb->bc_label, "%s", r.pr_err);
             continue;
         }
         if (out == BP_FAIL) {

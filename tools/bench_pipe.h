@@ -108,8 +108,8 @@ bp_outcome bp_server_setup(const bp_opts *o, const bp_combo *c,
                            tp_context **ctx_p, bp_server *s, char *url,
                            size_t url_len, char *why, size_t why_len);
 void bp_server_teardown(tp_context *ctx, bp_server *s);
-// The forked server: never returns.
-void bp_server_child(const bp_opts *o, const bp_combo *c, int wfd);
+// The forked server of the bp_run @arg: never returns.
+void bp_server_child(void *arg, int wfd);
 
 // ---- the client (bench_pipe_client.c) --------------------------------------
 

@@ -570,43 +570,18 @@ bp_run_rep(bp_run *r, bench_cell *cells)
     if (r->pr_combo->bc_inproc) {
         return bp_run_inproc(r, cells);
     }
-    int fd;
-    pid_t pid = bench_fork_server(&fd, r->pr_err, sizeof(r->pr_err));
-    if (pid < 0) {
-        return BP_FAIL;
-    }
-    if (pid == 0) {
-        bp_server_child(o, r->pr_combo, fd);
-    }
-    char line[1600];
-    int64_t tmo = (int64_t)(o->bo_com.bo_stall_s * 1000);
-    tool_line_status ls =
-        tool_read_line(fd, tp__deadline_after_ms(tmo), line, sizeof(line),
-                       r->pr_err, sizeof(r->pr_err));
-    if (ls == TOOL_LINE_TIMEOUT) {
-        snprintf(r->pr_err, sizeof(r->pr_err),
-                 "server sent nothing within %lld ms", (long long)tmo);
-    } else if (ls == TOOL_LINE_EOF) {
-        snprintf(r->pr_err, sizeof(r->pr_err),
-                 "server exited before reporting its URL");
-    }
-    bool got = ls == TOOL_LINE_OK;
-    close(fd);
-    if (!got || strncmp(line, "OK ", 3) != 0) {
-        bp_outcome out = BP_FAIL;
-        if (got) {
-            out = strncmp(line, "SKIP ", 5) == 0 ? BP_SKIP : BP_FAIL;
-            const char *why = strchr(line, ' ');
-            snprintf(r->pr_err, sizeof(r->pr_err), "server: %s",
-                     why ? why + 1 : line);
-        }
-        tool_reap(pid, 1000, !got);
-        return out;
+    char url[1600];
+    pid_t pid;
+    bench_outcome so =
+        bench_server_start(&o->bo_com, bp_server_child, r, url, sizeof(url),
+                           &pid, r->pr_err, sizeof(r->pr_err));
+    if (so != BENCH_OK) {
+        return so == BENCH_SKIP ? BP_SKIP : BP_FAIL;
     }
     tool_verbose(o->bo_com.bo_verbose, "bench pipe",
                  "%s: server %d listens on %s", r->pr_combo->bc_label, (int)pid,
-                 line + 3);
-    bp_outcome out = bp_client_run(r, line + 3, cells);
+                 url);
+    bp_outcome out = bp_client_run(r, url, cells);
     // After a skip or a failure the server has nothing left to do.
     if (!bench_reap_server(pid, out == BP_OK, r->pr_err, sizeof(r->pr_err)) &&
         out == BP_OK) {

@@ -346,18 +346,22 @@ bp_server_teardown(tp_context *ctx, bp_server *s)
 
 // The forked server: never returns.
 void
-bp_server_child(const bp_opts *o, const bp_combo *c, int wfd)
+bp_server_child(void *arg, int wfd)
 {
+    const bp_run *r = arg;
+    const bp_opts *o = r->pr_opts;
+    const bp_combo *c = r->pr_combo;
     static bp_server srv;
     tp_context *ctx = NULL;
-    char url[512], why[1024], msg[1600];
+    char url[512], why[1024];
     bp_outcome rc =
         bp_server_setup(o, c, &ctx, &srv, url, sizeof(url), why, sizeof(why));
-    int n = rc == BP_OK ? snprintf(msg, sizeof(msg), "OK %s\n", url)
-                        : snprintf(msg, sizeof(msg), "%s %s\n",
-                                   rc == BP_SKIP ? "SKIP" : "ERR", why);
-    n = n < (int)sizeof(msg) ? n : (int)sizeof(msg) - 1;
-    if (write(wfd, msg, (size_t)n) != n || rc != BP_OK) {
+    bool sent = bench_server_report(wfd,
+                                    rc == BP_OK     ? BENCH_OK
+                                    : rc == BP_SKIP ? BENCH_SKIP
+                                                    : BENCH_FAIL,
+                                    rc == BP_OK ? url : why);
+    if (!sent || rc != BP_OK) {
         _exit(rc == BP_OK ? 1 : 0);
     }
     close(wfd);

@@ -428,11 +428,8 @@ tool_bench_rpc_main(int argc, char **argv)
     for (size_t ti = 0; ti < o.bo_ntr; ti++) {
         const br_transport *tr = o.bo_tr[ti];
         // A transport that cannot work here is skipped before forking.
-        char why[256] = "";
-        if (!tool_backend_viable(TOOL_TRANSPORT, tr->bt_name, why,
-                                 sizeof(why))) {
-            fprintf(stderr, "tpipe: bench rpc: skipping %s: %s\n", tr->bt_name,
-                    why);
+        if (!bench_viable("bench rpc", tr->bt_name, TOOL_TRANSPORT,
+                          tr->bt_name)) {
             if (!o.bo_all_tr) {
                 failed = true;
             }

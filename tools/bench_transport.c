@@ -80,8 +80,9 @@ bt_parse_transports(const char *list, bt_opts *o)
                     break;
                 }
             } else if (o->bo_com.bo_verbose || !o->bo_com.bo_json) {
-                fprintf(stderr, "tpipe: skipping transport %s: %s\n",
-                        all[i]->name, why);
+                char label[64];
+                snprintf(label, sizeof(label), "transport %s", all[i]->name);
+                bench_skip("bench transport", label, "%s", why);
             }
         }
         return o->bo_ntransports > 0;
@@ -120,7 +121,7 @@ bt_parse_backends(const char *list, bt_opts *o)
         if (uring) {
             o->bo_backends[o->bo_nbackends++] = TP_IO_BACKEND_URING;
         } else if (o->bo_com.bo_verbose || !o->bo_com.bo_json) {
-            fprintf(stderr, "tpipe: skipping loop backend uring: %s\n", why);
+            bench_skip("bench transport", "loop backend uring", "%s", why);
         }
         return true;
     }
@@ -211,10 +212,11 @@ typedef struct bt_run {
     char br_err[1200];
 } bt_run;
 
-// The forked server: never returns.
+// The forked server of the bt_run @arg: never returns.
 static void
-bt_server_child(const bt_run *r, int wfd)
+bt_server_child(void *arg, int wfd)
 {
+    const bt_run *r = arg;
     const bt_opts *o = r->br_opts;
     char msg[1200];
     tp_config cfg = o->bo_cfg;
@@ -233,10 +235,8 @@ bt_server_child(const bt_run *r, int wfd)
     if (tp__loop_create(&cfg, "bench-srv", &loop, &err) != TP_OK ||
         tp__transport_create(r->br_transport, loop, &cfg, &t, &err) != TP_OK ||
         tp__transport_listen(t, addr, &l, &err) != TP_OK) {
-        int n = snprintf(msg, sizeof(msg), "ERR %s\n", tp_error_message(err));
-        if (write(wfd, msg, (size_t)n) < 0) {
-            // The parent reports a missing address anyway.
-        }
+        // The parent reports a missing address anyway.
+        (void)bench_server_report(wfd, BENCH_FAIL, tp_error_message(err));
         _exit(1);
     }
     // Buffers first (touching them takes a while for large sizes), so
@@ -244,17 +244,13 @@ bt_server_child(const bt_run *r, int wfd)
     static bt_server srv; // large: keep it off the stack
     unsigned nbufs = o->bo_com.bo_window + 1;
     if (bt_server_init(&srv, loop, l, o->bo_com.bo_max_size, nbufs) != 0) {
-        int n = snprintf(msg, sizeof(msg),
-                         "ERR out of memory for %u buffers of %llu bytes\n",
-                         nbufs, (unsigned long long)o->bo_com.bo_max_size);
-        if (write(wfd, msg, (size_t)n) < 0) {
-            // The parent reports a missing address anyway.
-        }
+        snprintf(msg, sizeof(msg), "out of memory for %u buffers of %llu bytes",
+                 nbufs, (unsigned long long)o->bo_com.bo_max_size);
+        (void)bench_server_report(wfd, BENCH_FAIL, msg);
         _exit(1);
     }
     bt_server_start(&srv);
-    int n = snprintf(msg, sizeof(msg), "OK %s\n", tp__listener_addr(l));
-    if (write(wfd, msg, (size_t)n) != n) {
+    if (!bench_server_report(wfd, BENCH_OK, tp__listener_addr(l))) {
         _exit(1);
     }
     close(wfd);
@@ -276,41 +272,6 @@ bt_server_child(const bt_run *r, int wfd)
     tp__transport_destroy(t);
     tp__loop_destroy(loop);
     _exit(0);
-}
-
-// Reads the server's "OK <addr>" line. Returns false with r->br_err set.
-static bool
-bt_read_addr(bt_run *r, int rfd, char *addr, size_t len)
-{
-    char buf[1200];
-    uint64_t deadline = tp__now_ns() + bench_stall_ns(&r->br_opts->bo_com);
-    switch (tool_read_line(rfd, deadline, buf, sizeof(buf), r->br_err,
-                           sizeof(r->br_err))) {
-    case TOOL_LINE_OK:
-        break;
-    case TOOL_LINE_TIMEOUT:
-        snprintf(r->br_err, sizeof(r->br_err),
-                 "server did not report its address within %.0f s",
-                 r->br_opts->bo_com.bo_stall_s);
-        return false;
-    case TOOL_LINE_EOF:
-        snprintf(r->br_err, sizeof(r->br_err),
-                 "server exited before reporting its address");
-        return false;
-    case TOOL_LINE_ERROR:
-        return false;
-    }
-    if (strncmp(buf, "OK ", 3) != 0) {
-        snprintf(r->br_err, sizeof(r->br_err), "server: %.1100s",
-                 strncmp(buf, "ERR ", 4) == 0 ? buf + 4 : buf);
-        return false;
-    }
-    if (strlen(buf + 3) >= len) {
-        snprintf(r->br_err, sizeof(r->br_err), "server address too long");
-        return false;
-    }
-    memcpy(addr, buf + 3, strlen(buf + 3) + 1);
-    return true;
 }
 
 // Waits for the measurement; on failure writes "<what>: <why>" to br_err.
@@ -411,22 +372,13 @@ static bool
 bt_run_rep(bt_run *r, bench_cell *cells, bt_idle_result *idle)
 {
     const bt_opts *o = r->br_opts;
-    int fd;
-    pid_t pid = bench_fork_server(&fd, r->br_err, sizeof(r->br_err));
-    if (pid < 0) {
-        return false;
-    }
-    if (pid == 0) {
-        bt_server_child(r, fd);
-    }
-
     char addr[512];
-    bool ok = bt_read_addr(r, fd, addr, sizeof(addr));
-    close(fd);
-    if (!ok) {
-        tool_reap(pid, 1000, true);
+    pid_t pid;
+    if (bench_server_start(&o->bo_com, bt_server_child, r, addr, sizeof(addr),
+                           &pid, r->br_err, sizeof(r->br_err)) != BENCH_OK) {
         return false;
     }
+    bool ok;
     tool_verbose(o->bo_com.bo_verbose, NULL, "%s: server %d listens on %s",
                  r->br_label, (int)pid, addr);
 
