@@ -46,6 +46,9 @@ struct tp_future {
 tp_status
 tp_future_create(tp_future **f_p)
 {
+    if (f_p == NULL) {
+        return TP_EINVAL;
+    }
     tp_future *f = tp__zalloc(sizeof(*f));
     if (f == NULL) {
         return TP_ENOMEM;
@@ -63,6 +66,9 @@ tp_future_create(tp_future **f_p)
 tp_future *
 tp_future_ref(tp_future *f)
 {
+    if (f == NULL) {
+        return NULL;
+    }
     // Taking a reference needs no ordering: the caller already holds one.
     atomic_fetch_add_explicit(&f->f_refs, 1, memory_order_relaxed);
     return f;
@@ -189,6 +195,9 @@ future_resolve(tp_future *f, void *value, tp_future_free_fn free_fn,
 tp_status
 tp_future_set_value(tp_future *f, void *value, tp_future_free_fn free_fn)
 {
+    if (f == NULL) {
+        return TP_EINVAL;
+    }
     return future_resolve(f, value, free_fn, NULL);
 }
 
@@ -197,7 +206,7 @@ tp_future_set_error(tp_future *f, const tp_error *err)
 {
     // A future resolved "with an error" that is NULL would look like a
     // value to waiters; refuse it.
-    if (err == NULL) {
+    if (f == NULL || err == NULL) {
         return TP_EINVAL;
     }
     tp_error *ref = tp_error_ref(err);
@@ -211,6 +220,9 @@ tp_future_set_error(tp_future *f, const tp_error *err)
 bool
 tp_future_is_done(const tp_future *f)
 {
+    if (f == NULL) {
+        return false;
+    }
     // C11 atomic_load takes a non-const pointer; reading does not modify.
     tp_future *mf = (tp_future *)f;
     return atomic_load_explicit(&mf->f_done, memory_order_acquire);
@@ -219,6 +231,9 @@ tp_future_is_done(const tp_future *f)
 tp_status
 tp_future_wait(tp_future *f, int64_t timeout_ms, tp_error **err_p)
 {
+    if (f == NULL) {
+        return tp__error_set(err_p, TP_EINVAL, "tp_future_wait: f is NULL");
+    }
     uint64_t deadline = tp__deadline_after_ms(timeout_ms);
 
     tp__mtx_lock(&f->f_mtx);
@@ -245,18 +260,21 @@ tp_future_wait(tp_future *f, int64_t timeout_ms, tp_error **err_p)
 void *
 tp_future_value(const tp_future *f)
 {
-    return tp_future_is_done(f) ? f->f_value : NULL;
+    return f != NULL && tp_future_is_done(f) ? f->f_value : NULL;
 }
 
 const tp_error *
 tp_future_error(const tp_future *f)
 {
-    return tp_future_is_done(f) ? f->f_err : NULL;
+    return f != NULL && tp_future_is_done(f) ? f->f_err : NULL;
 }
 
 tp_status
 tp_future_then(tp_future *f, tp_future_cb cb, void *arg)
 {
+    if (f == NULL || cb == NULL) {
+        return TP_EINVAL;
+    }
     tp__mtx_lock(&f->f_mtx);
     bool resolved = atomic_load_explicit(&f->f_done, memory_order_relaxed) &&
                     !f->f_draining;

@@ -183,6 +183,9 @@ tp_status
 tp_tensor_empty(tp_dtype dt, int ndim, const int64_t *shape, tp_tensor **t_p,
                 tp_error **err_p)
 {
+    if (t_p == NULL) {
+        return tp__tensor_null_arg(err_p, "tp_tensor_empty", "t_p");
+    }
     tp_status st = tp__check_shape("tensor empty", dt, ndim, shape, err_p);
     if (st != TP_OK) {
         return st;
@@ -204,6 +207,9 @@ tp_status
 tp_tensor_zeros(tp_dtype dt, int ndim, const int64_t *shape, tp_tensor **t_p,
                 tp_error **err_p)
 {
+    if (t_p == NULL) {
+        return tp__tensor_null_arg(err_p, "tp_tensor_zeros", "t_p");
+    }
     tp_tensor *t;
     tp_status st = tp_tensor_empty(dt, ndim, shape, &t, err_p);
     if (st != TP_OK) {
@@ -218,6 +224,9 @@ tp_status
 tp_tensor_full(tp_dtype dt, int ndim, const int64_t *shape, double value,
                tp_tensor **t_p, tp_error **err_p)
 {
+    if (t_p == NULL) {
+        return tp__tensor_null_arg(err_p, "tp_tensor_full", "t_p");
+    }
     tp_tensor *t;
     tp_status st = tp_tensor_empty(dt, ndim, shape, &t, err_p);
     if (st != TP_OK) {
@@ -239,6 +248,9 @@ tp_status
 tp_tensor_arange(tp_dtype dt, double start, double end, double step,
                  tp_tensor **t_p, tp_error **err_p)
 {
+    if (t_p == NULL) {
+        return tp__tensor_null_arg(err_p, "tp_tensor_arange", "t_p");
+    }
     if (step == 0.0 || step != step || start != start || end != end) {
         return tp__error_set(err_p, TP_EINVAL,
                              "tensor arange: invalid step or bounds");
@@ -270,6 +282,9 @@ tp_tensor_from_blob(void *data, tp_dtype dt, int ndim, const int64_t *shape,
                     tp_free_fn free_fn, void *arg, tp_tensor **t_p,
                     tp_error **err_p)
 {
+    if (t_p == NULL) {
+        return tp__tensor_null_arg(err_p, "tp_tensor_from_blob", "t_p");
+    }
     tp_status st = tp__check_shape("tensor from_blob", dt, ndim, shape, err_p);
     if (st != TP_OK) {
         return st;
@@ -309,6 +324,9 @@ tp_status
 tp_tensor_empty_on(tp_device dev, tp_dtype dt, int ndim, const int64_t *shape,
                    tp_tensor **t_p, tp_error **err_p)
 {
+    if (t_p == NULL) {
+        return tp__tensor_null_arg(err_p, "tp_tensor_empty_on", "t_p");
+    }
     if (dev.type == TP_DEVICE_CPU) {
         return tp_tensor_empty(dt, ndim, shape, t_p, err_p);
     }
@@ -354,6 +372,12 @@ tp_status
 tp_tensor_to_device(tp_tensor *t, tp_device dev, tp_tensor **out_p,
                     tp_error **err_p)
 {
+    if (t == NULL) {
+        return tp__tensor_null_arg(err_p, "tp_tensor_to_device", "t");
+    }
+    if (out_p == NULL) {
+        return tp__tensor_null_arg(err_p, "tp_tensor_to_device", "out_p");
+    }
     tp_device from = t->t_storage->s_device;
     if (from.type == dev.type &&
         (dev.type == TP_DEVICE_CPU || from.index == dev.index)) {
@@ -481,6 +505,9 @@ tp_tensor_device(const tp_tensor *t)
 bool
 tp_tensor_is_contiguous(const tp_tensor *t)
 {
+    if (t == NULL) {
+        return false; // so tp_tensor_contiguous(NULL) fails in the copy
+    }
     int64_t expect = 1;
     for (int i = t->t_ndim - 1; i >= 0; i--) {
         if (t->t_shape[i] == 0) {
@@ -533,6 +560,12 @@ tp__tensor_check_cpu(const char *op, const tp_tensor *t, tp_error **err_p)
 tp_status
 tp_tensor_item(const tp_tensor *t, int64_t i, double *v_p)
 {
+    if (t == NULL) {
+        return TP_EINVAL;
+    }
+    if (v_p == NULL) {
+        return TP_EINVAL;
+    }
     if (i < 0 || i >= tp_tensor_numel(t) ||
         t->t_storage->s_device.type != TP_DEVICE_CPU) {
         return TP_EINVAL;
@@ -544,6 +577,9 @@ tp_tensor_item(const tp_tensor *t, int64_t i, double *v_p)
 tp_status
 tp_tensor_set_item(tp_tensor *t, int64_t i, double v)
 {
+    if (t == NULL) {
+        return TP_EINVAL;
+    }
     if (i < 0 || i >= tp_tensor_numel(t) ||
         t->t_storage->s_device.type != TP_DEVICE_CPU) {
         return TP_EINVAL;

@@ -114,6 +114,12 @@ copy_row(char *d, tp_dtype ddt, int64_t ds, const char *s, tp_dtype sdt,
 tp_status
 tp__copy_raw(tp_tensor *dst, const tp_tensor *src_in, tp_error **err_p)
 {
+    if (dst == NULL) {
+        return tp__tensor_null_arg(err_p, "copy", "dst");
+    }
+    if (src_in == NULL) {
+        return tp__tensor_null_arg(err_p, "copy", "src");
+    }
     if (tp__tensor_check_cpu("copy", dst, err_p) != TP_OK ||
         tp__tensor_check_cpu("copy", src_in, err_p) != TP_OK) {
         return TP_ENOTSUP;
@@ -172,6 +178,9 @@ tp_status
 tp__to_dtype_raw(const tp_tensor *t, tp_dtype dt, tp_tensor **out_p,
                  tp_error **err_p)
 {
+    if (t == NULL) {
+        return tp__tensor_null_arg(err_p, "to_dtype", "t");
+    }
     if (tp__tensor_check_cpu("to_dtype", t, err_p) != TP_OK) {
         return TP_ENOTSUP;
     }
@@ -192,12 +201,18 @@ tp__to_dtype_raw(const tp_tensor *t, tp_dtype dt, tp_tensor **out_p,
 tp_status
 tp__clone_raw(const tp_tensor *t, tp_tensor **out_p, tp_error **err_p)
 {
+    if (t == NULL) {
+        return tp__tensor_null_arg(err_p, "clone", "t");
+    }
     return tp__to_dtype_raw(t, t->t_dtype, out_p, err_p);
 }
 
 tp_status
 tp__contiguous_raw(const tp_tensor *t, tp_tensor **out_p, tp_error **err_p)
 {
+    if (t == NULL) {
+        return tp__tensor_null_arg(err_p, "contiguous", "t");
+    }
     if (tp_tensor_is_contiguous(t)) {
         return tp__tensor_alias(t, out_p, err_p);
     }

@@ -234,6 +234,12 @@ tp__shape_fits(int ndim, const int64_t *shape)
 }
 
 tp_status
+tp__tensor_null_arg(tp_error **err_p, const char *fn, const char *arg)
+{
+    return tp__error_set(err_p, TP_EINVAL, "%s: %s is NULL", fn, arg);
+}
+
+tp_status
 tp__check_shape(const char *what, tp_dtype dt, int ndim, const int64_t *shape,
                 tp_error **err_p)
 {

@@ -67,6 +67,10 @@ const char *tp__shape_str(int ndim, const int64_t *shape, char *buf,
 bool tp__dim_norm(int ndim, int d, int *out);
 // True if numel (sizes 0 counted as 1) times 16 fits in int64_t.
 bool tp__shape_fits(int ndim, const int64_t *shape);
+// TP_EINVAL with "@fn: @arg is NULL": a public function's NULL handle or
+// out pointer.
+tp_status tp__tensor_null_arg(tp_error **err_p, const char *fn,
+                              const char *arg);
 // TP_EINVAL naming @what unless @dt, @ndim and @shape make a valid tensor.
 tp_status tp__check_shape(const char *what, tp_dtype dt, int ndim,
                           const int64_t *shape, tp_error **err_p);

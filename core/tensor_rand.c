@@ -77,6 +77,9 @@ gen_normal(tp_generator *g)
 tp_status
 tp_generator_create(uint64_t seed, tp_generator **g_p)
 {
+    if (g_p == NULL) {
+        return TP_EINVAL;
+    }
     tp_generator *g = tp__zalloc(sizeof(*g));
     if (!g) {
         return TP_ENOMEM;
@@ -98,6 +101,9 @@ static tp_status
 rand_fill(tp_dtype dt, int ndim, const int64_t *shape, double a, double b,
           bool normal, tp_generator *g, tp_tensor **t_p, tp_error **err_p)
 {
+    if (t_p == NULL) {
+        return tp__tensor_null_arg(err_p, "tensor rand", "t_p");
+    }
     if (!g || !tp_dtype_is_floating(dt)) {
         return tp__error_set(err_p, TP_EINVAL,
                              "tensor rand: needs a generator and a floating "

@@ -171,6 +171,12 @@ tp_tensor_as_strided(const tp_tensor *base, int ndim, const int64_t *shape,
                      const int64_t *strides, int64_t offset, tp_tensor **out_p,
                      tp_error **err_p)
 {
+    if (base == NULL) {
+        return tp__tensor_null_arg(err_p, "tp_tensor_as_strided", "base");
+    }
+    if (out_p == NULL) {
+        return tp__tensor_null_arg(err_p, "tp_tensor_as_strided", "out_p");
+    }
     tp_status st =
         tp__check_shape("as_strided", base->t_dtype, ndim, shape, err_p);
     if (st != TP_OK) {
@@ -269,6 +275,9 @@ tp_status
 tp__view_reshape(const tp_tensor *t, int ndim, const int64_t *shape_in,
                  tp_tensor **out_p, tp_error **err_p)
 {
+    if (t == NULL) {
+        return tp__tensor_null_arg(err_p, "reshape", "t");
+    }
     if (ndim < 0 || ndim > TP_TENSOR_MAX_DIMS || (ndim && !shape_in)) {
         return tp__error_set(err_p, TP_EINVAL, "reshape: invalid ndim %d",
                              ndim);
@@ -326,6 +335,9 @@ tp_status
 tp__view_permute(const tp_tensor *t, const int *perm, tp_tensor **out_p,
                  tp_error **err_p)
 {
+    if (t == NULL) {
+        return tp__tensor_null_arg(err_p, "permute", "t");
+    }
     int64_t shape[TP_TENSOR_MAX_DIMS], strides[TP_TENSOR_MAX_DIMS];
     bool seen[TP_TENSOR_MAX_DIMS] = {false};
     for (int i = 0; i < t->t_ndim; i++) {
@@ -345,6 +357,9 @@ tp_status
 tp__view_transpose(const tp_tensor *t, int d0, int d1, tp_tensor **out_p,
                    tp_error **err_p)
 {
+    if (t == NULL) {
+        return tp__tensor_null_arg(err_p, "transpose", "t");
+    }
     int a, b;
     if (!tp__dim_norm(t->t_ndim, d0, &a) || !tp__dim_norm(t->t_ndim, d1, &b)) {
         return tp__error_set(err_p, TP_EINVAL,
@@ -364,6 +379,9 @@ tp_status
 tp__view_narrow(const tp_tensor *t, int d, int64_t start, int64_t len,
                 tp_tensor **out_p, tp_error **err_p)
 {
+    if (t == NULL) {
+        return tp__tensor_null_arg(err_p, "narrow", "t");
+    }
     int dd;
     if (!tp__dim_norm(t->t_ndim, d, &dd)) {
         return tp__error_set(err_p, TP_EINVAL,
@@ -393,6 +411,9 @@ tp_status
 tp__view_expand(const tp_tensor *t, int ndim, const int64_t *shape_in,
                 tp_tensor **out_p, tp_error **err_p)
 {
+    if (t == NULL) {
+        return tp__tensor_null_arg(err_p, "expand", "t");
+    }
     if (ndim < t->t_ndim || ndim > TP_TENSOR_MAX_DIMS) {
         return tp__error_set(err_p, TP_EINVAL,
                              "expand: %d dims given for a %d-d tensor", ndim,

@@ -271,6 +271,10 @@ tp_status
 tp_context_create(const tp_context_options *o_in, tp_context **ctx_p,
                   tp_error **err_p)
 {
+    if (ctx_p == NULL) {
+        return tp__error_set(err_p, TP_EINVAL,
+                             "tp_context_create: ctx_p is NULL");
+    }
     tp_context_options defaults;
     const tp_context_options *o = o_in;
     if (o == NULL) {
@@ -452,12 +456,18 @@ tp_context_destroy(tp_context *ctx)
 const char *
 tp_context_name(const tp_context *ctx)
 {
+    if (ctx == NULL) {
+        return NULL;
+    }
     return ctx->x_name;
 }
 
 char *
 tp_context_report(const tp_context *ctx)
 {
+    if (ctx == NULL) {
+        return NULL;
+    }
     size_t cap = 4096;
     char *out = malloc(cap);
     if (out == NULL) {
@@ -671,6 +681,12 @@ tp_status
 tp_context_listen(tp_context *ctx, const char *const *urls, size_t nurls,
                   tp_pipe_listener **l_p, tp_error **err_p)
 {
+    if (ctx == NULL || l_p == NULL || (nurls > 0 && urls == NULL)) {
+        return tp__error_set(err_p, TP_EINVAL, "tp_context_listen: %s is NULL",
+                             ctx == NULL   ? "ctx"
+                             : l_p == NULL ? "l_p"
+                                           : "urls");
+    }
     for (size_t i = 0; i < nurls; i++) {
         const char *sep = urls[i] ? strstr(urls[i], "://") : NULL;
         bool known = false;
@@ -763,6 +779,9 @@ fail:
 const char *
 tp_pipe_listener_addr(const tp_pipe_listener *l, const char *transport)
 {
+    if (l == NULL) {
+        return NULL;
+    }
     if (l->pl_ntls == 0) {
         return NULL;
     }

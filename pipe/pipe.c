@@ -296,6 +296,9 @@ pipe_chan_fail(void *pipe, tp_error *err)
 tp_status
 tp_pipe_wait_ready(tp_pipe *p, int64_t timeout_ms, tp_error **err_p)
 {
+    if (p == NULL) {
+        return tp__error_set(err_p, TP_EINVAL, "tp_pipe_wait_ready: p is NULL");
+    }
     uint64_t deadline =
         timeout_ms > 0 ? tp__deadline_after_ms(timeout_ms) : UINT64_MAX;
     tp__mtx_lock(&p->p_mtx);
@@ -324,6 +327,9 @@ tp_pipe_wait_ready(tp_pipe *p, int64_t timeout_ms, tp_error **err_p)
 char *
 tp_pipe_report(tp_pipe *p)
 {
+    if (p == NULL) {
+        return NULL;
+    }
     if (atomic_load_explicit(&p->p_pub_state, memory_order_acquire) ==
             PIPE_HS ||
         p->p_report[0] == '\0') {
@@ -335,6 +341,9 @@ tp_pipe_report(tp_pipe *p)
 const char *
 tp_pipe_transport(const tp_pipe *p)
 {
+    if (p == NULL) {
+        return NULL;
+    }
     if (atomic_load_explicit(&p->p_pub_state, memory_order_acquire) ==
         PIPE_HS) {
         return NULL;
@@ -345,6 +354,9 @@ tp_pipe_transport(const tp_pipe *p)
 const char *
 tp_pipe_channel(const tp_pipe *p)
 {
+    if (p == NULL) {
+        return NULL;
+    }
     if (atomic_load_explicit(&p->p_pub_state, memory_order_acquire) ==
         PIPE_HS) {
         return NULL;
@@ -355,6 +367,9 @@ tp_pipe_channel(const tp_pipe *p)
 const char *
 tp_pipe_peer(const tp_pipe *p)
 {
+    if (p == NULL) {
+        return NULL;
+    }
     return p->p_peer;
 }
 
@@ -387,6 +402,9 @@ tp_pipe_close(tp_pipe *p)
 tp_pipe *
 tp_pipe_ref(tp_pipe *p)
 {
+    if (p == NULL) {
+        return NULL;
+    }
     atomic_fetch_add_explicit(&p->p_urefs, 1, memory_order_relaxed);
     return p;
 }

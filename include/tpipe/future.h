@@ -19,10 +19,10 @@ typedef void (*tp_future_cb)(tp_future *f, void *arg);
 
 /**
  * tp_future_create - a new unresolved future, refcount 1.
- * Errors: TP_ENOMEM.
+ * Errors: TP_EINVAL (@f_p NULL), TP_ENOMEM.
  */
 TP_API tp_status tp_future_create(tp_future **f_p);
-/** tp_future_ref - take a reference; returns @f. */
+/** tp_future_ref - take a reference; returns @f (NULL: NULL). */
 TP_API tp_future *tp_future_ref(tp_future *f);
 /**
  * tp_future_unref - drop a reference; the last one frees the future and
@@ -35,8 +35,8 @@ TP_API void tp_future_unref(tp_future *f);
  * @free_fn, which may be NULL, when the future is freed). Wakes waiters and
  * runs the callbacks added by tp_future_then on this thread, in the order
  * they were added, with no lock held.
- * Errors: TP_EINVAL if @f was already resolved (ownership of @value stays
- * with the caller).
+ * Errors: TP_EINVAL if @f is NULL or was already resolved (ownership of
+ * @value stays with the caller).
  * Thread safety: any thread.
  */
 TP_API tp_status tp_future_set_value(tp_future *f, void *value,
@@ -47,14 +47,15 @@ TP_API tp_status tp_future_set_value(tp_future *f, void *value,
  * tp_future_set_value otherwise.
  */
 TP_API tp_status tp_future_set_error(tp_future *f, const tp_error *err);
-/** tp_future_is_done - true once resolved. Any thread. */
+/** tp_future_is_done - true once resolved (false for NULL). Any thread. */
 TP_API bool tp_future_is_done(const tp_future *f);
 /**
  * tp_future_wait - block until @f is resolved or @timeout_ms passes
  * (0 = no deadline). Returns TP_OK if it resolved with a value, the
  * error's status if it resolved with an error (and a reference to that
  * error in @err_p), TP_ETIMEDOUT if the deadline passed first (with an
- * error saying how long it waited). Must not be called from a loop thread.
+ * error saying how long it waited), TP_EINVAL if @f is NULL. Must not be
+ * called from a loop thread.
  */
 TP_API tp_status tp_future_wait(tp_future *f, int64_t timeout_ms,
                                 tp_error **err_p);
@@ -72,7 +73,8 @@ TP_API const tp_error *tp_future_error(const tp_future *f);
  * a pool thread and @f is resolved). Callbacks run in the order they were
  * added: one added while earlier callbacks are still running is queued
  * behind them and runs on the same thread.
- * Errors: TP_ENOMEM (the callback will not run).
+ * Errors: TP_EINVAL (@f or @cb NULL), TP_ENOMEM (the callback will not
+ * run).
  */
 TP_API tp_status tp_future_then(tp_future *f, tp_future_cb cb, void *arg);
 /**

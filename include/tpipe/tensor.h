@@ -70,13 +70,18 @@ TP_API const char *tp_dtype_name(tp_dtype dt);
 /** tp_dtype_is_floating - true for f32, f64, f16 and bf16. */
 TP_API bool tp_dtype_is_floating(tp_dtype dt);
 
-/* ---- creation --------------------------------------------------------- */
+/* ---- creation --------------------------------------------------------- *
+ * Every function of this header that returns a tp_status refuses a NULL
+ * tensor or a NULL out pointer with TP_EINVAL ("tp_tensor_empty: t_p is
+ * NULL"); the accessors (tp_tensor_dtype, tp_tensor_shape, ...) need a
+ * tensor.
+ */
 
 /**
  * tp_tensor_empty - a new contiguous CPU tensor of @ndim dims (0..8) with
  * uninitialised data. Each size must be >= 0; zero-size tensors are fine.
  * Ownership: the caller owns the one reference in *@t_p.
- * Errors: TP_EINVAL (bad dtype, ndim or size), TP_ENOMEM.
+ * Errors: TP_EINVAL (bad dtype, ndim or size; @t_p NULL), TP_ENOMEM.
  * Thread safety: any thread (as are all creation functions).
  */
 TP_API tp_status tp_tensor_empty(tp_dtype dt, int ndim, const int64_t *shape,
@@ -113,7 +118,7 @@ TP_API tp_status tp_tensor_from_blob(void *data, tp_dtype dt, int ndim,
 /**
  * tp_generator_create - a generator seeded with @seed (same seed, same
  * numbers on every machine). Free with tp_generator_destroy.
- * Errors: TP_ENOMEM.
+ * Errors: TP_EINVAL (@g_p NULL), TP_ENOMEM.
  */
 TP_API tp_status tp_generator_create(uint64_t seed, tp_generator **g_p);
 /** tp_generator_destroy - frees @g; NULL is fine. */
