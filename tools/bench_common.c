@@ -477,11 +477,15 @@ bench_wait(bt_sync *s, const bench_opts *o, const char *what, uint64_t size,
 // ---- results ---------------------------------------------------------------
 
 void
-bench_cells_reset(bench_cell *cells, size_t ncells, double *vals, unsigned reps)
+bench_cells_reset(const bench_opts *o, bench_cell *cells, double *vals)
 {
-    for (size_t k = 0; k < ncells; k++) {
+    unsigned reps = o->bo_reps;
+    for (size_t k = 0; k < 2 * o->bo_nsizes; k++) {
         double *base = vals + k * 4 * reps;
         cells[k] = (bench_cell){
+            .bc_size = o->bo_sizes[k % o->bo_nsizes],
+            .bc_stream = k >= o->bo_nsizes,
+            .bc_index = k,
             .bc_p50 = base,
             .bc_p90 = base + reps,
             .bc_p99 = base + 2 * reps,
@@ -504,6 +508,9 @@ bench_cell_pingpong(const bench_opts *o, const char *label, uint64_t size,
     tool_verbose(o->bo_verbose, o->bo_vprefix,
                  "%s pingpong %llu: %zu rounds, p50 %.2f us", label,
                  (unsigned long long)size, n, cell->bc_p50[k]);
+    if (cell->bc_n == o->bo_reps && o->bo_done_fn != NULL) {
+        o->bo_done_fn(o->bo_done_arg, cell);
+    }
 }
 
 bool
@@ -526,6 +533,9 @@ bench_stream(const bench_opts *o, const char *label, uint64_t size,
                  "%s stream %llu: %llu messages in %.3f s, %.3f GB/s", label,
                  (unsigned long long)size, (unsigned long long)count, secs,
                  cell->bc_gbps[k]);
+    if (cell->bc_n == o->bo_reps && o->bo_done_fn != NULL) {
+        o->bo_done_fn(o->bo_done_arg, cell);
+    }
     return true;
 }
 
@@ -540,37 +550,4 @@ bench_cell_medians(bench_cell *cell, bench_medians *m)
     m->bm_p99 = tool_median(cell->bc_p99, cell->bc_n);
     m->bm_gbps = tool_median(cell->bc_gbps, cell->bc_n);
     return true;
-}
-
-void
-bench_print_header_stats(void)
-{
-    printf("%5s  %10s  %10s  %10s  %8s  %8s\n", "size", "p50_us", "p90_us",
-           "p99_us", "GB/s", "iters");
-}
-
-void
-bench_print_row_stats(uint64_t size, const bench_medians *m, uint64_t iters)
-{
-    char sz[32], a[32], b[32], c[32], d[32];
-    tool_format_size(size, sz, sizeof(sz));
-    tool_fmt_num(a, sizeof(a), m->bm_p50, 2);
-    tool_fmt_num(b, sizeof(b), m->bm_p90, 2);
-    tool_fmt_num(c, sizeof(c), m->bm_p99, 2);
-    tool_fmt_num(d, sizeof(d), m->bm_gbps, 3);
-    printf("%5s  %10s  %10s  %10s  %8s  %8llu\n", sz, a, b, c, d,
-           (unsigned long long)iters);
-}
-
-void
-bench_print_json_stats(const bench_medians *m)
-{
-    printf("\"p50_us\":");
-    tool_json_num(stdout, m->bm_p50);
-    printf(",\"p90_us\":");
-    tool_json_num(stdout, m->bm_p90);
-    printf(",\"p99_us\":");
-    tool_json_num(stdout, m->bm_p99);
-    printf(",\"gbps\":");
-    tool_json_num(stdout, m->bm_gbps);
 }

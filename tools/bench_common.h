@@ -22,6 +22,8 @@
 
 // The options both benchmarks take: --sizes, --test, --iters, --budget,
 // --window, --reps, --json, --stall-timeout, -v.
+typedef struct bench_cell bench_cell;
+
 typedef struct bench_opts {
     const char *bo_what;    // "bench transport": prefixes error messages
     const char *bo_vprefix; // tool_verbose's prefix of progress lines
@@ -40,6 +42,10 @@ typedef struct bench_opts {
     bool bo_json;
     double bo_stall_s;
     bool bo_verbose;
+    // Called with each cell as its last repetition is recorded (to print
+    // its row at once); NULL: not.
+    void (*bo_done_fn)(void *arg, bench_cell *cell);
+    void *bo_done_arg;
 } bench_opts;
 
 // One option of a benchmark's table: --name (or its alias), what it takes
@@ -163,14 +169,17 @@ bool bench_wait(bt_sync *s, const bench_opts *o, const char *what,
 
 // One measurement's results over the repetitions.
 typedef struct bench_cell {
+    uint64_t bc_size;
+    bool bc_stream;  // else pingpong
+    size_t bc_index; // in the cells of bench_cells_reset
     double *bc_p50, *bc_p90, *bc_p99, *bc_gbps;
     uint64_t bc_iters; // summed over repetitions
     unsigned bc_n;
 } bench_cell;
 
-// Points @ncells cells at @vals (4 * @reps values each) and clears them.
-void bench_cells_reset(bench_cell *cells, size_t ncells, double *vals,
-                       unsigned reps);
+// Clears the 2 * o->bo_nsizes cells [test][size] (test 0 pingpong, 1
+// stream) and points them at @vals (4 * reps values each).
+void bench_cells_reset(const bench_opts *o, bench_cell *cells, double *vals);
 // Records a ping-pong of @n round trips (@lat, in us; sorted here) as the
 // cell's next repetition, with a progress line about @label.
 void bench_cell_pingpong(const bench_opts *o, const char *label, uint64_t size,
@@ -190,12 +199,4 @@ typedef struct bench_medians {
 
 // False when the cell has no repetitions.
 bool bench_cell_medians(bench_cell *cell, bench_medians *m);
-// The table's last columns: the header ("size  p50_us ... iters\n"), and
-// a cell's row.
-void bench_print_header_stats(void);
-void bench_print_row_stats(uint64_t size, const bench_medians *m,
-                           uint64_t iters);
-// The JSON fields "p50_us":..,"p90_us":..,"p99_us":..,"gbps":..
-void bench_print_json_stats(const bench_medians *m);
-
 #endif

@@ -266,6 +266,25 @@ bp_parse_args(int argc, char **argv, bp_opts *o)
 
 // ---- main ------------------------------------------------------------------
 
+// One combination's rows, printed as each cell's last repetition is
+// recorded (bench_opts.bo_done_fn).
+typedef struct bp_done {
+    bench_out *pd_out;
+    const bp_opts *pd_opts;
+    const bp_run *pd_run;
+    bp_result *pd_res;
+} bp_done;
+
+static void
+bp_done_cb(void *arg, bench_cell *cell)
+{
+    bp_done *d = arg;
+    size_t i = cell->bc_index % d->pd_opts->bo_com.bo_nsizes;
+    double g = bp_print_cell(d->pd_out, d->pd_opts, d->pd_run->pr_combo,
+                             d->pd_run->pr_transport, cell);
+    (cell->bc_stream ? d->pd_res->pr_stream_gbps : d->pd_res->pr_p50_us)[i] = g;
+}
+
 int
 tool_bench_pipe_main(int argc, char **argv)
 {
@@ -291,7 +310,8 @@ tool_bench_pipe_main(int argc, char **argv)
         free(gbps);
         return TOOL_EXIT_FAIL;
     }
-    bp_print_header(&o);
+    bench_out rows;
+    bp_out_init(&o, &rows);
     bool failed = false;
     size_t measured = 0;
     for (size_t ci = 0; ci < o.bo_ncombos; ci++) {
@@ -310,11 +330,14 @@ tool_bench_pipe_main(int argc, char **argv)
                           cb->bc_channel)) {
             continue;
         }
-        bench_cells_reset(cells, ncells, vals, o.bo_com.bo_reps);
+        bench_cells_reset(&o.bo_com, cells, vals);
         static bp_run r;
         memset(&r, 0, sizeof(r));
         r.pr_opts = &o;
         r.pr_combo = cb;
+        bp_done done = {&rows, &o, &r, pr};
+        o.bo_com.bo_done_fn = bp_done_cb;
+        o.bo_com.bo_done_arg = &done;
         bp_outcome out = BP_OK;
         for (unsigned rep = 0; rep < o.bo_com.bo_reps && out == BP_OK; rep++) {
             tool_verbose(o.bo_com.bo_verbose, "bench pipe",
@@ -336,16 +359,8 @@ tool_bench_pipe_main(int argc, char **argv)
         pr->pr_ok = true;
         snprintf(pr->pr_transport, sizeof(pr->pr_transport), "%s",
                  r.pr_transport);
-        for (int test = 0; test < 2; test++) {
-            for (size_t i = 0; i < o.bo_com.bo_nsizes; i++) {
-                double g = bp_print_cell(&o, cb, r.pr_transport,
-                                         test == 0 ? "pingpong" : "stream",
-                                         o.bo_com.bo_sizes[i],
-                                         &cells[test * o.bo_com.bo_nsizes + i]);
-                (test == 1 ? pr->pr_stream_gbps : pr->pr_p50_us)[i] = g;
-            }
-        }
     }
+    o.bo_com.bo_done_fn = NULL;
     if (o.bo_plot != NULL) {
         // After every fork: the TCP ceiling starts a thread.
         double mc = bp_memcpy_gbps();

@@ -14,6 +14,7 @@
 #include <tpipe/pipe.h>
 
 #include "bench_common.h"
+#include "bench_out.h"
 #include "bench_peer.h"
 
 #define BP_MAX_NAMES    8
@@ -132,11 +133,12 @@ bp_outcome bp_run_rep(bp_run *r, bench_cell *cells);
 // GB/s, NAN when not measurable.
 double bp_memcpy_gbps(void);
 double bp_tcp_gbps(double secs);
-void bp_print_header(const bp_opts *o);
-// Prints one cell; returns the median GB/s (stream) or p50 us
-// (pingpong).
-double bp_print_cell(const bp_opts *o, const bp_combo *cb, const char *tr,
-                     const char *test, uint64_t size, bench_cell *cell);
+// The rows: the table or JSON lines of @o.
+void bp_out_init(const bp_opts *o, bench_out *out);
+// Prints one cell (its medians) of combination @cb, which negotiated
+// transport @tr; returns the median GB/s (stream) or p50 us (pingpong).
+double bp_print_cell(bench_out *out, const bp_opts *o, const bp_combo *cb,
+                     const char *tr, bench_cell *cell);
 // Writes the SVG: stream GB/s with the ceilings, pingpong p50 beside it;
 // false (with errno) when it cannot.
 bool bp_write_svg(const bp_opts *o, const bp_result *res, size_t nres,

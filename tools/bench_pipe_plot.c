@@ -17,6 +17,7 @@
 #include <tpipe/pipe.h>
 
 #include "bench_pipe.h"
+#include "bench_out.h"
 #include "bench_plot.h"
 #include "core/platform.h"
 #include "tool.h"
@@ -134,45 +135,50 @@ out:
 
 // ---- output ----------------------------------------------------------------
 
+static const bench_col bp_cols[] = {
+    {"transport", -9, "transport", BENCH_COL_STR, 0},
+    {"channel", -7, "channel", BENCH_COL_STR, 0},
+    {"mode", -6, "mode", BENCH_COL_STR, 0},
+    {"test", -8, "test", BENCH_COL_STR, 0},
+    {NULL, 0, "payloads", BENCH_COL_U64, 0},
+    {NULL, 0, "payload_size", BENCH_COL_U64, 0},
+    BENCH_OUT_STATS_COLS,
+    {"iters", 8, "iters", BENCH_COL_U64, 0},
+    {NULL, 0, "reps", BENCH_COL_U64, 0},
+};
+
 void
-bp_print_header(const bp_opts *o)
+bp_out_init(const bp_opts *o, bench_out *out)
 {
-    if (o->bo_com.bo_json) {
-        return;
-    }
-    printf("%-9s  %-7s  %-6s  %-8s  ", "transport", "channel", "mode", "test");
-    bench_print_header_stats();
-    fflush(stdout);
+    bench_out_init(out, "pipe", bp_cols, TP_ARRAY_LEN(bp_cols),
+                   o->bo_com.bo_json);
 }
 
-// Prints one cell; returns the median GB/s.
 double
-bp_print_cell(const bp_opts *o, const bp_combo *cb, const char *tr,
-              const char *test, uint64_t size, bench_cell *cell)
+bp_print_cell(bench_out *out, const bp_opts *o, const bp_combo *cb,
+              const char *tr, bench_cell *cell)
 {
     bench_medians m;
     if (!bench_cell_medians(cell, &m)) {
         return NAN;
     }
-    const char *mode = cb->bc_inproc ? "thread" : "proc";
-    if (o->bo_com.bo_json) {
-        printf("{\"bench\":\"pipe\",\"transport\":");
-        tool_json_str(stdout, tr);
-        printf(",\"channel\":");
-        tool_json_str(stdout, cb->bc_channel);
-        printf(",\"mode\":\"%s\",\"test\":\"%s\",\"size\":%llu,"
-               "\"payloads\":%u,\"payload_size\":%llu,",
-               mode, test, (unsigned long long)size, o->bo_npayloads,
-               (unsigned long long)o->bo_payload_size);
-        bench_print_json_stats(&m);
-        printf(",\"iters\":%llu,\"reps\":%u}\n",
-               (unsigned long long)cell->bc_iters, cell->bc_n);
-    } else {
-        printf("%-9s  %-7s  %-6s  %-8s  ", tr, cb->bc_channel, mode, test);
-        bench_print_row_stats(size, &m, cell->bc_iters);
-    }
-    fflush(stdout);
-    return strcmp(test, "stream") == 0 ? m.bm_gbps : m.bm_p50;
+    const bench_val v[TP_ARRAY_LEN(bp_cols)] = {
+        {.v_str = tr},
+        {.v_str = cb->bc_channel},
+        {.v_str = cb->bc_inproc ? "thread" : "proc"},
+        {.v_str = cell->bc_stream ? "stream" : "pingpong"},
+        {.v_u64 = o->bo_npayloads},
+        {.v_u64 = o->bo_payload_size},
+        {.v_u64 = cell->bc_size},
+        {.v_num = m.bm_p50},
+        {.v_num = m.bm_p90},
+        {.v_num = m.bm_p99},
+        {.v_num = m.bm_gbps},
+        {.v_u64 = cell->bc_iters},
+        {.v_u64 = cell->bc_n},
+    };
+    bench_out_row(out, v);
+    return cell->bc_stream ? m.bm_gbps : m.bm_p50;
 }
 
 // Stream GB/s against size, one curve per combination, with the two

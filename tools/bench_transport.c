@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "bench_common.h"
+#include "bench_out.h"
 #include "bench_peer.h"
 #include "core/config.h"
 #include "core/platform.h"
@@ -476,72 +477,65 @@ out:
 
 // ---- output ----------------------------------------------------------------
 
-static void
-bt_print_header(const bt_opts *o)
-{
-    if (o->bo_com.bo_json) {
-        return;
-    }
-    if (o->bo_idle) {
-        printf("%-9s  %-7s  %-5s  %8s  %11s  %11s\n", "transport", "backend",
-               "test", "seconds", "client_cpu%", "server_cpu%");
-    } else {
-        printf("%-9s  %-7s  %-8s  ", "transport", "backend", "test");
-        bench_print_header_stats();
-    }
-    fflush(stdout);
-}
+static const bench_col bt_cols[] = {
+    {"transport", -9, "transport", BENCH_COL_STR, 0},
+    {"backend", -7, "backend", BENCH_COL_STR, 0},
+    {"test", -8, "test", BENCH_COL_STR, 0},
+    BENCH_OUT_STATS_COLS,
+    {"iters", 8, NULL, BENCH_COL_U64, 0},
+};
+
+static const bench_col bt_idle_cols[] = {
+    {"transport", -9, "transport", BENCH_COL_STR, 0},
+    {"backend", -7, "backend", BENCH_COL_STR, 0},
+    {"test", -5, "test", BENCH_COL_STR, 0},
+    {"seconds", 8, "seconds", BENCH_COL_NUM, 2},
+    {"client_cpu%", 11, "client_cpu_pct", BENCH_COL_NUM, 2},
+    {"server_cpu%", 11, "server_cpu_pct", BENCH_COL_NUM, 2},
+};
+
+// One (transport, backend)'s rows, printed as each cell's last
+// repetition is recorded (bench_opts.bo_done_fn).
+typedef struct bt_done {
+    bench_out *bd_out;
+    const bt_run *bd_run;
+} bt_done;
 
 static void
-bt_print_cell(const bt_opts *o, const char *tr, const char *be,
-              const char *test, uint64_t size, bench_cell *cell)
+bt_done_cb(void *arg, bench_cell *cell)
 {
+    bt_done *d = arg;
     bench_medians m;
     if (!bench_cell_medians(cell, &m)) {
         return;
     }
-    if (o->bo_com.bo_json) {
-        printf("{\"bench\":\"transport\",\"transport\":");
-        tool_json_str(stdout, tr);
-        printf(",\"backend\":");
-        tool_json_str(stdout, be);
-        printf(",\"test\":\"%s\",\"size\":%llu,", test,
-               (unsigned long long)size);
-        bench_print_json_stats(&m);
-        printf("}\n");
-    } else {
-        printf("%-9s  %-7s  %-8s  ", tr, be, test);
-        bench_print_row_stats(size, &m, cell->bc_iters);
-    }
-    fflush(stdout);
+    const bench_val v[TP_ARRAY_LEN(bt_cols)] = {
+        {.v_str = d->bd_run->br_transport},
+        {.v_str = d->bd_run->br_backend_name},
+        {.v_str = cell->bc_stream ? "stream" : "pingpong"},
+        {.v_u64 = cell->bc_size},
+        {.v_num = m.bm_p50},
+        {.v_num = m.bm_p90},
+        {.v_num = m.bm_p99},
+        {.v_num = m.bm_gbps},
+        {.v_u64 = cell->bc_iters},
+    };
+    bench_out_row(d->bd_out, v);
 }
 
 static void
-bt_print_idle(const bt_opts *o, const char *tr, const char *be, double *client,
+bt_print_idle(const bt_opts *o, bench_out *out, const bt_run *r, double *client,
               double *server, double secs)
 {
-    double cp = tool_median(client, o->bo_com.bo_reps);
-    double sp = tool_median(server, o->bo_com.bo_reps);
-    if (o->bo_com.bo_json) {
-        printf("{\"bench\":\"transport\",\"transport\":");
-        tool_json_str(stdout, tr);
-        printf(",\"backend\":");
-        tool_json_str(stdout, be);
-        printf(",\"test\":\"idle\",\"seconds\":");
-        tool_json_num(stdout, secs);
-        printf(",\"client_cpu_pct\":");
-        tool_json_num(stdout, cp);
-        printf(",\"server_cpu_pct\":");
-        tool_json_num(stdout, sp);
-        printf("}\n");
-    } else {
-        char a[32], b[32];
-        tool_fmt_num(a, sizeof(a), cp, 2);
-        tool_fmt_num(b, sizeof(b), sp, 2);
-        printf("%-9s  %-7s  %-5s  %8.2f  %11s  %11s\n", tr, be, "idle", secs, a,
-               b);
-    }
-    fflush(stdout);
+    const bench_val v[TP_ARRAY_LEN(bt_idle_cols)] = {
+        {.v_str = r->br_transport},
+        {.v_str = r->br_backend_name},
+        {.v_str = "idle"},
+        {.v_num = secs},
+        {.v_num = tool_median(client, o->bo_com.bo_reps)},
+        {.v_num = tool_median(server, o->bo_com.bo_reps)},
+    };
+    bench_out_row(out, v);
 }
 
 // ---- main ------------------------------------------------------------------
@@ -570,7 +564,14 @@ tool_bench_transport_main(int argc, char **argv)
     double *idle_client = vals + ncells * 4 * o.bo_com.bo_reps;
     double *idle_server = idle_client + o.bo_com.bo_reps;
 
-    bt_print_header(&o);
+    bench_out out;
+    if (o.bo_idle) {
+        bench_out_init(&out, "transport", bt_idle_cols,
+                       TP_ARRAY_LEN(bt_idle_cols), o.bo_com.bo_json);
+    } else {
+        bench_out_init(&out, "transport", bt_cols, TP_ARRAY_LEN(bt_cols),
+                       o.bo_com.bo_json);
+    }
     int status = TOOL_EXIT_OK;
     for (size_t ti = 0; ti < o.bo_ntransports; ti++) {
         for (size_t bi = 0; bi < o.bo_nbackends; bi++) {
@@ -582,7 +583,10 @@ tool_bench_transport_main(int argc, char **argv)
             };
             snprintf(r.br_label, sizeof(r.br_label), "%s/%s", r.br_transport,
                      r.br_backend_name);
-            bench_cells_reset(cells, ncells, vals, o.bo_com.bo_reps);
+            bench_cells_reset(&o.bo_com, cells, vals);
+            bt_done done = {&out, &r};
+            o.bo_com.bo_done_fn = bt_done_cb;
+            o.bo_com.bo_done_arg = &done;
             bool ok = true;
             double idle_secs = 0;
             for (unsigned rep = 0; rep < o.bo_com.bo_reps && ok; rep++) {
@@ -602,20 +606,12 @@ tool_bench_transport_main(int argc, char **argv)
                 continue;
             }
             if (o.bo_idle) {
-                bt_print_idle(&o, r.br_transport, r.br_backend_name,
-                              idle_client, idle_server, idle_secs);
-                continue;
-            }
-            for (int test = 0; test < 2; test++) {
-                for (size_t i = 0; i < o.bo_com.bo_nsizes; i++) {
-                    bt_print_cell(&o, r.br_transport, r.br_backend_name,
-                                  test == 0 ? "pingpong" : "stream",
-                                  o.bo_com.bo_sizes[i],
-                                  &cells[test * o.bo_com.bo_nsizes + i]);
-                }
+                bt_print_idle(&o, &out, &r, idle_client, idle_server,
+                              idle_secs);
             }
         }
     }
+    o.bo_com.bo_done_fn = NULL;
     free(cells);
     free(vals);
     return status;
