@@ -42,6 +42,7 @@
 #include <string.h>
 
 #include "bench_common.h"
+#include "bench_out.h"
 #include "bench_rpc.h"
 #include "core/platform.h"
 #include "tool.h"
@@ -287,16 +288,26 @@ br_medians(br_run *r, size_t cell, br_row *m)
     }
 }
 
-static void
-br_json_field(const char *name, double v)
-{
-    printf(",\"%s\":", name);
-    tool_json_num(stdout, v);
-}
+static const bench_col br_cols[] = {
+    {"transport", -9, "transport", BENCH_COL_STR, 0},
+    {"channel", -7, "channel", BENCH_COL_STR, 0},
+    {"test", -13, "test", BENCH_COL_STR, 0},
+    {"size", 5, "size", BENCH_COL_SIZE, 0},
+    {"p50_us", 10, "p50_us", BENCH_COL_NUM, 2},
+    {"p10_us", 10, "p10_us", BENCH_COL_NUM, 2},
+    {"p90_us", 10, "p90_us", BENCH_COL_NUM, 2},
+    {"min_us", 10, "min_us", BENCH_COL_NUM, 2},
+    {NULL, 0, "max_us", BENCH_COL_NUM, 2},
+    {"GB/s", 8, "gbps", BENCH_COL_NUM, 3},
+    {"calls/s", 10, "calls_per_s", BENCH_COL_NUM, 0},
+    {"init_max_us", 11, "init_max_us", BENCH_COL_NUM, 0},
+    {"calls", 8, "calls", BENCH_COL_NUM, 0},
+    {NULL, 0, "reps", BENCH_COL_U64, 0},
+};
 
 static void
 br_print_cell(br_run *r, size_t cell, const char *test, uint64_t size,
-              tool_table *tab)
+              bench_out *out)
 {
     br_row m;
     br_medians(r, cell, &m);
@@ -305,86 +316,52 @@ br_print_cell(br_run *r, size_t cell, const char *test, uint64_t size,
         // not match it).
         m.f[BR_F_GBPS] = 2 * (double)size / m.f[BR_F_P50] / 1e3;
     }
-    const char *tr = r->rr_tr->bt_name;
-    if (r->rr_opts->bo_json) {
-        printf("{\"bench\":\"rpc\",\"transport\":");
-        tool_json_str(stdout, tr);
-        printf(",\"channel\":");
-        if (r->rr_channel[0] != '\0') {
-            tool_json_str(stdout, r->rr_channel);
-        } else {
-            printf("null");
-        }
-        printf(",\"test\":\"%s\",\"size\":%llu", test,
-               (unsigned long long)size);
-        br_json_field("p50_us", m.f[BR_F_P50]);
-        br_json_field("p10_us", m.f[BR_F_P10]);
-        br_json_field("p90_us", m.f[BR_F_P90]);
-        br_json_field("min_us", m.f[BR_F_MIN]);
-        br_json_field("max_us", m.f[BR_F_MAX]);
-        br_json_field("gbps", m.f[BR_F_GBPS]);
-        br_json_field("calls_per_s", m.f[BR_F_CPS]);
-        br_json_field("init_max_us", m.f[BR_F_RANKS_MAX]);
-        br_json_field("calls", m.f[BR_F_CALLS]);
-        printf(",\"reps\":%u}\n", r->rr_nreps);
-        fflush(stdout);
-        return;
-    }
-    char sz[32], c[BR_NF][32];
-    if (size > 0) {
-        tool_format_size(size, sz, sizeof(sz));
-    } else {
-        snprintf(sz, sizeof(sz), "-");
-    }
-    tool_fmt_num(c[BR_F_P50], 32, m.f[BR_F_P50], 2);
-    tool_fmt_num(c[BR_F_P10], 32, m.f[BR_F_P10], 2);
-    tool_fmt_num(c[BR_F_P90], 32, m.f[BR_F_P90], 2);
-    tool_fmt_num(c[BR_F_MIN], 32, m.f[BR_F_MIN], 2);
-    tool_fmt_num(c[BR_F_GBPS], 32, m.f[BR_F_GBPS], 3);
-    tool_fmt_num(c[BR_F_CPS], 32, m.f[BR_F_CPS], 0);
-    tool_fmt_num(c[BR_F_RANKS_MAX], 32, m.f[BR_F_RANKS_MAX], 0);
-    tool_fmt_num(c[BR_F_CALLS], 32, m.f[BR_F_CALLS], 0);
-    const char *cells[] = {
-        tr,
-        r->rr_channel[0] ? r->rr_channel : "-",
-        test,
-        sz,
-        c[BR_F_P50],
-        c[BR_F_P10],
-        c[BR_F_P90],
-        c[BR_F_MIN],
-        c[BR_F_GBPS],
-        c[BR_F_CPS],
-        c[BR_F_RANKS_MAX],
-        c[BR_F_CALLS],
+    const bench_val v[TP_ARRAY_LEN(br_cols)] = {
+        {.v_str = r->rr_tr->bt_name},
+        {.v_str = r->rr_channel[0] != '\0' ? r->rr_channel : NULL},
+        {.v_str = test},
+        {.v_u64 = size},
+        {.v_num = m.f[BR_F_P50]},
+        {.v_num = m.f[BR_F_P10]},
+        {.v_num = m.f[BR_F_P90]},
+        {.v_num = m.f[BR_F_MIN]},
+        {.v_num = m.f[BR_F_MAX]},
+        {.v_num = m.f[BR_F_GBPS]},
+        {.v_num = m.f[BR_F_CPS]},
+        {.v_num = m.f[BR_F_RANKS_MAX]},
+        {.v_num = m.f[BR_F_CALLS]},
+        {.v_u64 = r->rr_nreps},
     };
-    tool_table_add(tab, cells);
+    bench_out_row(out, v);
 }
 
+// The rows of one pass (the 2-worker tests, or rref_fork's), once its last
+// repetition completed.
 static void
-br_print_run(br_run *r, tool_table *tab)
+br_print_pass(br_run *r, bool fork_pass, bench_out *out)
 {
     const br_opts *o = r->rr_opts;
+    if (fork_pass) {
+        br_print_cell(r, BR_C_FORK, "rref_fork", 0, out);
+        return;
+    }
     if (o->bo_noop) {
-        br_print_cell(r, BR_C_NOOP, "noop", 0, tab);
+        br_print_cell(r, BR_C_NOOP, "noop", 0, out);
     }
     for (size_t i = 0; o->bo_echo && i < o->bo_nsizes; i++) {
-        br_print_cell(r, BR_C_ECHO + i, "echo", o->bo_sizes[i], tab);
+        br_print_cell(r, BR_C_ECHO + i, "echo", o->bo_sizes[i], out);
     }
     if (o->bo_async) {
-        br_print_cell(r, BR_C_ASYNC, "async", 0, tab);
+        br_print_cell(r, BR_C_ASYNC, "async", 0, out);
     }
     if (o->bo_init) {
-        br_print_cell(r, BR_C_INIT, "init", 0, tab);
+        br_print_cell(r, BR_C_INIT, "init", 0, out);
     }
     if (o->bo_remote) {
-        br_print_cell(r, BR_C_REMOTE, "remote", 0, tab);
-    }
-    if (o->bo_fork) {
-        br_print_cell(r, BR_C_FORK, "rref_fork", 0, tab);
+        br_print_cell(r, BR_C_REMOTE, "remote", 0, out);
     }
     if (o->bo_autograd) {
-        br_print_cell(r, BR_C_AUTOGRAD, "dist_autograd", 0, tab);
+        br_print_cell(r, BR_C_AUTOGRAD, "dist_autograd", 0, out);
     }
 }
 
@@ -407,15 +384,8 @@ tool_bench_rpc_main(int argc, char **argv)
         return TOOL_EXIT_FAIL;
     }
 
-    tool_table tab;
-    tool_table_init(&tab, 12);
-    for (size_t c = 4; c < 12; c++) {
-        tab.tt_right[c] = true;
-    }
-    static const char *const head[] = {
-        "transport", "channel", "test", "size",    "p50_us",      "p10_us",
-        "p90_us",    "min_us",  "GB/s", "calls/s", "init_max_us", "calls"};
-    tool_table_add(&tab, head);
+    bench_out out;
+    bench_out_init(&out, "rpc", br_cols, TP_ARRAY_LEN(br_cols), o.bo_json);
 
     size_t ncells = BR_C_ECHO + o.bo_nsizes;
     double *vals = malloc(ncells * BR_NF * o.bo_reps * sizeof(double));
@@ -449,17 +419,27 @@ tool_bench_rpc_main(int argc, char **argv)
         for (unsigned rep = 0; rep < o.bo_reps && ok; rep++) {
             tool_verbose(o.bo_verbose, "bench rpc", "%s: repetition %u of %u",
                          tr->bt_name, rep + 1, o.bo_reps);
-            // The 2-worker tests, then rref_fork with a third worker.
+            // The 2-worker tests, then rref_fork with a third worker. The
+            // last repetition prints each pass's rows as it completes.
+            bool last = rep + 1 == o.bo_reps;
             bool two = o.bo_noop || o.bo_echo || o.bo_async || o.bo_init ||
                        o.bo_remote || o.bo_autograd;
             r.rr_fork_pass = false;
             ok = !two || br_run_rep(&r, rep);
+            if (ok && two && last) {
+                r.rr_nreps = o.bo_reps;
+                br_print_pass(&r, false, &out);
+            }
             if (ok && o.bo_fork) {
                 r.rr_fork_pass = true;
                 ok = br_run_rep(&r, rep);
+                if (ok && last) {
+                    r.rr_nreps = o.bo_reps;
+                    br_print_pass(&r, true, &out);
+                }
             }
             if (ok) {
-                r.rr_nreps++;
+                r.rr_nreps = rep + 1;
             }
         }
         if (!ok) {
@@ -469,12 +449,7 @@ tool_bench_rpc_main(int argc, char **argv)
             continue;
         }
         measured++;
-        br_print_run(&r, &tab);
     }
-    if (!o.bo_json && measured > 0) {
-        tool_table_print(&tab, stdout);
-    }
-    tool_table_fini(&tab);
     free(vals);
     if (measured == 0 && !failed) {
         tool_err("bench rpc: no transport could be measured here");
