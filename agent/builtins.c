@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "agent_int.h"
+#include "core/elementwise.h"
 #include "core/log.h"
 #include "core/tensor_impl.h"
 
@@ -32,53 +33,6 @@ builtin_echo(const tp_rpc_call_info *call, const tp_args *in, void *arg,
     return TP_OK;
 }
 
-#define ADD_LOOP(type)                                                         \
-    do {                                                                       \
-        const type *x = xa;                                                    \
-        const type *y = ya;                                                    \
-        type *z = za;                                                          \
-        for (int64_t i = 0; i < n; i++) {                                      \
-            z[i] = (type)(x[i] + y[i]);                                        \
-        }                                                                      \
-    } while (0)
-
-// z = x + y over @n elements of @dt (f32, f64, integers, bool as "or").
-static void
-add_kernel(tp_dtype dt, const void *xa, const void *ya, void *za, int64_t n)
-{
-    switch (dt) {
-    case TP_F32:
-        ADD_LOOP(float);
-        break;
-    case TP_F64:
-        ADD_LOOP(double);
-        break;
-    case TP_I8:
-        ADD_LOOP(int8_t);
-        break;
-    case TP_U8:
-        ADD_LOOP(uint8_t);
-        break;
-    case TP_I32:
-        ADD_LOOP(int32_t);
-        break;
-    case TP_I64:
-        ADD_LOOP(int64_t);
-        break;
-    case TP_BOOL: {
-        const uint8_t *x = xa;
-        const uint8_t *y = ya;
-        uint8_t *z = za;
-        for (int64_t i = 0; i < n; i++) {
-            z[i] = (uint8_t)((x[i] | y[i]) != 0);
-        }
-        break;
-    }
-    default:
-        TP_ASSERT(!"add_kernel: dtype converted by the caller");
-    }
-}
-
 static tp_status
 builtin_add(const tp_rpc_call_info *call, const tp_args *in, void *arg,
             tp_args **out_p, tp_error **err_p)
@@ -104,31 +58,20 @@ builtin_add(const tp_rpc_call_info *call, const tp_args *in, void *arg,
                              tp_dtype_name(tp_tensor_dtype(b)),
                              tp_tensor_ndim(b));
     }
-    // Half types are added in f32 and rounded back.
-    bool half = dt == TP_F16 || dt == TP_BF16;
-    tp_dtype cdt = half ? TP_F32 : dt;
-    tp_tensor *x = NULL, *y = NULL, *z = NULL, *r = NULL;
-    tp_status st = TP_OK;
-    if (half) {
-        st = tp__to_dtype_raw(a, TP_F32, &x, err_p);
-        if (st == TP_OK) {
-            st = tp__to_dtype_raw(b, TP_F32, &y, err_p);
-        }
-    } else {
-        x = tp_tensor_ref(a);
-        y = tp_tensor_ref(b);
+    // Core's kernel (core/elementwise.h): integers wrap, f16/bf16 are added
+    // in f32 and rounded once, and bool's "or" is its max. Tensors in args
+    // are contiguous (tp_args_push_tensor).
+    tp__ew_op op = dt == TP_BOOL ? TP__EW_MAX : TP__EW_SUM;
+    if (!tp__elementwise_supported(op, dt)) {
+        return tp__error_set(err_p, TP_EINVAL,
+                             "tp.add: dtype %s is not supported",
+                             tp_dtype_name(dt));
     }
+    tp_tensor *r = NULL;
+    tp_status st = tp_tensor_empty(dt, nd, tp_tensor_shape(a), &r, err_p);
     if (st == TP_OK) {
-        st = tp_tensor_empty(cdt, nd, tp_tensor_shape(a), &z, err_p);
-    }
-    if (st == TP_OK) {
-        add_kernel(cdt, tp_tensor_data(x), tp_tensor_data(y), tp_tensor_data(z),
-                   tp_tensor_numel(z));
-        if (half) {
-            st = tp__to_dtype_raw(z, dt, &r, err_p);
-        } else {
-            r = tp_tensor_ref(z);
-        }
+        tp__elementwise3(op, dt, tp_tensor_data(r), tp_tensor_data(a),
+                         tp_tensor_data(b), (size_t)tp_tensor_numel(r));
     }
     tp_args *out = NULL;
     if (st == TP_OK) {
@@ -140,9 +83,6 @@ builtin_add(const tp_rpc_call_info *call, const tp_args *in, void *arg,
             r = NULL;
         }
     }
-    tp_tensor_unref(x);
-    tp_tensor_unref(y);
-    tp_tensor_unref(z);
     tp_tensor_unref(r);
     *out_p = out;
     return st;

@@ -11,6 +11,7 @@
 
 #include "ag_impl.h"
 #include "alloc.h"
+#include "core/elementwise.h"
 #include "error.h"
 #include "platform.h"
 
@@ -238,8 +239,25 @@ typedef void (*bin_row_fn)(void *o, int64_t so, const void *a, int64_t sa,
         }                                                                      \
     }
 
+// add: the dense case is core's sum kernel (core/elementwise.h), the one
+// the collectives and the agent's tp.add run; broadcast and strided rows
+// keep the loops above.
+#define ADD_ROW(SFX, T, DT)                                                    \
+    BIN_ROW(add_strided_##SFX, T, x + y)                                       \
+    static void add_##SFX(void *o, int64_t so, const void *a, int64_t sa,      \
+                          const void *b, int64_t sb, int64_t n, double s)      \
+    {                                                                          \
+        if (so == 1 && sa == 1 && sb == 1) {                                   \
+            tp__elementwise3(TP__EW_SUM, DT, o, a, b, (size_t)n);              \
+            return;                                                            \
+        }                                                                      \
+        add_strided_##SFX(o, so, a, sa, b, sb, n, s);                          \
+    }
+
+ADD_ROW(f32, float, TP_F32)
+ADD_ROW(f64, double, TP_F64)
+
 #define BIN_ROWS(T, SFX, POW_)                                                 \
-    BIN_ROW(add_##SFX, T, x + y)                                               \
     BIN_ROW(sub_##SFX, T, x - y)                                               \
     BIN_ROW(mul_##SFX, T, (x * y))                                             \
     BIN_ROW(div_##SFX, T, x / y)                                               \

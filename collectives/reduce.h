@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* reduce.h (internal) - elementwise reduction kernels used by the
- * collectives (all-reduce, reduce, reduce-scatter).
+/* reduce.h (internal) - the reductions of the collectives (all-reduce,
+ * reduce, reduce-scatter): which (op, dtype) pairs they accept, the
+ * elementwise step (core's kernels, core/elementwise.h) and avg's final
+ * division.
  *
  * Supported (op, dtype) pairs, as checked by tp__reduce_check:
  *   sum, product, min, max: f32 f64 f16 bf16 i8 u8 i32 i64
@@ -13,9 +15,9 @@
  * division, so an integer mean would be silently wrong on overflow (NCCL
  * does a wrapped sum then integer division; Gloo has no avg at all).
  *
- * Arithmetic: integers wrap (two's complement, no UB); f16 and bf16 are
- * widened to f32, combined and rounded to nearest even once per step;
- * float min/max propagate NaN (as torch.maximum/torch.minimum) and
+ * Arithmetic (core/elementwise.h): integers wrap (two's complement, no UB); f16
+ * and bf16 are widened to f32, combined and rounded to nearest even once per
+ * step; float min/max propagate NaN (as torch.maximum/torch.minimum) and
  * otherwise return the first operand only if it is strictly smaller
  * (larger), so a tie such as min(-0, +0) gives the second. bool
  * inputs may be any byte; nonzero is true and outputs are 0 or 1.
