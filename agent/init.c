@@ -11,6 +11,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stddef.h>
 #include <string.h>
 #include <time.h>
 
@@ -32,6 +33,7 @@ tp_agent_options_init(tp_agent_options *o)
         tp_error_unref(err);
     }
     memset(o, 0, sizeof(*o));
+    o->size = sizeof(*o);
     o->num_worker_threads = (int)cfg.num_worker_threads;
     o->rpc_timeout_ms = cfg.rpc_timeout_ms;
     o->init_timeout_ms = cfg.rpc_init_timeout_ms;
@@ -43,6 +45,12 @@ tp_agent_options_init(tp_agent_options *o)
     ag_options_defaults(o);
 }
 
+// The oldest layout with a size field ends after flight_recorder. Fields
+// added later go after it; a caller built before them passes a smaller
+// size and they keep the defaults of tp_agent_options_init.
+#define AG_OPTS_MIN_SIZE                                                       \
+    (offsetof(tp_agent_options, flight_recorder) + sizeof(int))
+
 static tp_status
 options_check(tp_agent *a, const tp_agent_options *o, tp_error **err_p)
 {
@@ -51,10 +59,18 @@ options_check(tp_agent *a, const tp_agent_options *o, tp_error **err_p)
     if (st != TP_OK) {
         return tp__error_wrap(err_p, st, "rpc init");
     }
-    if (o == NULL) {
-        tp_agent_options_init(&a->a_opts);
-    } else {
-        a->a_opts = *o;
+    tp_agent_options_init(&a->a_opts);
+    if (o != NULL) {
+        if (o->size < AG_OPTS_MIN_SIZE || o->size > sizeof(a->a_opts)) {
+            return tp__error_set(
+                err_p, TP_EINVAL,
+                "rpc init: options size %zu unknown to this library "
+                "(%zu..%zu): the caller was built against another tpipe "
+                "version, or did not call tp_agent_options_init",
+                o->size, (size_t)AG_OPTS_MIN_SIZE, sizeof(a->a_opts));
+        }
+        memcpy(&a->a_opts, o, o->size);
+        a->a_opts.size = sizeof(a->a_opts);
     }
     tp_agent_options *ao = &a->a_opts;
     if (ao->num_worker_threads < 1 ||

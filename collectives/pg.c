@@ -32,6 +32,7 @@ void
 tp_pg_options_init(tp_pg_options *o)
 {
     memset(o, 0, sizeof(*o));
+    o->size = sizeof(*o);
     o->timeout_ms = TP_TIMEOUT_DEFAULT;
     o->init_timeout_ms = TP_TIMEOUT_DEFAULT;
 }
@@ -376,10 +377,11 @@ tp_pg_init(const char *init_method, int rank, int world_size,
            const tp_pg_options *o, tp_pg **pg_p, tp_error **err_p)
 {
     tp_pg_options defaults;
-    if (o == NULL) {
-        tp_pg_options_init(&defaults);
-        o = &defaults;
+    tp_status ost = tp__pg_options_load(o, &defaults, err_p);
+    if (ost != TP_OK) {
+        return ost;
     }
+    o = &defaults;
     if (pg_p == NULL || init_method == NULL) {
         return tp__error_set(err_p, TP_EINVAL,
                              "tp_pg_init: init_method and pg_p are required");
@@ -560,10 +562,11 @@ tp_pg_new_group(tp_pg *world, const int *ranks, int n, const tp_pg_options *o,
                 tp_pg **pg_p, tp_error **err_p)
 {
     tp_pg_options defaults;
-    if (o == NULL) {
-        tp_pg_options_init(&defaults);
-        o = &defaults;
+    tp_status ost = tp__pg_options_load(o, &defaults, err_p);
+    if (ost != TP_OK) {
+        return ost;
     }
+    o = &defaults;
     if (pg_p == NULL) {
         return tp__error_set(err_p, TP_EINVAL, "tp_pg_new_group: pg_p is NULL");
     }
@@ -713,6 +716,11 @@ tp_status
 tp_pg_new_subgroups(tp_pg *world, int group_size, const tp_pg_options *o,
                     tp_pg **pg_p, tp_error **err_p)
 {
+    tp_pg_options oo;
+    tp_status ost = tp__pg_options_load(o, &oo, err_p);
+    if (ost != TP_OK) {
+        return ost;
+    }
     if (pg_p == NULL) {
         return tp__error_set(err_p, TP_EINVAL,
                              "tp_pg_new_subgroups: pg_p is NULL");
@@ -738,15 +746,9 @@ tp_pg_new_subgroups(tp_pg *world, int group_size, const tp_pg_options *o,
     for (int i = 0; i < group_size; i++) {
         ranks[i] = k * group_size + i;
     }
-    tp_pg_options oo;
-    if (o != NULL) {
-        oo = *o;
-    } else {
-        tp_pg_options_init(&oo);
-    }
     char name[64];
     snprintf(name, sizeof(name), "%.40s%d",
-             o != NULL && o->name != NULL ? o->name : "subgroup", k);
+             oo.name != NULL ? oo.name : "subgroup", k);
     oo.name = name;
     tp_status st = tp_pg_new_group(world, ranks, group_size, &oo, pg_p, err_p);
     free(ranks);

@@ -4,6 +4,7 @@
  * asynchronous form alike), the work that holds the tensors, and the
  * hand-off to the group's queue (pg_work.c). Takes only w_mtx. */
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,32 @@
 
 // ---- argument checks
 // -------------------------------------------------------------------
+
+// The oldest layout with a size field ends after name. Fields added later
+// go after it; a caller built before them passes a smaller size and they
+// keep the defaults of tp_pg_options_init.
+#define PG_OPTS_MIN_SIZE (offsetof(tp_pg_options, name) + sizeof(const char *))
+
+tp_status
+tp__pg_options_load(const tp_pg_options *o, tp_pg_options *out,
+                    tp_error **err_p)
+{
+    tp_pg_options_init(out);
+    if (o == NULL) {
+        return TP_OK;
+    }
+    if (o->size < PG_OPTS_MIN_SIZE || o->size > sizeof(*out)) {
+        return tp__error_set(err_p, TP_EINVAL,
+                             "process group options: size %zu unknown to "
+                             "this library (%zu..%zu): the caller was built "
+                             "against another tpipe version, or did not call "
+                             "tp_pg_options_init",
+                             o->size, (size_t)PG_OPTS_MIN_SIZE, sizeof(*out));
+    }
+    memcpy(out, o, o->size);
+    out->size = sizeof(*out);
+    return TP_OK;
+}
 
 static tp_status
 check_tensor(tp_pg *g, const char *op, const char *arg, const tp_tensor *t,

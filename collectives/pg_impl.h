@@ -218,6 +218,11 @@ struct tp_pg {
 };
 
 // ---- pg.c
+// Copies the caller's options @o (NULL: the defaults) into *@out, checking
+// its size: fields past it take their defaults; an unknown size is
+// TP_EINVAL (a caller built against another tpipe version).
+tp_status tp__pg_options_load(const tp_pg_options *o, tp_pg_options *out,
+                              tp_error **err_p);
 void tp__pg_ref(tp_pg *g);
 // Drops a reference; the last frees the group (and drops its world's).
 void tp__pg_unref(tp_pg *g);

@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stddef.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -161,7 +162,14 @@ void
 tp_context_options_init(tp_context_options *o)
 {
     memset(o, 0, sizeof(*o));
+    o->size = sizeof(*o);
 }
+
+// The oldest layout with a size field ends after mpt_lanes. Fields added
+// later go after it; a caller built before them passes a smaller size
+// and they keep the defaults of tp_context_options_init.
+#define CTX_OPTS_MIN_SIZE                                                      \
+    (offsetof(tp_context_options, mpt_lanes) + sizeof(int))
 
 static void
 ctx_setup_transports(tp_context *ctx, const tp_context_options *o)
@@ -275,12 +283,21 @@ tp_context_create(const tp_context_options *o_in, tp_context **ctx_p,
         return tp__error_set(err_p, TP_EINVAL,
                              "tp_context_create: ctx_p is NULL");
     }
-    tp_context_options defaults;
-    const tp_context_options *o = o_in;
-    if (o == NULL) {
-        tp_context_options_init(&defaults);
-        o = &defaults;
+    tp_context_options opts;
+    tp_context_options_init(&opts);
+    if (o_in != NULL) {
+        if (o_in->size < CTX_OPTS_MIN_SIZE || o_in->size > sizeof(opts)) {
+            return tp__error_set(
+                err_p, TP_EINVAL,
+                "context options: size %zu unknown to this library "
+                "(%zu..%zu): the caller was built against another tpipe "
+                "version, or did not call tp_context_options_init",
+                o_in->size, (size_t)CTX_OPTS_MIN_SIZE, sizeof(opts));
+        }
+        memcpy(&opts, o_in, o_in->size);
+        opts.size = sizeof(opts);
     }
+    const tp_context_options *o = &opts;
     // Check the lists first: a typo is the caller's error, said at once.
     size_t ntr, nch;
     const tp_transport_ops *const *treg = tp__transport_registry(&ntr);

@@ -88,8 +88,16 @@ typedef enum tp_reduce_op {
 typedef struct tp_pg tp_pg;
 typedef struct tp_work tp_work;
 
-/** tp_pg_options - initialise with tp_pg_options_init. */
+/**
+ * tp_pg_options - initialise with tp_pg_options_init, then change fields.
+ * @size (set by the init function to sizeof(tp_pg_options)) lets the
+ * struct grow: a library newer than the caller gives the fields past
+ * @size their defaults; a size it does not know (a caller built against
+ * another version, or a struct not initialised) makes tp_pg_init,
+ * tp_pg_new_group and tp_pg_new_subgroups fail with TP_EINVAL.
+ */
 typedef struct tp_pg_options {
+    size_t size;
     /* deadline of every operation of the group, in ms; TP_TIMEOUT_DEFAULT
      * (-1) = TP_COLL_TIMEOUT_MS; 0 = none. Subgroups take their own. */
     int64_t timeout_ms;

@@ -71,8 +71,16 @@ TP_API tp_status tp_message_create(uint32_t npayloads, uint32_t ntensors,
  */
 TP_API void tp_message_destroy(tp_message *msg);
 
-/** tp_context_options - initialise with tp_context_options_init. */
+/**
+ * tp_context_options - initialise with tp_context_options_init, then
+ * change fields. @size (set by the init function to
+ * sizeof(tp_context_options)) lets the struct grow: a library newer than
+ * the caller gives the fields past @size their defaults; a size it does
+ * not know (a caller built against another version, or a struct not
+ * initialised) makes tp_context_create fail with TP_EINVAL.
+ */
 typedef struct tp_context_options {
+    size_t size;
     /* shown in the peer's errors and reports; NULL = "tpipe-<pid>" */
     const char *name;
     /* comma-separated allow lists of transport / channel names; NULL or
@@ -87,6 +95,7 @@ typedef struct tp_context_options {
     int mpt_lanes;
 } tp_context_options;
 
+/** tp_context_options_init - defaults (every field 0 / NULL), and @size. */
 TP_API void tp_context_options_init(tp_context_options *o);
 
 /**

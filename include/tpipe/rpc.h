@@ -99,8 +99,14 @@ TP_API tp_tensor *tp_args_tensor(const tp_args *args, size_t i);
  * tp_agent_options_init, then change fields. Every field's default comes
  * from its environment variable when that is set (a field the program sets
  * after tp_agent_options_init wins): docs/rpc.md lists them.
+ * @size (set by tp_agent_options_init to sizeof(tp_agent_options)) lets
+ * the struct grow: a library newer than the caller gives the fields past
+ * @size their defaults; a size it does not know (a caller built against
+ * another version, or a struct not initialised) makes tp_rpc_init fail
+ * with TP_EINVAL.
  */
 typedef struct tp_agent_options {
+    size_t size;
     /* TP_NUM_WORKER_THREADS (16): threads running handlers */
     int num_worker_threads;
     /* TP_RPC_TIMEOUT_MS (60000): default deadline of a call; 0 = none */
