@@ -273,6 +273,32 @@ ctx_setup_channels(tp_context *ctx, const tp_context_options *o)
     }
 }
 
+// True if some used transport has a used channel that can run over it:
+// otherwise every pipe's handshake would fail ("no channel both ends can
+// use"), so the context is refused at creation. A lane channel (mpt)
+// needs the tcp transport for its lanes (ctx_setup_channels) and is not
+// chosen over a same-host transport (pipe_hs_accept.c).
+static bool
+ctx_any_pair(tp_context *ctx)
+{
+    for (size_t c = 0; c < ctx->x_nch; c++) {
+        const ctx_backend *ch = &ctx->x_ch[c];
+        if (!ch->cb_used) {
+            continue;
+        }
+        bool lanes = false;
+        (void)ch->cb_channel_ops->nconns(&ctx->x_cfg, &lanes);
+        for (size_t t = 0; t < ctx->x_ntr; t++) {
+            const ctx_backend *tr = &ctx->x_tr[t];
+            if (tr->cb_used &&
+                (!lanes || !tr->cb_transport->t_ops->same_host)) {
+                return true;
+            }
+        }
+    }
+    return false;
+}
+
 static void ctx_destroy_parts(tp_context *ctx);
 
 tp_status
@@ -379,6 +405,17 @@ tp_context_create(const tp_context_options *o_in, tp_context **ctx_p,
         goto fail;
     }
     ctx_setup_channels(ctx, o);
+    if (!ctx_any_pair(ctx)) {
+        char *why = tp_context_report(ctx);
+        st = tp__error_set(err_p, TP_EINVAL,
+                           "context %s: the allow lists leave no transport "
+                           "and channel that work together, so no pipe could "
+                           "connect (a lane channel such as mpt needs the "
+                           "tcp transport):\n%s",
+                           ctx->x_name, why ? why : "");
+        free(why);
+        goto fail;
+    }
     char *rep = tp_context_report(ctx);
     TP_LOG_DEBUG("TP-CONTEXT", "context %s created:\n%s", ctx->x_name,
                  rep ? rep : "");
