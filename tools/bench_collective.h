@@ -15,6 +15,8 @@
 #include <tpipe/collectives.h>
 #include <tpipe/tpipe.h>
 
+#include "bench_out.h"
+
 #define BC_MAX_WORLD     64
 #define BC_MAX_SIZES     64
 #define BC_MAX_REPS      1000
@@ -114,7 +116,7 @@ typedef struct bc_results {
     double *rs_time; // us
     double *rs_iters;
     char rs_engine[16];
-    bool rs_header; // the table's header was printed
+    bench_out rs_out; // the rows; set up by the first (bc_print_row)
 } bc_results;
 
 // The state of one repetition in this process.

@@ -20,6 +20,7 @@
 #include "core/platform.h"
 #include "tool.h"
 #include "bench_collective.h"
+#include "bench_out.h"
 #include "bench_plot.h"
 
 // ---- output ----------------------------------------------------------------
@@ -50,67 +51,66 @@ bc_row_of(const bc_opts *o, const bc_results *res, const bc_cell *c, size_t idx,
     w->rw_busbw = w->rw_algbw * w->rw_factor;
 }
 
-static void
-bc_json_num(const char *name, double v)
-{
-    printf(",\"%s\":", name);
-    tool_json_num(stdout, v);
-}
-
-// The table's columns: fixed widths, so that each row is printed as its
-// cell completes.
-#define BC_ROW_FMT "%-14s  %10s  %10s  %-5s  %-6s  %8s  %9s  %8s  %8s\n"
+// The table's columns (fixed widths, so that each row is printed as its
+// cell completes) and the JSON keys. time_us has 2 decimals below 100 us,
+// 1 above (its precision comes with each value).
+static const bench_col bc_cols[] = {
+    {"op", -14, "op", BENCH_COL_STR, 0},
+    {"size", 10, "size", BENCH_COL_U64, 0},
+    {"count", 10, "count", BENCH_COL_U64, 0},
+    {"dtype", -5, "dtype", BENCH_COL_STR, 0}, // NULL for barrier
+    {NULL, 0, "world", BENCH_COL_U64, 0},
+    {"engine", -6, "engine", BENCH_COL_STR, 0},
+    {"iters", 8, "iters", BENCH_COL_U64, 0},
+    {"time_us", 9, "time_us", BENCH_COL_NUM, -1},
+    {"algbw", 8, "algbw_gbps", BENCH_COL_NUM, 3},
+    {"busbw", 8, "busbw_gbps", BENCH_COL_NUM, 3},
+    {NULL, 0, "busbw_factor", BENCH_COL_NUM, 3},
+    {NULL, 0, "warmup", BENCH_COL_U64, 0},
+    {NULL, 0, "time_min_us", BENCH_COL_NUM, 2},
+    {NULL, 0, "time_max_us", BENCH_COL_NUM, 2},
+    {NULL, 0, "reps", BENCH_COL_U64, 0},
+};
 
 void
 bc_print_row(const bc_opts *o, bc_results *res, const bc_cell *c, size_t idx)
 {
-    const char *dt = tp_dtype_name(o->bo_dtype);
     const char *engine = res->rs_engine[0] ? res->rs_engine : "?";
+    bench_out *out = &res->rs_out;
+    if (out->out_cols == NULL) {
+        bench_out_init(out, "collective", bc_cols, TP_ARRAY_LEN(bc_cols),
+                       o->bo_json);
+        if (!o->bo_json) {
+            printf("# tpipe bench collective: world %d, engine %s, median of "
+                   "%u repetition%s\n",
+                   o->bo_world, engine, res->rs_reps,
+                   res->rs_reps == 1 ? "" : "s");
+            printf("# time_us: mean per call, max over ranks; algbw, busbw: "
+                   "GB/s (1e9 B/s); size: bytes\n");
+        }
+    }
     bc_row w;
     bc_row_of(o, res, c, idx, &w);
-    if (o->bo_json) {
-        printf("{\"bench\":\"collective\",\"op\":\"%s\",\"size\":%llu,"
-               "\"count\":%llu,\"dtype\":",
-               bc_ops[c->c_kind].op_name, (unsigned long long)c->c_size,
-               (unsigned long long)c->c_count);
-        if (c->c_kind == BC_BARRIER) {
-            printf("null");
-        } else {
-            tool_json_str(stdout, dt);
-        }
-        printf(",\"world\":%d,\"engine\":", o->bo_world);
-        tool_json_str(stdout, engine);
-        bc_json_num("time_us", w.rw_time);
-        bc_json_num("algbw_gbps", w.rw_algbw);
-        bc_json_num("busbw_gbps", w.rw_busbw);
-        bc_json_num("busbw_factor", w.rw_factor);
-        printf(",\"iters\":%.0f,\"warmup\":%u", w.rw_iters, o->bo_warmup);
-        bc_json_num("time_min_us", w.rw_min);
-        bc_json_num("time_max_us", w.rw_max);
-        printf(",\"reps\":%u}\n", res->rs_reps);
-        fflush(stdout);
-        return;
-    }
-    if (!res->rs_header) {
-        res->rs_header = true;
-        printf("# tpipe bench collective: world %d, engine %s, median of %u "
-               "repetition%s\n",
-               o->bo_world, engine, res->rs_reps, res->rs_reps == 1 ? "" : "s");
-        printf("# time_us: mean per call, max over ranks; algbw, busbw: GB/s "
-               "(1e9 B/s); size: bytes\n");
-        printf(BC_ROW_FMT, "op", "size", "count", "dtype", "engine", "iters",
-               "time_us", "algbw", "busbw");
-    }
-    char sz[32], cnt[32], it[32], t[32], ab[32], bb[32];
-    snprintf(sz, sizeof(sz), "%llu", (unsigned long long)c->c_size);
-    snprintf(cnt, sizeof(cnt), "%llu", (unsigned long long)c->c_count);
-    snprintf(it, sizeof(it), "%.0f", w.rw_iters);
-    tool_fmt_num(t, sizeof(t), w.rw_time, w.rw_time < 100 ? 2 : 1);
-    tool_fmt_num(ab, sizeof(ab), w.rw_algbw, 3);
-    tool_fmt_num(bb, sizeof(bb), w.rw_busbw, 3);
-    printf(BC_ROW_FMT, bc_ops[c->c_kind].op_name, sz, cnt,
-           c->c_kind == BC_BARRIER ? "-" : dt, engine, it, t, ab, bb);
-    fflush(stdout);
+    // The median of the iteration counts, rounded as printf's %.0f does.
+    uint64_t iters = (uint64_t)nearbyint(w.rw_iters);
+    const bench_val vals[TP_ARRAY_LEN(bc_cols)] = {
+        {.v_str = bc_ops[c->c_kind].op_name},
+        {.v_u64 = c->c_size},
+        {.v_u64 = c->c_count},
+        {.v_str = c->c_kind == BC_BARRIER ? NULL : tp_dtype_name(o->bo_dtype)},
+        {.v_u64 = (uint64_t)o->bo_world},
+        {.v_str = engine},
+        {.v_u64 = iters},
+        {.v_num = w.rw_time, .v_prec = w.rw_time < 100 ? 2 : 1},
+        {.v_num = w.rw_algbw},
+        {.v_num = w.rw_busbw},
+        {.v_num = w.rw_factor},
+        {.v_u64 = o->bo_warmup},
+        {.v_num = w.rw_min},
+        {.v_num = w.rw_max},
+        {.v_u64 = res->rs_reps},
+    };
+    bench_out_row(out, vals);
 }
 
 // --plot FILE: an SVG of busbw against size, one curve per op (barrier
