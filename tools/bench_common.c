@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <tpipe/config.h>
+#include <tpipe/info.h>
 
 #include "bench_common.h"
 #include "core/platform.h"
@@ -429,6 +430,31 @@ bench_viable(const char *what, const char *label, tool_backend_kind kind,
     bench_skip(what, label, "%s %s: %s", tool_backend_kind_name(kind), name,
                why);
     return false;
+}
+
+size_t
+bench_backends(const char *what, tool_backend_kind kind, bool viable_only,
+               const char **names, size_t cap)
+{
+    tp_backend_info all[TP_INFO_MAX];
+    size_t n = 0, kept = 0;
+    tp_status st = kind == TOOL_TRANSPORT
+                       ? tp_info_transports(0, all, TP_INFO_MAX, &n, NULL)
+                       : tp_info_channels(0, all, TP_INFO_MAX, &n, NULL);
+    if (st != TP_OK) {
+        return 0;
+    }
+    for (size_t i = 0; i < n && i < TP_INFO_MAX && kept < cap; i++) {
+        if (viable_only && !all[i].viable) {
+            char label[64];
+            snprintf(label, sizeof(label), "%s %s",
+                     tool_backend_kind_name(kind), all[i].name);
+            bench_skip(what, label, "%s", all[i].reason);
+            continue;
+        }
+        names[kept++] = all[i].name;
+    }
+    return kept;
 }
 
 bool

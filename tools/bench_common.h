@@ -157,6 +157,13 @@ void bench_skip(const char *what, const char *label, const char *fmt, ...)
 bool bench_viable(const char *what, const char *label, tool_backend_kind kind,
                   const char *name);
 
+// The @kind backends compiled in, best first (tpipe/info.h): stores at
+// most @cap names (static strings) in @names and returns how many. With
+// @viable_only, one that cannot work here is left out with a skip message
+// ("skipping <transport|channel> <name>: <why>"). A bench's "all".
+size_t bench_backends(const char *what, tool_backend_kind kind,
+                      bool viable_only, const char **names, size_t cap);
+
 // Reaps the server child @pid (at once, killing it, unless @ok). Returns
 // whether @ok and the server exited with status 0; when @ok but the server
 // failed, writes how to @err.

@@ -37,6 +37,7 @@
 
 #include "bench_pipe.h"
 #include "core/platform.h"
+#include "transport/transport.h"
 #include "tool.h"
 
 static const bench_usage bp_usage = {
@@ -88,57 +89,32 @@ bp_split(const char *what, char *buf, const char **names, size_t *n_p)
     return true;
 }
 
+// --transport and --channel: names compiled in (tpipe/info.h); "all" is
+// every viable one, best first (the others are reported as skipped).
 static bool
-bp_parse_transports(const char *list, bp_opts *o)
+bp_parse_names(const char *what, tool_backend_kind kind, const char *list,
+               char *buf, size_t buf_len, const char **names, size_t *n_p,
+               bool *all_p)
 {
-    static char buf[256];
-    if (strcmp(list, "all") == 0) {
-        list = "tcp,shm";
-        o->bo_all_transports = true;
+    *all_p = strcmp(list, "all") == 0;
+    if (*all_p) {
+        *n_p = bench_backends("bench pipe", kind, true, names, BP_MAX_NAMES);
+        if (*n_p == 0) {
+            tool_err("bench pipe: no %s is viable here", what);
+            return false;
+        }
+        return true;
     }
-    snprintf(buf, sizeof(buf), "%s", list);
-    if (!bp_split("transport", buf, o->bo_transports, &o->bo_ntransports)) {
+    snprintf(buf, buf_len, "%s", list);
+    if (!bp_split(what, buf, names, n_p)) {
         return false;
     }
-    for (size_t i = 0; i < o->bo_ntransports; i++) {
-        if (!tool_backend_known(TOOL_TRANSPORT, o->bo_transports[i])) {
-            tool_backend_unknown("bench pipe", TOOL_TRANSPORT,
-                                 o->bo_transports[i], "all");
+    for (size_t i = 0; i < *n_p; i++) {
+        if (!tool_backend_known(kind, names[i])) {
+            tool_backend_unknown("bench pipe", kind, names[i], "all");
             return false;
         }
     }
-    return true;
-}
-
-static bool
-bp_parse_channels(const char *list, bp_opts *o)
-{
-    static char buf[256];
-    if (strcmp(list, "all") == 0) {
-        list = "basic,mpt,cma,xth";
-        o->bo_all_channels = true;
-    }
-    snprintf(buf, sizeof(buf), "%s", list);
-    if (!bp_split("channel", buf, o->bo_channels, &o->bo_nchannels)) {
-        return false;
-    }
-    size_t kept = 0;
-    for (size_t i = 0; i < o->bo_nchannels; i++) {
-        if (tool_backend_known(TOOL_CHANNEL, o->bo_channels[i])) {
-            o->bo_channels[kept++] = o->bo_channels[i];
-            continue;
-        }
-        if (o->bo_all_channels) {
-            char label[64];
-            snprintf(label, sizeof(label), "channel %s", o->bo_channels[i]);
-            bench_skip("bench pipe", label, "not built in");
-            continue;
-        }
-        tool_backend_unknown("bench pipe", TOOL_CHANNEL, o->bo_channels[i],
-                             "all");
-        return false;
-    }
-    o->bo_nchannels = kept;
     return true;
 }
 
@@ -166,10 +142,11 @@ bp_add_combo(bp_opts *o, const char *transports, const char *connect,
 // Every (transport, channel) pair; xth runs in this process, after the
 // forked combinations. mpt's lanes are TCP connections: its contexts also
 // allow tcp (the pipe itself must still choose the transport asked for).
-// With every transport and channel (the default), shm+mpt is left out (the
-// pipe runs mpt over tcp only; ask for it with --transport shm --channel
-// mpt to see its refusal), and xth is one combination that lets the two
-// contexts negotiate tcp or shm.
+// With every transport and channel (the default), mpt over a same-host
+// transport (shm) is left out (the pipe prefers that memory to tcp lanes:
+// ask for it with --transport shm --channel mpt to see its refusal), and
+// xth is one combination that allows every transport and dials the last
+// (least preferred), so that the handshake may upgrade to the best.
 static void
 bp_make_combos(bp_opts *o)
 {
@@ -177,14 +154,15 @@ bp_make_combos(bp_opts *o)
     for (size_t ti = 0; ti < o->bo_ntransports; ti++) {
         for (size_t ci = 0; ci < o->bo_nchannels; ci++) {
             const char *t = o->bo_transports[ti], *c = o->bo_channels[ci];
+            bool mpt = strcmp(c, "mpt") == 0;
+            const tp_transport_ops *ops = tp__transport_find(t);
             if (strcmp(c, "xth") == 0 ||
-                (all && strcmp(t, "shm") == 0 && strcmp(c, "mpt") == 0)) {
+                (all && mpt && ops != NULL && ops->same_host)) {
                 continue;
             }
-            char allow[32];
+            char allow[64];
             snprintf(allow, sizeof(allow), "%s%s", t,
-                     strcmp(c, "mpt") == 0 && strcmp(t, "tcp") != 0 ? ",tcp"
-                                                                    : "");
+                     mpt && strcmp(t, "tcp") != 0 ? ",tcp" : "");
             bp_add_combo(o, allow, t, t, c, false);
         }
     }
@@ -193,8 +171,16 @@ bp_make_combos(bp_opts *o)
             continue;
         }
         if (o->bo_all_transports) {
-            // Dial tcp so that the handshake may upgrade to shm.
-            bp_add_combo(o, "tcp,shm", "tcp", "", "xth", true);
+            char allow[64] = "";
+            size_t off = 0;
+            for (size_t ti = 0; ti < o->bo_ntransports && off < sizeof(allow);
+                 ti++) {
+                off +=
+                    (size_t)snprintf(allow + off, sizeof(allow) - off, "%s%s",
+                                     ti ? "," : "", o->bo_transports[ti]);
+            }
+            bp_add_combo(o, allow, o->bo_transports[o->bo_ntransports - 1], "",
+                         "xth", true);
         } else {
             for (size_t ti = 0; ti < o->bo_ntransports; ti++) {
                 const char *t = o->bo_transports[ti];
@@ -214,12 +200,12 @@ bp_parse_args(int argc, char **argv, bp_opts *o)
     uint64_t npayloads = 0, lanes = 0;
     o->bo_payload_size = 64;
     bench_opt opts[BENCH_OPTS_N + 6] = {
-        {"--transport", NULL, BENCH_OPT_STR, &transports, 0, 0, "tcp|shm|all",
-         "transports (comma list; default all)"},
-        {"--channel", NULL, BENCH_OPT_STR, &channels, 0, 0,
-         "basic|cma|mpt|xth|all",
-         "channels (comma list; default all:\ntcp+basic tcp+mpt tcp+cma "
-         "shm+basic shm+cma xth)"},
+        {"--transport", NULL, BENCH_OPT_STR, &transports, 0, 0, "NAME|all",
+         "transports (comma list; default all: every viable\none, best "
+         "first, as tpipe info lists them)"},
+        {"--channel", NULL, BENCH_OPT_STR, &channels, 0, 0, "NAME|all",
+         "channels (comma list; default all, likewise: every\npair but mpt "
+         "over shm, and xth once)"},
         {"--payloads", NULL, BENCH_OPT_U64, &npayloads, 0, BP_MAX_PAYLOADS, "N",
          "payloads per message (default 0, max 64)"},
         {"--payload-size", NULL, BENCH_OPT_SIZE, &o->bo_payload_size, 1,
@@ -253,8 +239,14 @@ bp_parse_args(int argc, char **argv, bp_opts *o)
                  "stream or all");
         return TOOL_EXIT_USAGE;
     }
-    if (!bench_opts_finish(&o->bo_com) || !bp_parse_transports(transports, o) ||
-        !bp_parse_channels(channels, o)) {
+    static char tbuf[256], cbuf[256];
+    if (!bench_opts_finish(&o->bo_com) ||
+        !bp_parse_names("transport", TOOL_TRANSPORT, transports, tbuf,
+                        sizeof(tbuf), o->bo_transports, &o->bo_ntransports,
+                        &o->bo_all_transports) ||
+        !bp_parse_names("channel", TOOL_CHANNEL, channels, cbuf, sizeof(cbuf),
+                        o->bo_channels, &o->bo_nchannels,
+                        &o->bo_all_channels)) {
         return TOOL_EXIT_USAGE;
     }
     if (o->bo_npayloads == 0) {

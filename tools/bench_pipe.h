@@ -17,19 +17,19 @@
 #include "bench_out.h"
 #include "bench_peer.h"
 
-#define BP_MAX_NAMES    8
+#define BP_MAX_NAMES    16
 #define BP_MAX_COMBOS   32
 #define BP_MAX_PAYLOADS 64u
 #define BP_MAX_PAYLOAD  (64u << 20)
 
 // One transport/channel combination.
 typedef struct bp_combo {
-    char bc_transports[32]; // allow list of both contexts: "tcp", "tcp,shm"
-    char bc_connect[8];     // transport whose listener URL the client dials
-    char bc_expect[8];      // the transport the pipe must choose ("" = any)
+    char bc_transports[64]; // allow list of both contexts: "tcp", "tcp,shm"
+    char bc_connect[16];    // transport whose listener URL the client dials
+    char bc_expect[16];     // the transport the pipe must choose ("" = any)
     char bc_channel[16];
     bool bc_inproc; // both contexts in this process (xth)
-    char bc_label[48];
+    char bc_label[96];
 } bp_combo;
 
 typedef struct bp_opts {

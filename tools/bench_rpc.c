@@ -47,10 +47,6 @@
 #include "core/platform.h"
 #include "tool.h"
 
-static const br_transport br_transports[] = {
-    {"shm", "shm"},
-    {"tcp", "tcp"},
-};
 static const bench_usage br_usage = {
     .bu_head =
         "usage: tpipe bench rpc [options]\n"
@@ -94,25 +90,34 @@ _Static_assert(BR_MAX_INFLIGHT == 1024, "the usage says this number");
 
 // ---- options ---------------------------------------------------------------
 
+// --transport: names of the transports compiled in (tpipe/info.h); "all"
+// is every one of them, best first (those not viable here are skipped when
+// their turn comes).
 static bool
 br_parse_transports(const char *list, br_opts *o)
 {
+    const char *known[TP_INFO_MAX];
+    size_t nknown =
+        bench_backends("bench rpc", TOOL_TRANSPORT, false, known, TP_INFO_MAX);
     char buf[128];
+    o->bo_ntr = 0;
     if (strcmp(list, "all") == 0) {
-        list = "shm,tcp";
         o->bo_all_tr = true;
+        for (size_t k = 0; k < nknown && k < BR_MAX_TRANSPORTS; k++) {
+            o->bo_tr[o->bo_ntr++] = (br_transport){known[k], known[k]};
+        }
+        list = "";
     }
     snprintf(buf, sizeof(buf), "%s", list);
-    o->bo_ntr = 0;
     for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok != NULL;
          tok = strtok_r(NULL, ",", &save)) {
-        const br_transport *t = NULL;
-        for (size_t k = 0; k < TP_ARRAY_LEN(br_transports); k++) {
-            if (strcmp(tok, br_transports[k].bt_name) == 0) {
-                t = &br_transports[k];
+        const char *name = NULL;
+        for (size_t k = 0; k < nknown; k++) {
+            if (strcmp(tok, known[k]) == 0) {
+                name = known[k]; // static: outlives @buf
             }
         }
-        if (t == NULL) {
+        if (name == NULL) {
             tool_backend_unknown("bench rpc", TOOL_TRANSPORT, tok, "all");
             return false;
         }
@@ -120,7 +125,7 @@ br_parse_transports(const char *list, br_opts *o)
             tool_err("bench rpc: too many transports");
             return false;
         }
-        o->bo_tr[o->bo_ntr++] = t;
+        o->bo_tr[o->bo_ntr++] = (br_transport){name, name};
     }
     if (o->bo_ntr == 0) {
         tool_err("bench rpc: --transport is empty");
@@ -210,8 +215,9 @@ br_parse_args(int argc, char **argv, br_opts *o)
     o->bo_stall_s = 30.0;
     uint64_t reps = 3, inflight = 64;
     const bench_opt opts[] = {
-        {"--transport", NULL, BENCH_OPT_STR, &transports, 0, 0, "shm|tcp|all",
-         "(comma list; default all: shm, then tcp)"},
+        {"--transport", NULL, BENCH_OPT_STR, &transports, 0, 0, "NAME|all",
+         "transports (comma list; default all: every one\n"
+         "compiled in, best first, as tpipe info lists them)"},
         {"--channel", NULL, BENCH_OPT_STR, &o->bo_channel, 0, 0, "NAME",
          "allow only this channel (default: every one)"},
         {"--test", NULL, BENCH_OPT_STR, &tests, 0, 0, "LIST|all",
@@ -396,7 +402,7 @@ tool_bench_rpc_main(int argc, char **argv)
     bool failed = false;
     size_t measured = 0;
     for (size_t ti = 0; ti < o.bo_ntr; ti++) {
-        const br_transport *tr = o.bo_tr[ti];
+        const br_transport *tr = &o.bo_tr[ti];
         // A transport that cannot work here is skipped before forking.
         if (!bench_viable("bench rpc", tr->bt_name, TOOL_TRANSPORT,
                           tr->bt_name)) {

@@ -10,9 +10,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <tpipe/info.h>
 #include <tpipe/rpc.h>
 
-#define BR_MAX_TRANSPORTS 4
+#define BR_MAX_TRANSPORTS TP_INFO_MAX
 #define BR_MAX_SIZES      16
 #define BR_MIN_NOOP       100u     // noop calls measured at least
 #define BR_MAX_NOOP       5000000u // ... and at most
@@ -25,12 +26,12 @@
 // "shm" alone: the agent then listens and dials on shm only, so the pipe
 // cannot end up on tcp.
 typedef struct br_transport {
-    const char *bt_name;  // --transport, the JSON "transport"
+    const char *bt_name;  // --transport, the JSON "transport" (static)
     const char *bt_allow; // tp_agent_options.transports
 } br_transport;
 
 typedef struct br_opts {
-    const br_transport *bo_tr[BR_MAX_TRANSPORTS];
+    br_transport bo_tr[BR_MAX_TRANSPORTS];
     size_t bo_ntr;
     bool bo_all_tr;
     const char *bo_channel; // NULL: every channel
