@@ -81,6 +81,10 @@ if(NOT TP_WITH_UCX STREQUAL "OFF")
   endif()
 endif()
 tp_feature(UCX UCX_OK "${UCXPC_VERSION}")
+if(TP_HAVE_UCX)
+  # The ucx transport (transport/ucx/) is built exactly when this is set.
+  list(APPEND TP_DEP_TARGETS PkgConfig::UCXPC)
+endif()
 
 # CUDA
 set(CUDA_OK 0)

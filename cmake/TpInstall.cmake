@@ -137,8 +137,8 @@ string(REPLACE ";" ", " TP_STATIC_DEPS_DOC "${TP_STATIC_DEPS_DOC}")
 # package, `features` in tpipe.pc.
 set(TP_CONFIG_FEATURES "")
 set(TP_CONFIG_HAVE "")
-# IBV and UCX are detected but no transport uses them yet (issue 13).
-foreach(f URING CRYPTO PMIX CUDA NCCL BLAS)
+# IBV is detected but no transport uses it yet (issue 13).
+foreach(f URING CRYPTO PMIX UCX CUDA NCCL BLAS)
   if(NOT DEFINED TP_HAVE_${f})
     continue()
   endif()

@@ -23,8 +23,14 @@ tp_version_string(void)
 #else
 #define VERSION_F_CRYPTO ""
 #endif
-// libibverbs and UCX are detected (TP_HAVE_IBV, TP_HAVE_UCX) but no
-// transport uses them yet (issue 13): they are not features until one does.
+// libibverbs is detected (TP_HAVE_IBV) but no transport uses it yet
+// (issue 13): it is not a feature until one does. TP_HAVE_UCX builds the
+// ucx transport.
+#if TP_HAVE_UCX
+#define VERSION_F_UCX " ucx"
+#else
+#define VERSION_F_UCX ""
+#endif
 #if TP_HAVE_PMIX
 #define VERSION_F_PMIX " pmix"
 #else
@@ -42,7 +48,7 @@ tp_version_string(void)
 #endif
 
 static const char version_features[] = VERSION_F_URING VERSION_F_CRYPTO
-    VERSION_F_PMIX VERSION_F_CUDA VERSION_F_NCCL;
+    VERSION_F_PMIX VERSION_F_UCX VERSION_F_CUDA VERSION_F_NCCL;
 
 const char *
 tp_build_features(void)

@@ -4,11 +4,17 @@
 
 #include <string.h>
 
+#include "tp_config.h"
 #include "transport.h"
 
 static const tp_transport_ops *const transport_registry[] = {
     &tp__transport_shm_ops,
     &tp__transport_tcp_ops,
+#if TP_HAVE_UCX
+    // Last: chosen only when asked for by name (TP_CONF_TRANSPORT, bench
+    // --transport ucx, a ucx:// address), never over shm or tcp by default.
+    &tp__transport_ucx_ops,
+#endif
 };
 
 const tp_transport_ops *const *

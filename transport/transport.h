@@ -136,6 +136,9 @@ struct tp_conn {
 // Backends, listed by transport/registry.c.
 extern const tp_transport_ops tp__transport_tcp_ops;
 extern const tp_transport_ops tp__transport_shm_ops;
+#if TP_HAVE_UCX
+extern const tp_transport_ops tp__transport_ucx_ops;
+#endif
 
 // ---- registry (transport/registry.c) ----
 // The backends compiled in, best first (shm, tcp).

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // conformance.c - the transport conformance suite. One set of cases,
 // instantiated by CTest for every transport and loop backend through
-// TP_CONF_TRANSPORT (tcp, shm) and TP_IO_BACKEND (epoll, uring).
+// TP_CONF_TRANSPORT (tcp, shm, ucx) and TP_IO_BACKEND (epoll, uring).
 //
 // Each case runs in its own forked process with a deadline (the harness);
 // waits inside a case use aio timeouts so a bug fails the case with a
@@ -50,7 +50,12 @@ conf_transport(void)
 static const char *
 conf_listen_addr(void)
 {
-    return strcmp(conf_transport(), "tcp") == 0 ? "tcp://127.0.0.1:0" : "";
+    if (strcmp(conf_transport(), "tcp") == 0) {
+        return "tcp://127.0.0.1:0";
+    }
+    // ucx listens on loopback here: the default interface may be one UCX
+    // cannot reach with the UCX_TLS of the test.
+    return strcmp(conf_transport(), "ucx") == 0 ? "ucx://127.0.0.1:0" : "";
 }
 
 static void
@@ -638,8 +643,13 @@ close_with_pending(void)
     for (int i = 0; i < NW; i++) {
         op_wait(&w[i], 5000);
         TP_CHECK_EQ(atomic_load(&w[i].done), 1);
-        TP_CHECKF(tp_aio_status(w[i].aio) == TP_ECLOSED, "write %d: %s", i,
-                  tp_error_message(tp_aio_error(w[i].aio)));
+        // ucx: the peer's UCX takes stream data it has no receive for
+        // without a bound (docs/transport-ucx.md), so writes may have
+        // completed before the close.
+        TP_CHECKF(tp_aio_status(w[i].aio) == TP_ECLOSED ||
+                      (strcmp(conf_transport(), "ucx") == 0 &&
+                       tp_aio_status(w[i].aio) == TP_OK),
+                  "write %d: %s", i, tp_error_message(tp_aio_error(w[i].aio)));
     }
     // Operations after close fail at once with TP_ECLOSED.
     TP_CHECK_EQ(xfer(c, false, rbuf[0], 8, 5000, NULL, 0), TP_ECLOSED);
@@ -810,7 +820,8 @@ static int
 raw_connect(const char *addr)
 {
     int fd = -1;
-    if (strncmp(addr, "tcp://", 6) == 0) {
+    // ucx:// listeners are UCX's connection manager on a TCP socket.
+    if (strncmp(addr, "tcp://", 6) == 0 || strncmp(addr, "ucx://", 6) == 0) {
         const char *p = strrchr(addr, ':');
         TP_CHECK(p != NULL);
         struct sockaddr_in sin = {0};
@@ -900,7 +911,11 @@ garbage_to_listener(void)
     ssize_t rn;
     while ((rn = read(fds[3], drain, sizeof(drain))) > 0) {
     }
-    TP_CHECKF(rn == 0 || errno != EAGAIN,
+    // ucx: the raw socket is held by UCX's connection manager, which
+    // makes no connection request out of it (so no tpipe conn and no
+    // handshake deadline); UCX keeps or drops it by its own rules.
+    TP_CHECKF(rn == 0 || errno != EAGAIN ||
+                  strcmp(conf_transport(), "ucx") == 0,
               "silent raw connection still open after the handshake "
               "deadline");
     for (int i = 0; i < 5; i++) {
@@ -942,7 +957,19 @@ fault_close_after(void)
     tp_status st = xfer(c, true, out + 1000, 9000, 5000, msg, sizeof(msg));
     TP_CHECK_EQ(st, TP_ECONNRESET);
     TP_CHECK_STR_CONTAINS(msg, "fault injection after 4096 bytes");
-    TP_CHECK_EQ(xfer(s, false, in, 4096, 5000, msg, sizeof(msg)), TP_OK);
+    st = xfer(s, false, in, 4096, 5000, msg, sizeof(msg));
+    if (strcmp(conf_transport(), "ucx") == 0 && TP_STATUS_IS_CONN(st)) {
+        // ucx: UCX reports the close on its connection manager's socket,
+        // which may overtake the last bytes on the data lanes; the reader
+        // then fails at once, naming its peer (docs/transport-ucx.md).
+        TP_CHECK_STR_CONTAINS(msg, "ucx: ");
+        tp__conn_unref(c);
+        tp__conn_unref(s);
+        fx_fini(&fx);
+        return;
+    }
+    TP_CHECKF(st == TP_OK, "read before the close: %s (%s)", tp_status_name(st),
+              msg);
     check_pattern(in, 4096, 3);
     uint64_t t0 = tp__now_ns();
     st = xfer(s, false, in, 1, 5000, msg, sizeof(msg));
@@ -1120,7 +1147,10 @@ fault_env(void)
     uint8_t b[2] = {1, 2};
     char msg[512];
     TP_CHECK_EQ(xfer(c, true, b, 2, 5000, msg, sizeof(msg)), TP_ECONNRESET);
-    TP_CHECK_EQ(xfer(s, false, b, 1, 5000, msg, sizeof(msg)), TP_OK);
+    tp_status rst = xfer(s, false, b, 1, 5000, msg, sizeof(msg));
+    // ucx: the close may overtake the byte (see fault_close_after).
+    TP_CHECK(rst == TP_OK ||
+             (strcmp(conf_transport(), "ucx") == 0 && TP_STATUS_IS_CONN(rst)));
     TP_CHECK(xfer(s, false, b, 1, 5000, msg, sizeof(msg)) != TP_OK);
     tp__conn_unref(c);
     tp__conn_unref(s);

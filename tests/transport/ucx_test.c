@@ -1,0 +1,223 @@
+// SPDX-License-Identifier: Apache-2.0
+// ucx_test.c - cases of the ucx transport beyond the conformance suite:
+// the opt-in, the domain, address forms, the job-secret exchange over the
+// UCP stream, and a scattered (multi-iov) write and read. CTest runs it
+// with TP_UCX=1 and UCX_TLS=tcp.
+
+#include <stdlib.h>
+#include <string.h>
+
+#include <ucp/api/ucp.h>
+
+#include "core/aio.h"
+#include "core/auth.h"
+#include "core/config.h"
+#include "core/loop.h"
+#include "tp_test.h"
+#include "tp_test_op.h"
+#include "transport/transport.h"
+
+typedef struct fixture {
+    tp_config cfg;
+    tp_loop *loop;
+    tp_transport *t;
+    tp_listener *l;
+} fixture;
+
+static void
+fx_init(fixture *fx)
+{
+    tp_error *err = NULL;
+    memset(fx, 0, sizeof(*fx));
+    TP_CHECK_OK(tp__config_load(&fx->cfg, &err), err);
+    TP_CHECK_OK(tp__loop_create(&fx->cfg, "ucxt", &fx->loop, &err), err);
+    TP_CHECK_OK(tp__transport_create("ucx", fx->loop, &fx->cfg, &fx->t, &err),
+                err);
+    TP_CHECK_OK(tp__transport_listen(fx->t, "ucx://127.0.0.1:0", &fx->l, &err),
+                err);
+}
+
+static void
+fx_fini(fixture *fx)
+{
+    if (fx->l != NULL) {
+        tp__listener_destroy(fx->l);
+    }
+    tp__transport_destroy(fx->t);
+    tp__loop_destroy(fx->loop);
+}
+
+static tp_conn *
+do_connect(fixture *fx, const char *addr, tp_status *st_p, char *msg,
+           size_t len)
+{
+    op o;
+    op_init(&o, 5000);
+    tp__transport_connect(fx->t, addr, o.aio);
+    op_wait(&o, 10000);
+    *st_p = tp_aio_status(o.aio);
+    snprintf(msg, len, "%s",
+             tp_aio_error(o.aio) ? tp_error_message(tp_aio_error(o.aio)) : "");
+    tp_conn *c = tp_aio_get_output(o.aio, 0);
+    op_fini(&o);
+    return c;
+}
+
+static void
+pair(fixture *fx, tp_conn **c_p, tp_conn **s_p)
+{
+    op acc;
+    op_init(&acc, 5000);
+    tp__listener_accept(fx->l, acc.aio);
+    tp_status st;
+    char msg[512];
+    *c_p = do_connect(fx, tp__listener_addr(fx->l), &st, msg, sizeof(msg));
+    TP_CHECKF(st == TP_OK, "connect: %s", msg);
+    op_wait(&acc, 10000);
+    TP_CHECK_OK(tp_aio_status(acc.aio), tp_aio_error(acc.aio));
+    *s_p = tp_aio_get_output(acc.aio, 0);
+    op_fini(&acc);
+}
+
+static void
+xfer_iov(tp_conn *c, bool write, tp_iov *iov, unsigned n)
+{
+    op o;
+    op_init(&o, 5000);
+    TP_CHECK_OK(tp_aio_set_iov(o.aio, n, iov), NULL);
+    if (write) {
+        tp__conn_write(c, o.aio);
+    } else {
+        tp__conn_read(c, o.aio);
+    }
+    op_wait(&o, 10000);
+    TP_CHECK_OK(tp_aio_status(o.aio), tp_aio_error(o.aio));
+    op_fini(&o);
+}
+
+// Without TP_UCX=1 the transport says it is off, and why.
+static void
+opt_in(void)
+{
+    const tp_transport_ops *ops = tp__transport_find("ucx");
+    TP_CHECK(ops != NULL);
+    tp_config cfg;
+    tp_error *err = NULL;
+    TP_CHECK_OK(tp__config_load(&cfg, &err), err);
+    char why[256] = "";
+    unsetenv("TP_UCX");
+    TP_CHECK(!ops->is_viable(&cfg, why, sizeof(why)));
+    TP_CHECK_STR_CONTAINS(why, "TP_UCX=1");
+    setenv("TP_UCX", "1", 1);
+    TP_CHECKF(ops->is_viable(&cfg, why, sizeof(why)), "not viable: %s", why);
+}
+
+// The domain names UCX and its major.minor; listener addresses are
+// ucx://HOST:PORT with the real port; connections name their peer.
+static void
+domain_and_addresses(void)
+{
+    fixture fx;
+    fx_init(&fx);
+    unsigned major, minor, release;
+    ucp_get_version(&major, &minor, &release);
+    char want[32];
+    snprintf(want, sizeof(want), "ucx:%u.%u", major, minor);
+    TP_CHECKF(strcmp(tp__transport_domain(fx.t), want) == 0, "domain %s",
+              tp__transport_domain(fx.t));
+    const char *a = tp__listener_addr(fx.l);
+    TP_CHECKF(strncmp(a, "ucx://127.0.0.1:", 16) == 0 && atoi(a + 16) > 0,
+              "listener address %s", a);
+    tp_conn *c, *s;
+    pair(&fx, &c, &s);
+    TP_CHECKF(strcmp(tp__conn_peer(c), a + 6) == 0, "peer %s",
+              tp__conn_peer(c));
+    TP_CHECK_STR_CONTAINS(tp__conn_peer(s), "127.0.0.1:");
+    // Another scheme and host names are argument errors naming the
+    // address.
+    tp_status st;
+    char msg[512];
+    TP_CHECK(do_connect(&fx, "tcp://127.0.0.1:1", &st, msg, sizeof(msg)) ==
+             NULL);
+    TP_CHECK_EQ(st, TP_EINVAL);
+    TP_CHECK_STR_CONTAINS(msg, "tcp://127.0.0.1:1");
+    TP_CHECK(do_connect(&fx, "ucx://localhost:1", &st, msg, sizeof(msg)) ==
+             NULL);
+    TP_CHECK_EQ(st, TP_EINVAL);
+    TP_CHECK_STR_CONTAINS(msg, "numeric");
+    tp_listener *l2 = NULL;
+    tp_error *err = NULL;
+    TP_CHECK(tp__transport_listen(fx.t, "shm://x", &l2, &err) == TP_EINVAL);
+    TP_CHECK_STR_CONTAINS(tp_error_message(err), "ucx://");
+    tp_error_unref(err);
+    tp__conn_unref(c);
+    tp__conn_unref(s);
+    fx_fini(&fx);
+}
+
+// With a job secret both ends run the exchange of core/auth.h over the
+// stream before the conn is handed out; data follows it intact.
+static void
+job_secret(void)
+{
+    setenv("TP_JOB_TOKEN", "0123456789abcdef0123456789abcdef", 1);
+    unsetenv("TP_JOB_TOKEN_FILE");
+    tp__auth_reload();
+    bool on = false;
+    if (tp__auth_enabled(&on, NULL) != TP_OK || !on) {
+        tp_test_skip("no job secret support in this build (libcrypto)");
+    }
+    fixture fx;
+    fx_init(&fx);
+    tp_conn *c, *s;
+    pair(&fx, &c, &s);
+    char out[64] = "after the job-secret exchange", in[64];
+    tp_iov wi = {out, sizeof(out)}, ri = {in, sizeof(in)};
+    xfer_iov(c, true, &wi, 1);
+    xfer_iov(s, false, &ri, 1);
+    TP_CHECK(memcmp(out, in, sizeof(in)) == 0);
+    tp__conn_unref(c);
+    tp__conn_unref(s);
+    fx_fini(&fx);
+    unsetenv("TP_JOB_TOKEN");
+    tp__auth_reload();
+}
+
+// A write of several iovs (UCP's iov datatype) read back with other
+// boundaries.
+static void
+scattered(void)
+{
+    fixture fx;
+    fx_init(&fx);
+    tp_conn *c, *s;
+    pair(&fx, &c, &s);
+    enum { N = 300000 };
+    uint8_t *out = malloc(N), *in = malloc(N);
+    TP_CHECK(out != NULL && in != NULL);
+    for (unsigned i = 0; i < N; i++) {
+        out[i] = (uint8_t)(i * 7u + (i >> 8));
+    }
+    tp_iov w[3] = {{out, 10}, {out + 10, 0}, {out + 10, N - 10}};
+    tp_iov r[4] = {{in, 1},
+                   {in + 1, 4095},
+                   {in + 4096, 100000},
+                   {in + 104096, N - 104096}};
+    xfer_iov(c, true, w, 3);
+    xfer_iov(s, false, r, 4);
+    TP_CHECK(memcmp(out, in, N) == 0);
+    free(out);
+    free(in);
+    tp__conn_unref(c);
+    tp__conn_unref(s);
+    fx_fini(&fx);
+}
+
+static const tp_test_case cases[] = {
+    TP_TEST_CASE(opt_in),
+    TP_TEST_CASE(domain_and_addresses),
+    TP_TEST_CASE(job_secret),
+    TP_TEST_CASE(scattered),
+};
+
+TP_TEST_MAIN(cases)

@@ -1,0 +1,523 @@
+// SPDX-License-Identifier: Apache-2.0
+// conn.c - the UCX transport's data path. Reads take received data from
+// UCP (ucp_stream_recv_data_nb: a pointer into UCP's receive buffer) and
+// copy it into the caller's iovs, so an exact-length read is ours to
+// track: its bytes moved are known, and a timeout or cancel before any
+// byte moved leaves the stream usable. Writes hand the caller's iovs to
+// ucp_stream_send_nbx and complete in submission order once UCP is done
+// with the buffer. A connection error is recorded once in xc_err; every
+// pending and later op fails with a reference to it.
+
+#include <stdio.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/log.h"
+#include "core/wire.h"
+#include "transport/ucx/ucx_impl.h"
+
+ucx_conn *
+ucx_conn_new(tp_transport *t)
+{
+    tp_conn *bc = tp__conn_alloc(t);
+    if (bc == NULL) {
+        return NULL;
+    }
+    ucx_conn *c = ucx_conn_of(bc);
+    c->xc_ctx = ucx_ctx_of(t);
+    c->xc_state = UCX_SETUP;
+    c->xc_ep_status = UCS_OK;
+    TP_LIST_INIT(&c->xc_readq, tp_aio, a_node);
+    TP_LIST_INIT(&c->xc_writeq, tp_aio, a_node);
+    tp__list_node_init(&c->xc_node);
+    tp__list_node_init(&c->xc_lnode);
+    tp__timer_init(&c->xc_timer, ucx_setup_timer_cb, c);
+    memcpy(c->xc_hello_out, TP_HELLO_MAGIC, UCX_HELLO_MAGIC_LEN);
+    tp__put_u32le(c->xc_hello_out + 8, UCX_HELLO_VERSION);
+    tp__put_u32le(c->xc_hello_out + 12, 0); // flags
+    tp__list_append(&c->xc_ctx->x_conns, c);
+    return c;
+}
+
+// UCP calls this inside progress: record it; ucx_conn_dispatch acts.
+void
+ucx_ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    TP_UNUSED(ep);
+    ucx_conn *c = arg;
+    if (c->xc_ep_status != UCS_OK) {
+        return;
+    }
+    c->xc_ep_status = status == UCS_OK ? UCS_ERR_CONNECTION_RESET : status;
+    // Take what the peer sent before it went away, so later reads get it
+    // (UCP may drop it with the failed endpoint): a peer that writes and
+    // closes is read to the end, as over a socket.
+    for (;;) {
+        size_t len = 0;
+        ucs_status_ptr_t r = ucp_stream_recv_data_nb(ep, &len);
+        if (r == NULL || UCS_PTR_IS_ERR(r)) {
+            break;
+        }
+        struct ucx_held *h =
+            tp__realloc(c->xc_held, (c->xc_nheld + 1) * sizeof(*h));
+        if (h == NULL) {
+            ucp_stream_data_release(ep, r);
+            break;
+        }
+        c->xc_held = h;
+        h[c->xc_nheld].h_data = r;
+        h[c->xc_nheld].h_len = len;
+        c->xc_nheld++;
+    }
+}
+
+static void
+ucx_rx_release(ucx_conn *c)
+{
+    if (c->xc_rx != NULL) {
+        ucp_stream_data_release(c->xc_ep, c->xc_rx);
+        c->xc_rx = NULL;
+        c->xc_rx_len = c->xc_rx_off = 0;
+    }
+}
+
+static void
+ucx_held_release(ucx_conn *c)
+{
+    for (size_t i = c->xc_held_next; i < c->xc_nheld; i++) {
+        ucp_stream_data_release(c->xc_ep, c->xc_held[i].h_data);
+    }
+    tp__free(c->xc_held);
+    c->xc_held = NULL;
+    c->xc_nheld = c->xc_held_next = 0;
+}
+
+int64_t
+ucx_consume(ucx_conn *c, uint8_t *dst, uint64_t n, ucs_status_t *st_p)
+{
+    uint64_t copied = 0;
+    while (copied < n) {
+        if (c->xc_rx == NULL && c->xc_held_next < c->xc_nheld) {
+            struct ucx_held *h = &c->xc_held[c->xc_held_next++];
+            c->xc_rx = h->h_data;
+            c->xc_rx_len = h->h_len;
+            c->xc_rx_off = 0;
+        }
+        if (c->xc_rx == NULL) {
+            if (c->xc_ep == NULL || c->xc_ep_status != UCS_OK) {
+                *st_p = c->xc_ep == NULL ? UCS_ERR_CANCELED : c->xc_ep_status;
+                return copied > 0 ? (int64_t)copied : -1;
+            }
+            size_t len = 0;
+            ucs_status_ptr_t r = ucp_stream_recv_data_nb(c->xc_ep, &len);
+            if (r == NULL) {
+                break;
+            }
+            if (UCS_PTR_IS_ERR(r)) {
+                *st_p = UCS_PTR_STATUS(r);
+                return copied > 0 ? (int64_t)copied : -1;
+            }
+            c->xc_rx = r;
+            c->xc_rx_len = len;
+            c->xc_rx_off = 0;
+        }
+        uint64_t take = TP_MIN(n - copied, c->xc_rx_len - c->xc_rx_off);
+        memcpy(dst + copied, c->xc_rx + c->xc_rx_off, (size_t)take);
+        copied += take;
+        c->xc_rx_off += (size_t)take;
+        if (c->xc_rx_off == c->xc_rx_len) {
+            ucx_rx_release(c);
+        }
+    }
+    return (int64_t)copied;
+}
+
+// ---- sends -----------------------------------------------------------------
+
+static void
+ucx_op_free(ucx_op *o)
+{
+    tp_error_unref(o->o_err);
+    tp__free(o);
+}
+
+// An op the conn let go of (set-up bytes, or a write whose conn failed
+// while UCP still held its buffer) is finished here, when UCP is done.
+static void
+ucx_op_orphan_done(ucx_op *o)
+{
+    if (o->o_aio != NULL) {
+        tp_error *err = o->o_err != NULL ? tp_error_ref(o->o_err)
+                                         : tp__error_new(TP_ECLOSED, 0, NULL,
+                                                         "ucx: write: "
+                                                         "connection closed");
+        tp__aio_finish(o->o_aio, err, 0);
+    }
+    ucx_op_free(o);
+}
+
+static void
+ucx_send_cb(void *request, ucs_status_t status, void *user_data)
+{
+    ucx_op *o = user_data;
+    ucp_request_free(request);
+    o->o_done = true;
+    o->o_status = status;
+    if (o->o_conn == NULL) {
+        ucx_op_orphan_done(o);
+    }
+    // else ucx_conn_dispatch completes it in order, after progress.
+}
+
+static void
+ucx_op_send(ucx_conn *c, ucx_op *o, const tp_iov *iov, unsigned niov)
+{
+    ucp_request_param_t p;
+    memset(&p, 0, sizeof(p));
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                     UCP_OP_ATTR_FIELD_DATATYPE;
+    p.cb.send = ucx_send_cb;
+    p.user_data = o;
+    const void *buf;
+    size_t count;
+    if (niov == 1) {
+        p.datatype = ucp_dt_make_contig(1);
+        buf = iov[0].iov_base;
+        count = (size_t)iov[0].iov_len;
+    } else {
+        p.datatype = ucp_dt_make_iov();
+        for (unsigned i = 0; i < niov; i++) {
+            o->o_iov[i].buffer = iov[i].iov_base;
+            o->o_iov[i].length = (size_t)iov[i].iov_len;
+        }
+        buf = o->o_iov;
+        count = niov;
+    }
+    ucs_status_ptr_t r = ucp_stream_send_nbx(c->xc_ep, buf, count, &p);
+    if (r == NULL) {
+        o->o_done = true;
+        o->o_status = UCS_OK;
+    } else if (UCS_PTR_IS_ERR(r)) {
+        o->o_done = true;
+        o->o_status = UCS_PTR_STATUS(r);
+    }
+}
+
+ucs_status_t
+ucx_send_bytes(ucx_conn *c, const uint8_t *p, size_t n)
+{
+    ucx_op *o = tp__zalloc(sizeof(*o));
+    if (o == NULL) {
+        return UCS_ERR_NO_MEMORY;
+    }
+    TP_ASSERT(n <= sizeof(o->o_bytes));
+    memcpy(o->o_bytes, p, n);
+    tp_iov iov = {o->o_bytes, n};
+    ucx_op_send(c, o, &iov, 1);
+    // Set-up bytes are orphans from the start: nobody waits for them (a
+    // failure shows as an endpoint error).
+    if (o->o_done) {
+        ucs_status_t st = o->o_status;
+        ucx_op_free(o);
+        return st;
+    }
+    return UCS_OK;
+}
+
+// Completes the writes at the head of the queue that UCP has finished, in
+// order; a failed one fails the conn.
+static void
+ucx_writes_settle(ucx_conn *c)
+{
+    tp_aio *a;
+    while (c->xc_state == UCX_OPEN &&
+           (a = tp__list_first(&c->xc_writeq)) != NULL) {
+        ucx_op *o = a->a_prov_data[0];
+        if (!o->o_done) {
+            return;
+        }
+        tp__list_remove(&c->xc_writeq, a);
+        ucs_status_t st = o->o_status;
+        ucx_op_free(o);
+        if (st == UCS_OK) {
+            tp__aio_finish(a, NULL, a->a_prov_u64[1]);
+            continue;
+        }
+        tp_error *err = tp__error_new(ucx_status_tp(st), 0, NULL,
+                                      "ucx: write to peer %s: %s",
+                                      c->xc_base.c_peer, ucs_status_string(st));
+        tp__aio_finish(a, tp_error_ref(err), 0);
+        ucx_conn_fail(c, err);
+    }
+}
+
+// ---- failure and release ---------------------------------------------------
+
+void
+ucx_conn_release(ucx_conn *c, bool force)
+{
+    ucx_ctx *x = c->xc_ctx;
+    tp__timer_stop(x->x_t->t_loop, &c->xc_timer);
+    ucx_rx_release(c);
+    ucx_held_release(c);
+    if (c->xc_ep != NULL) {
+        ucx_ep_close(x, c->xc_ep, force);
+        c->xc_ep = NULL;
+    }
+    if (tp__list_node_active(&c->xc_node)) {
+        tp__list_remove(&x->x_conns, c);
+    }
+    c->xc_state = UCX_DEAD;
+}
+
+void
+ucx_conn_fail(ucx_conn *c, tp_error *err)
+{
+    if (c->xc_err == NULL) {
+        c->xc_err = err;
+        TP_LOG_DEBUG("TP-UCX-CLOSE", "%s", tp_error_message(err));
+    } else {
+        tp_error_unref(err);
+    }
+    tp_aio *a;
+    while ((a = tp__list_pop_first(&c->xc_readq)) != NULL) {
+        tp__aio_finish(a, tp_error_ref(c->xc_err), a->a_prov_u64[0]);
+    }
+    while ((a = tp__list_pop_first(&c->xc_writeq)) != NULL) {
+        ucx_op *o = a->a_prov_data[0];
+        if (o->o_done) {
+            ucx_op_free(o);
+            tp__aio_finish(a, tp_error_ref(c->xc_err), 0);
+        } else {
+            // UCP still reads the caller's buffer: the aio fails when UCP
+            // lets go of it (the force close below cancels the send).
+            o->o_conn = NULL;
+            o->o_err = tp_error_ref(c->xc_err);
+        }
+    }
+    ucx_conn_release(c, true);
+}
+
+// ---- reads -----------------------------------------------------------------
+
+void
+ucx_read_pump(ucx_conn *c)
+{
+    tp_aio *a;
+    while (c->xc_state == UCX_OPEN &&
+           (a = tp__list_first(&c->xc_readq)) != NULL) {
+        uint64_t moved = a->a_prov_u64[0];
+        if (moved == a->a_prov_u64[1]) {
+            tp__list_remove(&c->xc_readq, a);
+            tp__aio_finish(a, NULL, moved);
+            continue;
+        }
+        // The iov holding byte @moved.
+        uint64_t skip = moved;
+        unsigned i = 0;
+        while (skip >= a->a_iov[i].iov_len) {
+            skip -= a->a_iov[i].iov_len;
+            i++;
+        }
+        ucs_status_t st = UCS_OK;
+        int64_t got = ucx_consume(c, (uint8_t *)a->a_iov[i].iov_base + skip,
+                                  a->a_iov[i].iov_len - skip, &st);
+        if (got < 0) {
+            ucx_conn_fail(c, tp__error_new(TP_ECONNRESET, 0, NULL,
+                                           "ucx: read from peer %s: %s",
+                                           c->xc_base.c_peer,
+                                           ucs_status_string(st)));
+            return;
+        }
+        if (got == 0) {
+            break;
+        }
+        a->a_prov_u64[0] += (uint64_t)got;
+    }
+    // The peer is gone and what it sent before is consumed: a read still
+    // waiting fails (a conn with no read pending keeps the received data
+    // for later reads, like a socket holding data before its EOF).
+    if (c->xc_state == UCX_OPEN && c->xc_ep_status != UCS_OK &&
+        !tp__list_empty(&c->xc_readq)) {
+        ucx_conn_fail(c, tp__error_new(TP_ECONNRESET, 0, NULL,
+                                       "ucx: read from peer %s: connection "
+                                       "closed by peer or failed (%s)",
+                                       c->xc_base.c_peer,
+                                       ucs_status_string(c->xc_ep_status)));
+    }
+}
+
+void
+ucx_conn_dispatch(ucx_conn *c)
+{
+    if (c->xc_state == UCX_SETUP) {
+        ucx_setup_pump(c);
+        return;
+    }
+    if (c->xc_state != UCX_OPEN) {
+        return;
+    }
+    ucx_writes_settle(c);
+    ucx_read_pump(c);
+}
+
+// ---- submission, cancel ----------------------------------------------------
+
+static void
+ucx_op_cancel(tp_aio *aio, void *arg, tp_status reason)
+{
+    ucx_conn *c = arg;
+    bool is_read = aio->a_prov_data[1] == &c->xc_readq;
+    const char *what = is_read ? "read from" : "write to";
+    uint64_t done = is_read ? aio->a_prov_u64[0] : 0;
+    ucx_op *o = is_read ? NULL : aio->a_prov_data[0];
+    // A write UCP has started may have moved bytes: the stream is then
+    // unframeable, as for a read with bytes moved.
+    bool moved = is_read ? done > 0 : true;
+    char detail[200] = "";
+    if (moved) {
+        snprintf(detail, sizeof(detail),
+                 is_read ? " with %llu of %llu bytes moved; the stream is "
+                           "unusable and the connection closed"
+                         : " while UCX was sending it; the stream is "
+                           "unusable and the connection closed",
+                 (unsigned long long)done,
+                 (unsigned long long)aio->a_prov_u64[1]);
+    }
+    tp_error *err;
+    if (reason == TP_ETIMEDOUT) {
+        err = tp__error_new(
+            TP_ETIMEDOUT, 0, NULL, "ucx: %s peer %s timed out after %lld ms%s",
+            what, c->xc_base.c_peer, (long long)aio->a_timeout_ms, detail);
+    } else {
+        err = tp__error_new(
+            reason, 0, NULL, "ucx: %s peer %s %s%s", what, c->xc_base.c_peer,
+            reason == TP_ECLOSED ? "closed" : "canceled", detail);
+    }
+    tp__list_remove(is_read ? &c->xc_readq : &c->xc_writeq, aio);
+    if (!moved) {
+        tp__aio_finish(aio, err, 0);
+        return;
+    }
+    if (o != NULL && !o->o_done) {
+        o->o_conn = NULL; // finished by ucx_send_cb with @err
+        o->o_err = tp_error_ref(err);
+    } else {
+        if (o != NULL) {
+            ucx_op_free(o);
+        }
+        tp__aio_finish(aio, tp_error_ref(err), done);
+    }
+    ucx_conn_fail(c, tp__error_new(TP_ECLOSED, 0, err,
+                                   "ucx: connection to peer %s closed",
+                                   c->xc_base.c_peer));
+    tp_error_unref(err);
+}
+
+static bool
+ucx_conn_begin(ucx_conn *c, tp_aio *aio, tp_list *q)
+{
+    if (!tp__aio_begin(aio, c->xc_ctx->x_t->t_loop, ucx_op_cancel, c)) {
+        return false;
+    }
+    if (c->xc_err != NULL || c->xc_state != UCX_OPEN) {
+        tp__aio_finish(aio,
+                       c->xc_err != NULL
+                           ? tp_error_ref(c->xc_err)
+                           : tp__error_new(TP_ECLOSED, 0, NULL,
+                                           "ucx: connection to peer %s closed",
+                                           c->xc_base.c_peer),
+                       0);
+        return false;
+    }
+    aio->a_prov_data[1] = q;
+    aio->a_prov_u64[0] = 0;
+    aio->a_prov_u64[1] = tp__aio_iov_total(aio);
+    tp__list_append(q, aio);
+    return true;
+}
+
+void
+ucx_conn_read(tp_conn *bc, tp_aio *aio)
+{
+    ucx_conn *c = ucx_conn_of(bc);
+    if (ucx_conn_begin(c, aio, &c->xc_readq)) {
+        ucx_read_pump(c);
+    }
+}
+
+void
+ucx_conn_write(tp_conn *bc, tp_aio *aio)
+{
+    ucx_conn *c = ucx_conn_of(bc);
+    ucx_op *o = tp__zalloc(sizeof(*o));
+    if (o == NULL) {
+        if (tp__aio_begin(aio, c->xc_ctx->x_t->t_loop, NULL, NULL)) {
+            tp__aio_finish_status(aio, TP_ENOMEM,
+                                  "ucx: write to peer %s: out of memory",
+                                  c->xc_base.c_peer);
+        }
+        return;
+    }
+    aio->a_prov_data[0] = o;
+    if (!ucx_conn_begin(c, aio, &c->xc_writeq)) {
+        tp__free(o);
+        return;
+    }
+    o->o_aio = aio;
+    o->o_conn = c;
+    if (aio->a_prov_u64[1] == 0) {
+        o->o_done = true;
+        o->o_status = UCS_OK;
+    } else {
+        // Skip empty iovs: UCP's iov datatype wants none.
+        tp_iov iov[TP_AIO_MAX_IOV];
+        unsigned n = 0;
+        for (unsigned i = 0; i < aio->a_niov; i++) {
+            if (aio->a_iov[i].iov_len > 0) {
+                iov[n++] = aio->a_iov[i];
+            }
+        }
+        ucx_op_send(c, o, iov, n);
+    }
+    ucx_writes_settle(c);
+}
+
+// ---- close / fini ----------------------------------------------------------
+
+void
+ucx_conn_close(tp_conn *bc)
+{
+    ucx_conn *c = ucx_conn_of(bc);
+    TP_ASSERT(c->xc_connect_aio == NULL && c->xc_lsn == NULL);
+    if (c->xc_state == UCX_DEAD) {
+        return;
+    }
+    if (tp__list_empty(&c->xc_readq) && tp__list_empty(&c->xc_writeq) &&
+        c->xc_ep_status == UCS_OK) {
+        // Nothing pending: a flushing close, so the peer gets every byte
+        // our completed writes handed to UCP before it sees the end.
+        if (c->xc_err == NULL) {
+            c->xc_err = tp__error_new(TP_ECLOSED, 0, NULL,
+                                      "ucx: connection to peer %s closed "
+                                      "locally",
+                                      c->xc_base.c_peer);
+        }
+        ucx_conn_release(c, false);
+        return;
+    }
+    ucx_conn_fail(c, tp__error_new(TP_ECLOSED, 0, NULL,
+                                   "ucx: connection to peer %s closed "
+                                   "locally",
+                                   c->xc_base.c_peer));
+}
+
+void
+ucx_conn_fini(tp_conn *bc)
+{
+    ucx_conn *c = ucx_conn_of(bc);
+    TP_ASSERT(c->xc_ep == NULL);
+    TP_ASSERT(tp__list_empty(&c->xc_readq) && tp__list_empty(&c->xc_writeq));
+    tp_error_unref(c->xc_err);
+    c->xc_err = NULL;
+}

@@ -1,0 +1,297 @@
+// SPDX-License-Identifier: Apache-2.0
+// ucx.c - the UCX transport: a UCP context and worker per transport,
+// progressed on the transport's loop thread. Its parts: ucx_impl.h.
+//
+// Progress: the worker's event fd (ucp_worker_get_efd, UCP_FEATURE_WAKEUP)
+// is watched by the loop, and a loop poller spins on ucp_worker_progress
+// while the loop spins (TP_LOOP_SPIN_US), arming the worker
+// (ucp_worker_arm) before the loop sleeps; UCS_ERR_BUSY from the arm means
+// events arrived meanwhile and the loop does not sleep.
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/log.h"
+#include "transport/ucx/ucx_impl.h"
+
+const char *
+ucx_status_str(ucs_status_t st)
+{
+    return ucs_status_string(st);
+}
+
+tp_status
+ucx_status_tp(ucs_status_t st)
+{
+    switch (st) {
+    case UCS_OK:
+        return TP_OK;
+    case UCS_ERR_NO_MEMORY:
+        return TP_ENOMEM;
+    case UCS_ERR_INVALID_PARAM:
+        return TP_EINVAL;
+    case UCS_ERR_BUSY:
+        return TP_EADDRINUSE;
+    case UCS_ERR_UNREACHABLE:
+    case UCS_ERR_REJECTED:
+        return TP_ECONNREFUSED;
+    case UCS_ERR_TIMED_OUT:
+    case UCS_ERR_ENDPOINT_TIMEOUT:
+        return TP_ETIMEDOUT;
+    case UCS_ERR_CANCELED:
+        return TP_ECANCELED;
+    case UCS_ERR_UNSUPPORTED:
+        return TP_ENOTSUP;
+    default:
+        return TP_ECONNRESET;
+    }
+}
+
+// Progresses until idle and dispatches; true if anything happened.
+static bool
+ucx_progress_once(ucx_ctx *x)
+{
+    if (x->x_in_progress) {
+        return false;
+    }
+    x->x_in_progress = true;
+    unsigned total = 0, n;
+    while ((n = ucp_worker_progress(x->x_worker)) != 0) {
+        total += n;
+    }
+    x->x_in_progress = false;
+    // Act on what the callbacks recorded: received data, endpoint errors,
+    // finished sends. A conn may leave the list (fail, close) while we
+    // look at it, so take the next one first; dispatch only removes the
+    // conn it runs on.
+    for (ucx_listener *l = tp__list_first(&x->x_lsns); l != NULL;
+         l = tp__list_next(&x->x_lsns, l)) {
+        ucx_listener_make_eps(l);
+    }
+    ucx_conn *c = tp__list_first(&x->x_conns);
+    while (c != NULL) {
+        ucx_conn *next = tp__list_next(&x->x_conns, c);
+        ucx_conn_dispatch(c);
+        c = next;
+    }
+    return total != 0;
+}
+
+void
+ucx_progress(ucx_ctx *x)
+{
+    (void)ucx_progress_once(x);
+}
+
+static void
+ucx_efd_cb(tp_loop_fd *lfd, uint32_t events)
+{
+    TP_UNUSED(events);
+    ucx_ctx *x = lfd->lf_arg;
+    ucx_progress(x);
+}
+
+static bool
+ucx_poll_cb(tp_loop_poller *p)
+{
+    return ucx_progress_once(p->lp_arg);
+}
+
+static bool
+ucx_prepare_sleep_cb(tp_loop_poller *p)
+{
+    ucx_ctx *x = p->lp_arg;
+    ucs_status_t st = ucp_worker_arm(x->x_worker);
+    // BUSY: events arrived since the last progress; do not sleep.
+    return st == UCS_ERR_BUSY;
+}
+
+static void
+ucx_after_sleep_cb(tp_loop_poller *p)
+{
+    TP_UNUSED(p);
+}
+
+tp_status
+ucx_ctx_start(ucx_ctx *x, tp_error **err_p)
+{
+    if (x->x_started) {
+        return TP_OK;
+    }
+    tp_loop *loop = x->x_t->t_loop;
+    tp_status st = tp__loop_fd_add(loop, &x->x_lfd, x->x_efd, TP_EV_READ,
+                                   ucx_efd_cb, x, err_p);
+    if (st != TP_OK) {
+        return tp__error_wrap(err_p, st, "ucx: watching the worker's event fd");
+    }
+    x->x_poller.lp_poll = ucx_poll_cb;
+    x->x_poller.lp_prepare_sleep = ucx_prepare_sleep_cb;
+    x->x_poller.lp_after_sleep = ucx_after_sleep_cb;
+    x->x_poller.lp_spin_ns = (uint64_t)x->x_t->t_cfg.loop_spin_us * 1000u;
+    x->x_poller.lp_arg = x;
+    tp__loop_poller_start(loop, &x->x_poller);
+    x->x_started = true;
+    return TP_OK;
+}
+
+static void
+ucx_close_cb(void *request, ucs_status_t status, void *user_data)
+{
+    TP_UNUSED(status);
+    ucx_ctx *x = user_data;
+    x->x_closing--;
+    ucp_request_free(request);
+}
+
+void
+ucx_ep_close(ucx_ctx *x, ucp_ep_h ep, bool force)
+{
+    ucp_request_param_t p;
+    memset(&p, 0, sizeof(p));
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                     UCP_OP_ATTR_FIELD_FLAGS;
+    p.cb.send = ucx_close_cb;
+    p.user_data = x;
+    p.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+    ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &p);
+    if (r != NULL && !UCS_PTR_IS_ERR(r)) {
+        x->x_closing++;
+    }
+}
+
+// ---- transport -------------------------------------------------------------
+
+static tp_status
+ucx_init_context(ucp_context_h *ctx_p, char *why, size_t why_len)
+{
+    ucp_config_t *uc = NULL;
+    ucs_status_t st = ucp_config_read(NULL, NULL, &uc);
+    if (st != UCS_OK) {
+        snprintf(why, why_len, "ucp_config_read: %s", ucs_status_string(st));
+        return ucx_status_tp(st);
+    }
+    ucp_params_t p;
+    memset(&p, 0, sizeof(p));
+    p.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
+    p.features = UCP_FEATURE_STREAM | UCP_FEATURE_WAKEUP;
+    p.name = "tpipe";
+    st = ucp_init(&p, uc, ctx_p);
+    ucp_config_release(uc);
+    if (st != UCS_OK) {
+        snprintf(why, why_len, "ucp_init: %s", ucs_status_string(st));
+        return TP_ENOTSUP;
+    }
+    return TP_OK;
+}
+
+// Opt-in: every context creates every viable transport, and a UCP context
+// costs tens of milliseconds and a UCX progress thread, so ucx is used only
+// where TP_UCX=1 says so (docs/transport-ucx.md).
+static bool
+ucx_enabled(void)
+{
+    const char *s = getenv("TP_UCX");
+    return s != NULL && (strcmp(s, "1") == 0 || strcmp(s, "on") == 0 ||
+                         strcmp(s, "yes") == 0 || strcmp(s, "true") == 0);
+}
+
+static bool
+ucx_is_viable(const tp_config *cfg, char *why, size_t why_len)
+{
+    TP_UNUSED(cfg);
+    if (!ucx_enabled()) {
+        snprintf(why, why_len, "off unless TP_UCX=1 (opt-in)");
+        return false;
+    }
+    ucp_context_h ctx;
+    if (ucx_init_context(&ctx, why, why_len) != TP_OK) {
+        return false;
+    }
+    ucp_cleanup(ctx);
+    return true;
+}
+
+static tp_status
+ucx_ctx_init(tp_transport *t, tp_error **err_p)
+{
+    ucx_ctx *x = ucx_ctx_of(t);
+    memset(x, 0, sizeof(*x));
+    x->x_t = t;
+    x->x_efd = -1;
+    TP_LIST_INIT(&x->x_conns, ucx_conn, xc_node);
+    TP_LIST_INIT(&x->x_lsns, ucx_listener, xl_node);
+    char why[256];
+    tp_status rc = ucx_init_context(&x->x_ucp, why, sizeof(why));
+    if (rc != TP_OK) {
+        return tp__error_set(err_p, rc, "ucx: %s", why);
+    }
+    ucp_worker_params_t wp;
+    memset(&wp, 0, sizeof(wp));
+    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    // Created here, then used only on the loop thread.
+    wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+    ucs_status_t st = ucp_worker_create(x->x_ucp, &wp, &x->x_worker);
+    if (st != UCS_OK) {
+        ucp_cleanup(x->x_ucp);
+        return tp__error_set(err_p, TP_ENOTSUP, "ucx: ucp_worker_create: %s",
+                             ucs_status_string(st));
+    }
+    st = ucp_worker_get_efd(x->x_worker, &x->x_efd);
+    if (st != UCS_OK) {
+        ucp_worker_destroy(x->x_worker);
+        ucp_cleanup(x->x_ucp);
+        return tp__error_set(err_p, TP_ENOTSUP, "ucx: ucp_worker_get_efd: %s",
+                             ucs_status_string(st));
+    }
+    // Two ends with the same UCX major.minor can connect; UCX picks the
+    // fabric (UCX_TLS) itself.
+    unsigned major, minor, release;
+    ucp_get_version(&major, &minor, &release);
+    snprintf(t->t_domain, sizeof(t->t_domain), "ucx:%u.%u", major, minor);
+    return TP_OK;
+}
+
+static void
+ucx_ctx_fini(tp_transport *t)
+{
+    ucx_ctx *x = ucx_ctx_of(t);
+    // Endpoint closes still in flight finish with a little progress.
+    uint64_t deadline = tp__deadline_after_ms(UCX_CLOSE_WAIT_MS);
+    while (x->x_closing > 0 && tp__now_ns() < deadline) {
+        ucp_worker_progress(x->x_worker);
+    }
+    if (x->x_closing > 0) {
+        TP_LOG_WARN("TP-UCX-CLOSE",
+                    "ucx: %u endpoint closes still pending after %d ms",
+                    x->x_closing, UCX_CLOSE_WAIT_MS);
+    }
+    if (x->x_started) {
+        tp__loop_poller_stop(t->t_loop, &x->x_poller);
+        tp__loop_fd_remove(t->t_loop, &x->x_lfd);
+        x->x_started = false;
+    }
+    ucp_worker_destroy(x->x_worker);
+    ucp_cleanup(x->x_ucp);
+}
+
+const tp_transport_ops tp__transport_ucx_ops = {
+    .abi_version = TP_TRANSPORT_ABI_V1,
+    .name = "ucx",
+    .ctx_size = sizeof(ucx_ctx),
+    .listener_size = sizeof(ucx_listener),
+    .conn_size = sizeof(ucx_conn),
+    .is_viable = ucx_is_viable,
+    .ctx_init = ucx_ctx_init,
+    .ctx_fini = ucx_ctx_fini,
+    .listen = ucx_listen,
+    .accept = ucx_accept,
+    .listener_close = ucx_listener_close,
+    .connect = ucx_connect,
+    .conn_read = ucx_conn_read,
+    .conn_write = ucx_conn_write,
+    .conn_close = ucx_conn_close,
+    .conn_fini = ucx_conn_fini,
+};
