@@ -11,6 +11,7 @@
 
 #include "ag_impl.h"
 #include "core/log.h"
+#include "store/join.h"
 
 // ---- rendezvous ------------------------------------------------------------
 
@@ -116,34 +117,25 @@ store_missing_ranks(tp_agent *a, const char *stem, int from, bool shutdown,
     }
 }
 
-tp_status
-ag_rendezvous(tp_agent *a, uint64_t deadline, tp_error **err_p)
+// Publishes this worker's record in generation @j and reads every other
+// one. TP_EAGAIN (with *err_p) when the generation was abandoned for a
+// newer one (a job killed in its init): join again.
+static tp_status
+rendezvous_exchange(tp_agent *a, tp__store_member *j, uint64_t deadline,
+                    tp_error **err_p)
 {
     char key[128];
     char val[AG_MAX_URL * AG_MAX_URLS + TP_RPC_MAX_NAME + 64];
     ag_peer *me = a->a_self;
-    // A store may outlive a job (a file, a standalone server): each job's
-    // keys get their own generation, counted by the joins so far (every
-    // job of world_size workers adds world_size).
-    // The count is per world size: a later job of another size starts
-    // its own count instead of landing between generations.
-    int64_t joins = 0;
-    snprintf(key, sizeof(key), AG_KEY_PREFIX "joins/%d", a->a_world);
-    tp_status st =
-        tp_store_add(a->a_store, key, 1, tp__ms_left(deadline), &joins, err_p);
-    if (st != TP_OK) {
-        return tp__error_wrap(err_p, st, "rpc init of %s (rank %d)", ag_name(a),
-                              a->a_rank);
-    }
     snprintf(a->a_prefix, sizeof(a->a_prefix), AG_KEY_PREFIX "w%d/%lld/",
-             a->a_world, (long long)((joins - 1) / a->a_world));
+             a->a_world, (long long)j->j_gen);
     int n = snprintf(val, sizeof(val), "%s\n%d\n", me->p_info.name, a->a_world);
     for (int i = 0; i < me->p_nurls; i++) {
         n += snprintf(val + n, sizeof(val) - (size_t)n, "%s\n", me->p_urls[i]);
     }
     worker_key(a, key, sizeof(key), a->a_rank);
-    st = tp_store_set(a->a_store, key, val, (size_t)n, tp__ms_left(deadline),
-                      err_p);
+    tp_status st = tp_store_set(a->a_store, key, val, (size_t)n,
+                                tp__ms_left(deadline), err_p);
     if (st != TP_OK) {
         return tp__error_wrap(err_p, st, "rpc init of %s (rank %d)", ag_name(a),
                               a->a_rank);
@@ -153,11 +145,12 @@ ag_rendezvous(tp_agent *a, uint64_t deadline, tp_error **err_p)
             continue;
         }
         worker_key(a, key, sizeof(key), r);
-        int64_t left = tp__ms_left(deadline);
         void *v = NULL;
         size_t vlen = 0;
         tp_error *err = NULL;
-        st = tp_store_get(a->a_store, key, left, &v, &vlen, &err);
+        // In slices: a conflict posted to the generation (another world
+        // size, a rank used twice, a member that gave up) fails at once.
+        st = tp__store_join_get(j, key, deadline, &v, &vlen, &err);
         if (st != TP_OK) {
             if (st == TP_ETIMEDOUT) {
                 // Name every rank still missing.
@@ -180,6 +173,9 @@ ag_rendezvous(tp_agent *a, uint64_t deadline, tp_error **err_p)
             } else {
                 tp_error_unref(err);
             }
+            if (st == TP_EAGAIN) {
+                return st;
+            }
             return tp__error_wrap(err_p, st, "rpc init of %s (rank %d)",
                                   ag_name(a), a->a_rank);
         }
@@ -188,6 +184,57 @@ ag_rendezvous(tp_agent *a, uint64_t deadline, tp_error **err_p)
         if (st != TP_OK) {
             return st;
         }
+    }
+    return TP_OK;
+}
+
+tp_status
+ag_rendezvous(tp_agent *a, uint64_t deadline, tp_error **err_p)
+{
+    char key[128];
+    // A store may outlive a job (a file, a standalone server) or serve a
+    // process group too: rank 0 opens a generation of keys with its world
+    // size and every rank claims its slot (store/join.h), so a world-size
+    // disagreement or a rank used twice fails every worker at once, and a
+    // later job, of any size, never reads an earlier one's records.
+    tp__store_member jm;
+    tp_status st;
+    for (;;) {
+        st = tp__store_join(a->a_store, AG_KEY_PREFIX, a->a_rank, a->a_world,
+                            a->a_opts.init_timeout_ms, deadline, &jm, err_p);
+        if (st != TP_OK) {
+            return tp__error_wrap(err_p, st, "rpc init of %s (rank %d)",
+                                  ag_name(a), a->a_rank);
+        }
+        tp_error *xe = NULL;
+        st = rendezvous_exchange(a, &jm, deadline, &xe);
+        if (st != TP_EAGAIN) {
+            if (err_p != NULL) {
+                *err_p = xe;
+            } else {
+                tp_error_unref(xe);
+            }
+            break;
+        }
+        TP_LOG_INFO("TP-RPC-INIT", "rpc init of %s (rank %d): %s", ag_name(a),
+                    a->a_rank, tp_error_message(xe));
+        tp_error_unref(xe);
+    }
+    if (st != TP_OK) {
+        // The others stop waiting for this worker (the first post wins: a
+        // conflict found here is already there); rank 0 keeps the store
+        // it may host up until they have read it.
+        tp__store_join_fail(&jm, false,
+                            err_p != NULL && *err_p != NULL
+                                ? tp_error_message(*err_p)
+                                : "a worker's init failed");
+        if (a->a_rank == 0) {
+            tp__store_join_linger(&jm, 2000);
+        }
+        return st;
+    }
+    if (a->a_rank == 0) {
+        tp__store_join_done(&jm);
     }
     // Duplicate names fail init on every worker (each sees every record).
     int dup_i = -1, dup_j = -1;

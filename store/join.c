@@ -162,8 +162,12 @@ join_failed_error(tp__store_member *j, const char *rec, tp_error **err_p)
             msg = sp + 1;
         }
     }
-    return tp__error_set(err_p, TP_EINVAL,
-                         "the rendezvous through %s failed: %s%s",
+    // A member that gave up on a timeout makes the others' init a
+    // timeout too (what they were waiting for will not come).
+    tp_status st = rec[0] == 'a' && strstr(msg, "timed out") != NULL
+                       ? TP_ETIMEDOUT
+                       : TP_EINVAL;
+    return tp__error_set(err_p, st, "the rendezvous through %s failed: %s%s",
                          tp_store_addr(j->j_store),
                          rec[0] == 'a' ? "another member gave up: " : "", msg);
 }
