@@ -194,7 +194,7 @@ stage(tp_work *wk, tp_tensor **t_p, bool out, tp_error **err_p)
     }
     wk->wk_back = nb;
     tp_tensor *c = NULL;
-    tp_status st = tp_tensor_contiguous(t, &c, err_p);
+    tp_status st = tp__contiguous_raw(t, &c, err_p);
     if (st != TP_OK) {
         return tp__error_wrap(err_p, st, "%s: contiguous copy",
                               wk->wk_pg->g_what);
@@ -363,13 +363,11 @@ flat_view(tp_tensor *flat, int64_t off, const tp_tensor *t, tp_tensor **v_p,
           tp_error **err_p)
 {
     tp_tensor *n = NULL;
-    tp_status st =
-        tp_tensor_narrow(flat, 0, off, tp_tensor_numel(t), &n, err_p);
+    tp_status st = tp__view_narrow(flat, 0, off, tp_tensor_numel(t), &n, err_p);
     if (st != TP_OK) {
         return st;
     }
-    st =
-        tp_tensor_reshape(n, tp_tensor_ndim(t), tp_tensor_shape(t), v_p, err_p);
+    st = tp__view_reshape(n, tp_tensor_ndim(t), tp_tensor_shape(t), v_p, err_p);
     tp_tensor_unref(n);
     return st;
 }
@@ -429,7 +427,7 @@ tp_pg_all_reduce_coalesced(tp_pg *pg, tp_tensor *const *ts, size_t n,
         tp_tensor *v = NULL;
         st = flat_view(flat, off, ts[i], &v, err_p);
         if (st == TP_OK) {
-            st = tp_tensor_copy(v, ts[i], err_p);
+            st = tp__copy_raw(v, ts[i], err_p);
             wk->wk_back[i].b_dst = tp_tensor_ref(ts[i]);
             wk->wk_back[i].b_src = v;
             wk->wk_nback++;

@@ -35,6 +35,7 @@
 #include "collectives/p2p.h"
 #include "collectives/shm.h"
 #include "core/config.h"
+#include "core/tensor_impl.h"
 #include "core/list.h"
 #include "core/platform.h"
 #include "store/store_int.h"

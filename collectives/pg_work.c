@@ -407,7 +407,7 @@ coll_exec(tp_pg *g, tp_work *wk, tp_error **err_p)
         if (wk->wk_back[i].b_dst == NULL) {
             continue; // an input's copy
         }
-        st = tp_tensor_copy(wk->wk_back[i].b_dst, wk->wk_back[i].b_src, err_p);
+        st = tp__copy_raw(wk->wk_back[i].b_dst, wk->wk_back[i].b_src, err_p);
         if (st != TP_OK) {
             tp__error_wrap(err_p, st, "%s: %s: copy of the result", g->g_what,
                            tp__coll_kind_name(wk->wk_args.kind));
