@@ -15,7 +15,7 @@
 // file (a constructor attribute would be dropped: STYLE.md, section 9).
 //
 // Wire (docs/optim.md): the constructor's args are the options
-// (op_options_encode, 88 bytes) and an i64le wait in milliseconds, with
+// (tp__op_options_encode, 88 bytes) and an i64le wait in milliseconds, with
 // the owner's parameter RRefs; "step" takes an i64le context id and
 // returns nothing.
 //
@@ -64,7 +64,7 @@ local_create(const tp_rpc_call_info *call, const tp_args *in, void *arg,
                              "expected %d",
                              len, DO_ARGS_LEN);
     }
-    tp_status st = op_options_decode(b, OP_OPTIONS_WIRE_LEN, &o, err_p);
+    tp_status st = tp__op_options_decode(b, OP_OPTIONS_WIRE_LEN, &o, err_p);
     if (st != TP_OK) {
         return st;
     }
@@ -232,7 +232,7 @@ owner_create(tp_agent *a, const tp_optim_options *o, size_t n_params,
 {
     uint8_t b[DO_ARGS_LEN];
     int64_t wait = tp__ms_left(deadline);
-    op_options_encode(o, b);
+    tp__op_options_encode(o, b);
     tp__put_u64le(b + OP_OPTIONS_WIRE_LEN, (uint64_t)wait);
     tp_args *in = NULL;
     if (tp_args_create(b, sizeof(b), &in) != TP_OK) {
@@ -280,7 +280,7 @@ tp_dist_optim_create(tp_agent *a, const tp_optim_options *o, size_t n_params,
         return tp__error_set(err_p, TP_EINVAL, "dist optim: no agent");
     }
     // Options are checked here first: a bad value fails before any RPC.
-    tp_status st = op_options_load(o, &opts, err_p);
+    tp_status st = tp__op_options_load(o, &opts, err_p);
     if (st != TP_OK) {
         return tp__error_wrap(err_p, st, "dist optim");
     }

@@ -14,18 +14,18 @@
 /* Copies @in (its first in->size bytes over the defaults of its kind) to
  * *@out_p and checks it as PyTorch 1.13's constructors do: TP_EINVAL
  * naming the kind, the option and its value. */
-tp_status op_options_load(const tp_optim_options *in, tp_optim_options *out_p,
-                          tp_error **err_p);
+tp_status tp__op_options_load(const tp_optim_options *in,
+                              tp_optim_options *out_p, tp_error **err_p);
 
 /* The wire form of checked options: OP_OPTIONS_WIRE_LEN bytes,
  * little-endian, field by field (docs/optim.md). */
 #define OP_OPTIONS_WIRE_LEN 88
-void op_options_encode(const tp_optim_options *o,
-                       uint8_t buf[OP_OPTIONS_WIRE_LEN]);
-/* Decodes and checks (op_options_load) @len bytes at @buf: TP_EINVAL for
+void tp__op_options_encode(const tp_optim_options *o,
+                           uint8_t buf[OP_OPTIONS_WIRE_LEN]);
+/* Decodes and checks (tp__op_options_load) @len bytes at @buf: TP_EINVAL for
  * a wrong length, version or flag bits, or options that fail the checks. */
-tp_status op_options_decode(const uint8_t *buf, size_t len,
-                            tp_optim_options *o_p, tp_error **err_p);
+tp_status tp__op_options_decode(const uint8_t *buf, size_t len,
+                                tp_optim_options *o_p, tp_error **err_p);
 
 /* ---- update rules (rules.c) ----------------------------------------- */
 
@@ -42,11 +42,11 @@ typedef struct op_state {
 
 /* Which buffers the rule of @o keeps (@used[i]) and what they start as
  * (@init[i]). */
-void op_rule_bufs(const tp_optim_options *o, bool used[OP_MAX_BUFS],
-                  double init[OP_MAX_BUFS]);
+void tp__op_rule_bufs(const tp_optim_options *o, bool used[OP_MAX_BUFS],
+                      double init[OP_MAX_BUFS]);
 /* One update of @n elements of dtype @dt (TP_F32 or TP_F64) at @p from
  * the gradient @g, with the state @s: increments s->s_step first. */
-void op_rule_apply(const tp_optim_options *o, tp_dtype dt, int64_t n, void *p,
-                   const void *g, op_state *s);
+void tp__op_rule_apply(const tp_optim_options *o, tp_dtype dt, int64_t n,
+                       void *p, const void *g, op_state *s);
 
 #endif

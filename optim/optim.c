@@ -19,7 +19,7 @@
 #include "op_impl.h"
 
 struct tp_optim {
-    tp_optim_options o_opts; // checked (op_options_load)
+    tp_optim_options o_opts; // checked (tp__op_options_load)
     size_t o_n;
     tp_tensor **o_params; // references
     op_state *o_state;    // o_n; s_step 0 until the first step with a grad
@@ -85,7 +85,7 @@ tp_optim_create(const tp_optim_options *o, size_t n_params,
                 tp_tensor *const *params, tp_optim **opt_p, tp_error **err_p)
 {
     tp_optim_options opts;
-    tp_status st = op_options_load(o, &opts, err_p);
+    tp_status st = tp__op_options_load(o, &opts, err_p);
     if (st != TP_OK) {
         return st;
     }
@@ -180,7 +180,7 @@ state_alloc(const tp_optim *opt, size_t i, op_state *s, tp_error **err_p)
     tp_tensor *p = opt->o_params[i];
     bool used[OP_MAX_BUFS];
     double init[OP_MAX_BUFS];
-    op_rule_bufs(&opt->o_opts, used, init);
+    tp__op_rule_bufs(&opt->o_opts, used, init);
     int64_t n = tp_tensor_numel(p);
     size_t es = tp_dtype_size(tp_tensor_dtype(p));
     for (int b = 0; b < OP_MAX_BUFS; b++) {
@@ -248,9 +248,9 @@ tp_optim_step(tp_optim *opt, const tp_grad_map *grads, tp_error **err_p)
     for (size_t i = 0; i < opt->o_n; i++) {
         if (st == TP_OK && g[i] != NULL) {
             tp_tensor *p = opt->o_params[i];
-            op_rule_apply(&opt->o_opts, tp_tensor_dtype(p), tp_tensor_numel(p),
-                          tp_tensor_data(p), tp_tensor_data(g[i]),
-                          &opt->o_state[i]);
+            tp__op_rule_apply(&opt->o_opts, tp_tensor_dtype(p),
+                              tp_tensor_numel(p), tp_tensor_data(p),
+                              tp_tensor_data(g[i]), &opt->o_state[i]);
         }
         tp_tensor_unref(g[i]);
     }

@@ -177,8 +177,8 @@ check_rmsprop(const tp_optim_options *o, tp_error **err_p)
 }
 
 tp_status
-op_options_load(const tp_optim_options *in, tp_optim_options *out_p,
-                tp_error **err_p)
+tp__op_options_load(const tp_optim_options *in, tp_optim_options *out_p,
+                    tp_error **err_p)
 {
     size_t need = offsetof(tp_optim_options, kind) + sizeof(in->kind);
     if (in == NULL || in->size < need) {
@@ -267,7 +267,8 @@ bits_f64(uint64_t u)
 }
 
 void
-op_options_encode(const tp_optim_options *o, uint8_t buf[OP_OPTIONS_WIRE_LEN])
+tp__op_options_encode(const tp_optim_options *o,
+                      uint8_t buf[OP_OPTIONS_WIRE_LEN])
 {
     tp_optim_options c = *o;
     unsigned flags =
@@ -283,8 +284,8 @@ op_options_encode(const tp_optim_options *o, uint8_t buf[OP_OPTIONS_WIRE_LEN])
 }
 
 tp_status
-op_options_decode(const uint8_t *buf, size_t len, tp_optim_options *o_p,
-                  tp_error **err_p)
+tp__op_options_decode(const uint8_t *buf, size_t len, tp_optim_options *o_p,
+                      tp_error **err_p)
 {
     if (buf == NULL || len != OP_OPTIONS_WIRE_LEN) {
         return tp__error_set(err_p, TP_EINVAL,
@@ -310,5 +311,5 @@ op_options_decode(const uint8_t *buf, size_t len, tp_optim_options *o_p,
     for (int i = 0; i < OP_WIRE_NF64; i++) {
         *wire_f64(&o, i) = bits_f64(tp__get_u64le(buf + 8 + 8 * i));
     }
-    return op_options_load(&o, o_p, err_p);
+    return tp__op_options_load(&o, o_p, err_p);
 }

@@ -155,8 +155,8 @@ OP_RULES(float, f32, sqrtf, fmaf)
 OP_RULES(double, f64, sqrt, fma)
 
 void
-op_rule_bufs(const tp_optim_options *o, bool used[OP_MAX_BUFS],
-             double init[OP_MAX_BUFS])
+tp__op_rule_bufs(const tp_optim_options *o, bool used[OP_MAX_BUFS],
+                 double init[OP_MAX_BUFS])
 {
     for (int i = 0; i < OP_MAX_BUFS; i++) {
         used[i] = false;
@@ -224,8 +224,8 @@ coef_init(const tp_optim_options *o, int64_t step, op_coef *c)
 }
 
 void
-op_rule_apply(const tp_optim_options *o, tp_dtype dt, int64_t n, void *p,
-              const void *g, op_state *s)
+tp__op_rule_apply(const tp_optim_options *o, tp_dtype dt, int64_t n, void *p,
+                  const void *g, op_state *s)
 {
     s->s_step++;
     op_coef c;
