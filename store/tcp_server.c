@@ -54,7 +54,7 @@ conn_task_fn(void *arg)
 }
 
 void
-srv_conn_schedule(srv_conn *c)
+tp__srv_conn_schedule(srv_conn *c)
 {
     if (!c->sc_task_queued) {
         c->sc_task_queued = true;
@@ -63,13 +63,13 @@ srv_conn_schedule(srv_conn *c)
 }
 
 void
-srv_conn_close(srv_conn *c)
+tp__srv_conn_close(srv_conn *c)
 {
     if (c->sc_state == SC_DEAD) {
         return;
     }
     tp_store_server *srv = c->sc_srv;
-    srv_req_unpark(c);
+    tp__srv_req_unpark(c);
     tp__timer_stop(srv->srv_loop, &c->sc_timer);
     tp__loop_fd_remove(srv->srv_loop, &c->sc_lfd);
     shutdown(c->sc_fd, SHUT_RDWR);
@@ -88,11 +88,11 @@ srv_conn_close(srv_conn *c)
     tp__free(c->sc_out);
     c->sc_in = c->sc_out = NULL;
     c->sc_state = SC_DEAD;
-    srv_conn_schedule(c); // frees it
+    tp__srv_conn_schedule(c); // frees it
 }
 
 void
-srv_out_put(srv_conn *c, const void *p, size_t n)
+tp__srv_out_put(srv_conn *c, const void *p, size_t n)
 {
     if (c->sc_out_oom || n == 0) {
         return;
@@ -116,7 +116,7 @@ srv_out_put(srv_conn *c, const void *p, size_t n)
 
 // Arms the connection's timer for its state.
 void
-srv_conn_arm(srv_conn *c)
+tp__srv_conn_arm(srv_conn *c)
 {
     tp_store_server *srv = c->sc_srv;
     uint64_t dl = UINT64_MAX;
@@ -169,7 +169,7 @@ conn_read(srv_conn *c, size_t want)
                         "store server %s: peer %s: out of memory for a "
                         "request; closing the connection",
                         c->sc_srv->srv_addr, c->sc_peer);
-            srv_conn_close(c);
+            tp__srv_conn_close(c);
             return -1;
         }
         c->sc_in = b;
@@ -203,13 +203,13 @@ conn_read(srv_conn *c, size_t want)
                     srv->srv_addr, c->sc_peer, strerror(errno),
                     tp__errno_name(errno));
     }
-    srv_conn_close(c);
+    tp__srv_conn_close(c);
     return -1;
 }
 
 // Writes the reply; true once it is all sent (then the buffer is reset).
 bool
-srv_conn_flush(srv_conn *c)
+tp__srv_conn_flush(srv_conn *c)
 {
     tp_store_server *srv = c->sc_srv;
     if (c->sc_out_oom) {
@@ -217,7 +217,7 @@ srv_conn_flush(srv_conn *c)
                     "store server %s: peer %s: out of memory for a reply; "
                     "closing the connection",
                     srv->srv_addr, c->sc_peer);
-        srv_conn_close(c);
+        tp__srv_conn_close(c);
         return false;
     }
     bool progress = false;
@@ -234,13 +234,13 @@ srv_conn_flush(srv_conn *c)
                         "store server %s: peer %s: sending a reply: %s (%s)",
                         srv->srv_addr, c->sc_peer, strerror(errno),
                         tp__errno_name(errno));
-            srv_conn_close(c);
+            tp__srv_conn_close(c);
             return false;
         }
     }
     if (c->sc_out_off < c->sc_out_len) {
         if (progress) {
-            srv_conn_arm(c);
+            tp__srv_conn_arm(c);
         }
         return false;
     }
@@ -275,17 +275,17 @@ conn_step_read(srv_conn *c)
     srv_req r;
     size_t need = 0;
     const char *why = NULL;
-    srv_parse rc = srv_req_parse(c, &r, &need, &why);
+    srv_parse rc = tp__srv_req_parse(c, &r, &need, &why);
     if (rc == SRV_PARSE_BAD) {
         TP_LOG_WARN("TP-STORE-PROTO",
                     "store server %s: peer %s: protocol error: %s; closing "
                     "the connection",
                     srv->srv_addr, c->sc_peer, why);
-        srv_conn_close(c);
+        tp__srv_conn_close(c);
         return false;
     }
     if (rc == SRV_PARSE_OK) {
-        srv_req_run(c, &r);
+        tp__srv_req_run(c, &r);
         conn_consume(c, r.r_len);
         c->sc_req_start = 0;
         return true;
@@ -295,7 +295,7 @@ conn_step_read(srv_conn *c)
     }
     int got = c->sc_readable ? conn_read(c, need - c->sc_in_len) : 0;
     if (got == 0) {
-        srv_conn_arm(c);
+        tp__srv_conn_arm(c);
     }
     return got > 0;
 }
@@ -320,14 +320,14 @@ conn_pump(srv_conn *c)
         case SC_DEAD:
             return;
         case SC_HELLO:
-            if (!srv_conn_step_hello(c)) {
-                srv_conn_arm(c);
+            if (!tp__srv_conn_step_hello(c)) {
+                tp__srv_conn_arm(c);
                 return;
             }
             break;
         case SC_AUTH:
-            if (!srv_conn_step_auth(c)) {
-                srv_conn_arm(c);
+            if (!tp__srv_conn_step_auth(c)) {
+                tp__srv_conn_arm(c);
                 return;
             }
             break;
@@ -335,11 +335,11 @@ conn_pump(srv_conn *c)
             conn_step_parked(c);
             return;
         case SC_WRITE:
-            if (!srv_conn_flush(c)) {
+            if (!tp__srv_conn_flush(c)) {
                 return;
             }
             c->sc_state = SC_READ;
-            srv_conn_arm(c);
+            tp__srv_conn_arm(c);
             break;
         case SC_READ:
             if (!conn_step_read(c)) {
@@ -366,7 +366,7 @@ conn_fd_cb(tp_loop_fd *lfd, uint32_t events)
                     "store server %s: peer %s: closed the connection while "
                     "waiting",
                     c->sc_srv->srv_addr, c->sc_peer);
-        srv_conn_close(c);
+        tp__srv_conn_close(c);
         return;
     }
     conn_pump(c);
@@ -400,7 +400,7 @@ conn_timer_cb(tp_timer *t, void *arg)
     tp_store_server *srv = c->sc_srv;
     switch (c->sc_state) {
     case SC_PARKED:
-        srv_req_expire(c);
+        tp__srv_req_expire(c);
         return;
     case SC_AUTH:
         TP_LOG_WARN("TP-STORE-AUTH",
@@ -423,7 +423,7 @@ conn_timer_cb(tp_timer *t, void *arg)
         if (c->sc_in_len == 0) {
             // Bytes that arrived with this timer are not idleness.
             if (c->sc_readable || conn_read(c, 4096) != 0) {
-                srv_conn_schedule(c);
+                tp__srv_conn_schedule(c);
                 return;
             }
             TP_LOG_INFO("TP-STORE-IDLE",
@@ -457,7 +457,7 @@ conn_timer_cb(tp_timer *t, void *arg)
     case SC_DEAD:
         return;
     }
-    srv_conn_close(c);
+    tp__srv_conn_close(c);
 }
 
 // ---- accepting ----
@@ -502,10 +502,10 @@ srv_conn_new(tp_store_server *srv, int fd, const tp_sockaddr *peer)
     srv->srv_conns = c;
     srv->srv_nconns++;
     uint8_t h[TP_STORE_HELLO_LEN];
-    srv_hello(h, srv->srv_hello_flags);
-    srv_out_put(c, h, sizeof(h));
-    srv_conn_arm(c);
-    srv_conn_schedule(c);
+    tp__srv_hello(h, srv->srv_hello_flags);
+    tp__srv_out_put(c, h, sizeof(h));
+    tp__srv_conn_arm(c);
+    tp__srv_conn_schedule(c);
 }
 
 // At the connection cap: close the new connection at once, after a hello
@@ -531,7 +531,7 @@ srv_refuse(tp_store_server *srv, int fd, const tp_sockaddr *pa)
     }
     // A hello flagged "full" tells a tpipe client why (best effort).
     uint8_t h[TP_STORE_HELLO_LEN];
-    srv_hello(h, srv->srv_hello_flags | TP_STORE_HELLO_FULL);
+    tp__srv_hello(h, srv->srv_hello_flags | TP_STORE_HELLO_FULL);
     ssize_t w = send(fd, h, sizeof(h), MSG_NOSIGNAL | MSG_DONTWAIT);
     TP_UNUSED(w);
     close(fd);
@@ -619,7 +619,7 @@ srv_stop_fn(void *arg)
         srv->srv_lwatched = false;
     }
     while (srv->srv_conns != NULL) {
-        srv_conn_close(srv->srv_conns);
+        tp__srv_conn_close(srv->srv_conns);
     }
 }
 
@@ -641,7 +641,7 @@ tp_store_server_start_opts(const char *addr,
         return st;
     }
     srv_limits lim;
-    st = srv_limits_load(opts, cfg.store_max_value, &lim, err_p);
+    st = tp__srv_limits_load(opts, cfg.store_max_value, &lim, err_p);
     if (st != TP_OK) {
         return st;
     }
@@ -707,7 +707,7 @@ tp_store_server_start_opts(const char *addr,
                                 sizeof(srv->srv_addr));
     }
     tp__kv_init(&srv->srv_kv);
-    tp__kv_set_watch(&srv->srv_kv, srv_req_watch, srv);
+    tp__kv_set_watch(&srv->srv_kv, tp__srv_req_watch, srv);
     tp__kv_set_max_bytes(&srv->srv_kv, (uint64_t)lim.sl_max_bytes);
     tp__timer_init(&srv->srv_accept_timer, srv_accept_timer_cb, srv);
     // The loop only waits: spinning before it sleeps would burn a core

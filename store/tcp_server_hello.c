@@ -15,7 +15,7 @@
 #include "tcp_server_int.h"
 
 void
-srv_hello(uint8_t *h, uint32_t flags)
+tp__srv_hello(uint8_t *h, uint32_t flags)
 {
     memcpy(h, TP_STORE_HELLO_MAGIC, 8);
     tp__put_u32le(h + 8, TP_STORE_HELLO_VERSION);
@@ -26,10 +26,10 @@ srv_hello(uint8_t *h, uint32_t flags)
 // stranger at its first wrong byte. False when waiting for an event (or
 // dead).
 bool
-srv_conn_step_hello(srv_conn *c)
+tp__srv_conn_step_hello(srv_conn *c)
 {
     tp_store_server *srv = c->sc_srv;
-    if (c->sc_out_off < c->sc_out_len && !srv_conn_flush(c) &&
+    if (c->sc_out_off < c->sc_out_len && !tp__srv_conn_flush(c) &&
         c->sc_state == SC_DEAD) {
         return false;
     }
@@ -44,14 +44,14 @@ srv_conn_step_hello(srv_conn *c)
                             "store server %s: peer %s: not a tpipe store "
                             "client (bad hello); connection dropped",
                             srv->srv_addr, c->sc_peer);
-                srv_conn_close(c);
+                tp__srv_conn_close(c);
                 return false;
             }
         } else if (n == 0) {
             TP_LOG_INFO("TP-STORE-HELLO",
                         "store server %s: peer %s: closed during the hello",
                         srv->srv_addr, c->sc_peer);
-            srv_conn_close(c);
+            tp__srv_conn_close(c);
             return false;
         } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
             c->sc_readable = false;
@@ -60,7 +60,7 @@ srv_conn_step_hello(srv_conn *c)
                         "store server %s: peer %s: reading the hello: %s (%s)",
                         srv->srv_addr, c->sc_peer, strerror(errno),
                         tp__errno_name(errno));
-            srv_conn_close(c);
+            tp__srv_conn_close(c);
             return false;
         }
     }
@@ -74,7 +74,7 @@ srv_conn_step_hello(srv_conn *c)
                     "store server %s: peer %s: store protocol version %u, "
                     "this server speaks %u; connection dropped",
                     srv->srv_addr, c->sc_peer, version, TP_STORE_HELLO_VERSION);
-        srv_conn_close(c);
+        tp__srv_conn_close(c);
         return false;
     }
     c->sc_peer_flags = tp__get_u32le(c->sc_hello + 12);
@@ -88,7 +88,7 @@ srv_conn_step_hello(srv_conn *c)
         // Exactly one side has a secret: nothing more is sent.
         TP_LOG_WARN("TP-STORE-AUTH", "%s", tp_error_message(err));
         tp_error_unref(err);
-        srv_conn_close(c);
+        tp__srv_conn_close(c);
         return false;
     }
     if (run > 0) {
@@ -98,14 +98,14 @@ srv_conn_step_hello(srv_conn *c)
     }
     c->sc_req_start = 0;
     c->sc_state = SC_READ;
-    srv_conn_arm(c);
+    tp__srv_conn_arm(c);
     return true;
 }
 
 // The job-secret exchange, pumped as far as the socket allows; no request
 // is read before it completes. False when waiting for an event (or dead).
 bool
-srv_conn_step_auth(srv_conn *c)
+tp__srv_conn_step_auth(srv_conn *c)
 {
     tp_store_server *srv = c->sc_srv;
     for (;;) {
@@ -137,7 +137,7 @@ srv_conn_step_auth(srv_conn *c)
                                 "store server %s: %s; connection dropped",
                                 srv->srv_addr, tp_error_message(err));
                     tp_error_unref(err);
-                    srv_conn_close(c);
+                    tp__srv_conn_close(c);
                     return false;
                 }
                 continue;
@@ -155,7 +155,7 @@ srv_conn_step_auth(srv_conn *c)
                     "exchange",
                     srv->srv_addr, c->sc_peer,
                     n == 0 ? "closed the connection" : strerror(errno));
-        srv_conn_close(c);
+        tp__srv_conn_close(c);
         return false;
     }
     if (!tp__auth_done(&c->sc_auth)) {
@@ -163,6 +163,6 @@ srv_conn_step_auth(srv_conn *c)
     }
     c->sc_req_start = 0;
     c->sc_state = SC_READ;
-    srv_conn_arm(c);
+    tp__srv_conn_arm(c);
     return true;
 }

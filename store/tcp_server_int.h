@@ -94,33 +94,34 @@ struct tp_store_server {
 
 // The bounds from @o (may be NULL), else TP_STORE_* variables, else the
 // defaults; @max_value is TP_STORE_MAX_VALUE from the config.
-tp_status srv_limits_load(const tp_store_server_options *o, int64_t max_value,
-                          srv_limits *l, tp_error **err_p);
+tp_status tp__srv_limits_load(const tp_store_server_options *o,
+                              int64_t max_value, srv_limits *l,
+                              tp_error **err_p);
 
 // ---- tcp_server.c ----
 
 // Closes @c (its task frees it later); @c stays readable memory until
 // then, so a caller may still look at sc_state.
-void srv_conn_close(srv_conn *c);
+void tp__srv_conn_close(srv_conn *c);
 // Runs the connection's state machine after the current handler.
-void srv_conn_schedule(srv_conn *c);
+void tp__srv_conn_schedule(srv_conn *c);
 // (Re)arms the connection's timer for its state.
-void srv_conn_arm(srv_conn *c);
+void tp__srv_conn_arm(srv_conn *c);
 // Writes the pending output; true once it is all sent. May close @c.
-bool srv_conn_flush(srv_conn *c);
+bool tp__srv_conn_flush(srv_conn *c);
 // Appends to the reply being built; an allocation failure is remembered
 // (sc_out_oom) and closes the connection when the reply is sent.
-void srv_out_put(srv_conn *c, const void *p, size_t n);
+void tp__srv_out_put(srv_conn *c, const void *p, size_t n);
 
 // ---- tcp_server_hello.c ----
 
 // Our hello with @flags, TP_STORE_HELLO_LEN bytes at @h.
-void srv_hello(uint8_t *h, uint32_t flags);
+void tp__srv_hello(uint8_t *h, uint32_t flags);
 // One step of the hello / of the job-secret exchange: true when the
 // connection moved on to its next state, false when it waits for an event
 // (or died).
-bool srv_conn_step_hello(srv_conn *c);
-bool srv_conn_step_auth(srv_conn *c);
+bool tp__srv_conn_step_hello(srv_conn *c);
+bool tp__srv_conn_step_auth(srv_conn *c);
 
 // ---- tcp_server_req.c ----
 
@@ -147,19 +148,17 @@ typedef struct srv_req {
 
 // Parses the request at the start of @c's input. Every length is checked
 // against its bound before it is used.
-srv_parse srv_req_parse(const srv_conn *c, srv_req *r, size_t *need_p,
-                        const char **why_p);
+srv_parse tp__srv_req_parse(const srv_conn *c, srv_req *r, size_t *need_p,
+                            const char **why_p);
 // Runs @r: the connection then holds a reply (SC_WRITE) or is parked
 // (SC_PARKED).
-void srv_req_run(srv_conn *c, const srv_req *r);
+void tp__srv_req_run(srv_conn *c, const srv_req *r);
 // The deadline of a parked request passed: reply (a timeout, or the value
 // if it came at the last moment).
-void srv_req_expire(srv_conn *c);
+void tp__srv_req_expire(srv_conn *c);
 // Drops a parked request (its connection closes).
-void srv_req_unpark(srv_conn *c);
+void tp__srv_req_unpark(srv_conn *c);
 // The engine's watch: wakes the parked requests waiting for @key.
-void srv_req_watch(void *arg, const char *key);
-// Builds an error reply with @st and @msg.
-void srv_reply_error(srv_conn *c, tp_status st, const char *msg);
+void tp__srv_req_watch(void *arg, const char *key);
 
 #endif

@@ -77,8 +77,8 @@ opt_parse(const char *s, bool size, int64_t *v_p)
 }
 
 tp_status
-srv_limits_load(const tp_store_server_options *o, int64_t max_value,
-                srv_limits *l, tp_error **err_p)
+tp__srv_limits_load(const tp_store_server_options *o, int64_t max_value,
+                    srv_limits *l, tp_error **err_p)
 {
     tp_store_server_options opts = {0};
     if (o != NULL) {

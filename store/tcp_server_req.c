@@ -147,7 +147,8 @@ req_parse_body(req_cur *p, int64_t max_value, srv_req *r)
 }
 
 srv_parse
-srv_req_parse(const srv_conn *c, srv_req *r, size_t *need_p, const char **why_p)
+tp__srv_req_parse(const srv_conn *c, srv_req *r, size_t *need_p,
+                  const char **why_p)
 {
     memset(r, 0, sizeof(*r));
     req_cur p = {c->sc_in, c->sc_in_len, 0, need_p, why_p};
@@ -174,14 +175,14 @@ reply_hdr(srv_conn *c, uint8_t status)
     uint8_t h[TP_STORE_RHDR_LEN] = {0};
     tp__put_u32le(h, TP_STORE_MAGIC);
     h[4] = status;
-    srv_out_put(c, h, sizeof(h));
+    tp__srv_out_put(c, h, sizeof(h));
 }
 
 static void
 reply_ok(srv_conn *c, const void *body, size_t n)
 {
     reply_hdr(c, TP_STORE_R_OK);
-    srv_out_put(c, body, n);
+    tp__srv_out_put(c, body, n);
     c->sc_state = SC_WRITE;
 }
 
@@ -191,10 +192,11 @@ reply_val(srv_conn *c, const uint8_t *v, size_t n)
     uint8_t l[8];
     tp__put_u64le(l, (uint64_t)n);
     reply_ok(c, l, 8);
-    srv_out_put(c, v, n);
+    tp__srv_out_put(c, v, n);
 }
 
-void
+// Builds an error reply with @st and @msg.
+static void
 srv_reply_error(srv_conn *c, tp_status st, const char *msg)
 {
     uint8_t b[8];
@@ -203,12 +205,12 @@ srv_reply_error(srv_conn *c, tp_status st, const char *msg)
     } else {
         reply_hdr(c, TP_STORE_R_ERROR);
         tp__put_u32le(b, (uint32_t)(int32_t)st);
-        srv_out_put(c, b, 4);
+        tp__srv_out_put(c, b, 4);
     }
     size_t n = strnlen(msg, TP_STORE_MAX_MSG);
     tp__put_u32le(b, (uint32_t)n);
-    srv_out_put(c, b, 4);
-    srv_out_put(c, msg, n);
+    tp__srv_out_put(c, b, 4);
+    tp__srv_out_put(c, msg, n);
     c->sc_state = SC_WRITE;
 }
 
@@ -236,7 +238,7 @@ park_link(srv_conn *c)
 }
 
 void
-srv_req_unpark(srv_conn *c)
+tp__srv_req_unpark(srv_conn *c)
 {
     if (c->sc_keys == NULL) {
         return;
@@ -283,7 +285,7 @@ park_check(srv_conn *c, bool final)
         return false;
     }
     bool parked = c->sc_state == SC_PARKED;
-    srv_req_unpark(c);
+    tp__srv_req_unpark(c);
     if (st != TP_OK) {
         reply_err(c, st, err);
     } else if (c->sc_op == TP_STORE_OP_GET) {
@@ -315,7 +317,7 @@ run_waiting(srv_conn *c, const srv_req *r)
         uint32_t len = tp__get_u32le(c->sc_in + off);
         char *k = tp__alloc((size_t)len + 1);
         if (k == NULL) {
-            srv_req_unpark(c);
+            tp__srv_req_unpark(c);
             srv_reply_error(c, TP_ENOMEM, "out of memory");
             return;
         }
@@ -342,16 +344,16 @@ run_waiting(srv_conn *c, const srv_req *r)
 }
 
 void
-srv_req_expire(srv_conn *c)
+tp__srv_req_expire(srv_conn *c)
 {
     if (c->sc_state == SC_PARKED) {
         park_check(c, true);
-        srv_conn_schedule(c);
+        tp__srv_conn_schedule(c);
     }
 }
 
 void
-srv_req_watch(void *arg, const char *key)
+tp__srv_req_watch(void *arg, const char *key)
 {
     tp_store_server *srv = arg;
     srv_conn *next;
@@ -364,7 +366,7 @@ srv_req_watch(void *arg, const char *key)
         // Only the reply is built here: the connection writes it from its
         // own task, so no connection closes while this list is walked.
         if (match && park_check(c, false)) {
-            srv_conn_schedule(c);
+            tp__srv_conn_schedule(c);
         }
     }
 }
@@ -392,7 +394,7 @@ run_check(srv_conn *c, const srv_req *r)
 }
 
 void
-srv_req_run(srv_conn *c, const srv_req *r)
+tp__srv_req_run(srv_conn *c, const srv_req *r)
 {
     tp__kv *kv = &c->sc_srv->srv_kv;
     char key[TP_STORE_MAX_KEY + 1];
