@@ -182,27 +182,57 @@ binary_op(const char *name, tp__binop k, const tp_node_ops *ops, tp_tensor *a,
     return st;
 }
 
+// TP_EINVAL naming the first of @a, @b (checked when @bn is not NULL) and
+// @out_p that is NULL: the NULL checks of the public ops (issue 15).
+static tp_status
+null_args(const char *fn, const tp_tensor *a, const char *an,
+          const tp_tensor *b, const char *bn, tp_tensor **out_p,
+          tp_error **err_p)
+{
+    const char *what = a == NULL                 ? an
+                       : bn != NULL && b == NULL ? bn
+                       : out_p == NULL           ? "out_p"
+                                                 : NULL;
+    return what == NULL ? TP_OK : tp__tensor_null_arg(err_p, fn, what);
+}
+
 tp_status
 tp_add(tp_tensor *a, tp_tensor *b, tp_tensor **out_p, tp_error **err_p)
 {
+    tp_status ck = null_args("tp_add", a, "a", b, "b", out_p, err_p);
+    if (ck != TP_OK) {
+        return ck;
+    }
     return binary_op("add", TP__ADD, &add_ops, a, b, out_p, err_p);
 }
 
 tp_status
 tp_sub(tp_tensor *a, tp_tensor *b, tp_tensor **out_p, tp_error **err_p)
 {
+    tp_status ck = null_args("tp_sub", a, "a", b, "b", out_p, err_p);
+    if (ck != TP_OK) {
+        return ck;
+    }
     return binary_op("sub", TP__SUB, &sub_ops, a, b, out_p, err_p);
 }
 
 tp_status
 tp_mul(tp_tensor *a, tp_tensor *b, tp_tensor **out_p, tp_error **err_p)
 {
+    tp_status ck = null_args("tp_mul", a, "a", b, "b", out_p, err_p);
+    if (ck != TP_OK) {
+        return ck;
+    }
     return binary_op("mul", TP__MUL, &mul_ops, a, b, out_p, err_p);
 }
 
 tp_status
 tp_div(tp_tensor *a, tp_tensor *b, tp_tensor **out_p, tp_error **err_p)
 {
+    tp_status ck = null_args("tp_div", a, "a", b, "b", out_p, err_p);
+    if (ck != TP_OK) {
+        return ck;
+    }
     return binary_op("div", TP__DIV, &div_ops, a, b, out_p, err_p);
 }
 
@@ -279,6 +309,10 @@ unary_op(const char *name, tp__unop k, double s, const tp_node_ops *ops,
 tp_status
 tp_neg(tp_tensor *a, tp_tensor **out_p, tp_error **err_p)
 {
+    tp_status ck = null_args("tp_neg", a, "a", NULL, NULL, out_p, err_p);
+    if (ck != TP_OK) {
+        return ck;
+    }
     return unary_op("neg", TP__NEG, 0, &neg_ops, TP__MUL, true, -1.0, SAVE_NONE,
                     a, out_p, err_p);
 }
@@ -286,6 +320,10 @@ tp_neg(tp_tensor *a, tp_tensor **out_p, tp_error **err_p)
 tp_status
 tp_mul_scalar(tp_tensor *a, double s, tp_tensor **out_p, tp_error **err_p)
 {
+    tp_status ck = null_args("tp_mul_scalar", a, "a", NULL, NULL, out_p, err_p);
+    if (ck != TP_OK) {
+        return ck;
+    }
     return unary_op("mul_scalar", TP__MULS, s, &muls_ops, TP__MUL, true, s,
                     SAVE_NONE, a, out_p, err_p);
 }
@@ -293,6 +331,10 @@ tp_mul_scalar(tp_tensor *a, double s, tp_tensor **out_p, tp_error **err_p)
 tp_status
 tp_add_scalar(tp_tensor *a, double s, tp_tensor **out_p, tp_error **err_p)
 {
+    tp_status ck = null_args("tp_add_scalar", a, "a", NULL, NULL, out_p, err_p);
+    if (ck != TP_OK) {
+        return ck;
+    }
     return unary_op("add_scalar", TP__ADDS, s, &adds_ops, TP__MUL, true, 1.0,
                     SAVE_NONE, a, out_p, err_p);
 }
@@ -300,6 +342,10 @@ tp_add_scalar(tp_tensor *a, double s, tp_tensor **out_p, tp_error **err_p)
 tp_status
 tp_exp(tp_tensor *a, tp_tensor **out_p, tp_error **err_p)
 {
+    tp_status ck = null_args("tp_exp", a, "a", NULL, NULL, out_p, err_p);
+    if (ck != TP_OK) {
+        return ck;
+    }
     return unary_op("exp", TP__EXP, 0, &exp_ops, TP__MUL, false, 0, SAVE_OUTPUT,
                     a, out_p, err_p);
 }
@@ -307,6 +353,10 @@ tp_exp(tp_tensor *a, tp_tensor **out_p, tp_error **err_p)
 tp_status
 tp_log(tp_tensor *a, tp_tensor **out_p, tp_error **err_p)
 {
+    tp_status ck = null_args("tp_log", a, "a", NULL, NULL, out_p, err_p);
+    if (ck != TP_OK) {
+        return ck;
+    }
     return unary_op("log", TP__LOG, 0, &log_ops, TP__DIV, false, 0, SAVE_INPUT,
                     a, out_p, err_p);
 }
@@ -314,6 +364,10 @@ tp_log(tp_tensor *a, tp_tensor **out_p, tp_error **err_p)
 tp_status
 tp_pow(tp_tensor *a, double p, tp_tensor **out_p, tp_error **err_p)
 {
+    tp_status ck = null_args("tp_pow", a, "a", NULL, NULL, out_p, err_p);
+    if (ck != TP_OK) {
+        return ck;
+    }
     return unary_op("pow", TP__POW, p, &pow_ops, TP__POW_BW, false, p,
                     SAVE_INPUT, a, out_p, err_p);
 }
@@ -321,6 +375,10 @@ tp_pow(tp_tensor *a, double p, tp_tensor **out_p, tp_error **err_p)
 tp_status
 tp_sqrt(tp_tensor *a, tp_tensor **out_p, tp_error **err_p)
 {
+    tp_status ck = null_args("tp_sqrt", a, "a", NULL, NULL, out_p, err_p);
+    if (ck != TP_OK) {
+        return ck;
+    }
     return unary_op("sqrt", TP__SQRT, 0, &sqrt_ops, TP__SQRT_BW, false, 0,
                     SAVE_OUTPUT, a, out_p, err_p);
 }
@@ -328,6 +386,10 @@ tp_sqrt(tp_tensor *a, tp_tensor **out_p, tp_error **err_p)
 tp_status
 tp_tanh(tp_tensor *a, tp_tensor **out_p, tp_error **err_p)
 {
+    tp_status ck = null_args("tp_tanh", a, "a", NULL, NULL, out_p, err_p);
+    if (ck != TP_OK) {
+        return ck;
+    }
     return unary_op("tanh", TP__TANH, 0, &tanh_ops, TP__TANH_BW, false, 0,
                     SAVE_OUTPUT, a, out_p, err_p);
 }
@@ -335,6 +397,10 @@ tp_tanh(tp_tensor *a, tp_tensor **out_p, tp_error **err_p)
 tp_status
 tp_sigmoid(tp_tensor *a, tp_tensor **out_p, tp_error **err_p)
 {
+    tp_status ck = null_args("tp_sigmoid", a, "a", NULL, NULL, out_p, err_p);
+    if (ck != TP_OK) {
+        return ck;
+    }
     return unary_op("sigmoid", TP__SIGMOID, 0, &sigmoid_ops, TP__SIGMOID_BW,
                     false, 0, SAVE_OUTPUT, a, out_p, err_p);
 }
@@ -342,6 +408,10 @@ tp_sigmoid(tp_tensor *a, tp_tensor **out_p, tp_error **err_p)
 tp_status
 tp_relu(tp_tensor *a, tp_tensor **out_p, tp_error **err_p)
 {
+    tp_status ck = null_args("tp_relu", a, "a", NULL, NULL, out_p, err_p);
+    if (ck != TP_OK) {
+        return ck;
+    }
     return unary_op("relu", TP__RELU, 0, &relu_ops, TP__RELU_BW, false, 0,
                     SAVE_OUTPUT, a, out_p, err_p);
 }
@@ -349,6 +419,10 @@ tp_relu(tp_tensor *a, tp_tensor **out_p, tp_error **err_p)
 tp_status
 tp_tensor_axpy(tp_tensor *y, double alpha, tp_tensor *x, tp_error **err_p)
 {
+    if (y == NULL || x == NULL) {
+        return tp__tensor_null_arg(err_p, "tp_tensor_axpy",
+                                   y == NULL ? "y" : "x");
+    }
     if (y->t_requires_grad && tp_grad_mode_get()) {
         return tp__error_set(err_p, TP_EPERM,
                              "axpy: in-place update of a tensor that "

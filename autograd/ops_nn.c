@@ -98,15 +98,38 @@ softmax_op(tp_tensor *a, int dim, bool log_, tp_tensor **out_p,
     return st;
 }
 
+// TP_EINVAL naming the first of @a, @b (checked when @bn is not NULL) and
+// @out_p that is NULL: the NULL checks of the public ops (issue 15).
+static tp_status
+null_args(const char *fn, const tp_tensor *a, const char *an,
+          const tp_tensor *b, const char *bn, tp_tensor **out_p,
+          tp_error **err_p)
+{
+    const char *what = a == NULL                 ? an
+                       : bn != NULL && b == NULL ? bn
+                       : out_p == NULL           ? "out_p"
+                                                 : NULL;
+    return what == NULL ? TP_OK : tp__tensor_null_arg(err_p, fn, what);
+}
+
 tp_status
 tp_softmax(tp_tensor *a, int dim, tp_tensor **out_p, tp_error **err_p)
 {
+    tp_status ck = null_args("tp_softmax", a, "a", NULL, NULL, out_p, err_p);
+    if (ck != TP_OK) {
+        return ck;
+    }
     return softmax_op(a, dim, false, out_p, err_p);
 }
 
 tp_status
 tp_log_softmax(tp_tensor *a, int dim, tp_tensor **out_p, tp_error **err_p)
 {
+    tp_status ck =
+        null_args("tp_log_softmax", a, "a", NULL, NULL, out_p, err_p);
+    if (ck != TP_OK) {
+        return ck;
+    }
     return softmax_op(a, dim, true, out_p, err_p);
 }
 
@@ -156,6 +179,11 @@ tp_status
 tp_mse_loss(tp_tensor *a, tp_tensor *target, tp_tensor **out_p,
             tp_error **err_p)
 {
+    tp_status ck =
+        null_args("tp_mse_loss", a, "a", target, "target", out_p, err_p);
+    if (ck != TP_OK) {
+        return ck;
+    }
     tp_tensor *d = NULL, *sq = NULL, *o = NULL, *in[2] = {a, target};
     tp_node *n;
     bool all[TP_TENSOR_MAX_DIMS];
@@ -246,6 +274,11 @@ tp_status
 tp_nll_loss(tp_tensor *logp, tp_tensor *target, tp_tensor **out_p,
             tp_error **err_p)
 {
+    tp_status ck =
+        null_args("tp_nll_loss", logp, "logp", target, "target", out_p, err_p);
+    if (ck != TP_OK) {
+        return ck;
+    }
     tp_status st = tp__k_check_float("nll_loss", logp, err_p);
     if (st != TP_OK) {
         return st;
@@ -307,6 +340,11 @@ tp_status
 tp_cross_entropy(tp_tensor *logits, tp_tensor *target, tp_tensor **out_p,
                  tp_error **err_p)
 {
+    tp_status ck = null_args("tp_cross_entropy", logits, "logits", target,
+                             "target", out_p, err_p);
+    if (ck != TP_OK) {
+        return ck;
+    }
     tp_tensor *lp;
     tp_status st = tp_log_softmax(logits, 1, &lp, err_p);
     if (st != TP_OK) {
@@ -379,6 +417,11 @@ tp_status
 tp_embedding(tp_tensor *weight, tp_tensor *indices, tp_tensor **out_p,
              tp_error **err_p)
 {
+    tp_status ck = null_args("tp_embedding", weight, "weight", indices,
+                             "indices", out_p, err_p);
+    if (ck != TP_OK) {
+        return ck;
+    }
     tp_status st = tp__k_check_float("embedding", weight, err_p);
     if (st != TP_OK) {
         return st;

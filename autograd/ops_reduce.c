@@ -90,9 +90,27 @@ reduce_op(const char *name, bool mean, tp_tensor *a, int dim, bool all,
     return st;
 }
 
+// TP_EINVAL naming the first of @a, @b (checked when @bn is not NULL) and
+// @out_p that is NULL: the NULL checks of the public ops (issue 15).
+static tp_status
+null_args(const char *fn, const tp_tensor *a, const char *an,
+          const tp_tensor *b, const char *bn, tp_tensor **out_p,
+          tp_error **err_p)
+{
+    const char *what = a == NULL                 ? an
+                       : bn != NULL && b == NULL ? bn
+                       : out_p == NULL           ? "out_p"
+                                                 : NULL;
+    return what == NULL ? TP_OK : tp__tensor_null_arg(err_p, fn, what);
+}
+
 tp_status
 tp_sum(tp_tensor *a, tp_tensor **out_p, tp_error **err_p)
 {
+    tp_status ck = null_args("tp_sum", a, "a", NULL, NULL, out_p, err_p);
+    if (ck != TP_OK) {
+        return ck;
+    }
     return reduce_op("sum", false, a, 0, true, false, out_p, err_p);
 }
 
@@ -100,12 +118,20 @@ tp_status
 tp_sum_dim(tp_tensor *a, int dim, bool keepdim, tp_tensor **out_p,
            tp_error **err_p)
 {
+    tp_status ck = null_args("tp_sum_dim", a, "a", NULL, NULL, out_p, err_p);
+    if (ck != TP_OK) {
+        return ck;
+    }
     return reduce_op("sum", false, a, dim, false, keepdim, out_p, err_p);
 }
 
 tp_status
 tp_mean(tp_tensor *a, tp_tensor **out_p, tp_error **err_p)
 {
+    tp_status ck = null_args("tp_mean", a, "a", NULL, NULL, out_p, err_p);
+    if (ck != TP_OK) {
+        return ck;
+    }
     return reduce_op("mean", true, a, 0, true, false, out_p, err_p);
 }
 
@@ -113,6 +139,10 @@ tp_status
 tp_mean_dim(tp_tensor *a, int dim, bool keepdim, tp_tensor **out_p,
             tp_error **err_p)
 {
+    tp_status ck = null_args("tp_mean_dim", a, "a", NULL, NULL, out_p, err_p);
+    if (ck != TP_OK) {
+        return ck;
+    }
     return reduce_op("mean", true, a, dim, false, keepdim, out_p, err_p);
 }
 
@@ -187,6 +217,10 @@ static const tp_node_ops matmul_ops = {.name = "MatmulBackward",
 tp_status
 tp_matmul(tp_tensor *a, tp_tensor *b, tp_tensor **out_p, tp_error **err_p)
 {
+    tp_status ck = null_args("tp_matmul", a, "a", b, "b", out_p, err_p);
+    if (ck != TP_OK) {
+        return ck;
+    }
     tp_tensor *o, *in[2] = {a, b};
     tp_node *n;
     tp_status st = tp__k_matmul(a, b, &o, err_p);

@@ -52,6 +52,9 @@ tp_status
 tp_tensor_reshape(tp_tensor *t, int ndim, const int64_t *shape,
                   tp_tensor **out_p, tp_error **err_p)
 {
+    if (out_p == NULL) {
+        return tp__tensor_null_arg(err_p, "tp_tensor_reshape", "out_p");
+    }
     tp_tensor *o;
     tp_node *n;
     tp_status st = tp__view_reshape(t, ndim, shape, &o, err_p);
@@ -82,6 +85,12 @@ tp_status
 tp_tensor_permute(tp_tensor *t, const int *perm, tp_tensor **out_p,
                   tp_error **err_p)
 {
+    if (out_p == NULL) {
+        return tp__tensor_null_arg(err_p, "tp_tensor_permute", "out_p");
+    }
+    if (perm == NULL) {
+        return tp__tensor_null_arg(err_p, "tp_tensor_permute", "perm");
+    }
     tp_tensor *o;
     tp_node *n;
     tp_status st = tp__view_permute(t, perm, &o, err_p);
@@ -118,6 +127,9 @@ tp_status
 tp_tensor_transpose(tp_tensor *t, int d0, int d1, tp_tensor **out_p,
                     tp_error **err_p)
 {
+    if (out_p == NULL) {
+        return tp__tensor_null_arg(err_p, "tp_tensor_transpose", "out_p");
+    }
     tp_tensor *o;
     tp_node *n;
     tp_status st = tp__view_transpose(t, d0, d1, &o, err_p);
@@ -167,6 +179,9 @@ tp_status
 tp_tensor_narrow(tp_tensor *t, int d, int64_t start, int64_t len,
                  tp_tensor **out_p, tp_error **err_p)
 {
+    if (out_p == NULL) {
+        return tp__tensor_null_arg(err_p, "tp_tensor_narrow", "out_p");
+    }
     tp_tensor *o;
     tp_node *n;
     tp_status st = tp__view_narrow(t, d, start, len, &o, err_p);
@@ -200,6 +215,9 @@ tp_status
 tp_tensor_expand(tp_tensor *t, int ndim, const int64_t *shape,
                  tp_tensor **out_p, tp_error **err_p)
 {
+    if (out_p == NULL) {
+        return tp__tensor_null_arg(err_p, "tp_tensor_expand", "out_p");
+    }
     tp_tensor *o;
     tp_node *n;
     tp_status st = tp__view_expand(t, ndim, shape, &o, err_p);
@@ -233,6 +251,9 @@ static const tp_node_ops to_dtype_ops = {.name = "ToDtypeBackward",
 tp_status
 tp_tensor_contiguous(tp_tensor *t, tp_tensor **out_p, tp_error **err_p)
 {
+    if (out_p == NULL) {
+        return tp__tensor_null_arg(err_p, "tp_tensor_contiguous", "out_p");
+    }
     if (tp_tensor_is_contiguous(t)) {
         *out_p = tp_tensor_ref(t);
         return TP_OK;
@@ -243,6 +264,9 @@ tp_tensor_contiguous(tp_tensor *t, tp_tensor **out_p, tp_error **err_p)
 tp_status
 tp_tensor_clone(tp_tensor *t, tp_tensor **out_p, tp_error **err_p)
 {
+    if (out_p == NULL) {
+        return tp__tensor_null_arg(err_p, "tp_tensor_clone", "out_p");
+    }
     tp_tensor *o;
     tp_node *n;
     tp_status st = tp__clone_raw(t, &o, err_p);
@@ -253,6 +277,9 @@ tp_status
 tp_tensor_to_dtype(tp_tensor *t, tp_dtype dt, tp_tensor **out_p,
                    tp_error **err_p)
 {
+    if (out_p == NULL) {
+        return tp__tensor_null_arg(err_p, "tp_tensor_to_dtype", "out_p");
+    }
     if ((unsigned)dt >= TP_DTYPE_COUNT) {
         return tp__error_set(err_p, TP_EINVAL, "to_dtype: invalid dtype %d",
                              (int)dt);
@@ -274,6 +301,12 @@ tp_tensor_to_dtype(tp_tensor *t, tp_dtype dt, tp_tensor **out_p,
 tp_status
 tp_tensor_copy(tp_tensor *dst, const tp_tensor *src, tp_error **err_p)
 {
+    if (dst == NULL) {
+        return tp__tensor_null_arg(err_p, "tp_tensor_copy", "dst");
+    }
+    if (src == NULL) {
+        return tp__tensor_null_arg(err_p, "tp_tensor_copy", "src");
+    }
     if (dst->t_requires_grad && tp_grad_mode_get()) {
         return tp__error_set(err_p, TP_EPERM,
                              "copy: in-place write to a tensor that requires "

@@ -161,6 +161,9 @@ tp__ctx_transport(tp_context *ctx, const char *name)
 void
 tp_context_options_init(tp_context_options *o)
 {
+    if (o == NULL) {
+        return;
+    }
     memset(o, 0, sizeof(*o));
     o->size = sizeof(*o);
 }

@@ -457,12 +457,18 @@ tp_status
 tp_context_connect(tp_context *ctx, const char *url, tp_pipe **pipe_p,
                    tp_error **err_p)
 {
-    const char *sep = url ? strstr(url, "://") : NULL;
+    if (ctx == NULL || url == NULL || pipe_p == NULL) {
+        return tp__error_set(err_p, TP_EINVAL, "tp_context_connect: %s is NULL",
+                             ctx == NULL   ? "ctx"
+                             : url == NULL ? "url"
+                                           : "pipe_p");
+    }
+    const char *sep = strstr(url, "://");
     if (sep == NULL || strlen(url) > TP_WIRE_MAX_ADDR) {
         return tp__error_set(err_p, TP_EINVAL,
                              "context %s: connect: bad URL \"%s\" (expected "
                              "TRANSPORT://ADDRESS, e.g. tcp://127.0.0.1:5000)",
-                             ctx->x_name, url ? url : "(null)");
+                             ctx->x_name, url);
     }
     char name[TP_WIRE_MAX_NAME + 1];
     snprintf(name, sizeof(name), "%.*s", (int)(sep - url), url);

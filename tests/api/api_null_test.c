@@ -5,6 +5,7 @@
 
 #include <string.h>
 
+#include <tpipe/autograd.h>
 #include <tpipe/collectives.h>
 #include <tpipe/future.h>
 #include <tpipe/pipe.h>
@@ -112,6 +113,84 @@ tensor_null_out_and_handle(void)
     tp_tensor_unref(t);
 }
 
+// The view, copy and conversion functions (autograd/views.c) with a NULL
+// out pointer, tp_tensor_copy with a NULL tensor.
+static void
+tensor_views_null_out(void)
+{
+    int64_t shape[] = {2, 3};
+    int64_t big[] = {4, 2, 3};
+    int perm[] = {1, 0};
+    tp_error *err = NULL;
+    tp_tensor *t = NULL;
+    TP_CHECK_OK(tp_tensor_zeros(TP_F32, 2, shape, &t, &err), err);
+    check_einval(tp_tensor_reshape(t, 2, shape, NULL, &err), &err,
+                 "tp_tensor_reshape out_p");
+    check_einval(tp_tensor_permute(t, perm, NULL, &err), &err,
+                 "tp_tensor_permute out_p");
+    tp_tensor *out = NULL;
+    check_einval(tp_tensor_permute(t, NULL, &out, &err), &err,
+                 "tp_tensor_permute perm");
+    check_einval(tp_tensor_transpose(t, 0, 1, NULL, &err), &err,
+                 "tp_tensor_transpose out_p");
+    check_einval(tp_tensor_narrow(t, 0, 0, 1, NULL, &err), &err,
+                 "tp_tensor_narrow out_p");
+    check_einval(tp_tensor_expand(t, 3, big, NULL, &err), &err,
+                 "tp_tensor_expand out_p");
+    check_einval(tp_tensor_contiguous(t, NULL, &err), &err,
+                 "tp_tensor_contiguous out_p");
+    check_einval(tp_tensor_clone(t, NULL, &err), &err, "tp_tensor_clone out_p");
+    check_einval(tp_tensor_to_dtype(t, TP_F64, NULL, &err), &err,
+                 "tp_tensor_to_dtype out_p");
+    check_einval(tp_tensor_to_dtype(t, TP_I32, NULL, &err), &err,
+                 "tp_tensor_to_dtype (integer) out_p");
+    check_einval(tp_tensor_copy(NULL, t, &err), &err, "tp_tensor_copy dst");
+    check_einval(tp_tensor_copy(t, NULL, &err), &err, "tp_tensor_copy src");
+    TP_CHECK(out == NULL);
+    tp_tensor_unref(t);
+}
+
+// The differentiable ops (autograd/ops*.c) with a NULL input or out
+// pointer.
+static void
+ops_null(void)
+{
+    int64_t shape[] = {2, 2};
+    tp_error *err = NULL;
+    tp_tensor *t = NULL, *out = NULL;
+    TP_CHECK_OK(tp_tensor_ones(TP_F32, 2, shape, &t, &err), err);
+    tp_status (*binary[])(tp_tensor *, tp_tensor *, tp_tensor **,
+                          tp_error **) = {tp_add, tp_sub,    tp_mul,
+                                          tp_div, tp_matmul, tp_mse_loss};
+    for (size_t i = 0; i < sizeof(binary) / sizeof(binary[0]); i++) {
+        check_einval(binary[i](NULL, t, &out, &err), &err, "binary a");
+        check_einval(binary[i](t, NULL, &out, &err), &err, "binary b");
+        check_einval(binary[i](t, t, NULL, &err), &err, "binary out_p");
+    }
+    tp_status (*unary[])(tp_tensor *, tp_tensor **, tp_error **) = {
+        tp_neg,     tp_exp,  tp_log, tp_sqrt, tp_tanh,
+        tp_sigmoid, tp_relu, tp_sum, tp_mean};
+    for (size_t i = 0; i < sizeof(unary) / sizeof(unary[0]); i++) {
+        check_einval(unary[i](NULL, &out, &err), &err, "unary a");
+        check_einval(unary[i](t, NULL, &err), &err, "unary out_p");
+    }
+    check_einval(tp_mul_scalar(NULL, 2, &out, &err), &err, "tp_mul_scalar");
+    check_einval(tp_add_scalar(t, 2, NULL, &err), &err, "tp_add_scalar");
+    check_einval(tp_pow(NULL, 2, &out, &err), &err, "tp_pow");
+    check_einval(tp_sum_dim(NULL, 0, false, &out, &err), &err, "tp_sum_dim");
+    check_einval(tp_mean_dim(t, 0, false, NULL, &err), &err, "tp_mean_dim");
+    check_einval(tp_softmax(NULL, 1, &out, &err), &err, "tp_softmax");
+    check_einval(tp_log_softmax(t, 1, NULL, &err), &err, "tp_log_softmax");
+    check_einval(tp_nll_loss(t, NULL, &out, &err), &err, "tp_nll_loss");
+    check_einval(tp_cross_entropy(NULL, t, &out, &err), &err,
+                 "tp_cross_entropy");
+    check_einval(tp_embedding(t, NULL, &out, &err), &err, "tp_embedding");
+    check_einval(tp_tensor_axpy(NULL, 1.0, t, &err), &err, "tp_tensor_axpy y");
+    check_einval(tp_tensor_axpy(t, 1.0, NULL, &err), &err, "tp_tensor_axpy x");
+    TP_CHECK(out == NULL);
+    tp_tensor_unref(t);
+}
+
 static void
 future_null(void)
 {
@@ -159,6 +238,7 @@ pipe_null(void)
     tp_pipe_unref(NULL);
     tp_pipe_close(NULL);
     tp_context_destroy(NULL);
+    tp_context_options_init(NULL);
     tp_message_destroy(NULL);
 
     tp_context *ctx = NULL;
@@ -166,6 +246,17 @@ pipe_null(void)
     err = NULL;
     check_einval(tp_context_listen(ctx, NULL, 0, NULL, &err), &err,
                  "tp_context_listen l_p");
+    tp_pipe *p = NULL;
+    err = NULL;
+    check_einval(tp_context_connect(NULL, "tcp://127.0.0.1:1", &p, &err), &err,
+                 "tp_context_connect ctx");
+    err = NULL;
+    check_einval(tp_context_connect(ctx, NULL, &p, &err), &err,
+                 "tp_context_connect url");
+    err = NULL;
+    check_einval(tp_context_connect(ctx, "tcp://127.0.0.1:1", NULL, &err), &err,
+                 "tp_context_connect pipe_p");
+    TP_CHECK(p == NULL);
     tp_context_destroy(ctx);
 }
 
@@ -199,6 +290,8 @@ collectives_null(void)
 
 static const tp_test_case cases[] = {
     TP_TEST_CASE(tensor_null_out_and_handle),
+    TP_TEST_CASE(tensor_views_null_out),
+    TP_TEST_CASE(ops_null),
     TP_TEST_CASE(future_null),
     TP_TEST_CASE(pipe_null),
     TP_TEST_CASE(collectives_null),
