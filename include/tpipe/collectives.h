@@ -42,7 +42,17 @@
  * collectives of one group must be issued from one thread at a time (their
  * order is the issue order). Asynchronous collectives run on a thread of
  * the group; blocking ones run on the calling thread once every earlier
- * one has finished.
+ * one has finished. Blocking calls (w_p NULL), tp_work_wait,
+ * tp_pg_init, tp_pg_new_group and tp_pg_destroy must not be made from a
+ * callback of a work's future (it runs on the group's thread).
+ *
+ * Errors of operations (returned by a blocking call, or by tp_work_wait):
+ * TP_ETIMEDOUT (the group's timeout_ms passed, naming what was awaited),
+ * the connection status when a member died (TP_ECONNRESET, TP_ECLOSED,
+ * TP_EUNREACHABLE: naming the rank), TP_EREMOTE (another member's
+ * collective failed and it told this one), TP_EINVAL (a mismatch found
+ * with TP_DEBUG_COLLECTIVES=1, a recv of the wrong size), TP_ECLOSED
+ * (the group was destroyed), or the first error of a broken group.
  */
 #ifndef TPIPE_COLLECTIVES_H
 #define TPIPE_COLLECTIVES_H
@@ -111,6 +121,10 @@ typedef struct tp_pg_options {
     const char *name;
 } tp_pg_options;
 
+/**
+ * tp_pg_options_init - defaults (timeouts TP_TIMEOUT_DEFAULT, the rest 0 /
+ * NULL) and @size. Thread-safety: any thread.
+ */
 TP_API void tp_pg_options_init(tp_pg_options *o);
 
 /**
@@ -122,6 +136,13 @@ TP_API void tp_pg_options_init(tp_pg_options *o);
  * init_timeout_ms naming the ranks that did not.
  * Ownership: *@pg_p is the caller's; free with tp_pg_destroy after its
  *   subgroups.
+ * Errors: TP_EINVAL (@init_method or @pg_p NULL, @o->size unknown, a bad
+ * rank, world size or timeout, a bad TP_* environment value, a world-size
+ * disagreement or a rank used twice, failing every member), TP_ETIMEDOUT
+ * (init_timeout_ms, naming the missing ranks), TP_ENOMEM, the store's
+ * errors (TP_ECONNREFUSED, TP_EADDRINUSE for rank 0's tcp:// store, ...)
+ * and the pipe context's (tp_context_create, tp_context_listen).
+ * Thread-safety: any thread; blocks.
  */
 TP_API tp_status tp_pg_init(const char *init_method, int rank, int world_size,
                             const tp_pg_options *o, tp_pg **pg_p,
@@ -135,6 +156,12 @@ TP_API tp_status tp_pg_init(const char *init_method, int rank, int world_size,
  * it (init_timeout_ms); a non-member returns TP_OK at once with *@pg_p
  * NULL. Members must create groups with the same rank set in the same
  * order; other groups may be created in between.
+ * Ownership: *@pg_p is the caller's (tp_pg_destroy, before @world's).
+ * Errors: TP_EINVAL (@pg_p NULL, @o->size unknown, @world NULL or not the
+ * world group, @ranks NULL, @n out of 1..size, a rank out of range or
+ * listed twice), TP_ETIMEDOUT (init_timeout_ms), TP_EREMOTE (another
+ * member gave up, with its reason), TP_ENOMEM, store errors.
+ * Thread-safety: any thread; blocks (members only).
  */
 TP_API tp_status tp_pg_new_group(tp_pg *world, const int *ranks, int n,
                                  const tp_pg_options *o, tp_pg **pg_p,
@@ -146,8 +173,10 @@ TP_API tp_status tp_pg_new_group(tp_pg *world, const int *ranks, int n,
  * gets its own group in *@pg_p (named "subgroup<k>", or o->name followed
  * by k), made as with tp_pg_new_group (it blocks until the group's members
  * have called it). Ownership: *@pg_p is the caller's (tp_pg_destroy).
- * Errors: TP_EINVAL (@world is not the world group, @group_size < 1, or
- * the world size is not a multiple of it), as tp_pg_new_group otherwise.
+ * Errors: TP_EINVAL (@pg_p NULL, @world NULL or not the world group,
+ * @group_size < 1, or the world size is not a multiple of it), as
+ * tp_pg_new_group otherwise.
+ * Thread-safety: any thread; blocks.
  */
 TP_API tp_status tp_pg_new_subgroups(tp_pg *world, int group_size,
                                      const tp_pg_options *o, tp_pg **pg_p,
@@ -163,17 +192,32 @@ TP_API tp_status tp_pg_new_subgroups(tp_pg *world, int group_size,
  * before the world group: subgroups still alive then are destroyed with
  * it (and logged). Not collective. NULL is fine. @pg must not be used by
  * other calls (except tp_work_* on its works) during or after this one.
+ * Thread-safety: any thread but the group's own (not from a callback of a
+ * work's future); blocks until the group's thread has ended.
  */
 TP_API void tp_pg_destroy(tp_pg *pg);
 
-/** tp_pg_rank / tp_pg_size - this process's rank in @pg, its size. */
+/**
+ * tp_pg_rank / tp_pg_size - this process's rank in @pg, its size; -1 and
+ * 0 when @pg is NULL. Thread-safety: any thread.
+ */
 TP_API int tp_pg_rank(const tp_pg *pg);
 TP_API int tp_pg_size(const tp_pg *pg);
-/** tp_pg_world_rank - the world rank of group rank @group_rank, or -1. */
+/**
+ * tp_pg_world_rank - the world rank of group rank @group_rank; -1 when
+ * @pg is NULL or @group_rank is not a rank of it. Thread-safety: any
+ * thread.
+ */
 TP_API int tp_pg_world_rank(const tp_pg *pg, int group_rank);
-/** tp_pg_engine - "shm" or "pipe": where the group's collectives run. */
+/**
+ * tp_pg_engine - "shm" or "pipe": where the group's collectives run; ""
+ * when @pg is NULL. Static. Thread-safety: any thread.
+ */
 TP_API const char *tp_pg_engine(const tp_pg *pg);
-/** tp_pg_name - the group's name, as used in messages. */
+/**
+ * tp_pg_name - the group's name, as used in messages; "" when @pg is NULL.
+ * Valid until the group is destroyed. Thread-safety: any thread.
+ */
 TP_API const char *tp_pg_name(const tp_pg *pg);
 
 /**
@@ -184,26 +228,42 @@ TP_API const char *tp_pg_name(const tp_pg *pg);
  * (seq and root are "-" when not known or not rooted; bytes are this
  * rank's input). Point-to-point operations are not recorded.
  * Ownership: *@out_p is NUL-terminated and the caller's (tp_free()).
- * Errors: TP_EINVAL, TP_ENOMEM. Thread safety: any thread, also while
- * collectives of @pg run (not during or after tp_pg_destroy).
+ * Errors: TP_EINVAL (@pg or @out_p NULL), TP_ENOMEM.
+ * Thread-safety: any thread, also while collectives of @pg run (not
+ * during or after tp_pg_destroy); does not block on them.
  */
 TP_API tp_status tp_pg_get_debug_info(tp_pg *pg, char **out_p,
                                       tp_error **err_p);
 
 /* ---- work handles ------------------------------------------------------ */
 
-/** tp_work_is_completed - true once the operation finished (either way). */
+/**
+ * tp_work_is_completed - true once the operation finished (either way);
+ * true for NULL. Thread-safety: any thread; does not block.
+ */
 TP_API bool tp_work_is_completed(const tp_work *w);
 /**
  * tp_work_wait - wait until the operation finished, at most @timeout_ms
  * (0 = until the operation's own deadline). Returns its status, with its
  * error in *@err_p (a new reference). TP_ETIMEDOUT if @timeout_ms passed
  * first: the operation goes on.
+ * Errors: TP_EINVAL (@w NULL), TP_ETIMEDOUT, else the operation's status
+ * (see "Errors of operations" above).
+ * Thread-safety: any thread, several at once, also during tp_pg_destroy
+ * (which wakes them with TP_ECLOSED); blocks, so not from a callback of a
+ * future of the same group.
  */
 TP_API tp_status tp_work_wait(tp_work *w, int64_t timeout_ms, tp_error **err_p);
-/** tp_work_error - the error once failed, else NULL. Borrowed. */
+/**
+ * tp_work_error - the error once failed, else NULL (also for NULL).
+ * Borrowed: valid until tp_work_free. Thread-safety: any thread.
+ */
 TP_API const tp_error *tp_work_error(const tp_work *w);
-/** tp_work_source - for a completed recv: the rank the message came from. */
+/**
+ * tp_work_source - for a completed recv: the group rank the message came
+ * from; -1 before then, for other works and for NULL. Thread-safety: any
+ * thread.
+ */
 TP_API int tp_work_source(const tp_work *w);
 /**
  * tp_work_get_future - a future of the collective @w (torch's
@@ -228,7 +288,8 @@ TP_API tp_status tp_work_get_future(tp_work *w, tp_future **f_p,
 /**
  * tp_work_free - drop the handle. An operation still running goes on to
  * completion (its tensors stay referenced until then). NULL is fine. Any
- * thread, before, during or after the destroy of its group.
+ * thread, before, during or after the destroy of its group; does not
+ * block.
  */
 TP_API void tp_work_free(tp_work *w);
 
@@ -239,8 +300,14 @@ TP_API void tp_work_free(tp_work *w);
  * tensor may be reused. The deadline (the group's timeout_ms) of an
  * asynchronous send or recv is enforced while it is waited for
  * (tp_work_wait); a pending one is finished with TP_ECLOSED when its group
- * is destroyed. */
+ * is destroyed.
+ * Errors (both): TP_EINVAL (@pg or @t NULL, @t not contiguous or not on
+ * the CPU or CUDA, @tag < 0, a rank out of range), TP_ENOTSUP (a CUDA
+ * tensor), TP_ENOMEM, TP_EUNREACHABLE (no transport in common with the peer);
+ * as the operations (above) otherwise. Thread-safety: any thread; blocking when
+ * @w_p is NULL. */
 
+/** tp_pg_send - send @t to group rank @dst with @tag. */
 TP_API tp_status tp_pg_send(tp_pg *pg, tp_tensor *t, int dst, int tag,
                             tp_work **w_p, tp_error **err_p);
 /** @src: a group rank or TP_ANY_SOURCE (then tp_work_source tells). */
@@ -254,7 +321,15 @@ TP_API tp_status tp_pg_recv(tp_pg *pg, tp_tensor *t, int src, int tag,
  * output, the result is copied back into it once the collective
  * succeeded (a copy each way; pass contiguous tensors where that counts).
  * Each rank's tensors must agree with the others' in dtype and element
- * count. */
+ * count.
+ * Errors (every collective): TP_EINVAL (@pg or a needed tensor NULL, a
+ * non-contiguous CUDA tensor, a tensor on another device, @root out of
+ * range, dtypes or element counts that do not fit, an @op the dtype does
+ * not support), TP_ENOTSUP (CUDA tensors without NCCL), TP_ENOMEM,
+ * TP_ECLOSED (the group is being destroyed), the first error of a broken
+ * group; as the operations (above) otherwise.
+ * Thread-safety: any thread, one at a time per group (the issue order is
+ * the order); blocking when @w_p is NULL. */
 
 /** tp_pg_barrier - returns when every member has entered it. */
 TP_API tp_status tp_pg_barrier(tp_pg *pg, tp_work **w_p, tp_error **err_p);

@@ -15,6 +15,13 @@
  * that had started moving bytes, tp_pipe_close) fails every pending
  * operation of that pipe, in order, with that error; other pipes of the
  * context are untouched.
+ *
+ * Threads: every function may be called from any thread. The aio-based
+ * ones (tp_pipe_listener_accept, tp_pipe_write, tp_pipe_read_descriptor,
+ * tp_pipe_read) never block and may be called from an aio callback; so
+ * may tp_context_connect and tp_pipe_listener_destroy, which otherwise
+ * wait briefly for the loop thread. Blocking functions (tp_context_destroy,
+ * tp_pipe_wait_ready) must not be called from a callback.
  */
 #ifndef TPIPE_PIPE_H
 #define TPIPE_PIPE_H
@@ -60,6 +67,8 @@ typedef struct tp_message {
 /**
  * tp_message_create - a message with @npayloads and @ntensors zeroed
  * buffers and no metadata; freed with tp_message_destroy.
+ * Errors: TP_EINVAL (@msg_p NULL), TP_ENOMEM.
+ * Thread-safety: any thread; does not block.
  */
 TP_API tp_status tp_message_create(uint32_t npayloads, uint32_t ntensors,
                                    tp_message **msg_p);
@@ -68,6 +77,7 @@ TP_API tp_status tp_message_create(uint32_t npayloads, uint32_t ntensors,
  * tp_pipe_read_descriptor, its metadata if the pipe allocated it, and
  * every buffer marked pipe_owned. Buffers the caller supplied are not
  * freed. NULL is a no-op.
+ * Thread-safety: any thread, not while a read or write of @msg is pending.
  */
 TP_API void tp_message_destroy(tp_message *msg);
 
@@ -95,13 +105,23 @@ typedef struct tp_context_options {
     int mpt_lanes;
 } tp_context_options;
 
-/** tp_context_options_init - defaults (every field 0 / NULL), and @size. */
+/**
+ * tp_context_options_init - defaults (every field 0 / NULL), and @size.
+ * NULL is a no-op. Thread-safety: any thread.
+ */
 TP_API void tp_context_options_init(tp_context_options *o);
 
 /**
  * tp_context_create - starts the loop thread and sets up every allowed
  * transport and channel that works here (those that do not are listed in
- * tp_context_report with the reason).
+ * tp_context_report with the reason). @o may be NULL (defaults).
+ * Ownership: *@ctx_p is the caller's; free it with tp_context_destroy.
+ * Errors: TP_EINVAL (@ctx_p NULL; @o->size unknown; an unknown name in an
+ * allow or deny list, listing the known ones; a bad name or mpt_lanes; a
+ * bad TP_* environment value; no usable transport, or no transport and
+ * channel that work together, with the report), TP_ENOMEM, and the
+ * errors of starting the loop thread.
+ * Thread-safety: any thread; blocks while the loop thread starts.
  */
 TP_API tp_status tp_context_create(const tp_context_options *o,
                                    tp_context **ctx_p, tp_error **err_p);
@@ -109,14 +129,21 @@ TP_API tp_status tp_context_create(const tp_context_options *o,
  * tp_context_destroy - closes every listener and pipe (their pending
  * operations fail with TP_ECLOSED), waits for their callbacks, frees.
  * Pipes and listeners must not be used afterwards except to unref them.
- * Not from a callback. NULL is a no-op.
+ * NULL is a no-op.
+ * Thread-safety: any thread but the context's loop thread (so not from an
+ * aio callback); blocks until the context's objects are quiet.
  */
 TP_API void tp_context_destroy(tp_context *ctx);
-/** tp_context_name - the name peers see. */
+/**
+ * tp_context_name - the name peers see; valid until the context is
+ * destroyed. NULL if @ctx is NULL. Thread-safety: any thread.
+ */
 TP_API const char *tp_context_name(const tp_context *ctx);
 /**
  * tp_context_report - a multi-line text: each registered transport and
  * channel, whether it is used and if not why. Caller frees with tp_free().
+ * Errors: NULL if @ctx is NULL or memory ran out.
+ * Thread-safety: any thread.
  */
 TP_API char *tp_context_report(const tp_context *ctx);
 
@@ -125,6 +152,12 @@ TP_API char *tp_context_report(const tp_context *ctx);
  * (may be NULL) lists addresses for some transports
  * ("tcp://127.0.0.1:0", "tcp://[::1]:5000", "shm://"); the others listen
  * on their default address.
+ * Ownership: *@l_p is the caller's; free it with tp_pipe_listener_destroy.
+ * Errors: TP_EINVAL (@ctx or @l_p NULL, @urls NULL with @nurls > 0, a URL
+ * that is not of a transport this context uses), TP_ENOMEM, and the
+ * transport's listen errors (TP_EADDRINUSE, TP_EPERM, TP_EINVAL for an
+ * address it cannot parse, ...), wrapped with the context's name.
+ * Thread-safety: any thread, also an aio callback.
  */
 TP_API tp_status tp_context_listen(tp_context *ctx, const char *const *urls,
                                    size_t nurls, tp_pipe_listener **l_p,
@@ -133,16 +166,27 @@ TP_API tp_status tp_context_listen(tp_context *ctx, const char *const *urls,
  * tp_pipe_listener_addr - the bound URL of transport @transport ("tcp",
  * "shm"), or NULL if it does not listen on it. The first listed (the
  * best transport) if @transport is NULL. Valid until the listener is
- * destroyed.
+ * destroyed. NULL if @l is NULL. Thread-safety: any thread.
  */
 TP_API const char *tp_pipe_listener_addr(const tp_pipe_listener *l,
                                          const char *transport);
 /**
  * tp_pipe_listener_accept - output 0 of @aio: a new tp_pipe * (the caller
  * owns one reference) once its handshake has finished.
+ * Completion: @aio's callback runs once, on the loop thread, never inside
+ * this call. @l and @aio must not be NULL: with no loop to complete @aio
+ * on there is no way to report it, so it is not checked.
+ * Errors (in @aio): TP_ECLOSED (the listener or its context is being
+ * destroyed), TP_ETIMEDOUT (the aio's timeout), TP_ECANCELED.
+ * Thread-safety: any thread, also an aio callback; does not block.
  */
 TP_API void tp_pipe_listener_accept(tp_pipe_listener *l, tp_aio *aio);
-/** tp_pipe_listener_destroy - stops listening; pending accepts fail. */
+/**
+ * tp_pipe_listener_destroy - stops listening; pending accepts fail with
+ * TP_ECLOSED. Pipes already accepted are untouched. NULL is a no-op.
+ * Thread-safety: any thread, also an aio callback; waits briefly for the
+ * loop thread when called from another thread.
+ */
 TP_API void tp_pipe_listener_destroy(tp_pipe_listener *l);
 
 /**
@@ -150,6 +194,13 @@ TP_API void tp_pipe_listener_destroy(tp_pipe_listener *l);
  * handshake go on in the background and operations queue until the pipe
  * is ready. @url: "tcp://host:port", "shm://name". Fails at once only for
  * a malformed URL or a transport the context does not have.
+ * Ownership: *@pipe_p is a reference owned by the caller (tp_pipe_unref).
+ * Errors: TP_EINVAL (@ctx, @url or @pipe_p NULL, a malformed URL, a
+ * transport not in use here, with the report), TP_ENOMEM. A failed
+ * connection or handshake (TP_ECONNREFUSED, TP_ETIMEDOUT, TP_EPROTO, ...)
+ * fails the pipe later: tp_pipe_wait_ready and every operation return it.
+ * Thread-safety: any thread, also an aio callback; waits briefly for the
+ * loop thread when called from another thread.
  */
 TP_API tp_status tp_context_connect(tp_context *ctx, const char *url,
                                     tp_pipe **pipe_p, tp_error **err_p);
@@ -158,6 +209,15 @@ TP_API tp_status tp_context_connect(tp_context *ctx, const char *url,
  * tp_pipe_write - sends @msg (borrowed until @aio completes: its buffers
  * must stay valid and unchanged). Completes when every byte has left the
  * buffers.
+ * Completion: @aio's callback runs once, on the loop thread, never inside
+ * this call. @p and @aio must not be NULL (not checked: no loop to
+ * complete @aio on).
+ * Errors (in @aio): TP_EINVAL (@msg NULL, a length above the pipe limits,
+ * data NULL with a length, a non-CPU buffer), TP_ENOMEM, the pipe's error
+ * once it failed (TP_ECLOSED after tp_pipe_close, TP_ECONNRESET,
+ * TP_EPROTO, the handshake's error, ...), TP_ETIMEDOUT / TP_ECANCELED
+ * (before the write started; after, they fail the pipe).
+ * Thread-safety: any thread, also an aio callback; does not block.
  */
 TP_API void tp_pipe_write(tp_pipe *p, const tp_message *msg, tp_aio *aio);
 /**
@@ -165,6 +225,13 @@ TP_API void tp_pipe_write(tp_pipe *p, const tp_message *msg, tp_aio *aio);
  * tp_message (the caller owns it) with the metadata and the length of
  * every payload and tensor, data NULL. The next message's descriptor is
  * not read before this one's tp_pipe_read has been submitted.
+ * Completion: as tp_pipe_write; @p and @aio must not be NULL (not
+ * checked).
+ * Errors (in @aio): the pipe's error once it failed (TP_ECLOSED,
+ * TP_ECONNRESET, TP_EPROTO for a malformed or oversized descriptor, ...),
+ * TP_ENOMEM, TP_ETIMEDOUT / TP_ECANCELED (before a byte of the descriptor
+ * arrived; in the middle of one they fail the pipe).
+ * Thread-safety: any thread, also an aio callback; does not block.
  */
 TP_API void tp_pipe_read_descriptor(tp_pipe *p, tp_aio *aio);
 /**
@@ -172,30 +239,61 @@ TP_API void tp_pipe_read_descriptor(tp_pipe *p, tp_aio *aio);
  * returned by the last tp_pipe_read_descriptor into its buffers. A buffer
  * with data NULL is allocated by the pipe (pipe_owned, freed by
  * tp_message_destroy). Lengths must not be changed.
+ * Completion: as tp_pipe_write; @p and @aio must not be NULL (not
+ * checked).
+ * Errors (in @aio): TP_EINVAL (no descriptor waiting for its data, or
+ * @msg is not the one it returned), TP_ENOMEM, the pipe's error once it
+ * failed, TP_ETIMEDOUT / TP_ECANCELED (these fail the pipe: the data was
+ * arriving).
+ * Thread-safety: any thread, also an aio callback; does not block.
  */
 TP_API void tp_pipe_read(tp_pipe *p, tp_message *msg, tp_aio *aio);
 
 /**
  * tp_pipe_wait_ready - waits until the handshake finished (TP_OK) or
  * failed (its error), at most @timeout_ms (0 = no limit).
+ * Errors: TP_EINVAL (@p NULL), TP_ETIMEDOUT (@timeout_ms passed; the
+ * handshake goes on), else the pipe's error (a new reference in *@err_p):
+ * TP_ECONNREFUSED, TP_ETIMEDOUT (the connect or handshake timeout),
+ * TP_EPROTO, TP_ECLOSED, ...
+ * Thread-safety: any thread but a loop thread (not from an aio callback);
+ * blocks.
  */
 TP_API tp_status tp_pipe_wait_ready(tp_pipe *p, int64_t timeout_ms,
                                     tp_error **err_p);
 /**
  * tp_pipe_report - after the handshake: the transport and channel chosen
  * and why each other one was refused, one line each. Caller frees with
- * tp_free(). NULL before the pipe is ready.
+ * tp_free(). NULL before the pipe is ready, if @p is NULL, or if memory
+ * ran out. Thread-safety: any thread.
  */
 TP_API char *tp_pipe_report(tp_pipe *p);
-/** tp_pipe_transport / tp_pipe_channel - chosen names; NULL before ready. */
+/**
+ * tp_pipe_transport / tp_pipe_channel - chosen names (static strings);
+ * NULL before ready or if @p is NULL. Thread-safety: any thread.
+ */
 TP_API const char *tp_pipe_transport(const tp_pipe *p);
 TP_API const char *tp_pipe_channel(const tp_pipe *p);
-/** tp_pipe_peer - "name at url" of the peer, for messages. */
+/**
+ * tp_pipe_peer - "name at url" of the peer, for messages; valid while the
+ * caller holds a reference. NULL if @p is NULL. Thread-safety: any thread.
+ */
 TP_API const char *tp_pipe_peer(const tp_pipe *p);
-/** tp_pipe_close - non-blocking; pending operations fail with TP_ECLOSED. */
+/**
+ * tp_pipe_close - pending and later operations fail with TP_ECLOSED; the
+ * peer sees the connection close. Idempotent; NULL is a no-op.
+ * Thread-safety: any thread, also an aio callback; does not block.
+ */
 TP_API void tp_pipe_close(tp_pipe *p);
+/**
+ * tp_pipe_ref - takes one more reference; returns @p (NULL for NULL).
+ * Thread-safety: any thread.
+ */
 TP_API tp_pipe *tp_pipe_ref(tp_pipe *p);
-/** tp_pipe_unref - the last reference closes and frees. NULL: no-op. */
+/**
+ * tp_pipe_unref - the last reference closes and frees. NULL: no-op.
+ * Thread-safety: any thread, also an aio callback; does not block.
+ */
 TP_API void tp_pipe_unref(tp_pipe *p);
 
 #ifdef __cplusplus
