@@ -39,14 +39,14 @@ tcp_set_buf(int fd, int opt, int force_opt, int64_t bytes)
 }
 
 void
-tcp_set_bufs(int fd, const tp_config *cfg)
+tp__tcp_set_bufs(int fd, const tp_config *cfg)
 {
     tcp_set_buf(fd, SO_SNDBUF, SO_SNDBUFFORCE, cfg->tcp_sndbuf);
     tcp_set_buf(fd, SO_RCVBUF, SO_RCVBUFFORCE, cfg->tcp_rcvbuf);
 }
 
 void
-tcp_set_nodelay(int fd)
+tp__tcp_set_nodelay(int fd)
 {
     int one = 1;
     if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) != 0) {
@@ -60,7 +60,7 @@ tcp_set_nodelay(int fd)
 // data, both within cfg->tcp_user_timeout_ms (DESIGN: nothing waits for a
 // 15-minute kernel timeout).
 void
-tcp_set_liveness(int fd, const tp_config *cfg)
+tp__tcp_set_liveness(int fd, const tp_config *cfg)
 {
     if (cfg->tcp_user_timeout_ms <= 0) {
         return;
@@ -82,7 +82,7 @@ tcp_set_liveness(int fd, const tp_config *cfg)
 }
 
 void
-tcp_format_local(int fd, char *buf, size_t len)
+tp__tcp_format_local(int fd, char *buf, size_t len)
 {
     struct sockaddr_storage ss;
     socklen_t sl = sizeof(ss);
@@ -98,7 +98,7 @@ tcp_format_local(int fd, char *buf, size_t len)
 // ---- conns: common ---------------------------------------------------------
 
 tcp_conn *
-tcp_conn_new(tp_transport *t)
+tp__tcp_conn_new(tp_transport *t)
 {
     tp_conn *bc = tp__conn_alloc(t);
     if (bc == NULL) {
@@ -111,7 +111,7 @@ tcp_conn_new(tp_transport *t)
     TP_LIST_INIT(&c->tc_readq, tp_aio, a_node);
     TP_LIST_INIT(&c->tc_writeq, tp_aio, a_node);
     tp__list_node_init(&c->tc_lnode);
-    tp__timer_init(&c->tc_timer, tcp_conn_timer_cb, c);
+    tp__timer_init(&c->tc_timer, tp__tcp_conn_timer_cb, c);
     memcpy(c->tc_hello_out, TP_HELLO_MAGIC, TCP_HELLO_MAGIC_LEN);
     tp__put_u32le(c->tc_hello_out + 8, TCP_HELLO_VERSION);
     tp__put_u32le(c->tc_hello_out + 12, 0); // flags
@@ -120,7 +120,7 @@ tcp_conn_new(tp_transport *t)
 
 // Stops watching and closes the socket; the conn is dead from now on.
 void
-tcp_conn_release(tcp_conn *c)
+tp__tcp_conn_release(tcp_conn *c)
 {
     tp__timer_stop(c->tc_loop, &c->tc_timer);
     if (c->tc_fd >= 0) {
@@ -139,7 +139,7 @@ tcp_conn_release(tcp_conn *c)
 // Fails the conn with @err (taken) unless it already failed: releases the
 // socket and fails every pending read, then every pending write, each with
 // a reference to the first error.
-void
+static void
 tcp_conn_fail(tcp_conn *c, tp_error *err)
 {
     if (c->tc_err == NULL) {
@@ -148,7 +148,7 @@ tcp_conn_fail(tcp_conn *c, tp_error *err)
     } else {
         tp_error_unref(err);
     }
-    tcp_conn_release(c);
+    tp__tcp_conn_release(c);
     tp_aio *a;
     while ((a = tp__list_pop_first(&c->tc_readq)) != NULL) {
         tp__aio_finish(a, tp_error_ref(c->tc_err), a->a_prov_u64[0]);
@@ -158,7 +158,7 @@ tcp_conn_fail(tcp_conn *c, tp_error *err)
     }
 }
 
-void
+static void
 tcp_conn_fail_errno(tcp_conn *c, int errnum, const char *what)
 {
     tp_error *err = NULL;
@@ -247,7 +247,7 @@ tcp_stash_drain(tcp_conn *c)
 }
 
 void
-tcp_read_pump(tcp_conn *c)
+tp__tcp_read_pump(tcp_conn *c)
 {
     struct iovec iov[TCP_MAX_IOV + 1];
     for (;;) {
@@ -313,7 +313,7 @@ tcp_read_pump(tcp_conn *c)
 }
 
 void
-tcp_write_pump(tcp_conn *c)
+tp__tcp_write_pump(tcp_conn *c)
 {
     struct iovec iov[TCP_MAX_IOV];
     for (;;) {
@@ -404,29 +404,29 @@ tcp_conn_submit(tcp_conn *c, tp_aio *aio, tp_list *q)
 }
 
 void
-tcp_conn_read(tp_conn *bc, tp_aio *aio)
+tp__tcp_conn_read(tp_conn *bc, tp_aio *aio)
 {
     tcp_conn *c = tcp_conn_of(bc);
     tcp_conn_submit(c, aio, &c->tc_readq);
     if (c->tc_state == TCP_OPEN) {
-        tcp_read_pump(c);
+        tp__tcp_read_pump(c);
     }
 }
 
 void
-tcp_conn_write(tp_conn *bc, tp_aio *aio)
+tp__tcp_conn_write(tp_conn *bc, tp_aio *aio)
 {
     tcp_conn *c = tcp_conn_of(bc);
     tcp_conn_submit(c, aio, &c->tc_writeq);
     if (c->tc_state == TCP_OPEN) {
-        tcp_write_pump(c);
+        tp__tcp_write_pump(c);
     }
 }
 
 // ---- conn close / fini -----------------------------------------------------
 
 void
-tcp_conn_close(tp_conn *bc)
+tp__tcp_conn_close(tp_conn *bc)
 {
     tcp_conn *c = tcp_conn_of(bc);
     // A conn still being set up holds its own reference, so the generic
@@ -434,7 +434,7 @@ tcp_conn_close(tp_conn *bc)
     // without dropping a reference the caller no longer has.
     TP_ASSERT(c->tc_connect_aio == NULL && c->tc_listener == NULL);
     if (c->tc_state == TCP_DEAD || c->tc_state == TCP_IDLE) {
-        tcp_conn_release(c);
+        tp__tcp_conn_release(c);
         return;
     }
     tcp_conn_fail(c, tp__error_new(TP_ECLOSED, 0, NULL,
@@ -444,7 +444,7 @@ tcp_conn_close(tp_conn *bc)
 }
 
 void
-tcp_conn_fini(tp_conn *bc)
+tp__tcp_conn_fini(tp_conn *bc)
 {
     tcp_conn *c = tcp_conn_of(bc);
     TP_ASSERT(c->tc_fd < 0);

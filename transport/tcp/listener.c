@@ -28,7 +28,7 @@ tcp_listener_timer_cb(tp_timer *t, void *arg)
     TP_UNUSED(t);
     tcp_listener *l = arg;
     l->tl_acceptable = true;
-    tcp_listener_service(l);
+    tp__tcp_listener_service(l);
 }
 
 // Takes one connection from the kernel and starts its handshake.
@@ -75,7 +75,7 @@ tcp_listener_accept1(tcp_listener *l)
             return;
         }
     }
-    tcp_conn *c = tcp_conn_new(l->tl_base.l_transport);
+    tcp_conn *c = tp__tcp_conn_new(l->tl_base.l_transport);
     if (c == NULL) {
         close(fd);
         TP_LOG_WARN("TP-TCP-ACCEPT",
@@ -87,7 +87,7 @@ tcp_listener_accept1(tcp_listener *l)
     tp_sockaddr peer;
     tp__sockaddr_from_sys(&peer, (struct sockaddr *)&ss, sl);
     tp__sockaddr_format(&peer, c->tc_base.c_peer, sizeof(c->tc_base.c_peer));
-    tcp_format_local(fd, c->tc_base.c_local, sizeof(c->tc_base.c_local));
+    tp__tcp_format_local(fd, c->tc_base.c_local, sizeof(c->tc_base.c_local));
     c->tc_fd = fd;
     c->tc_state = TCP_HELLO;
     c->tc_readable = true;
@@ -95,15 +95,15 @@ tcp_listener_accept1(tcp_listener *l)
     c->tc_listener = l;
     tp__list_append(&l->tl_hsq, c);
     l->tl_npending++;
-    tcp_set_nodelay(fd);
-    tcp_set_liveness(fd, &l->tl_base.l_transport->t_cfg);
+    tp__tcp_set_nodelay(fd);
+    tp__tcp_set_liveness(fd, &l->tl_base.l_transport->t_cfg);
     tp_error *err = NULL;
     if (tp__loop_fd_add(l->tl_loop, &c->tc_lfd, fd, TP_EV_READ | TP_EV_WRITE,
-                        tcp_conn_fd_cb, c, &err) != TP_OK) {
+                        tp__tcp_conn_fd_cb, c, &err) != TP_OK) {
         char pfx[TCP_PFX_LEN];
-        tcp_setup_prefix(c, pfx, sizeof(pfx));
-        tcp_setup_fail(c,
-                       tp__error_new(tp_error_status(err), 0, err, "%s", pfx));
+        tp__tcp_setup_prefix(c, pfx, sizeof(pfx));
+        tp__tcp_setup_fail(
+            c, tp__error_new(tp_error_status(err), 0, err, "%s", pfx));
         tp_error_unref(err);
         return;
     }
@@ -112,7 +112,7 @@ tcp_listener_accept1(tcp_listener *l)
         tp__timer_start(l->tl_loop, &c->tc_timer,
                         tp__deadline_after_ms(c->tc_timer_ms));
     }
-    tcp_hello_pump(c);
+    tp__tcp_hello_pump(c);
 }
 
 // False if the peer of a handshaked, not yet accepted connection has
@@ -132,7 +132,7 @@ tcp_conn_alive(tcp_conn *c)
 // from the kernel while there is room. Reentrant calls (a handshake that
 // completes or fails inside) only ask for another round.
 void
-tcp_listener_service(tcp_listener *l)
+tp__tcp_listener_service(tcp_listener *l)
 {
     if (l->tl_in_service) {
         l->tl_again = true;
@@ -152,7 +152,7 @@ tcp_listener_service(tcp_listener *l)
                              "closed before it was accepted; dropped",
                              l->tl_base.l_addr, c->tc_base.c_peer);
                 c->tc_listener = NULL;
-                tcp_conn_release(c);
+                tp__tcp_conn_release(c);
                 tp__conn_unref(&c->tc_base);
                 continue;
             }
@@ -175,10 +175,10 @@ tcp_listener_fd_cb(tp_loop_fd *lfd, uint32_t events)
     TP_UNUSED(events);
     tcp_listener *l = lfd->lf_arg;
     l->tl_acceptable = true;
-    tcp_listener_service(l);
+    tp__tcp_listener_service(l);
 }
 
-// Loop thread, posted by tcp_listen (which must not touch the loop): the
+// Loop thread, posted by tp__tcp_listen (which must not touch the loop): the
 // socket joins the loop, and connections are taken and handshaked from
 // then on, whether or not an accept is pending.
 static void
@@ -203,7 +203,7 @@ tcp_listener_start_task(void *arg)
     }
     l->tl_registered = true;
     l->tl_acceptable = true;
-    tcp_listener_service(l);
+    tp__tcp_listener_service(l);
 }
 
 static void
@@ -223,7 +223,7 @@ tcp_accept_cancel(tp_aio *aio, void *arg, tp_status reason)
 }
 
 void
-tcp_accept(tp_listener *bl, tp_aio *aio)
+tp__tcp_accept(tp_listener *bl, tp_aio *aio)
 {
     tcp_listener *l = tcp_listener_of(bl);
     if (!tp__aio_begin(aio, l->tl_loop, tcp_accept_cancel, l)) {
@@ -234,7 +234,7 @@ tcp_accept(tp_listener *bl, tp_aio *aio)
         return;
     }
     tp__list_append(&l->tl_acceptq, aio);
-    tcp_listener_service(l);
+    tp__tcp_listener_service(l);
 }
 
 static void
@@ -242,14 +242,14 @@ tcp_listener_drop_conns(tp_list *q)
 {
     tcp_conn *c;
     while ((c = tp__list_first(q)) != NULL) {
-        tcp_listener_detach(c);
-        tcp_conn_release(c);
+        tp__tcp_listener_detach(c);
+        tp__tcp_conn_release(c);
         tp__conn_unref(&c->tc_base);
     }
 }
 
 void
-tcp_listener_close(tp_listener *bl)
+tp__tcp_listener_close(tp_listener *bl)
 {
     tcp_listener *l = tcp_listener_of(bl);
     l->tl_closed = true;
@@ -276,7 +276,8 @@ tcp_listener_close(tp_listener *bl)
 
 // Any thread; may block in getaddrinfo for a host name.
 tp_status
-tcp_listen(tp_transport *t, tp_listener *bl, const char *addr, tp_error **err_p)
+tp__tcp_listen(tp_transport *t, tp_listener *bl, const char *addr,
+               tp_error **err_p)
 {
     tcp_listener *l = tcp_listener_of(bl);
     l->tl_loop = t->t_loop;
@@ -334,7 +335,7 @@ tcp_listen(tp_transport *t, tp_listener *bl, const char *addr, tp_error **err_p)
     }
     // Accepted sockets inherit the buffer sizes (and so the window scale
     // they advertise in the SYN-ACK) from the listening socket.
-    tcp_set_bufs(fd, &t->t_cfg);
+    tp__tcp_set_bufs(fd, &t->t_cfg);
     bool secret = false;
     st = tp__auth_enabled(&secret, err_p);
     if (st != TP_OK) {

@@ -24,7 +24,7 @@
 
 // "tcp: connect to X" or "tcp: listener tcp://Y: connection from peer X".
 void
-tcp_setup_prefix(const tcp_conn *c, char *buf, size_t len)
+tp__tcp_setup_prefix(const tcp_conn *c, char *buf, size_t len)
 {
     if (c->tc_listener != NULL) {
         snprintf(buf, len, "tcp: listener %s: connection from peer %s",
@@ -36,7 +36,7 @@ tcp_setup_prefix(const tcp_conn *c, char *buf, size_t len)
 
 // Removes a listener-side conn from its listener's queues.
 void
-tcp_listener_detach(tcp_conn *c)
+tp__tcp_listener_detach(tcp_conn *c)
 {
     tcp_listener *l = c->tc_listener;
     if (l == NULL) {
@@ -55,22 +55,22 @@ tcp_listener_detach(tcp_conn *c)
 // the listener logs and drops the connection. The conn is released and its
 // reference dropped.
 void
-tcp_setup_fail(tcp_conn *c, tp_error *err)
+tp__tcp_setup_fail(tcp_conn *c, tp_error *err)
 {
     tcp_listener *l = c->tc_listener;
     if (l != NULL) {
         TP_LOG_WARN("TP-TCP-HELLO", "%s; connection dropped",
                     tp_error_message(err));
         tp_error_unref(err);
-        tcp_listener_detach(c);
-        tcp_conn_release(c);
+        tp__tcp_listener_detach(c);
+        tp__tcp_conn_release(c);
         tp__conn_unref(&c->tc_base);
-        tcp_listener_service(l); // there is room for another one now
+        tp__tcp_listener_service(l); // there is room for another one now
         return;
     }
     tp_aio *aio = c->tc_connect_aio;
     c->tc_connect_aio = NULL;
-    tcp_conn_release(c);
+    tp__tcp_conn_release(c);
     if (aio != NULL) {
         tp__aio_finish(aio, err, 0);
     } else {
@@ -83,10 +83,10 @@ static void
 tcp_setup_fail_errno(tcp_conn *c, int errnum, const char *what)
 {
     char pfx[TCP_PFX_LEN];
-    tcp_setup_prefix(c, pfx, sizeof(pfx));
+    tp__tcp_setup_prefix(c, pfx, sizeof(pfx));
     tp_error *err = NULL;
     tp__error_errno(&err, errnum, "%s%s", pfx, what);
-    tcp_setup_fail(c, err);
+    tp__tcp_setup_fail(c, err);
 }
 
 static void
@@ -110,12 +110,12 @@ tcp_hello_check(tcp_conn *c)
     char pfx[TCP_PFX_LEN];
     char hex[64];
     if (memcmp(c->tc_hello_in, TP_HELLO_MAGIC, m) != 0) {
-        tcp_setup_prefix(c, pfx, sizeof(pfx));
+        tp__tcp_setup_prefix(c, pfx, sizeof(pfx));
         tcp_hex(c->tc_hello_in, n, hex, sizeof(hex));
-        tcp_setup_fail(c, tp__error_new(TP_EPROTO, 0, NULL,
-                                        "%s: bad hello: not a tpipe peer "
-                                        "(wrong magic; got %s)",
-                                        pfx, hex));
+        tp__tcp_setup_fail(c, tp__error_new(TP_EPROTO, 0, NULL,
+                                            "%s: bad hello: not a tpipe peer "
+                                            "(wrong magic; got %s)",
+                                            pfx, hex));
         return false;
     }
     if (n < TP_HELLO_LEN) {
@@ -123,11 +123,12 @@ tcp_hello_check(tcp_conn *c)
     }
     uint32_t version = tp__get_u32le(c->tc_hello_in + 8);
     if (version != TCP_HELLO_VERSION) {
-        tcp_setup_prefix(c, pfx, sizeof(pfx));
-        tcp_setup_fail(c, tp__error_new(TP_EPROTO, 0, NULL,
-                                        "%s: bad hello: unsupported version "
-                                        "%u (this side speaks %u)",
-                                        pfx, version, TCP_HELLO_VERSION));
+        tp__tcp_setup_prefix(c, pfx, sizeof(pfx));
+        tp__tcp_setup_fail(c,
+                           tp__error_new(TP_EPROTO, 0, NULL,
+                                         "%s: bad hello: unsupported version "
+                                         "%u (this side speaks %u)",
+                                         pfx, version, TCP_HELLO_VERSION));
         return false;
     }
     // Flags: bit 0 says the peer has a job secret (tcp_auth_begin); other
@@ -143,14 +144,14 @@ tcp_hello_done(tcp_conn *c)
     tcp_listener *l = c->tc_listener;
     if (l != NULL) {
         // Move from the handshake queue to the ready queue.
-        tcp_listener_detach(c);
+        tp__tcp_listener_detach(c);
         c->tc_listener = l;
         tp__list_append(&l->tl_readyq, c);
         l->tl_npending++;
         TP_LOG_DEBUG("TP-TCP-ACCEPT",
                      "tcp: listener %s: connection from peer %s ready",
                      l->tl_base.l_addr, c->tc_base.c_peer);
-        tcp_listener_service(l);
+        tp__tcp_listener_service(l);
         return;
     }
     tp_aio *aio = c->tc_connect_aio;
@@ -167,13 +168,13 @@ static bool
 tcp_auth_begin(tcp_conn *c)
 {
     char pfx[TCP_PFX_LEN];
-    tcp_setup_prefix(c, pfx, sizeof(pfx));
+    tp__tcp_setup_prefix(c, pfx, sizeof(pfx));
     tp_error *err = NULL;
     uint32_t ours = tp__get_u32le(c->tc_hello_out + 12);
     uint32_t theirs = tp__get_u32le(c->tc_hello_in + 12);
     int r = tp__auth_decide(ours, theirs, c->tc_listener != NULL, pfx, &err);
     if (r < 0) {
-        tcp_setup_fail(c, err);
+        tp__tcp_setup_fail(c, err);
         return false;
     }
     // r == 1 means we have a secret: the exchange began with our hello.
@@ -231,21 +232,22 @@ tcp_auth_pump(tcp_conn *c)
         if (nin > 0 && c->tc_readable) {
             ssize_t n = recv(c->tc_fd, ip, nin, 0);
             if (n > 0) {
-                tcp_setup_prefix(c, pfx, sizeof(pfx));
+                tp__tcp_setup_prefix(c, pfx, sizeof(pfx));
                 tp_error *err = NULL;
                 if (tp__auth_received(&c->tc_auth, (size_t)n, pfx, &err) !=
                     TP_OK) {
-                    tcp_setup_fail(c, err);
+                    tp__tcp_setup_fail(c, err);
                     return false;
                 }
                 progress = true;
             } else if (n == 0) {
-                tcp_setup_prefix(c, pfx, sizeof(pfx));
-                tcp_setup_fail(c, tp__error_new(TP_EPERM, 0, NULL,
-                                                "%s: closed by the peer during "
-                                                "authentication (it does not "
-                                                "accept this job secret)",
-                                                pfx));
+                tp__tcp_setup_prefix(c, pfx, sizeof(pfx));
+                tp__tcp_setup_fail(
+                    c, tp__error_new(TP_EPERM, 0, NULL,
+                                     "%s: closed by the peer during "
+                                     "authentication (it does not "
+                                     "accept this job secret)",
+                                     pfx));
                 return false;
             } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
                 c->tc_readable = false;
@@ -268,7 +270,7 @@ tcp_auth_pump(tcp_conn *c)
 // Sends our hello and reads the peer's, as far as the socket allows; then
 // the job-secret exchange when both sides have a secret.
 void
-tcp_hello_pump(tcp_conn *c)
+tp__tcp_hello_pump(tcp_conn *c)
 {
     if (c->tc_hello_sent == 0 && c->tc_hello_rcvd == 0) {
         // A misconfigured secret refuses every connection rather than
@@ -277,8 +279,8 @@ tcp_hello_pump(tcp_conn *c)
         tp_error *err = NULL;
         if (tp__auth_enabled(&on, &err) != TP_OK) {
             char pfx[TCP_PFX_LEN];
-            tcp_setup_prefix(c, pfx, sizeof(pfx));
-            tcp_setup_fail(
+            tp__tcp_setup_prefix(c, pfx, sizeof(pfx));
+            tp__tcp_setup_fail(
                 c, tp__error_new(tp_error_status(err), 0, err, "%s", pfx));
             tp_error_unref(err);
             return;
@@ -328,13 +330,13 @@ tcp_hello_pump(tcp_conn *c)
         }
         if (n == 0) {
             char pfx[TCP_PFX_LEN];
-            tcp_setup_prefix(c, pfx, sizeof(pfx));
-            tcp_setup_fail(c,
-                           tp__error_new(TP_ECONNRESET, 0, NULL,
-                                         "%s: connection closed by peer "
-                                         "during the handshake (EOF after "
-                                         "%u of %u hello bytes)",
-                                         pfx, c->tc_hello_rcvd, TP_HELLO_LEN));
+            tp__tcp_setup_prefix(c, pfx, sizeof(pfx));
+            tp__tcp_setup_fail(
+                c, tp__error_new(TP_ECONNRESET, 0, NULL,
+                                 "%s: connection closed by peer "
+                                 "during the handshake (EOF after "
+                                 "%u of %u hello bytes)",
+                                 pfx, c->tc_hello_rcvd, TP_HELLO_LEN));
             return;
         }
         int e = errno;
@@ -362,20 +364,20 @@ tcp_hello_pump(tcp_conn *c)
 
 // The connect or handshake deadline passed.
 void
-tcp_conn_timer_cb(tp_timer *t, void *arg)
+tp__tcp_conn_timer_cb(tp_timer *t, void *arg)
 {
     TP_UNUSED(t);
     tcp_conn *c = arg;
     char pfx[TCP_PFX_LEN];
-    tcp_setup_prefix(c, pfx, sizeof(pfx));
+    tp__tcp_setup_prefix(c, pfx, sizeof(pfx));
     if (c->tc_listener != NULL) {
-        tcp_setup_fail(c, tp__error_new(TP_ETIMEDOUT, 0, NULL,
-                                        "%s: no valid hello within %lld ms "
-                                        "(got %u of %u bytes)",
-                                        pfx, (long long)c->tc_timer_ms,
-                                        c->tc_hello_rcvd, TP_HELLO_LEN));
+        tp__tcp_setup_fail(c, tp__error_new(TP_ETIMEDOUT, 0, NULL,
+                                            "%s: no valid hello within %lld ms "
+                                            "(got %u of %u bytes)",
+                                            pfx, (long long)c->tc_timer_ms,
+                                            c->tc_hello_rcvd, TP_HELLO_LEN));
     } else {
-        tcp_setup_fail(
+        tp__tcp_setup_fail(
             c, tp__error_new(
                    TP_ETIMEDOUT, 0, NULL, "%s: timed out after %lld ms%s", pfx,
                    (long long)c->tc_timer_ms,
@@ -384,7 +386,7 @@ tcp_conn_timer_cb(tp_timer *t, void *arg)
 }
 
 void
-tcp_conn_fd_cb(tp_loop_fd *lfd, uint32_t events)
+tp__tcp_conn_fd_cb(tp_loop_fd *lfd, uint32_t events)
 {
     tcp_conn *c = lfd->lf_arg;
     if (events & (TP_EV_READ | TP_EV_ERROR)) {
@@ -399,15 +401,15 @@ tcp_conn_fd_cb(tp_loop_fd *lfd, uint32_t events)
     switch (c->tc_state) {
     case TCP_OPEN:
         if (c->tc_writable && !tp__list_empty(&c->tc_writeq)) {
-            tcp_write_pump(c);
+            tp__tcp_write_pump(c);
         }
         if (c->tc_state == TCP_OPEN && c->tc_readable &&
             !tp__list_empty(&c->tc_readq)) {
-            tcp_read_pump(c);
+            tp__tcp_read_pump(c);
         }
         break;
     case TCP_HELLO:
-        tcp_hello_pump(c);
+        tp__tcp_hello_pump(c);
         break;
     case TCP_CONNECTING: {
         if (!(events & (TP_EV_WRITE | TP_EV_ERROR))) {
@@ -425,10 +427,10 @@ tcp_conn_fd_cb(tp_loop_fd *lfd, uint32_t events)
             tcp_setup_fail_errno(c, soerr, "");
             break;
         }
-        tcp_format_local(c->tc_fd, c->tc_base.c_local,
-                         sizeof(c->tc_base.c_local));
+        tp__tcp_format_local(c->tc_fd, c->tc_base.c_local,
+                             sizeof(c->tc_base.c_local));
         c->tc_state = TCP_HELLO;
-        tcp_hello_pump(c);
+        tp__tcp_hello_pump(c);
         break;
     }
     default:
@@ -456,7 +458,7 @@ tcp_connect_cancel(tp_aio *aio, void *arg, tp_status reason)
             reason, 0, NULL, "tcp: connect to %s %s%s", c->tc_base.c_peer,
             reason == TP_ECLOSED ? "closed" : "canceled", phase);
     }
-    tcp_setup_fail(c, err);
+    tp__tcp_setup_fail(c, err);
 }
 
 static void tcp_connect_to(tcp_conn *c, const tp_sockaddr *sa);
@@ -481,7 +483,7 @@ tcp_resolve_done(void *arg)
     tcp_conn *c = r->r_conn;
     if (c->tc_connect_aio != NULL && c->tc_state == TCP_IDLE) {
         if (r->r_err != NULL) {
-            tcp_setup_fail(c, r->r_err);
+            tp__tcp_setup_fail(c, r->r_err);
         } else {
             tcp_connect_to(c, &r->r_sa);
         }
@@ -520,9 +522,9 @@ tcp_connect_resolve(tcp_conn *c, const char *addr)
     size_t n = strlen(addr) + 1;
     tcp_resolve *r = tp__zalloc(sizeof(*r) + n);
     if (r == NULL) {
-        tcp_setup_fail(c, tp__error_new(TP_ENOMEM, 0, NULL,
-                                        "tcp: connect to %s: out of memory",
-                                        addr));
+        tp__tcp_setup_fail(c, tp__error_new(TP_ENOMEM, 0, NULL,
+                                            "tcp: connect to %s: out of memory",
+                                            addr));
         return;
     }
     memcpy(r->r_addr, addr, n);
@@ -546,9 +548,9 @@ tcp_connect_resolve(tcp_conn *c, const char *addr)
 }
 
 void
-tcp_connect(tp_transport *t, const char *addr, tp_aio *aio)
+tp__tcp_connect(tp_transport *t, const char *addr, tp_aio *aio)
 {
-    tcp_conn *c = tcp_conn_new(t);
+    tcp_conn *c = tp__tcp_conn_new(t);
     if (c == NULL) {
         if (tp__aio_begin(aio, t->t_loop, NULL, NULL)) {
             tp__aio_finish_status(aio, TP_ENOMEM,
@@ -566,8 +568,8 @@ tcp_connect(tp_transport *t, const char *addr, tp_aio *aio)
     tp_error *err = NULL;
     if (tp__auth_enabled(&secret, &err) != TP_OK) {
         // Refused before any byte goes out, naming the variable.
-        tcp_setup_fail(c, tp__error_new(tp_error_status(err), 0, err,
-                                        "tcp: connect to %s", addr));
+        tp__tcp_setup_fail(c, tp__error_new(tp_error_status(err), 0, err,
+                                            "tcp: connect to %s", addr));
         tp_error_unref(err);
         return;
     }
@@ -606,11 +608,11 @@ tcp_connect_to(tcp_conn *c, const tp_sockaddr *sa_in)
         return;
     }
     c->tc_fd = fd;
-    tcp_set_nodelay(fd);
-    tcp_set_liveness(fd, &t->t_cfg);
+    tp__tcp_set_nodelay(fd);
+    tp__tcp_set_liveness(fd, &t->t_cfg);
     // Buffer sizes before connect(), so the window scale is negotiated
     // for them.
-    tcp_set_bufs(fd, &t->t_cfg);
+    tp__tcp_set_bufs(fd, &t->t_cfg);
     int rv;
     do {
         rv = connect(fd, &sa.u.sa, sa.len);
@@ -623,15 +625,16 @@ tcp_connect_to(tcp_conn *c, const tp_sockaddr *sa_in)
     c->tc_readable = true;
     c->tc_writable = true;
     if (tp__loop_fd_add(c->tc_loop, &c->tc_lfd, fd, TP_EV_READ | TP_EV_WRITE,
-                        tcp_conn_fd_cb, c, &err) != TP_OK) {
-        tcp_setup_fail(c,
-                       tp__error_new(tp_error_status(err), 0, err,
-                                     "tcp: connect to %s", c->tc_base.c_peer));
+                        tp__tcp_conn_fd_cb, c, &err) != TP_OK) {
+        tp__tcp_setup_fail(c, tp__error_new(tp_error_status(err), 0, err,
+                                            "tcp: connect to %s",
+                                            c->tc_base.c_peer));
         tp_error_unref(err);
         return;
     }
     if (c->tc_state == TCP_HELLO) {
-        tcp_format_local(fd, c->tc_base.c_local, sizeof(c->tc_base.c_local));
-        tcp_hello_pump(c);
+        tp__tcp_format_local(fd, c->tc_base.c_local,
+                             sizeof(c->tc_base.c_local));
+        tp__tcp_hello_pump(c);
     }
 }

@@ -2,7 +2,7 @@
 // tcp.c - the TCP transport: non-blocking sockets on the loop thread.
 // Its parts: tcp_impl.h.
 //
-// Everything here except tcp_is_viable, tcp_ctx_init and tcp_listen runs on
+// Everything here except tcp_is_viable, tcp_ctx_init and tp__tcp_listen runs on
 // the loop thread (transport.c guarantees it), so there are no locks.
 //
 // Each socket is registered once with the loop for READ|WRITE; readiness
@@ -95,12 +95,12 @@ const tp_transport_ops tp__transport_tcp_ops = {
     .is_viable = tcp_is_viable,
     .ctx_init = tcp_ctx_init,
     .ctx_fini = tcp_ctx_fini,
-    .listen = tcp_listen,
-    .accept = tcp_accept,
-    .listener_close = tcp_listener_close,
-    .connect = tcp_connect,
-    .conn_read = tcp_conn_read,
-    .conn_write = tcp_conn_write,
-    .conn_close = tcp_conn_close,
-    .conn_fini = tcp_conn_fini,
+    .listen = tp__tcp_listen,
+    .accept = tp__tcp_accept,
+    .listener_close = tp__tcp_listener_close,
+    .connect = tp__tcp_connect,
+    .conn_read = tp__tcp_conn_read,
+    .conn_write = tp__tcp_conn_write,
+    .conn_close = tp__tcp_conn_close,
+    .conn_fini = tp__tcp_conn_fini,
 };

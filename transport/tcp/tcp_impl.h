@@ -10,8 +10,9 @@
  *   tcp.c       viability and the backend's ops table
  *
  * Everything runs on the loop thread (transport.c guarantees it) but
- * tcp_is_viable, tcp_ctx_init and tcp_listen: no locks. docs/transport-tcp.md
- * has the rules (edge-style readiness, optimistic I/O, one first error). */
+ * tcp_is_viable, tcp_ctx_init and tp__tcp_listen: no locks.
+ * docs/transport-tcp.md has the rules (edge-style readiness, optimistic I/O,
+ * one first error). */
 #ifndef TP_TRANSPORT_TCP_IMPL_H
 #define TP_TRANSPORT_TCP_IMPL_H
 
@@ -86,7 +87,7 @@ struct tcp_listener {
     bool tl_registered; // fd added to the loop (tcp_listener_start_task)
     bool tl_acceptable; // false after accept4 said EAGAIN
     bool tl_closed;
-    bool tl_in_service; // tcp_listener_service is running
+    bool tl_in_service; // tp__tcp_listener_service is running
     bool tl_again;      // ... and should run once more
     tp_loop_fd tl_lfd;
     tp_list tl_acceptq; // tp_aio waiting for a connection
@@ -112,38 +113,36 @@ tcp_listener_of(tp_listener *l)
 }
 
 // conn.c
-void tcp_set_bufs(int fd, const tp_config *cfg);
-void tcp_set_nodelay(int fd);
-void tcp_set_liveness(int fd, const tp_config *cfg);
-void tcp_format_local(int fd, char *buf, size_t len);
-tcp_conn *tcp_conn_new(tp_transport *t);
-void tcp_conn_release(tcp_conn *c);
-void tcp_conn_fail(tcp_conn *c, tp_error *err);
-void tcp_conn_fail_errno(tcp_conn *c, int errnum, const char *what);
-void tcp_read_pump(tcp_conn *c);
-void tcp_write_pump(tcp_conn *c);
-void tcp_conn_read(tp_conn *bc, tp_aio *aio);
-void tcp_conn_write(tp_conn *bc, tp_aio *aio);
-void tcp_conn_close(tp_conn *bc);
-void tcp_conn_fini(tp_conn *bc);
+void tp__tcp_set_bufs(int fd, const tp_config *cfg);
+void tp__tcp_set_nodelay(int fd);
+void tp__tcp_set_liveness(int fd, const tp_config *cfg);
+void tp__tcp_format_local(int fd, char *buf, size_t len);
+tcp_conn *tp__tcp_conn_new(tp_transport *t);
+void tp__tcp_conn_release(tcp_conn *c);
+void tp__tcp_read_pump(tcp_conn *c);
+void tp__tcp_write_pump(tcp_conn *c);
+void tp__tcp_conn_read(tp_conn *bc, tp_aio *aio);
+void tp__tcp_conn_write(tp_conn *bc, tp_aio *aio);
+void tp__tcp_conn_close(tp_conn *bc);
+void tp__tcp_conn_fini(tp_conn *bc);
 
 // setup.c
 // "tcp: connect to X" or "tcp: listener tcp://Y: connection from peer X".
-void tcp_setup_prefix(const tcp_conn *c, char *buf, size_t len);
+void tp__tcp_setup_prefix(const tcp_conn *c, char *buf, size_t len);
 // Fails a connection during set-up with @err (taken).
-void tcp_setup_fail(tcp_conn *c, tp_error *err);
+void tp__tcp_setup_fail(tcp_conn *c, tp_error *err);
 // Takes a listener-side connection off its listener's queues.
-void tcp_listener_detach(tcp_conn *c);
-void tcp_conn_fd_cb(tp_loop_fd *lfd, uint32_t events);
-void tcp_conn_timer_cb(tp_timer *t, void *arg);
-void tcp_hello_pump(tcp_conn *c);
-void tcp_connect(tp_transport *t, const char *addr, tp_aio *aio);
+void tp__tcp_listener_detach(tcp_conn *c);
+void tp__tcp_conn_fd_cb(tp_loop_fd *lfd, uint32_t events);
+void tp__tcp_conn_timer_cb(tp_timer *t, void *arg);
+void tp__tcp_hello_pump(tcp_conn *c);
+void tp__tcp_connect(tp_transport *t, const char *addr, tp_aio *aio);
 
 // listener.c
-void tcp_listener_service(tcp_listener *l);
-tp_status tcp_listen(tp_transport *t, tp_listener *bl, const char *addr,
-                     tp_error **err_p);
-void tcp_accept(tp_listener *bl, tp_aio *aio);
-void tcp_listener_close(tp_listener *bl);
+void tp__tcp_listener_service(tcp_listener *l);
+tp_status tp__tcp_listen(tp_transport *t, tp_listener *bl, const char *addr,
+                         tp_error **err_p);
+void tp__tcp_accept(tp_listener *bl, tp_aio *aio);
+void tp__tcp_listener_close(tp_listener *bl);
 
 #endif
