@@ -32,7 +32,7 @@ struct da_part {
 static _Thread_local da_part *tl_part;
 
 da_part *
-da_part_current(void)
+tp__da_part_current(void)
 {
     return tl_part;
 }
@@ -53,8 +53,8 @@ part_new(da_ctx *c, uint64_t pass, bool retain)
     // reply), saving a hand-over per hop; nothing here blocks.
     atomic_init(&p->p_refs, 1);
     p->p_x = c->c_x;
-    da_state_ref(p->p_x);
-    p->p_ctx = da_ctx_ref(c);
+    tp__da_state_ref(p->p_x);
+    p->p_ctx = tp__da_ctx_ref(c);
     p->p_pass = pass;
     p->p_retain = retain;
     p->p_pending = 1;
@@ -75,13 +75,14 @@ part_unref(da_part *p)
     p->p_x->x_st.backwards--;
     tp__mtx_unlock(&p->p_x->x_mtx);
     tp_future_unref(p->p_done);
-    da_ctx_unref(p->p_ctx);
-    da_state_unref(p->p_x);
+    tp__da_ctx_unref(p->p_ctx);
+    tp__da_state_unref(p->p_x);
     tp__mtx_fini(&p->p_mtx);
     tp__free(p);
 }
 
-bool
+/* Whether @c's pass @pass was aborted. */
+static bool
 da_pass_aborted(da_ctx *c, uint64_t pass)
 {
     da_state *x = c->c_x;
@@ -92,7 +93,7 @@ da_pass_aborted(da_ctx *c, uint64_t pass)
 }
 
 void
-da_pass_abort(da_ctx *c, uint64_t pass)
+tp__da_pass_abort(da_ctx *c, uint64_t pass)
 {
     da_state *x = c->c_x;
     tp__mtx_lock(&x->x_mtx);
@@ -117,7 +118,7 @@ part_piece_done(da_part *p, const tp_error *err)
         return;
     }
     if (err != NULL) {
-        da_pass_abort(p->p_ctx, p->p_pass); // the local parts stop too
+        tp__da_pass_abort(p->p_ctx, p->p_pass); // the local parts stop too
         tp_future_set_error(p->p_done, err);
     } else {
         tp_future_set_value(p->p_done, NULL, NULL);
@@ -135,8 +136,8 @@ sub_done(tp_future *f, void *arg)
 }
 
 tp_status
-da_part_send(da_part *p, da_ctx *c, int to, uint64_t send_id,
-             tp_tensor *const *grads, int n, tp_error **err_p)
+tp__da_part_send(da_part *p, da_ctx *c, int to, uint64_t send_id,
+                 tp_tensor *const *grads, int n, tp_error **err_p)
 {
     da_state *x = c->c_x;
     const tp_worker_info *wi = tp__agent_worker(x->x_agent, to);
@@ -145,13 +146,13 @@ da_part_send(da_part *p, da_ctx *c, int to, uint64_t send_id,
         return tp__error_set(err_p, TP_ECANCELED,
                              "dist autograd %s: backward of context %" PRId64
                              " stopped: the pass failed on another worker",
-                             da_name(x), c->c_id);
+                             tp__da_name(x), c->c_id);
     }
-    if (da_is_dead(x, to)) {
+    if (tp__da_is_dead(x, to)) {
         return tp__error_set(err_p, TP_ECONNRESET,
                              "dist autograd %s: backward of context %" PRId64
                              " needs %s (rank %d), which died",
-                             da_name(x), c->c_id, who, to);
+                             tp__da_name(x), c->c_id, who, to);
     }
     tp_args *args = NULL;
     tp_status st = tp_args_create(NULL, 0, &args);
@@ -166,14 +167,14 @@ da_part_send(da_part *p, da_ctx *c, int to, uint64_t send_id,
         tp_args_unref(args);
         return tp__error_set(err_p, st,
                              "dist autograd %s: gradients for %s (rank %d)",
-                             da_name(x), who, to);
+                             tp__da_name(x), who, to);
     }
     uint8_t hdr[DA_BW_HDR];
-    da_bw_encode(&(da_bw){.b_ctx = c->c_id,
-                          .b_send = send_id,
-                          .b_pass = p->p_pass,
-                          .b_retain = p->p_retain},
-                 hdr);
+    tp__da_bw_encode(&(da_bw){.b_ctx = c->c_id,
+                              .b_send = send_id,
+                              .b_pass = p->p_pass,
+                              .b_retain = p->p_retain},
+                     hdr);
     tp_future *f =
         tp__agent_call_kind(x->x_agent, to, DA_KIND_BACKWARD, hdr, sizeof(hdr),
                             NULL, args, TP_TIMEOUT_DEFAULT);
@@ -181,7 +182,7 @@ da_part_send(da_part *p, da_ctx *c, int to, uint64_t send_id,
     if (f == NULL) {
         return tp__error_set(err_p, TP_ENOMEM, "dist autograd: out of memory");
     }
-    da_ctx_add_peer(c, to);
+    tp__da_ctx_add_peer(c, to);
     tp__mtx_lock(&p->p_mtx);
     p->p_pending++;
     tp__mtx_unlock(&p->p_mtx);
@@ -221,7 +222,7 @@ part_run(da_part *p, int n, const tp_backward_root *roots)
         tp_error *e = tp__error_new(st, 0, err,
                                     "dist autograd backward of context "
                                     "%" PRId64 " on %s (rank %d)",
-                                    c->c_id, da_name(x), x->x_rank);
+                                    c->c_id, tp__da_name(x), x->x_rank);
         tp_error_unref(err);
         err = e;
     }
@@ -230,8 +231,8 @@ part_run(da_part *p, int n, const tp_backward_root *roots)
 }
 
 tp_future *
-da_backward_remote(da_ctx *c, int from, uint64_t send_id, uint64_t pass,
-                   bool retain, const tp_args *grads)
+tp__da_backward_remote(da_ctx *c, int from, uint64_t send_id, uint64_t pass,
+                       bool retain, const tp_args *grads)
 {
     da_state *x = c->c_x;
     da_part *p = part_new(c, pass, retain);
@@ -240,18 +241,18 @@ da_backward_remote(da_ctx *c, int from, uint64_t send_id, uint64_t pass,
     }
     tp_future *done = tp_future_ref(p->p_done);
     tp_error *err = NULL;
-    tp_node *node = da_send_fn(c, send_id);
+    tp_node *node = tp__da_send_fn(c, send_id);
     if (node == NULL) {
         tp__error_set(&err, TP_ENOENT,
                       "dist autograd %s: context %" PRId64
                       " has no send function %" PRIu64
                       " (released, or the graph ran without retain_graph)",
-                      da_name(x), c->c_id, send_id);
-    } else if (da_send_check(node, grads, &err) != TP_OK) {
+                      tp__da_name(x), c->c_id, send_id);
+    } else if (tp__da_send_check(node, grads, &err) != TP_OK) {
         const tp_worker_info *wi = tp__agent_worker(x->x_agent, from);
         tp__error_wrap(&err, TP_EPROTO,
                        "dist autograd %s: backward from %s (rank %d)",
-                       da_name(x), wi != NULL ? wi->name : "?", from);
+                       tp__da_name(x), wi != NULL ? wi->name : "?", from);
     }
     if (err != NULL) {
         part_piece_done(p, err);
@@ -284,14 +285,14 @@ abort_everywhere(da_ctx *c, uint64_t pass)
 {
     da_state *x = c->c_x;
     int world = x->x_world;
-    bool *peers = da_ctx_peers(c);
+    bool *peers = tp__da_ctx_peers(c);
     if (peers == NULL) {
         return;
     }
     uint8_t hdr[DA_NOTE_HDR];
-    da_note_encode(&(da_note){.n_ctx = c->c_id, .n_pass = pass}, hdr);
+    tp__da_note_encode(&(da_note){.n_ctx = c->c_id, .n_pass = pass}, hdr);
     for (int r = 0; r < world; r++) {
-        if (!peers[r] || r == x->x_rank || da_is_dead(x, r)) {
+        if (!peers[r] || r == x->x_rank || tp__da_is_dead(x, r)) {
             continue;
         }
         tp_error *err = NULL;
@@ -307,7 +308,7 @@ tp_dist_autograd_backward(tp_agent *a, int64_t ctx_id, int n_roots,
                           tp_tensor *const *roots, bool retain_graph,
                           tp_error **err_p)
 {
-    da_state *x = da_state_of(a);
+    da_state *x = tp__da_state_of(a);
     if (x == NULL) {
         return tp__error_set(err_p, a == NULL ? TP_EINVAL : TP_ECLOSED,
                              "dist autograd backward: %s",
@@ -317,7 +318,7 @@ tp_dist_autograd_backward(tp_agent *a, int64_t ctx_id, int n_roots,
         return tp__error_set(err_p, TP_EINVAL,
                              "dist autograd %s: backward of context %" PRId64
                              ": no roots",
-                             da_name(x), ctx_id);
+                             tp__da_name(x), ctx_id);
     }
     for (int i = 0; i < n_roots; i++) {
         tp_tensor *t = roots[i];
@@ -325,7 +326,7 @@ tp_dist_autograd_backward(tp_agent *a, int64_t ctx_id, int n_roots,
             return tp__error_set(err_p, TP_EINVAL,
                                  "dist autograd %s: backward of context "
                                  "%" PRId64 ": root %d does not require grad",
-                                 da_name(x), ctx_id, i);
+                                 tp__da_name(x), ctx_id, i);
         }
         if (tp_tensor_numel(t) != 1) {
             return tp__error_set(err_p, TP_EINVAL,
@@ -333,10 +334,10 @@ tp_dist_autograd_backward(tp_agent *a, int64_t ctx_id, int n_roots,
                                  "%" PRId64 ": root %d has %" PRId64
                                  " elements (a root is a scalar, such as a "
                                  "loss)",
-                                 da_name(x), ctx_id, i, tp_tensor_numel(t));
+                                 tp__da_name(x), ctx_id, i, tp_tensor_numel(t));
         }
     }
-    da_ctx *c = da_ctx_find_or_fail(x, ctx_id, "backward", err_p);
+    da_ctx *c = tp__da_ctx_find_or_fail(x, ctx_id, "backward", err_p);
     if (c == NULL) {
         return TP_ENOENT;
     }
@@ -349,7 +350,7 @@ tp_dist_autograd_backward(tp_agent *a, int64_t ctx_id, int n_roots,
             part_unref(p);
         }
         tp__free(rs);
-        da_ctx_unref(c);
+        tp__da_ctx_unref(c);
         return tp__error_set(err_p, TP_ENOMEM, "dist autograd: out of memory");
     }
     for (int i = 0; i < n_roots; i++) {
@@ -363,7 +364,7 @@ tp_dist_autograd_backward(tp_agent *a, int64_t ctx_id, int n_roots,
     tp_error *err = NULL;
     tp_status st = tp_future_wait(p->p_done, t > 0 ? 2 * t + 1000 : 0, &err);
     if (st != TP_OK) {
-        da_pass_abort(c, pass);
+        tp__da_pass_abort(c, pass);
         abort_everywhere(c, pass);
         if (err_p != NULL) {
             *err_p = err;
@@ -372,6 +373,6 @@ tp_dist_autograd_backward(tp_agent *a, int64_t ctx_id, int n_roots,
     }
     tp_error_unref(err);
     part_unref(p);
-    da_ctx_unref(c);
+    tp__da_ctx_unref(c);
     return st;
 }

@@ -14,13 +14,13 @@
 static _Thread_local da_ctx *tl_cur; // referenced
 
 void
-da_state_ref(da_state *x)
+tp__da_state_ref(da_state *x)
 {
     atomic_fetch_add_explicit(&x->x_refs, 1, memory_order_relaxed);
 }
 
 void
-da_state_unref(da_state *x)
+tp__da_state_unref(da_state *x)
 {
     if (x == NULL ||
         atomic_fetch_sub_explicit(&x->x_refs, 1, memory_order_acq_rel) != 1) {
@@ -33,21 +33,21 @@ da_state_unref(da_state *x)
 }
 
 da_state *
-da_state_of(const tp_agent *a)
+tp__da_state_of(const tp_agent *a)
 {
     return a != NULL ? tp__agent_proto_state(a, &tp__dist_autograd_proto)
                      : NULL;
 }
 
 const char *
-da_name(const da_state *x)
+tp__da_name(const da_state *x)
 {
     const tp_worker_info *wi = tp__agent_worker(x->x_agent, x->x_rank);
     return wi != NULL ? wi->name : "?";
 }
 
 bool *
-da_ctx_peers(da_ctx *c)
+tp__da_ctx_peers(da_ctx *c)
 {
     da_state *x = c->c_x;
     bool *peers = tp__alloc((size_t)x->x_world * sizeof(bool));
@@ -60,7 +60,7 @@ da_ctx_peers(da_ctx *c)
 }
 
 bool
-da_is_dead(da_state *x, int r)
+tp__da_is_dead(da_state *x, int r)
 {
     tp__mtx_lock(&x->x_mtx);
     bool dead = r >= 0 && r < x->x_world && x->x_dead[r];
@@ -69,7 +69,7 @@ da_is_dead(da_state *x, int r)
 }
 
 da_ctx *
-da_ctx_ref(da_ctx *c)
+tp__da_ctx_ref(da_ctx *c)
 {
     atomic_fetch_add_explicit(&c->c_refs, 1, memory_order_relaxed);
     return c;
@@ -87,7 +87,7 @@ drop_sends(tp_node **sends, size_t n)
 }
 
 void
-da_ctx_unref(da_ctx *c)
+tp__da_ctx_unref(da_ctx *c)
 {
     if (c == NULL ||
         atomic_fetch_sub_explicit(&c->c_refs, 1, memory_order_acq_rel) != 1) {
@@ -97,7 +97,7 @@ da_ctx_unref(da_ctx *c)
     tp_grad_map_destroy(c->c_grads);
     tp__mtx_fini(&c->c_run);
     tp__free(c->c_peers);
-    da_state_unref(c->c_x);
+    tp__da_state_unref(c->c_x);
     tp__free(c);
 }
 
@@ -113,26 +113,27 @@ find_locked(da_state *x, int64_t id)
 }
 
 da_ctx *
-da_ctx_find(da_state *x, int64_t id)
+tp__da_ctx_find(da_state *x, int64_t id)
 {
     tp__mtx_lock(&x->x_mtx);
     da_ctx *c = find_locked(x, id);
     if (c != NULL) {
-        da_ctx_ref(c);
+        tp__da_ctx_ref(c);
     }
     tp__mtx_unlock(&x->x_mtx);
     return c;
 }
 
 da_ctx *
-da_ctx_find_or_fail(da_state *x, int64_t id, const char *what, tp_error **err_p)
+tp__da_ctx_find_or_fail(da_state *x, int64_t id, const char *what,
+                        tp_error **err_p)
 {
-    da_ctx *c = da_ctx_find(x, id);
+    da_ctx *c = tp__da_ctx_find(x, id);
     if (c == NULL) {
         tp__error_set(err_p, TP_ENOENT,
                       "dist autograd %s: %s: no context %" PRId64
                       " (unknown or already released)",
-                      da_name(x), what, id);
+                      tp__da_name(x), what, id);
     }
     return c;
 }
@@ -152,7 +153,7 @@ ctx_new(da_state *x, int64_t id)
     }
     atomic_init(&c->c_refs, 1); // the table's
     c->c_x = x;
-    da_state_ref(x);
+    tp__da_state_ref(x);
     c->c_id = id;
     c->c_creator = (int)((uint64_t)id >> DA_CTX_BITS);
     tp__mtx_init(&c->c_run);
@@ -168,7 +169,7 @@ insert_locked(da_state *x, da_ctx *c)
 }
 
 da_ctx *
-da_ctx_get_or_add(da_state *x, int64_t id, int from)
+tp__da_ctx_get_or_add(da_state *x, int64_t id, int from)
 {
     int creator = (int)((uint64_t)id >> DA_CTX_BITS);
     tp__mtx_lock(&x->x_mtx);
@@ -181,7 +182,7 @@ da_ctx_get_or_add(da_state *x, int64_t id, int from)
         }
     }
     if (c != NULL) {
-        da_ctx_ref(c);
+        tp__da_ctx_ref(c);
         if (from >= 0 && from < x->x_world) {
             c->c_peers[from] = true;
         }
@@ -191,7 +192,7 @@ da_ctx_get_or_add(da_state *x, int64_t id, int from)
 }
 
 void
-da_ctx_add_peer(da_ctx *c, int rank)
+tp__da_ctx_add_peer(da_ctx *c, int rank)
 {
     da_state *x = c->c_x;
     if (rank < 0 || rank >= x->x_world) {
@@ -207,7 +208,7 @@ static void
 send_release(da_state *x, int64_t id, int to)
 {
     uint8_t hdr[DA_NOTE_HDR];
-    da_note_encode(&(da_note){.n_ctx = id}, hdr);
+    tp__da_note_encode(&(da_note){.n_ctx = id}, hdr);
     tp_error *err = NULL;
     tp_status st = tp__agent_notify(x->x_agent, to, DA_KIND_RELEASE, hdr,
                                     sizeof(hdr), false, &err);
@@ -215,13 +216,13 @@ send_release(da_state *x, int64_t id, int to)
         TP_LOG_DEBUG("TP-DA-RELEASE",
                      "dist autograd %s: context %" PRId64
                      " not released on rank %d: %s",
-                     da_name(x), id, to, tp_error_message(err));
+                     tp__da_name(x), id, to, tp_error_message(err));
     }
     tp_error_unref(err);
 }
 
 void
-da_ctx_release(da_ctx *c, bool propagate, int from)
+tp__da_ctx_release(da_ctx *c, bool propagate, int from)
 {
     da_state *x = c->c_x;
     tp__mtx_lock(&x->x_mtx);
@@ -248,7 +249,7 @@ da_ctx_release(da_ctx *c, bool propagate, int from)
     int world = x->x_world;
     bool notify = propagate && x->x_attached;
     tp__mtx_unlock(&x->x_mtx);
-    bool *peers = notify ? da_ctx_peers(c) : NULL;
+    bool *peers = notify ? tp__da_ctx_peers(c) : NULL;
     drop_sends(sends, nsends);
     if (peers != NULL) {
         for (int r = 0; r < world; r++) {
@@ -261,11 +262,11 @@ da_ctx_release(da_ctx *c, bool propagate, int from)
         }
         tp__free(peers);
     }
-    da_ctx_unref(c); // the table's
+    tp__da_ctx_unref(c); // the table's
 }
 
 void
-da_ctx_release_all(da_state *x, int creator)
+tp__da_ctx_release_all(da_state *x, int creator)
 {
     for (;;) {
         tp__mtx_lock(&x->x_mtx);
@@ -274,27 +275,27 @@ da_ctx_release_all(da_state *x, int creator)
             c = c->c_next;
         }
         if (c != NULL) {
-            da_ctx_ref(c);
+            tp__da_ctx_ref(c);
         }
         tp__mtx_unlock(&x->x_mtx);
         if (c == NULL) {
             return;
         }
-        da_ctx_release(c, false, -1);
-        da_ctx_unref(c);
+        tp__da_ctx_release(c, false, -1);
+        tp__da_ctx_unref(c);
     }
 }
 
 // ---- the thread's current context ------------------------------------------
 
 da_ctx *
-da_current(const da_state *x)
+tp__da_current(const da_state *x)
 {
     return tl_cur != NULL && tl_cur->c_x == x ? tl_cur : NULL;
 }
 
 da_ctx *
-da_set_current(da_ctx *c)
+tp__da_set_current(da_ctx *c)
 {
     da_ctx *prev = tl_cur;
     tl_cur = c;
@@ -311,7 +312,7 @@ state_or_fail(const tp_agent *a, const char *what, da_state **x_p,
         return tp__error_set(err_p, TP_EINVAL, "dist autograd %s: no agent",
                              what);
     }
-    da_state *x = da_state_of(a);
+    da_state *x = tp__da_state_of(a);
     if (x == NULL) {
         return tp__error_set(err_p, TP_ECLOSED,
                              "dist autograd %s: the agent is shut down", what);
@@ -332,13 +333,13 @@ tp_dist_autograd_context_create(tp_agent *a, int64_t *ctx_id_p,
         return tp__error_set(err_p, TP_EINVAL,
                              "dist autograd context_create: ctx_id_p is NULL");
     }
-    da_ctx *cur = da_current(x);
+    da_ctx *cur = tp__da_current(x);
     if (cur != NULL && !cur->c_released) {
         return tp__error_set(err_p, TP_EINVAL,
                              "dist autograd %s: context %" PRId64
                              " is already current on this thread (contexts "
                              "do not nest; release it first)",
-                             da_name(x), cur->c_id);
+                             tp__da_name(x), cur->c_id);
     }
     uint64_t n = atomic_fetch_add(&x->x_next_ctx, 1);
     int64_t id = (int64_t)(((uint64_t)x->x_rank << DA_CTX_BITS) |
@@ -350,15 +351,15 @@ tp_dist_autograd_context_create(tp_agent *a, int64_t *ctx_id_p,
     tp__mtx_lock(&x->x_mtx);
     if (!x->x_attached) {
         tp__mtx_unlock(&x->x_mtx);
-        da_ctx_unref(c);
+        tp__da_ctx_unref(c);
         return tp__error_set(err_p, TP_ECLOSED,
                              "dist autograd %s: the agent is shutting down",
-                             da_name(x));
+                             tp__da_name(x));
     }
     insert_locked(x, c);
     x->x_st.created++;
     tp__mtx_unlock(&x->x_mtx);
-    da_ctx_unref(da_set_current(da_ctx_ref(c)));
+    tp__da_ctx_unref(tp__da_set_current(tp__da_ctx_ref(c)));
     *ctx_id_p = id;
     return TP_OK;
 }
@@ -370,9 +371,9 @@ tp_dist_autograd_context_release(tp_agent *a, int64_t ctx_id, tp_error **err_p)
     if (state_or_fail(a, "context_release", &x, err_p) != TP_OK) {
         return tp_error_status(*err_p);
     }
-    da_ctx *cur = da_current(x);
+    da_ctx *cur = tp__da_current(x);
     if (cur != NULL && cur->c_id == ctx_id) {
-        da_ctx_unref(da_set_current(NULL));
+        tp__da_ctx_unref(tp__da_set_current(NULL));
     }
     int creator = (int)((uint64_t)ctx_id >> DA_CTX_BITS);
     if (ctx_id >= 0 && creator != x->x_rank && creator < x->x_world) {
@@ -380,14 +381,14 @@ tp_dist_autograd_context_release(tp_agent *a, int64_t ctx_id, tp_error **err_p)
                              "dist autograd %s: context %" PRId64
                              " was made by rank %d: only its creator "
                              "releases it",
-                             da_name(x), ctx_id, creator);
+                             tp__da_name(x), ctx_id, creator);
     }
-    da_ctx *c = da_ctx_find_or_fail(x, ctx_id, "context_release", err_p);
+    da_ctx *c = tp__da_ctx_find_or_fail(x, ctx_id, "context_release", err_p);
     if (c == NULL) {
         return TP_ENOENT;
     }
-    da_ctx_release(c, true, -1);
-    da_ctx_unref(c);
+    tp__da_ctx_release(c, true, -1);
+    tp__da_ctx_unref(c);
     return TP_OK;
 }
 
@@ -400,20 +401,20 @@ tp_dist_autograd_set_current(tp_agent *a, int64_t ctx_id, tp_error **err_p)
     }
     da_ctx *c = NULL;
     if (ctx_id != -1) {
-        c = da_ctx_find_or_fail(x, ctx_id, "set_current", err_p);
+        c = tp__da_ctx_find_or_fail(x, ctx_id, "set_current", err_p);
         if (c == NULL) {
             return TP_ENOENT;
         }
     }
-    da_ctx_unref(da_set_current(c));
+    tp__da_ctx_unref(tp__da_set_current(c));
     return TP_OK;
 }
 
 int64_t
 tp_dist_autograd_current(const tp_agent *a)
 {
-    da_state *x = da_state_of(a);
-    da_ctx *c = x != NULL ? da_current(x) : NULL;
+    da_state *x = tp__da_state_of(a);
+    da_ctx *c = x != NULL ? tp__da_current(x) : NULL;
     return c != NULL && !c->c_released ? c->c_id : -1;
 }
 
@@ -425,7 +426,7 @@ tp_dist_autograd_get_gradients(tp_agent *a, int64_t ctx_id, tp_grad_map **map_p,
     if (state_or_fail(a, "get_gradients", &x, err_p) != TP_OK) {
         return tp_error_status(*err_p);
     }
-    da_ctx *c = da_ctx_find_or_fail(x, ctx_id, "get_gradients", err_p);
+    da_ctx *c = tp__da_ctx_find_or_fail(x, ctx_id, "get_gradients", err_p);
     if (c == NULL) {
         return TP_ENOENT;
     }
@@ -433,14 +434,14 @@ tp_dist_autograd_get_gradients(tp_agent *a, int64_t ctx_id, tp_grad_map **map_p,
     tp__mtx_lock(&c->c_run);
     tp_status st = tp_grad_map_copy(c->c_grads, map_p, err_p);
     tp__mtx_unlock(&c->c_run);
-    da_ctx_unref(c);
+    tp__da_ctx_unref(c);
     return st;
 }
 
 tp_status
 tp_dist_autograd_get_stats(const tp_agent *a, tp_dist_autograd_stats *st_p)
 {
-    da_state *x = da_state_of(a);
+    da_state *x = tp__da_state_of(a);
     if (x == NULL || st_p == NULL) {
         return TP_EINVAL;
     }

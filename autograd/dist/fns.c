@@ -16,6 +16,7 @@
 
 #include "agent/agent_int.h"
 #include "core/alloc.h"
+#include "core/wire.h"
 #include "da_impl.h"
 
 // ---- send functions -------------------------------------------------------
@@ -48,7 +49,7 @@ send_backward(tp_node *node, tp_tensor *const *gout, tp_tensor **gin,
 static void
 meta_free(send_meta *m)
 {
-    da_state_unref(m->m_x);
+    tp__da_state_unref(m->m_x);
     tp__free(m);
 }
 
@@ -80,12 +81,12 @@ meta_new(da_state *x, int n, tp_tensor *const *ts)
                (size_t)t->t_ndim * sizeof(int64_t));
     }
     m->m_x = x;
-    da_state_ref(x);
+    tp__da_state_ref(x);
     return m;
 }
 
 tp_status
-da_send_check(tp_node *n, const tp_args *grads, tp_error **err_p)
+tp__da_send_check(tp_node *n, const tp_args *grads, tp_error **err_p)
 {
     send_meta *m = tp_node_arg(n);
     size_t ng = tp_args_ntensors(grads);
@@ -113,7 +114,7 @@ da_send_check(tp_node *n, const tp_args *grads, tp_error **err_p)
 }
 
 tp_node *
-da_send_fn(da_ctx *c, uint64_t id)
+tp__da_send_fn(da_ctx *c, uint64_t id)
 {
     da_state *x = c->c_x;
     tp_node *n = NULL;
@@ -126,8 +127,8 @@ da_send_fn(da_ctx *c, uint64_t id)
 }
 
 tp_status
-da_record_send(da_ctx *c, int to, const tp_args *args, tp__ext *ext,
-               tp_error **err_p)
+tp__da_record_send(da_ctx *c, int to, const tp_args *args, tp__ext *ext,
+                   tp_error **err_p)
 {
     da_state *x = c->c_x;
     size_t nt = args != NULL ? tp_args_ntensors(args) : 0;
@@ -141,7 +142,7 @@ da_record_send(da_ctx *c, int to, const tp_args *args, tp__ext *ext,
         return tp__error_set(err_p, TP_EINVAL,
                              "dist autograd %s: %zu tensors requiring grad in "
                              "one message (at most %d)",
-                             da_name(x), n, DA_MAX_TENSORS);
+                             tp__da_name(x), n, DA_MAX_TENSORS);
     }
     if (n > 0) {
         idx = tp__alloc(n * sizeof(*idx));
@@ -180,7 +181,7 @@ da_record_send(da_ctx *c, int to, const tp_args *args, tp__ext *ext,
     if (st == TP_OK && c->c_released) {
         st = tp__error_set(err_p, TP_ENOENT,
                            "dist autograd %s: context %" PRId64 " was released",
-                           da_name(x), c->c_id);
+                           tp__da_name(x), c->c_id);
     }
     if (st == TP_OK && node != NULL) {
         if (c->c_nsends == c->c_cap_sends) {
@@ -212,18 +213,18 @@ da_record_send(da_ctx *c, int to, const tp_args *args, tp__ext *ext,
         return st;
     }
     uint8_t fixed[DA_SEC_FIXED];
-    da_sec_encode_fixed(c->c_id, send_id, (uint32_t)n, fixed);
+    tp__da_sec_encode_fixed(c->c_id, send_id, (uint32_t)n, fixed);
     st = tp__ext_append(ext, fixed, sizeof(fixed));
     for (size_t i = 0; i < n && st == TP_OK; i++) {
         uint8_t b[4];
-        da_put32(b, idx[i]);
+        tp__put_u32le(b, idx[i]);
         st = tp__ext_append(ext, b, 4);
     }
     tp__free(idx);
     if (st != TP_OK) {
         return tp__error_set(err_p, st,
                              "dist autograd %s: a section for %zu tensors",
-                             da_name(x), n);
+                             tp__da_name(x), n);
     }
     return TP_OK;
 }
@@ -244,7 +245,7 @@ recv_backward(tp_node *node, tp_tensor *const *gout, tp_tensor **gin,
     (void)gin;
     recv_meta *m = tp_node_arg(node);
     da_state *x = m->r_x;
-    da_part *p = da_part_current();
+    da_part *p = tp__da_part_current();
     if (p == NULL) {
         return tp__error_set(err_p, TP_EINVAL,
                              "a recv function of dist autograd context "
@@ -253,16 +254,16 @@ recv_backward(tp_node *node, tp_tensor *const *gout, tp_tensor **gin,
                              "(use it instead of tp_backward)",
                              m->r_ctx);
     }
-    da_ctx *c = da_ctx_find(x, m->r_ctx);
+    da_ctx *c = tp__da_ctx_find(x, m->r_ctx);
     if (c == NULL) {
         return tp__error_set(err_p, TP_ENOENT,
                              "dist autograd %s: context %" PRId64
                              " was released",
-                             da_name(x), m->r_ctx);
+                             tp__da_name(x), m->r_ctx);
     }
-    tp_status st = da_part_send(p, c, m->r_from, m->r_send, gout,
-                                tp_node_num_outputs(node), err_p);
-    da_ctx_unref(c);
+    tp_status st = tp__da_part_send(p, c, m->r_from, m->r_send, gout,
+                                    tp_node_num_outputs(node), err_p);
+    tp__da_ctx_unref(c);
     return st;
 }
 
@@ -274,7 +275,7 @@ recv_destroy(tp_node *node)
     tp__mtx_lock(&x->x_mtx);
     x->x_st.recv_fns--;
     tp__mtx_unlock(&x->x_mtx);
-    da_state_unref(x);
+    tp__da_state_unref(x);
     tp__free(m);
 }
 
@@ -292,31 +293,32 @@ sec_bad(da_state *x, int from, tp_error **err_p)
     return tp__error_wrap(err_p, TP_EPROTO,
                           "dist autograd %s: malformed section from %s (rank "
                           "%d)",
-                          da_name(x), wi != NULL ? wi->name : "?", from);
+                          tp__da_name(x), wi != NULL ? wi->name : "?", from);
 }
 
 tp_status
-da_record_recv(da_state *x, int from, const uint8_t *sec, size_t len,
-               tp_args *args, da_ctx **c_p, tp_error **err_p)
+tp__da_record_recv(da_state *x, int from, const uint8_t *sec, size_t len,
+                   tp_args *args, da_ctx **c_p, tp_error **err_p)
 {
     *c_p = NULL;
     da_sec s;
-    if (da_sec_decode(sec, len, (uint32_t)x->x_world, tp_args_ntensors(args),
-                      &s, err_p) != TP_OK) {
+    if (tp__da_sec_decode(sec, len, (uint32_t)x->x_world,
+                          tp_args_ntensors(args), &s, err_p) != TP_OK) {
         return sec_bad(x, from, err_p);
     }
     size_t n = s.s_n;
     int64_t id = s.s_ctx;
     uint64_t send_id = s.s_send;
     for (uint32_t i = 0; i < s.s_n; i++) {
-        tp_tensor *t = tp_args_tensor(args, da_sec_idx(&s, i));
+        tp_tensor *t = tp_args_tensor(args, tp__da_sec_idx(&s, i));
         if (!tp_dtype_is_floating(tp_tensor_dtype(t))) {
             tp__error_set(err_p, TP_EPROTO, "tensor %u requires grad but is %s",
-                          da_sec_idx(&s, i), tp_dtype_name(tp_tensor_dtype(t)));
+                          tp__da_sec_idx(&s, i),
+                          tp_dtype_name(tp_tensor_dtype(t)));
             return sec_bad(x, from, err_p);
         }
     }
-    da_ctx *c = da_ctx_get_or_add(x, id, from);
+    da_ctx *c = tp__da_ctx_get_or_add(x, id, from);
     if (c == NULL) {
         // Its creator died (the context ended here): run without one.
         return TP_OK;
@@ -328,11 +330,11 @@ da_record_recv(da_state *x, int from, const uint8_t *sec, size_t len,
     recv_meta *m = tp__zalloc(sizeof(*m));
     tp_node *node = NULL;
     if (m == NULL) {
-        da_ctx_unref(c);
+        tp__da_ctx_unref(c);
         return tp__error_set(err_p, TP_ENOMEM, "dist autograd: out of memory");
     }
     m->r_x = x;
-    da_state_ref(x);
+    tp__da_state_ref(x);
     m->r_ctx = id;
     m->r_from = from;
     m->r_send = send_id;
@@ -345,13 +347,13 @@ da_record_recv(da_state *x, int from, const uint8_t *sec, size_t len,
         tp__mtx_lock(&x->x_mtx);
         x->x_st.recv_fns--;
         tp__mtx_unlock(&x->x_mtx);
-        da_state_unref(x);
+        tp__da_state_unref(x);
         tp__free(m);
-        da_ctx_unref(c);
+        tp__da_ctx_unref(c);
         return st;
     }
     for (size_t i = 0; i < n && st == TP_OK; i++) {
-        uint32_t k = da_sec_idx(&s, (uint32_t)i);
+        uint32_t k = tp__da_sec_idx(&s, (uint32_t)i);
         tp_tensor *t = args->a_tensors[k];
         tp_tensor *v = NULL;
         st = tp_detach(t, &v, err_p);
@@ -367,7 +369,7 @@ da_record_recv(da_state *x, int from, const uint8_t *sec, size_t len,
     }
     tp_node_unref(node); // the tensors hold it now
     if (st != TP_OK) {
-        da_ctx_unref(c);
+        tp__da_ctx_unref(c);
         return st;
     }
     *c_p = c;

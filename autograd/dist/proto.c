@@ -19,13 +19,13 @@
 static void
 obj_ref(void *obj)
 {
-    da_ctx_ref(obj);
+    tp__da_ctx_ref(obj);
 }
 
 static void
 obj_unref(void *obj)
 {
-    da_ctx_unref(obj);
+    tp__da_ctx_unref(obj);
 }
 
 static const tp__args_obj_ops da_obj_ops = {
@@ -83,8 +83,8 @@ da_detach(void *state)
     tp__mtx_lock(&x->x_mtx);
     x->x_attached = false;
     tp__mtx_unlock(&x->x_mtx);
-    da_ctx_release_all(x, -1);
-    da_state_unref(x);
+    tp__da_ctx_release_all(x, -1);
+    tp__da_state_unref(x);
 }
 
 // ---- hooks -----------------------------------------------------------------
@@ -100,7 +100,7 @@ da_send(void *state, int to, uint8_t kind, const tp_args *args,
     }
     // A reply belongs to its request's context; anything else to the
     // sending thread's.
-    da_ctx *c = req != NULL ? args_ctx(req) : da_current(x);
+    da_ctx *c = req != NULL ? args_ctx(req) : tp__da_current(x);
     if (c == NULL) {
         return TP_OK;
     }
@@ -111,9 +111,9 @@ da_send(void *state, int to, uint8_t kind, const tp_args *args,
         return tp__error_set(err_p, TP_ENOENT,
                              "dist autograd %s: the thread's context %" PRId64
                              " was released",
-                             da_name(x), c->c_id);
+                             tp__da_name(x), c->c_id);
     }
-    return da_record_send(c, to, args, ext, err_p);
+    return tp__da_record_send(c, to, args, ext, err_p);
 }
 
 // A message from @from arrived: it is alive, whatever a failed connection
@@ -145,13 +145,13 @@ da_recv(void *state, int from, const uint8_t *sec, size_t len, tp_args *args,
         return TP_OK;
     }
     da_ctx *c = NULL;
-    tp_status st = da_record_recv(x, from, sec, len, args, &c, err_p);
+    tp_status st = tp__da_record_recv(x, from, sec, len, args, &c, err_p);
     if (st != TP_OK || c == NULL) {
         return st;
     }
     st = tp__args_add_obj_taken(args, c, &da_obj_ops);
     if (st != TP_OK) {
-        da_ctx_unref(c);
+        tp__da_ctx_unref(c);
         return tp__error_set(err_p, st, "dist autograd: out of memory");
     }
     return TP_OK;
@@ -168,7 +168,7 @@ da_run_begin(void *state, const tp_args *in)
     if (c == NULL) {
         return &tok_unchanged;
     }
-    da_ctx *prev = da_set_current(da_ctx_ref(c));
+    da_ctx *prev = tp__da_set_current(tp__da_ctx_ref(c));
     return prev != NULL ? (void *)prev : &tok_none;
 }
 
@@ -179,7 +179,7 @@ da_run_end(void *state, void *tok)
     if (tok == &tok_unchanged) {
         return;
     }
-    da_ctx_unref(da_set_current(tok == &tok_none ? NULL : tok));
+    tp__da_ctx_unref(tp__da_set_current(tok == &tok_none ? NULL : tok));
 }
 
 static void
@@ -199,7 +199,7 @@ da_peer_failed(void *state, int rank, const tp_error *err)
     tp__mtx_unlock(&x->x_mtx);
     if (!was) {
         // Its contexts end here (PyTorch keeps them forever).
-        da_ctx_release_all(x, rank);
+        tp__da_ctx_release_all(x, rank);
     }
 }
 
@@ -207,7 +207,7 @@ static void
 da_shutdown_end(void *state, bool agreed)
 {
     (void)agreed;
-    da_ctx_release_all(state, -1);
+    tp__da_ctx_release_all(state, -1);
 }
 
 static size_t
@@ -242,7 +242,7 @@ hdr_bad(da_state *x, const tp__proto_msg *m, tp_error **err_p)
     const tp_worker_info *wi = tp__agent_worker(x->x_agent, m->pm_from);
     return tp__error_wrap(
         err_p, TP_EPROTO, "dist autograd %s: malformed %s from %s (rank %d)",
-        da_name(x), m->pm_kind == DA_KIND_BACKWARD ? "BACKWARD" : "note",
+        tp__da_name(x), m->pm_kind == DA_KIND_BACKWARD ? "BACKWARD" : "note",
         wi != NULL ? wi->name : "?", m->pm_from);
 }
 
@@ -253,23 +253,23 @@ bw_on_loop(void *state, const tp__proto_msg *m, void **ctx_p,
     da_state *x = state;
     (void)result_p;
     da_bw b;
-    if (da_bw_decode(m->pm_hdr, m->pm_hdr_len, (uint32_t)x->x_world, &b,
-                     err_p) != TP_OK) {
+    if (tp__da_bw_decode(m->pm_hdr, m->pm_hdr_len, (uint32_t)x->x_world, &b,
+                         err_p) != TP_OK) {
         hdr_bad(x, m, err_p);
         return TP__PROTO_DONE;
     }
     int64_t id = b.b_ctx;
-    da_ctx *c = da_ctx_find(x, id);
+    da_ctx *c = tp__da_ctx_find(x, id);
     if (c == NULL) {
         tp__error_set(err_p, TP_ENOENT,
                       "dist autograd %s: backward: no context %" PRId64
                       " here (released, or its creator died)",
-                      da_name(x), id);
+                      tp__da_name(x), id);
         return TP__PROTO_DONE;
     }
     bw_job *j = tp__alloc(sizeof(*j));
     if (j == NULL) {
-        da_ctx_unref(c);
+        tp__da_ctx_unref(c);
         tp__error_set(err_p, TP_ENOMEM, "dist autograd: out of memory");
         return TP__PROTO_DONE;
     }
@@ -277,7 +277,7 @@ bw_on_loop(void *state, const tp__proto_msg *m, void **ctx_p,
     j->j_send = b.b_send;
     j->j_pass = b.b_pass;
     j->j_retain = b.b_retain;
-    da_ctx_add_peer(c, m->pm_from);
+    tp__da_ctx_add_peer(c, m->pm_from);
     *ctx_p = j;
     return TP__PROTO_RUN;
 }
@@ -287,9 +287,9 @@ bw_run(void *state, const tp__proto_msg *m, void *ctx)
 {
     (void)state;
     bw_job *j = ctx;
-    tp_future *f = da_backward_remote(j->j_ctx, m->pm_from, j->j_send,
-                                      j->j_pass, j->j_retain, m->pm_args);
-    da_ctx_unref(j->j_ctx);
+    tp_future *f = tp__da_backward_remote(j->j_ctx, m->pm_from, j->j_send,
+                                          j->j_pass, j->j_retain, m->pm_args);
+    tp__da_ctx_unref(j->j_ctx);
     tp__free(j);
     return f;
 }
@@ -306,8 +306,8 @@ static void
 release_run(void *arg)
 {
     release_job *n = arg;
-    da_ctx_release(n->n_ctx, true, n->n_from);
-    da_ctx_unref(n->n_ctx);
+    tp__da_ctx_release(n->n_ctx, true, n->n_from);
+    tp__da_ctx_unref(n->n_ctx);
     tp__free(n);
 }
 
@@ -319,33 +319,33 @@ note_on_loop(void *state, const tp__proto_msg *m, void **ctx_p,
     (void)ctx_p;
     (void)result_p;
     da_note nt;
-    if (da_note_decode(m->pm_hdr, m->pm_hdr_len, (uint32_t)x->x_world, &nt,
-                       err_p) != TP_OK) {
+    if (tp__da_note_decode(m->pm_hdr, m->pm_hdr_len, (uint32_t)x->x_world, &nt,
+                           err_p) != TP_OK) {
         hdr_bad(x, m, err_p);
         return TP__PROTO_DONE;
     }
     int64_t id = nt.n_ctx;
-    da_ctx *c = da_ctx_find(x, id);
+    da_ctx *c = tp__da_ctx_find(x, id);
     if (c == NULL) {
         return TP__PROTO_DONE; // unknown here, or already gone
     }
     if (m->pm_kind == DA_KIND_ABORT) {
-        da_pass_abort(c, nt.n_pass);
-        da_ctx_unref(c);
+        tp__da_pass_abort(c, nt.n_pass);
+        tp__da_ctx_unref(c);
         return TP__PROTO_DONE;
     }
     release_job *n = tp__alloc(sizeof(*n));
     if (n == NULL) {
-        da_ctx_release(c, false, m->pm_from); // at least here
-        da_ctx_unref(c);
+        tp__da_ctx_release(c, false, m->pm_from); // at least here
+        tp__da_ctx_unref(c);
         return TP__PROTO_DONE;
     }
     n->n_ctx = c;
     n->n_from = m->pm_from;
     tp__task_init(&n->n_task, release_run, n);
     if (tp__agent_submit(x->x_agent, &n->n_task) != TP_OK) {
-        da_ctx_release(c, false, m->pm_from);
-        da_ctx_unref(c);
+        tp__da_ctx_release(c, false, m->pm_from);
+        tp__da_ctx_unref(c);
         tp__free(n);
     }
     return TP__PROTO_DONE;

@@ -51,22 +51,18 @@ da_ctx_creator(int64_t id)
 
 /* Decodes a section of @len bytes for args of @ntensors tensors in a job
  * of @world workers. TP_EPROTO with the reason in *@err_p. */
-tp_status da_sec_decode(const uint8_t *p, size_t len, uint32_t world,
-                        size_t ntensors, da_sec *s, tp_error **err_p);
+tp_status tp__da_sec_decode(const uint8_t *p, size_t len, uint32_t world,
+                            size_t ntensors, da_sec *s, tp_error **err_p);
 /* Index @i (< s_n) of @s. */
-uint32_t da_sec_idx(const da_sec *s, uint32_t i);
+uint32_t tp__da_sec_idx(const da_sec *s, uint32_t i);
 /* The fixed part of a section for @ctx, @send and @n indices. */
-void da_sec_encode_fixed(int64_t ctx, uint64_t send, uint32_t n,
-                         uint8_t out[DA_SEC_FIXED]);
-tp_status da_bw_decode(const uint8_t *p, size_t len, uint32_t world, da_bw *b,
-                       tp_error **err_p);
-void da_bw_encode(const da_bw *b, uint8_t out[DA_BW_HDR]);
-tp_status da_note_decode(const uint8_t *p, size_t len, uint32_t world,
-                         da_note *n, tp_error **err_p);
-void da_note_encode(const da_note *n, uint8_t out[DA_NOTE_HDR]);
-void da_put32(uint8_t *p, uint32_t v);
-uint32_t da_get32(const uint8_t *p);
-void da_put64(uint8_t *p, uint64_t v);
-uint64_t da_get64(const uint8_t *p);
+void tp__da_sec_encode_fixed(int64_t ctx, uint64_t send, uint32_t n,
+                             uint8_t out[DA_SEC_FIXED]);
+tp_status tp__da_bw_decode(const uint8_t *p, size_t len, uint32_t world,
+                           da_bw *b, tp_error **err_p);
+void tp__da_bw_encode(const da_bw *b, uint8_t out[DA_BW_HDR]);
+tp_status tp__da_note_decode(const uint8_t *p, size_t len, uint32_t world,
+                             da_note *n, tp_error **err_p);
+void tp__da_note_encode(const da_note *n, uint8_t out[DA_NOTE_HDR]);
 
 #endif

@@ -30,7 +30,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uint8_t back[DA_BW_HDR + 4 * 256];
     if (what == 0) {
         da_sec s;
-        st = da_sec_decode(data, size, world, ntensors, &s, &err);
+        st = tp__da_sec_decode(data, size, world, ntensors, &s, &err);
         if (st == TP_OK) {
             FUZZ_CHECK(s.s_ctx >= 0 &&
                        (uint32_t)da_ctx_creator(s.s_ctx) < world);
@@ -38,29 +38,29 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             FUZZ_CHECK(s.s_n <= ntensors);
             FUZZ_CHECK(size == DA_SEC_FIXED + 4 * (size_t)s.s_n);
             for (uint32_t i = 0; i < s.s_n; i++) {
-                uint32_t k = da_sec_idx(&s, i);
+                uint32_t k = tp__da_sec_idx(&s, i);
                 FUZZ_CHECK(k < ntensors);
-                FUZZ_CHECK(i == 0 || k > da_sec_idx(&s, i - 1));
+                FUZZ_CHECK(i == 0 || k > tp__da_sec_idx(&s, i - 1));
             }
-            da_sec_encode_fixed(s.s_ctx, s.s_send, s.s_n, back);
+            tp__da_sec_encode_fixed(s.s_ctx, s.s_send, s.s_n, back);
             FUZZ_CHECK(memcmp(back, data, DA_SEC_FIXED) == 0);
         }
     } else if (what == 1) {
         da_bw b;
-        st = da_bw_decode(data, size, world, &b, &err);
+        st = tp__da_bw_decode(data, size, world, &b, &err);
         if (st == TP_OK) {
             FUZZ_CHECK(size == DA_BW_HDR && b.b_send != 0 && b.b_pass != 0);
             FUZZ_CHECK((uint32_t)da_ctx_creator(b.b_ctx) < world);
-            da_bw_encode(&b, back);
+            tp__da_bw_encode(&b, back);
             FUZZ_CHECK(memcmp(back, data, DA_BW_HDR) == 0);
         }
     } else {
         da_note n;
-        st = da_note_decode(data, size, world, &n, &err);
+        st = tp__da_note_decode(data, size, world, &n, &err);
         if (st == TP_OK) {
             FUZZ_CHECK(size == DA_NOTE_HDR);
             FUZZ_CHECK((uint32_t)da_ctx_creator(n.n_ctx) < world);
-            da_note_encode(&n, back);
+            tp__da_note_encode(&n, back);
             FUZZ_CHECK(memcmp(back, data, DA_NOTE_HDR) == 0);
         }
     }
