@@ -14,7 +14,7 @@
 
 // The value of a deleted owner RRef, freed with no lock held: an
 // object's destructor is user code, so it runs on the pool (or on the
-// thread of rr_flush when the pool is gone). Allocated with the RRef, so
+// thread of tp__rr_flush when the pool is gone). Allocated with the RRef, so
 // deleting never needs memory.
 struct rr_doomed {
     struct rr_doomed *d_next;
@@ -25,43 +25,43 @@ struct rr_doomed {
 // ---- the context ---------------------------------------------------------
 
 rr_ctx *
-rr_ctx_get(const tp_agent *a)
+tp__rr_ctx_get(const tp_agent *a)
 {
     return a != NULL ? tp__agent_proto_state(a, &tp__rref_proto) : NULL;
 }
 
 rr_ctx *
-rr_ctx_ref(rr_ctx *x)
+tp__rr_ctx_ref(rr_ctx *x)
 {
     atomic_fetch_add_explicit(&x->x_refs, 1, memory_order_relaxed);
     return x;
 }
 
 void
-rr_ctx_free(rr_ctx *x)
+tp__rr_ctx_free(rr_ctx *x)
 {
-    rr_map_fini(&x->x_owned);
-    rr_map_fini(&x->x_users);
-    rr_map_fini(&x->x_forks);
-    rr_map_fini(&x->x_children);
+    tp__rr_map_fini(&x->x_owned);
+    tp__rr_map_fini(&x->x_users);
+    tp__rr_map_fini(&x->x_forks);
+    tp__rr_map_fini(&x->x_children);
     tp__free(x->x_dead);
     tp__mtx_fini(&x->x_mtx);
     tp__free(x);
 }
 
 void
-rr_ctx_unref(rr_ctx *x)
+tp__rr_ctx_unref(rr_ctx *x)
 {
     if (atomic_fetch_sub_explicit(&x->x_refs, 1, memory_order_acq_rel) != 1) {
         return;
     }
     tp_agent *a = x->x_agent;
-    rr_ctx_free(x);
+    tp__rr_ctx_free(x);
     tp__agent_unref(a);
 }
 
 rr_id
-rr_next_id(rr_ctx *x)
+tp__rr_next_id(rr_ctx *x)
 {
     rr_id id = {(uint32_t)x->x_rank,
                 atomic_fetch_add_explicit(&x->x_next, 1, memory_order_relaxed)};
@@ -69,7 +69,7 @@ rr_next_id(rr_ctx *x)
 }
 
 void
-rr_describe(const tp_rref *r, char *buf, size_t len)
+tp__rr_describe(const tp_rref *r, char *buf, size_t len)
 {
     const tp_worker_info *o = tp__agent_worker(r->r_ctx->x_agent, r->r_owner);
     snprintf(buf, len, "RRef (%u:%" PRIu64 ") owned by %s (rank %d)", r->r_id.w,
@@ -79,14 +79,14 @@ rr_describe(const tp_rref *r, char *buf, size_t len)
 // ---- memory -----------------------------------------------------------------
 
 tp_rref *
-rr_hold(tp_rref *r)
+tp__rr_hold(tp_rref *r)
 {
     atomic_fetch_add_explicit(&r->r_refs, 1, memory_order_relaxed);
     return r;
 }
 
 void
-rr_release(tp_rref *r)
+tp__rr_release(tp_rref *r)
 {
     if (r == NULL ||
         atomic_fetch_sub_explicit(&r->r_refs, 1, memory_order_acq_rel) != 1) {
@@ -100,7 +100,7 @@ rr_release(tp_rref *r)
     tp_error_unref(r->r_err);
     rr_ctx *x = r->r_ctx;
     tp__free(r);
-    rr_ctx_unref(x);
+    tp__rr_ctx_unref(x);
 }
 
 static tp_rref *
@@ -111,7 +111,7 @@ rref_alloc(rr_ctx *x, rr_id id, int owner, const char *what)
         return NULL;
     }
     atomic_init(&r->r_refs, 1);
-    r->r_ctx = rr_ctx_ref(x);
+    r->r_ctx = tp__rr_ctx_ref(x);
     r->r_id = id;
     r->r_owner = owner;
     r->r_creator = (int)id.w;
@@ -122,7 +122,7 @@ rref_alloc(rr_ctx *x, rr_id id, int owner, const char *what)
 // ---- owner RRefs -----------------------------------------------------------
 
 tp_rref *
-rr_owner_new_locked(rr_ctx *x, rr_id id, int creator, const char *what)
+tp__rr_owner_new_locked(rr_ctx *x, rr_id id, int creator, const char *what)
 {
     tp_rref *r = rref_alloc(x, id, x->x_rank, what);
     if (r == NULL) {
@@ -130,7 +130,7 @@ rr_owner_new_locked(rr_ctx *x, rr_id id, int creator, const char *what)
     }
     r->r_doomed = tp__zalloc(sizeof(*r->r_doomed));
     if (r->r_doomed == NULL || tp_future_create(&r->r_value) != TP_OK) {
-        rr_release(r);
+        tp__rr_release(r);
         return NULL;
     }
     tp__agent_bind_future(x->x_agent, r->r_value);
@@ -138,24 +138,24 @@ rr_owner_new_locked(rr_ctx *x, rr_id id, int creator, const char *what)
     r->r_creator = creator;
     r->r_confirmed = true;
     r->r_node.n_key = id;
-    rr_map_put(&x->x_owned, &r->r_node);
+    tp__rr_map_put(&x->x_owned, &r->r_node);
     r->r_in_table = true; // the table's memory ref is the one from alloc
     x->x_created++;
     return r;
 }
 
 tp_rref *
-rr_owner_get_locked(rr_ctx *x, rr_id id, int creator)
+tp__rr_owner_get_locked(rr_ctx *x, rr_id id, int creator)
 {
-    rr_node *n = rr_map_get(&x->x_owned, id);
+    rr_node *n = tp__rr_map_get(&x->x_owned, id);
     if (n != NULL) {
         return (tp_rref *)n;
     }
-    return rr_owner_new_locked(x, id, creator, "");
+    return tp__rr_owner_new_locked(x, id, creator, "");
 }
 
 tp_future *
-rr_owner_value(tp_rref *r)
+tp__rr_owner_value(tp_rref *r)
 {
     rr_ctx *x = r->r_ctx;
     tp__mtx_lock(&x->x_mtx);
@@ -173,13 +173,13 @@ doomed_run(void *arg)
 }
 
 void
-rr_owner_maybe_delete_locked(rr_ctx *x, tp_rref *r)
+tp__rr_owner_maybe_delete_locked(rr_ctx *x, tp_rref *r)
 {
     if (!r->r_is_owner || !r->r_in_table || r->r_users > 0 || r->r_nforks > 0 ||
         r->r_holds > 0) {
         return;
     }
-    rr_map_del(&x->x_owned, r->r_id);
+    tp__rr_map_del(&x->x_owned, r->r_id);
     r->r_in_table = false;
     x->x_deleted++;
     // The value goes now, not with the last memory reference (a message
@@ -196,8 +196,8 @@ rr_owner_maybe_delete_locked(rr_ctx *x, tp_rref *r)
 }
 
 void
-rr_owner_set_value(tp_rref *r, void *value, tp_future_free_fn free_fn,
-                   const tp_error *err)
+tp__rr_owner_set_value(tp_rref *r, void *value, tp_future_free_fn free_fn,
+                       const tp_error *err)
 {
     rr_ctx *x = r->r_ctx;
     tp__mtx_lock(&x->x_mtx);
@@ -216,21 +216,21 @@ rr_owner_set_value(tp_rref *r, void *value, tp_future_free_fn free_fn,
 }
 
 void
-rr_owner_unhold(tp_rref *r)
+tp__rr_owner_unhold(tp_rref *r)
 {
     rr_ctx *x = r->r_ctx;
     tp__mtx_lock(&x->x_mtx);
     r->r_holds--;
-    rr_owner_maybe_delete_locked(x, r);
+    tp__rr_owner_maybe_delete_locked(x, r);
     tp__mtx_unlock(&x->x_mtx);
-    rr_flush(x);
-    rr_release(r);
+    tp__rr_flush(x);
+    tp__rr_release(r);
 }
 
 tp_status
-rr_fork_add_locked(rr_ctx *x, tp_rref *r, rr_id fork, int holder)
+tp__rr_fork_add_locked(rr_ctx *x, tp_rref *r, rr_id fork, int holder)
 {
-    if (rr_map_get(&x->x_forks, fork) != NULL) {
+    if (tp__rr_map_get(&x->x_forks, fork) != NULL) {
         return TP_EINVAL; // a fork id is used once
     }
     rr_fork *f = tp__zalloc(sizeof(*f));
@@ -238,44 +238,44 @@ rr_fork_add_locked(rr_ctx *x, tp_rref *r, rr_id fork, int holder)
         return TP_ENOMEM;
     }
     f->f_node.n_key = fork;
-    f->f_rref = rr_hold(r);
+    f->f_rref = tp__rr_hold(r);
     f->f_holder = holder;
-    rr_map_put(&x->x_forks, &f->f_node);
+    tp__rr_map_put(&x->x_forks, &f->f_node);
     r->r_nforks++;
     return TP_OK;
 }
 
 bool
-rr_fork_del_locked(rr_ctx *x, rr_id fork, int holder)
+tp__rr_fork_del_locked(rr_ctx *x, rr_id fork, int holder)
 {
-    rr_fork *f = (rr_fork *)rr_map_get(&x->x_forks, fork);
+    rr_fork *f = (rr_fork *)tp__rr_map_get(&x->x_forks, fork);
     if (f == NULL || (holder >= 0 && f->f_holder != holder)) {
         return false;
     }
-    rr_map_del(&x->x_forks, fork);
+    tp__rr_map_del(&x->x_forks, fork);
     tp_rref *r = f->f_rref;
     r->r_nforks--;
-    rr_owner_maybe_delete_locked(x, r);
+    tp__rr_owner_maybe_delete_locked(x, r);
     tp__free(f);
     // The fork's memory reference. Freeing an RRef here is safe: its
     // value already went to x_doomed, and the context outlives the lock
     // (the caller holds a reference to it).
-    rr_release(r);
+    tp__rr_release(r);
     return true;
 }
 
 // ---- user RRefs ------------------------------------------------------------
 
 tp_rref *
-rr_user_new_locked(rr_ctx *x, rr_id id, rr_id fork, int owner, bool confirmed,
-                   bool object)
+tp__rr_user_new_locked(rr_ctx *x, rr_id id, rr_id fork, int owner,
+                       bool confirmed, bool object)
 {
     tp_rref *r = rref_alloc(x, id, owner, NULL);
     if (r == NULL) {
         return NULL;
     }
     if (tp_future_create(&r->r_confirm) != TP_OK) {
-        rr_release(r);
+        tp__rr_release(r);
         return NULL;
     }
     tp__agent_bind_future(x->x_agent, r->r_confirm);
@@ -284,9 +284,9 @@ rr_user_new_locked(rr_ctx *x, rr_id id, rr_id fork, int owner, bool confirmed,
     r->r_users = 1;
     r->r_confirmed = confirmed;
     r->r_node.n_key = fork;
-    rr_map_put(&x->x_users, &r->r_node);
+    tp__rr_map_put(&x->x_users, &r->r_node);
     r->r_in_table = true;
-    rr_hold(r); // the table's; the caller's handle is the first ref
+    tp__rr_hold(r); // the table's; the caller's handle is the first ref
     if (!confirmed) {
         x->x_nunconfirmed++;
     } else {
@@ -296,7 +296,7 @@ rr_user_new_locked(rr_ctx *x, rr_id id, rr_id fork, int owner, bool confirmed,
 }
 
 void
-rr_user_maybe_delete_locked(rr_ctx *x, tp_rref *r)
+tp__rr_user_maybe_delete_locked(rr_ctx *x, tp_rref *r)
 {
     if (r->r_is_owner || !r->r_released || !r->r_confirmed ||
         r->r_nchildren > 0 || r->r_deleted) {
@@ -306,10 +306,10 @@ rr_user_maybe_delete_locked(rr_ctx *x, tp_rref *r)
     bool owner_alive = !x->x_dead[r->r_owner] && x->x_attached;
     if (owner_alive) {
         rr_msg m = {.m_id = r->r_id, .m_fork = r->r_fork};
-        if (rr_note_queue_locked(x, RR_KIND_DELETE, r->r_owner, &m, NULL, -1) !=
-            TP_OK) {
+        if (tp__rr_note_queue_locked(x, RR_KIND_DELETE, r->r_owner, &m, NULL,
+                                     -1) != TP_OK) {
             char who[TP_RPC_MAX_NAME + 96];
-            rr_describe(r, who, sizeof(who));
+            tp__rr_describe(r, who, sizeof(who));
             TP_LOG_WARN("TP-RREF-DELETE",
                         "rref: no memory to tell the owner that %s fork "
                         "(%u:%" PRIu64 ") is gone; the value stays there",
@@ -317,14 +317,14 @@ rr_user_maybe_delete_locked(rr_ctx *x, tp_rref *r)
         }
     }
     if (r->r_in_table) {
-        rr_map_del(&x->x_users, r->r_fork);
+        tp__rr_map_del(&x->x_users, r->r_fork);
         r->r_in_table = false;
         atomic_fetch_sub_explicit(&r->r_refs, 1, memory_order_acq_rel);
     }
 }
 
 void
-rr_user_confirm(tp_rref *r, const tp_error *err)
+tp__rr_user_confirm(tp_rref *r, const tp_error *err)
 {
     rr_ctx *x = r->r_ctx;
     bool signal = false;
@@ -337,7 +337,7 @@ rr_user_confirm(tp_rref *r, const tp_error *err)
     if (err != NULL && r->r_err == NULL) {
         r->r_err = tp_error_ref((tp_error *)err);
     }
-    rr_user_maybe_delete_locked(x, r);
+    tp__rr_user_maybe_delete_locked(x, r);
     tp__mtx_unlock(&x->x_mtx);
     if (signal) {
         if (err != NULL) {
@@ -346,43 +346,43 @@ rr_user_confirm(tp_rref *r, const tp_error *err)
             tp_future_set_value(r->r_confirm, NULL, NULL);
         }
     }
-    rr_flush(x);
+    tp__rr_flush(x);
 }
 
 // ---- pending children ------------------------------------------------------
 
 tp_status
-rr_child_add_locked(rr_ctx *x, tp_rref *parent, rr_id fork, int to)
+tp__rr_child_add_locked(rr_ctx *x, tp_rref *parent, rr_id fork, int to)
 {
     rr_child *c = tp__zalloc(sizeof(*c));
     if (c == NULL) {
         return TP_ENOMEM;
     }
     c->c_node.n_key = fork;
-    c->c_parent = rr_hold(parent);
+    c->c_parent = tp__rr_hold(parent);
     c->c_to = to;
-    rr_map_put(&x->x_children, &c->c_node);
+    tp__rr_map_put(&x->x_children, &c->c_node);
     parent->r_nchildren++;
     return TP_OK;
 }
 
 bool
-rr_child_done_locked(rr_ctx *x, rr_id fork, int from)
+tp__rr_child_done_locked(rr_ctx *x, rr_id fork, int from)
 {
-    rr_child *c = (rr_child *)rr_map_get(&x->x_children, fork);
+    rr_child *c = (rr_child *)tp__rr_map_get(&x->x_children, fork);
     if (c == NULL || (from >= 0 && c->c_to != from)) {
         return false;
     }
-    rr_map_del(&x->x_children, fork);
+    tp__rr_map_del(&x->x_children, fork);
     tp_rref *p = c->c_parent;
     p->r_nchildren--;
     if (p->r_is_owner) {
-        rr_owner_maybe_delete_locked(x, p);
+        tp__rr_owner_maybe_delete_locked(x, p);
     } else {
-        rr_user_maybe_delete_locked(x, p);
+        tp__rr_user_maybe_delete_locked(x, p);
     }
     tp__free(c);
-    rr_release(p);
+    tp__rr_release(p);
     return true;
 }
 
@@ -391,18 +391,18 @@ rr_child_done_locked(rr_ctx *x, rr_id fork, int from)
 static void note_run(void *arg);
 
 tp_status
-rr_note_queue_locked(rr_ctx *x, uint8_t kind, int to, const rr_msg *m,
-                     tp_rref *rref, int parent)
+tp__rr_note_queue_locked(rr_ctx *x, uint8_t kind, int to, const rr_msg *m,
+                         tp_rref *rref, int parent)
 {
     rr_note *n = tp__zalloc(sizeof(*n));
     if (n == NULL) {
         return TP_ENOMEM;
     }
-    n->n_ctx = rr_ctx_ref(x);
+    n->n_ctx = tp__rr_ctx_ref(x);
     n->n_kind = kind;
     n->n_to = to;
     n->n_msg = *m;
-    n->n_rref = rref != NULL ? rr_hold(rref) : NULL;
+    n->n_rref = rref != NULL ? tp__rr_hold(rref) : NULL;
     n->n_parent = parent;
     n->n_next = x->x_outbox;
     x->x_outbox = n;
@@ -413,8 +413,8 @@ rr_note_queue_locked(rr_ctx *x, uint8_t kind, int to, const rr_msg *m,
 static void
 note_free(rr_note *n)
 {
-    rr_release(n->n_rref);
-    rr_ctx_unref(n->n_ctx);
+    tp__rr_release(n->n_rref);
+    tp__rr_ctx_unref(n->n_ctx);
     tp__free(n);
 }
 
@@ -427,19 +427,19 @@ note_done(tp_future *f, void *arg)
     if (n->n_kind == RR_KIND_FORK) {
         // The owner knows the fork (or failed to learn it): the user RRef
         // is confirmed, and its parent may let go of its own.
-        rr_user_confirm(n->n_rref, err);
+        tp__rr_user_confirm(n->n_rref, err);
         tp__mtx_lock(&x->x_mtx);
         rr_msg m = {.m_fork = n->n_rref->r_fork};
         if (x->x_attached && !x->x_dead[n->n_parent]) {
             if (n->n_parent == x->x_rank) {
-                rr_child_done_locked(x, m.m_fork, -1);
+                tp__rr_child_done_locked(x, m.m_fork, -1);
             } else {
-                rr_note_queue_locked(x, RR_KIND_CHILD_ACCEPT, n->n_parent, &m,
-                                     NULL, -1);
+                tp__rr_note_queue_locked(x, RR_KIND_CHILD_ACCEPT, n->n_parent,
+                                         &m, NULL, -1);
             }
         }
         tp__mtx_unlock(&x->x_mtx);
-        rr_flush(x);
+        tp__rr_flush(x);
     } else if (err != NULL) {
         TP_LOG_DEBUG("TP-RREF-MSG", "rref: %s", tp_error_message(err));
     }
@@ -487,10 +487,10 @@ note_notify(rr_note *n, bool nowait)
 {
     rr_ctx *x = n->n_ctx;
     uint8_t hdr[64];
-    rr_hdr_encode(n->n_kind, &n->n_msg, hdr);
+    tp__rr_hdr_encode(n->n_kind, &n->n_msg, hdr);
     tp_error *err = NULL;
     tp_status st = tp__agent_notify(x->x_agent, n->n_to, n->n_kind, hdr,
-                                    rr_hdr_size(n->n_kind), nowait, &err);
+                                    tp__rr_hdr_size(n->n_kind), nowait, &err);
     if (st == TP_EAGAIN) {
         return false;
     }
@@ -515,9 +515,9 @@ note_run(void *arg)
         return;
     }
     uint8_t hdr[64];
-    rr_hdr_encode(n->n_kind, &n->n_msg, hdr);
+    tp__rr_hdr_encode(n->n_kind, &n->n_msg, hdr);
     note_sent(n, tp__agent_call_kind(n->n_ctx->x_agent, n->n_to, n->n_kind, hdr,
-                                     rr_hdr_size(n->n_kind), NULL, NULL,
+                                     tp__rr_hdr_size(n->n_kind), NULL, NULL,
                                      TP_TIMEOUT_DEFAULT));
 }
 
@@ -530,10 +530,10 @@ note_try_now(rr_note *n)
         return note_notify(n, true);
     }
     uint8_t hdr[64];
-    rr_hdr_encode(n->n_kind, &n->n_msg, hdr);
+    tp__rr_hdr_encode(n->n_kind, &n->n_msg, hdr);
     tp_future *f = NULL;
     if (tp__agent_call_kind_now(n->n_ctx->x_agent, n->n_to, n->n_kind, hdr,
-                                rr_hdr_size(n->n_kind), NULL,
+                                tp__rr_hdr_size(n->n_kind), NULL,
                                 TP_TIMEOUT_DEFAULT, &f) != TP_OK) {
         return false;
     }
@@ -554,14 +554,14 @@ note_drop(rr_note *n)
         tp_error *e = tp__error_new(TP_ECLOSED, 0, NULL,
                                     "rref: the agent shut down before the "
                                     "owner confirmed this fork");
-        rr_user_confirm(n->n_rref, e);
+        tp__rr_user_confirm(n->n_rref, e);
         tp_error_unref(e);
     }
     note_free(n);
 }
 
 void
-rr_flush(rr_ctx *x)
+tp__rr_flush(rr_ctx *x)
 {
     tp__mtx_lock(&x->x_mtx);
     rr_note *list = x->x_outbox;

@@ -29,8 +29,8 @@ static tp_error *
 decode(rr_ctx *x, const tp__proto_msg *m, rr_msg *out)
 {
     tp_error *err = NULL;
-    rr_hdr_decode(m->pm_kind, m->pm_hdr, m->pm_hdr_len, (uint32_t)m->pm_from,
-                  (uint32_t)x->x_world, out, &err);
+    tp__rr_hdr_decode(m->pm_kind, m->pm_hdr, m->pm_hdr_len,
+                      (uint32_t)m->pm_from, (uint32_t)x->x_world, out, &err);
     return err;
 }
 
@@ -89,9 +89,9 @@ static void
 job_free(remote_job *j)
 {
     if (j->j_target != NULL) {
-        rr_owner_unhold(j->j_target);
+        tp__rr_owner_unhold(j->j_target);
     }
-    rr_owner_unhold(j->j_rref);
+    tp__rr_owner_unhold(j->j_rref);
     tp_args_unref(j->j_in);
     tp_future_unref(j->j_reply);
     tp__free(j);
@@ -114,7 +114,7 @@ remote_on_loop(rr_ctx *x, const tp__proto_msg *m, const rr_msg *hp,
     tp__mtx_lock(&x->x_mtx);
     tp_rref *t = NULL;
     if (h.m_flags & RR_REMOTE_PROXY) {
-        t = (tp_rref *)rr_map_get(&x->x_owned, h.m_target);
+        t = (tp_rref *)tp__rr_map_get(&x->x_owned, h.m_target);
         if (t == NULL) {
             tp__mtx_unlock(&x->x_mtx);
             tp__free(j);
@@ -126,15 +126,15 @@ remote_on_loop(rr_ctx *x, const tp__proto_msg *m, const rr_msg *hp,
                         err_p);
         }
     }
-    tp_rref *r = rr_owner_get_locked(x, h.m_id, m->pm_from);
+    tp_rref *r = tp__rr_owner_get_locked(x, h.m_id, m->pm_from);
     if (r == NULL || r->r_creating ||
-        rr_fork_add_locked(x, r, h.m_fork, m->pm_from) != TP_OK) {
+        tp__rr_fork_add_locked(x, r, h.m_fork, m->pm_from) != TP_OK) {
         bool dup = r != NULL && r->r_creating;
         if (r != NULL) {
-            rr_owner_maybe_delete_locked(x, r);
+            tp__rr_owner_maybe_delete_locked(x, r);
         }
         tp__mtx_unlock(&x->x_mtx);
-        rr_flush(x);
+        tp__rr_flush(x);
         tp__free(j);
         return fail(dup ? tp__error_new(TP_EPROTO, 0, NULL,
                                         "rref REMOTE: RRef (%u:%" PRIu64
@@ -149,10 +149,10 @@ remote_on_loop(rr_ctx *x, const tp__proto_msg *m, const rr_msg *hp,
     snprintf(r->r_what, sizeof(r->r_what), "%.*s", (int)m->pm_name_len,
              m->pm_name);
     r->r_holds++;
-    j->j_rref = rr_hold(r);
+    j->j_rref = tp__rr_hold(r);
     if (t != NULL) {
         t->r_holds++;
-        j->j_target = rr_hold(t);
+        j->j_target = tp__rr_hold(t);
     }
     j->j_flags = h.m_flags;
     tp__mtx_unlock(&x->x_mtx);
@@ -176,7 +176,7 @@ remote_done(tp_future *f, void *arg)
             "rref: creating RRef (%u:%" PRIu64 ") on %s (rank %d) failed: %s",
             j->j_rref->r_id.w, j->j_rref->r_id.n, my_name(x), x->x_rank,
             tp_error_message(err));
-        rr_owner_set_value(j->j_rref, NULL, NULL, e);
+        tp__rr_owner_set_value(j->j_rref, NULL, NULL, e);
         tp_future_set_error(j->j_reply, e);
         tp_error_unref(e);
     } else {
@@ -186,8 +186,8 @@ remote_done(tp_future *f, void *arg)
         } else {
             tp_args_ref(v);
         }
-        rr_owner_set_value(j->j_rref, v, (tp_future_free_fn)tp_args_unref,
-                           NULL);
+        tp__rr_owner_set_value(j->j_rref, v, (tp_future_free_fn)tp_args_unref,
+                               NULL);
         tp_future_set_value(j->j_reply, NULL, NULL);
     }
     tp_future_unref(f);
@@ -211,7 +211,7 @@ remote_run(void *state, const tp__proto_msg *m, void *ctx)
         // A constructor: the object is the value.
         tp_error *err = NULL;
         rr_obj *o = NULL;
-        const rr_type *t = rr_type_find(name, strlen(name));
+        const rr_type *t = tp__rr_type_find(name, strlen(name));
         if (t == NULL) {
             err = tp__error_new(TP_ENOENT, 0, NULL,
                                 "remote type \"%s\" is not registered on %s "
@@ -219,15 +219,15 @@ remote_run(void *state, const tp__proto_msg *m, void *ctx)
                                 name, my_name(x), x->x_rank);
         } else {
             tp_rpc_call_info ci;
-            call_info(x, m, rr_type_name(t), &ci);
-            rr_obj_create(t, &ci, m->pm_args, &o, &err);
+            call_info(x, m, tp__rr_type_name(t), &ci);
+            tp__rr_obj_create(t, &ci, m->pm_args, &o, &err);
         }
         if (err != NULL) {
-            rr_owner_set_value(j->j_rref, NULL, NULL, err);
+            tp__rr_owner_set_value(j->j_rref, NULL, NULL, err);
             tp_future_set_error(j->j_reply, err);
             tp_error_unref(err);
         } else {
-            rr_owner_set_value(j->j_rref, o, rr_obj_free, NULL);
+            tp__rr_owner_set_value(j->j_rref, o, tp__rr_obj_free, NULL);
             tp_future_set_value(j->j_reply, NULL, NULL);
         }
         job_free(j);
@@ -235,8 +235,8 @@ remote_run(void *state, const tp__proto_msg *m, void *ctx)
     }
     const tp_args *in = m->pm_args;
     if (j->j_target != NULL) {
-        if (ag_args_copy(in, false, j->j_target, &rr_obj_ops, &j->j_in, NULL) !=
-            TP_OK) {
+        if (ag_args_copy(in, false, j->j_target, &tp__rr_obj_ops, &j->j_in,
+                         NULL) != TP_OK) {
             tp_future_set_error(j->j_reply, tp__error_nomem());
             job_free(j);
             return reply;
@@ -246,7 +246,7 @@ remote_run(void *state, const tp__proto_msg *m, void *ctx)
     tp_future *f = tp__agent_run_fn(x->x_agent, m->pm_from, name, in);
     if (f == NULL || tp_future_then(f, remote_done, j) != TP_OK) {
         tp_future_unref(f);
-        rr_owner_set_value(j->j_rref, NULL, NULL, tp__error_nomem());
+        tp__rr_owner_set_value(j->j_rref, NULL, NULL, tp__error_nomem());
         tp_future_set_error(j->j_reply, tp__error_nomem());
         job_free(j);
     }
@@ -273,10 +273,10 @@ typedef struct value_job {
 static tp_rref *
 hold_value_locked(rr_ctx *x, rr_id id)
 {
-    tp_rref *r = rr_owner_get_locked(x, id, (int)id.w);
+    tp_rref *r = tp__rr_owner_get_locked(x, id, (int)id.w);
     if (r != NULL) {
         r->r_holds++;
-        rr_hold(r);
+        tp__rr_hold(r);
     }
     return r;
 }
@@ -284,7 +284,7 @@ hold_value_locked(rr_ctx *x, rr_id id)
 static void
 vjob_free(value_job *v)
 {
-    rr_owner_unhold(v->v_rref);
+    tp__rr_owner_unhold(v->v_rref);
     tp_args_unref(v->v_in);
     tp_future_unref(v->v_reply);
     tp__free(v);
@@ -352,7 +352,7 @@ value_work(value_job *v, tp_future *vf)
     if (v->v_flags & RR_CALL_COPY) {
         // to_here on the owner: a copy, as a remote worker would get.
         if (v->v_rref->r_is_object) {
-            rr_obj_to_args(val, &out, &err);
+            tp__rr_obj_to_args(val, &out, &err);
         } else {
             tp_status st = ag_args_clone(val, &out, &err);
             (void)st;
@@ -361,7 +361,7 @@ value_work(value_job *v, tp_future *vf)
         // FETCH: the value itself goes back (its bytes and tensors are
         // written from where they are; RRefs in it are forked).
         if (v->v_rref->r_is_object) {
-            rr_obj_to_args(val, &out, &err);
+            tp__rr_obj_to_args(val, &out, &err);
         } else {
             out = val != NULL ? tp_args_ref(val) : NULL;
         }
@@ -376,14 +376,14 @@ value_work(value_job *v, tp_future *vf)
             call_info(x, &v->v_msg, v->v_name, &ci);
             void *toks[TP__PROTO_MAX];
             tp__agent_run_begin(x->x_agent, v->v_in, toks);
-            rr_obj_call(val, v->v_name, strlen(v->v_name), &ci, v->v_in, &out,
-                        &err);
+            tp__rr_obj_call(val, v->v_name, strlen(v->v_name), &ci, v->v_in,
+                            &out, &err);
             tp__agent_run_end(x->x_agent, toks);
         }
     } else {
         tp_args *in = NULL;
-        if (ag_args_copy(v->v_in, false, v->v_rref, &rr_obj_ops, &in, NULL) !=
-            TP_OK) {
+        if (ag_args_copy(v->v_in, false, v->v_rref, &tp__rr_obj_ops, &in,
+                         NULL) != TP_OK) {
             err = tp_error_ref((tp_error *)tp__error_nomem());
         } else {
             tp_future *f =
@@ -413,7 +413,7 @@ value_run(rr_ctx *x, const tp__proto_msg *m, value_job *v)
 {
     v->v_ctx = x;
     v->v_reply = future_new(x);
-    tp_future *vf = rr_owner_value(v->v_rref);
+    tp_future *vf = tp__rr_owner_value(v->v_rref);
     if (v->v_reply == NULL || vf == NULL) {
         tp_future_unref(vf);
         vjob_free(v);
@@ -466,7 +466,7 @@ fetch_on_loop(rr_ctx *x, const tp__proto_msg *m, const rr_msg *hp, void **ctx_p,
     // The fast path: a value that exists goes back from here, the loop
     // thread (an object's copy is user code: the pool makes it).
     tp__mtx_lock(&x->x_mtx);
-    tp_rref *r = (tp_rref *)rr_map_get(&x->x_owned, h.m_id);
+    tp_rref *r = (tp_rref *)tp__rr_map_get(&x->x_owned, h.m_id);
     tp_future *vf = r != NULL ? r->r_value : NULL;
     if (vf != NULL && tp_future_is_done(vf) && !r->r_is_object) {
         const tp_error *verr = tp_future_error(vf);
@@ -496,8 +496,8 @@ fetch_on_loop(rr_ctx *x, const tp__proto_msg *m, const rr_msg *hp, void **ctx_p,
 // Local versions for an owner on this worker: the same steps, started by
 // the caller's thread instead of a message.
 tp_future *
-rr_local_call(rr_ctx *x, tp_rref *r, uint32_t flags, const char *name,
-              tp_args *in)
+tp__rr_local_call(rr_ctx *x, tp_rref *r, uint32_t flags, const char *name,
+                  tp_args *in)
 {
     value_job *v = tp__zalloc(sizeof(*v));
     if (v == NULL) {
@@ -506,7 +506,7 @@ rr_local_call(rr_ctx *x, tp_rref *r, uint32_t flags, const char *name,
     }
     tp__mtx_lock(&x->x_mtx);
     r->r_holds++;
-    v->v_rref = rr_hold(r);
+    v->v_rref = tp__rr_hold(r);
     tp__mtx_unlock(&x->x_mtx);
     v->v_call = true;
     v->v_flags = flags;
@@ -522,8 +522,8 @@ rr_local_call(rr_ctx *x, tp_rref *r, uint32_t flags, const char *name,
 }
 
 tp_future *
-rr_local_remote(rr_ctx *x, tp_rref *r, uint32_t flags, tp_rref *target,
-                const char *name, tp_args *in)
+tp__rr_local_remote(rr_ctx *x, tp_rref *r, uint32_t flags, tp_rref *target,
+                    const char *name, tp_args *in)
 {
     remote_job *j = tp__zalloc(sizeof(*j));
     if (j == NULL) {
@@ -533,10 +533,10 @@ rr_local_remote(rr_ctx *x, tp_rref *r, uint32_t flags, tp_rref *target,
     tp__mtx_lock(&x->x_mtx);
     r->r_holds++;
     r->r_creating = true;
-    j->j_rref = rr_hold(r);
+    j->j_rref = tp__rr_hold(r);
     if (target != NULL) {
         target->r_holds++;
-        j->j_target = rr_hold(target);
+        j->j_target = tp__rr_hold(target);
     }
     tp__mtx_unlock(&x->x_mtx);
     j->j_flags = flags;
@@ -588,9 +588,10 @@ fork_on_loop(rr_ctx *x, const tp__proto_msg *m, const rr_msg *hp, void **ctx_p,
     rr_msg h = *hp;
     (void)ctx_p;
     tp__mtx_lock(&x->x_mtx);
-    tp_rref *r = rr_owner_get_locked(x, h.m_id, (int)h.m_id.w);
-    tp_status st =
-        r != NULL ? rr_fork_add_locked(x, r, h.m_fork, m->pm_from) : TP_ENOMEM;
+    tp_rref *r = tp__rr_owner_get_locked(x, h.m_id, (int)h.m_id.w);
+    tp_status st = r != NULL
+                       ? tp__rr_fork_add_locked(x, r, h.m_fork, m->pm_from)
+                       : TP_ENOMEM;
     tp__mtx_unlock(&x->x_mtx);
     if (st != TP_OK) {
         return fail(st == TP_ENOMEM
@@ -611,9 +612,9 @@ child_accept_on_loop(rr_ctx *x, const tp__proto_msg *m, const rr_msg *hp,
     rr_msg h = *hp;
     (void)ctx_p;
     tp__mtx_lock(&x->x_mtx);
-    bool known = rr_child_done_locked(x, h.m_fork, m->pm_from);
+    bool known = tp__rr_child_done_locked(x, h.m_fork, m->pm_from);
     tp__mtx_unlock(&x->x_mtx);
-    rr_flush(x);
+    tp__rr_flush(x);
     if (!known) {
         // A fork dropped meanwhile (the child was thought dead).
         TP_LOG_DEBUG("TP-RREF-CHILD",
@@ -631,11 +632,11 @@ delete_on_loop(rr_ctx *x, const tp__proto_msg *m, const rr_msg *hp,
     rr_msg h = *hp;
     (void)ctx_p;
     tp__mtx_lock(&x->x_mtx);
-    rr_fork *f = (rr_fork *)rr_map_get(&x->x_forks, h.m_fork);
+    rr_fork *f = (rr_fork *)tp__rr_map_get(&x->x_forks, h.m_fork);
     bool ok = f != NULL && rr_id_eq(f->f_rref->r_id, h.m_id) &&
-              rr_fork_del_locked(x, h.m_fork, m->pm_from);
+              tp__rr_fork_del_locked(x, h.m_fork, m->pm_from);
     tp__mtx_unlock(&x->x_mtx);
-    rr_flush(x);
+    tp__rr_flush(x);
     if (!ok) {
         TP_LOG_DEBUG("TP-RREF-DELETE",
                      "rref %s: rank %d deleted fork (%u:%" PRIu64
@@ -674,7 +675,7 @@ kind_on_loop(void *state, const tp__proto_msg *m, void **ctx_p,
     }
 }
 
-const tp__proto_kind rr_kinds[RR_NKINDS] = {
+const tp__proto_kind tp__rr_kinds[RR_NKINDS] = {
     {RR_KIND_REMOTE, "RREF_REMOTE", kind_on_loop, remote_run, false},
     {RR_KIND_FETCH, "RREF_FETCH", kind_on_loop, NULL, false},
     {RR_KIND_FORK, "RREF_FORK", kind_on_loop, NULL, false},

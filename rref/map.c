@@ -18,7 +18,7 @@ map_slot(const rr_map *m, rr_id key)
 }
 
 tp_status
-rr_map_init(rr_map *m)
+tp__rr_map_init(rr_map *m)
 {
     m->m_b = tp__zalloc(RR_MAP_INITIAL * sizeof(*m->m_b));
     m->m_size = RR_MAP_INITIAL;
@@ -27,7 +27,7 @@ rr_map_init(rr_map *m)
 }
 
 void
-rr_map_fini(rr_map *m)
+tp__rr_map_fini(rr_map *m)
 {
     tp__free(m->m_b);
     m->m_b = NULL;
@@ -36,7 +36,7 @@ rr_map_fini(rr_map *m)
 }
 
 rr_node *
-rr_map_get(const rr_map *m, rr_id key)
+tp__rr_map_get(const rr_map *m, rr_id key)
 {
     if (m->m_b == NULL) {
         return NULL;
@@ -75,7 +75,7 @@ map_grow(rr_map *m)
 }
 
 void
-rr_map_put(rr_map *m, rr_node *n)
+tp__rr_map_put(rr_map *m, rr_node *n)
 {
     if (m->m_count >= m->m_size) {
         map_grow(m);
@@ -87,7 +87,7 @@ rr_map_put(rr_map *m, rr_node *n)
 }
 
 rr_node *
-rr_map_del(rr_map *m, rr_id key)
+tp__rr_map_del(rr_map *m, rr_id key)
 {
     if (m->m_b == NULL) {
         return NULL;
@@ -117,13 +117,13 @@ map_scan(const rr_map *m, size_t from)
 }
 
 rr_node *
-rr_map_first(const rr_map *m)
+tp__rr_map_first(const rr_map *m)
 {
     return m->m_b != NULL ? map_scan(m, 0) : NULL;
 }
 
 rr_node *
-rr_map_next(const rr_map *m, const rr_node *n)
+tp__rr_map_next(const rr_map *m, const rr_node *n)
 {
     if (n->n_next != NULL) {
         return n->n_next;

@@ -127,7 +127,7 @@ tp_remote_type_register(const tp_remote_type *type, tp_error **err_p)
 }
 
 const rr_type *
-rr_type_find(const char *name, size_t len)
+tp__rr_type_find(const char *name, size_t len)
 {
     // Lock-free: entries are published before the count and never change.
     size_t n = atomic_load_explicit(&ntypes, memory_order_acquire);
@@ -141,7 +141,7 @@ rr_type_find(const char *name, size_t len)
 }
 
 const char *
-rr_type_name(const rr_type *t)
+tp__rr_type_name(const rr_type *t)
 {
     return t->t_name;
 }
@@ -166,8 +166,8 @@ user_error(tp_status st, tp_error *err, tp_error **err_p, const char *what,
 }
 
 tp_status
-rr_obj_create(const rr_type *t, const tp_rpc_call_info *call, const tp_args *in,
-              rr_obj **obj_p, tp_error **err_p)
+tp__rr_obj_create(const rr_type *t, const tp_rpc_call_info *call,
+                  const tp_args *in, rr_obj **obj_p, tp_error **err_p)
 {
     rr_obj *o = tp__zalloc(sizeof(*o));
     if (o == NULL) {
@@ -192,7 +192,7 @@ rr_obj_create(const rr_type *t, const tp_rpc_call_info *call, const tp_args *in,
 }
 
 void
-rr_obj_free(void *obj)
+tp__rr_obj_free(void *obj)
 {
     rr_obj *o = obj;
     if (o == NULL) {
@@ -206,9 +206,9 @@ rr_obj_free(void *obj)
 }
 
 tp_status
-rr_obj_call(rr_obj *o, const char *name, size_t len,
-            const tp_rpc_call_info *call, const tp_args *in, tp_args **out_p,
-            tp_error **err_p)
+tp__rr_obj_call(rr_obj *o, const char *name, size_t len,
+                const tp_rpc_call_info *call, const tp_args *in,
+                tp_args **out_p, tp_error **err_p)
 {
     const rr_type *t = o->o_type;
     const tp_remote_method *m = NULL;
@@ -243,7 +243,7 @@ rr_obj_call(rr_obj *o, const char *name, size_t len,
 }
 
 tp_status
-rr_obj_to_args(rr_obj *o, tp_args **out_p, tp_error **err_p)
+tp__rr_obj_to_args(rr_obj *o, tp_args **out_p, tp_error **err_p)
 {
     const rr_type *t = o->o_type;
     if (t->t_def.to_args == NULL) {

@@ -30,7 +30,7 @@ obj_unref(void *obj)
     tp_rref_unref(obj);
 }
 
-const tp__args_obj_ops rr_obj_ops = {
+const tp__args_obj_ops tp__rr_obj_ops = {
     .ao_proto_id = 1,
     .ao_ref = obj_ref,
     .ao_unref = obj_unref,
@@ -51,11 +51,11 @@ rr_attach(tp_agent *a, void **state_p, tp_error **err_p)
     x->x_rank = tp__agent_rank(a);
     x->x_world = tp_rpc_world_size(a);
     x->x_dead = tp__zalloc((size_t)x->x_world * sizeof(bool));
-    if (x->x_dead == NULL || rr_map_init(&x->x_owned) != TP_OK ||
-        rr_map_init(&x->x_users) != TP_OK ||
-        rr_map_init(&x->x_forks) != TP_OK ||
-        rr_map_init(&x->x_children) != TP_OK) {
-        rr_ctx_free(x);
+    if (x->x_dead == NULL || tp__rr_map_init(&x->x_owned) != TP_OK ||
+        tp__rr_map_init(&x->x_users) != TP_OK ||
+        tp__rr_map_init(&x->x_forks) != TP_OK ||
+        tp__rr_map_init(&x->x_children) != TP_OK) {
+        tp__rr_ctx_free(x);
         return tp__error_set(err_p, TP_ENOMEM, "rref: out of memory");
     }
     x->x_agent = tp__agent_ref(a);
@@ -68,13 +68,13 @@ rr_attach(tp_agent *a, void **state_p, tp_error **err_p)
 static void
 drop_table_locked(rr_map *m)
 {
-    rr_node *n = rr_map_first(m);
+    rr_node *n = tp__rr_map_first(m);
     while (n != NULL) {
-        rr_node *next = rr_map_next(m, n);
+        rr_node *next = tp__rr_map_next(m, n);
         tp_rref *r = (tp_rref *)n;
-        rr_map_del(m, n->n_key);
+        tp__rr_map_del(m, n->n_key);
         r->r_in_table = false;
-        rr_release(r);
+        tp__rr_release(r);
         n = next;
     }
 }
@@ -83,41 +83,41 @@ static void
 rr_detach(void *state)
 {
     rr_ctx *x = state;
-    rr_ctx_ref(x); // outlives the lock below
+    tp__rr_ctx_ref(x); // outlives the lock below
     tp__mtx_lock(&x->x_mtx);
     x->x_attached = false;
     // Forks and children end with the agent: nothing can confirm or
     // delete them any more (and, detached, nothing is sent).
-    for (rr_node *n = rr_map_first(&x->x_forks); n != NULL;) {
-        rr_node *next = rr_map_next(&x->x_forks, n);
-        rr_fork_del_locked(x, n->n_key, -1);
+    for (rr_node *n = tp__rr_map_first(&x->x_forks); n != NULL;) {
+        rr_node *next = tp__rr_map_next(&x->x_forks, n);
+        tp__rr_fork_del_locked(x, n->n_key, -1);
         n = next;
     }
-    for (rr_node *n = rr_map_first(&x->x_children); n != NULL;) {
-        rr_node *next = rr_map_next(&x->x_children, n);
-        rr_child_done_locked(x, n->n_key, -1);
+    for (rr_node *n = tp__rr_map_first(&x->x_children); n != NULL;) {
+        rr_node *next = tp__rr_map_next(&x->x_children, n);
+        tp__rr_child_done_locked(x, n->n_key, -1);
         n = next;
     }
     // Owner RRefs that the program or a running function still holds stay
     // usable locally (their value goes with the last reference); the
     // others go now.
-    for (rr_node *n = rr_map_first(&x->x_owned); n != NULL;) {
-        rr_node *next = rr_map_next(&x->x_owned, n);
-        tp_rref *r = rr_hold((tp_rref *)n); // the table's may be the last
-        rr_owner_maybe_delete_locked(x, r);
+    for (rr_node *n = tp__rr_map_first(&x->x_owned); n != NULL;) {
+        rr_node *next = tp__rr_map_next(&x->x_owned, n);
+        tp_rref *r = tp__rr_hold((tp_rref *)n); // the table's may be the last
+        tp__rr_owner_maybe_delete_locked(x, r);
         if (r->r_in_table) {
-            rr_map_del(&x->x_owned, r->r_id);
+            tp__rr_map_del(&x->x_owned, r->r_id);
             r->r_in_table = false;
             atomic_fetch_sub_explicit(&r->r_refs, 1, memory_order_acq_rel);
         }
-        rr_release(r);
+        tp__rr_release(r);
         n = next;
     }
     drop_table_locked(&x->x_users);
     tp__mtx_unlock(&x->x_mtx);
-    rr_flush(x); // frees the doomed values, drops the queued messages
-    rr_ctx_unref(x);
-    rr_ctx_unref(x); // the attachment
+    tp__rr_flush(x); // frees the doomed values, drops the queued messages
+    tp__rr_ctx_unref(x);
+    tp__rr_ctx_unref(x); // the attachment
 }
 
 // ---- sending args: forks ---------------------------------------------------
@@ -137,9 +137,9 @@ sendtok_undo_locked(rr_ctx *x, const rr_sendtok *t)
 {
     for (size_t i = 0; i < t->t_n; i++) {
         if (t->t_e[i].e_owner) {
-            rr_fork_del_locked(x, t->t_e[i].e_fork, t->t_e[i].e_to);
+            tp__rr_fork_del_locked(x, t->t_e[i].e_fork, t->t_e[i].e_to);
         } else {
-            rr_child_done_locked(x, t->t_e[i].e_fork, t->t_e[i].e_to);
+            tp__rr_child_done_locked(x, t->t_e[i].e_fork, t->t_e[i].e_to);
         }
     }
 }
@@ -159,14 +159,14 @@ rr_send(void *state, int to, uint8_t kind, const tp_args *args,
     for (size_t i = 0; i < nobj; i++) {
         const tp__args_obj_ops *ops = NULL;
         tp__args_obj(args, i, &ops);
-        n += ops == &rr_obj_ops;
+        n += ops == &tp__rr_obj_ops;
     }
     if (n == 0) {
         return TP_OK;
     }
     rr_desc *d = tp__alloc(n * sizeof(*d));
     rr_sendtok *t = tp__alloc(sizeof(*t) + n * sizeof(t->t_e[0]));
-    uint8_t *sec = tp__alloc(rr_sec_size(n));
+    uint8_t *sec = tp__alloc(tp__rr_sec_size(n));
     if (d == NULL || t == NULL || sec == NULL) {
         tp__free(d);
         tp__free(t);
@@ -180,34 +180,34 @@ rr_send(void *state, int to, uint8_t kind, const tp_args *args,
     for (size_t i = 0; i < nobj && st == TP_OK; i++) {
         const tp__args_obj_ops *ops = NULL;
         tp_rref *r = tp__args_obj(args, i, &ops);
-        if (ops != &rr_obj_ops) {
+        if (ops != &tp__rr_obj_ops) {
             continue;
         }
         char who[TP_RPC_MAX_NAME + 96];
         if (r->r_ctx != x) {
-            rr_describe(r, who, sizeof(who));
+            tp__rr_describe(r, who, sizeof(who));
             st = tp__error_set(err_p, TP_EINVAL,
                                "rref: %s belongs to another agent", who);
             break;
         }
         if (!r->r_is_owner && x->x_dead[r->r_owner]) {
-            rr_describe(r, who, sizeof(who));
+            tp__rr_describe(r, who, sizeof(who));
             st = tp__error_set(err_p, TP_ECONNRESET,
                                "rref: cannot pass %s: its owner died", who);
             break;
         }
-        rr_id fork = rr_next_id(x);
+        rr_id fork = tp__rr_next_id(x);
         d[k] = (rr_desc){.d_id = r->r_id,
                          .d_fork = fork,
                          .d_owner = (uint32_t)r->r_owner,
                          .d_flags = r->r_is_object ? RR_DESC_OBJECT : 0};
         if (r->r_is_owner) {
             // Ours: the receiver's fork is known at once.
-            st = rr_fork_add_locked(x, r, fork, to);
+            st = tp__rr_fork_add_locked(x, r, fork, to);
         } else {
             // A user's: kept until the child is confirmed (to the owner
             // itself: until the owner says it has it).
-            st = rr_child_add_locked(x, r, fork, to);
+            st = tp__rr_child_add_locked(x, r, fork, to);
         }
         if (st == TP_OK) {
             t->t_e[t->t_n].e_fork = fork;
@@ -224,8 +224,8 @@ rr_send(void *state, int to, uint8_t kind, const tp_args *args,
     }
     tp__mtx_unlock(&x->x_mtx);
     if (st == TP_OK) {
-        rr_sec_encode(d, k, sec);
-        st = tp__ext_append(ext, sec, rr_sec_size(k));
+        tp__rr_sec_encode(d, k, sec);
+        st = tp__ext_append(ext, sec, tp__rr_sec_size(k));
         if (st != TP_OK) {
             tp__error_set(err_p, st, "rref: %zu RRefs in one message", k);
             tp__mtx_lock(&x->x_mtx);
@@ -237,7 +237,7 @@ rr_send(void *state, int to, uint8_t kind, const tp_args *args,
     tp__free(sec);
     if (st != TP_OK) {
         tp__free(t);
-        rr_flush(x);
+        tp__rr_flush(x);
         return st;
     }
     *tok_p = t;
@@ -254,7 +254,7 @@ rr_sent(void *state, void *tok, const tp_error *err)
         tp__mtx_lock(&x->x_mtx);
         sendtok_undo_locked(x, t);
         tp__mtx_unlock(&x->x_mtx);
-        rr_flush(x);
+        tp__rr_flush(x);
     }
     tp__free(t);
 }
@@ -290,30 +290,31 @@ rr_recv(void *state, int from, const uint8_t *sec, size_t len, tp_args *args,
         return TP_OK;
     }
     size_t n = 0;
-    tp_status st = rr_sec_check(sec, len, (uint32_t)from, (uint32_t)x->x_world,
-                                TP_RPC_MAX_RREFS, &n, err_p);
+    tp_status st =
+        tp__rr_sec_check(sec, len, (uint32_t)from, (uint32_t)x->x_world,
+                         TP_RPC_MAX_RREFS, &n, err_p);
     if (st != TP_OK) {
         return st;
     }
     tp__mtx_lock(&x->x_mtx);
     for (size_t i = 0; i < n && st == TP_OK; i++) {
         rr_desc d;
-        rr_sec_desc(sec, i, &d);
+        tp__rr_sec_desc(sec, i, &d);
         tp_rref *r; // with one handle, given to the args below
         if ((int)d.d_owner == x->x_rank) {
             // Our own RRef came back: the owner RRef itself. The sender
             // keeps its own until we say we have it.
-            r = rr_owner_get_locked(x, d.d_id, (int)d.d_id.w);
+            r = tp__rr_owner_get_locked(x, d.d_id, (int)d.d_id.w);
             if (r != NULL) {
                 r->r_is_object |= (d.d_flags & RR_DESC_OBJECT) != 0;
                 r->r_users++;
-                rr_hold(r);
+                tp__rr_hold(r);
                 rr_msg m = {.m_fork = d.d_fork};
-                st = rr_note_queue_locked(x, RR_KIND_CHILD_ACCEPT, from, &m,
-                                          NULL, -1);
+                st = tp__rr_note_queue_locked(x, RR_KIND_CHILD_ACCEPT, from, &m,
+                                              NULL, -1);
             }
         } else {
-            if (rr_map_get(&x->x_users, d.d_fork) != NULL) {
+            if (tp__rr_map_get(&x->x_users, d.d_fork) != NULL) {
                 st = tp__error_set(err_p, TP_EPROTO,
                                    "rref %zu: fork (%u:%" PRIu64
                                    ") received twice",
@@ -322,9 +323,9 @@ rr_recv(void *state, int from, const uint8_t *sec, size_t len, tp_args *args,
             }
             bool from_owner = (int)d.d_owner == from;
             bool owner_dead = x->x_dead[d.d_owner];
-            r = rr_user_new_locked(x, d.d_id, d.d_fork, (int)d.d_owner,
-                                   from_owner || owner_dead,
-                                   (d.d_flags & RR_DESC_OBJECT) != 0);
+            r = tp__rr_user_new_locked(x, d.d_id, d.d_fork, (int)d.d_owner,
+                                       from_owner || owner_dead,
+                                       (d.d_flags & RR_DESC_OBJECT) != 0);
             if (r != NULL && owner_dead) {
                 r->r_err =
                     tp__error_new(TP_ECONNRESET, 0, NULL,
@@ -335,10 +336,10 @@ rr_recv(void *state, int from, const uint8_t *sec, size_t len, tp_args *args,
                 // let go; then the sender is told (note_done).
                 rr_msg m = {.m_id = d.d_id, .m_fork = d.d_fork};
                 st = owner_dead
-                         ? rr_note_queue_locked(x, RR_KIND_CHILD_ACCEPT, from,
-                                                &m, NULL, -1)
-                         : rr_note_queue_locked(x, RR_KIND_FORK, (int)d.d_owner,
-                                                &m, r, from);
+                         ? tp__rr_note_queue_locked(x, RR_KIND_CHILD_ACCEPT,
+                                                    from, &m, NULL, -1)
+                         : tp__rr_note_queue_locked(
+                               x, RR_KIND_FORK, (int)d.d_owner, &m, r, from);
             }
         }
         if (r == NULL) {
@@ -346,27 +347,27 @@ rr_recv(void *state, int from, const uint8_t *sec, size_t len, tp_args *args,
             break;
         }
         if (st == TP_OK) {
-            st = tp__args_add_obj_taken(args, r, &rr_obj_ops);
+            st = tp__args_add_obj_taken(args, r, &tp__rr_obj_ops);
         }
         if (st != TP_OK) {
             // The handle goes again (tp_rref_unref takes the lock: later).
-            rr_hold(r);
+            tp__rr_hold(r);
             r->r_users--;
             atomic_fetch_sub_explicit(&r->r_refs, 1, memory_order_relaxed);
             if (r->r_is_owner) {
-                rr_owner_maybe_delete_locked(x, r);
+                tp__rr_owner_maybe_delete_locked(x, r);
             } else {
                 r->r_released = r->r_users == 0;
-                rr_user_maybe_delete_locked(x, r);
+                tp__rr_user_maybe_delete_locked(x, r);
             }
-            rr_release(r); // the context outlives this (attached)
+            tp__rr_release(r); // the context outlives this (attached)
             if (err_p != NULL && *err_p == NULL) {
                 tp__error_set(err_p, st, "rref: out of memory");
             }
         }
     }
     tp__mtx_unlock(&x->x_mtx);
-    rr_flush(x);
+    tp__rr_flush(x);
     return st;
 }
 
@@ -414,42 +415,42 @@ rr_peer_failed(void *state, int rank, const tp_error *err)
                                   wi != NULL ? wi->name : "?", rank);
     // Its forks of our values go (PyTorch would keep them forever).
     size_t nforks = 0;
-    for (rr_node *n = rr_map_first(&x->x_forks); n != NULL;) {
-        rr_node *next = rr_map_next(&x->x_forks, n);
+    for (rr_node *n = tp__rr_map_first(&x->x_forks); n != NULL;) {
+        rr_node *next = tp__rr_map_next(&x->x_forks, n);
         if (((rr_fork *)n)->f_holder == rank) {
             // Deleting may free an RRef, never another fork node.
-            rr_fork_del_locked(x, n->n_key, rank);
+            tp__rr_fork_del_locked(x, n->n_key, rank);
             nforks++;
         }
         n = next;
     }
     // Forks we passed to it will never be accepted.
-    for (rr_node *n = rr_map_first(&x->x_children); n != NULL;) {
-        rr_node *next = rr_map_next(&x->x_children, n);
+    for (rr_node *n = tp__rr_map_first(&x->x_children); n != NULL;) {
+        rr_node *next = tp__rr_map_next(&x->x_children, n);
         if (((rr_child *)n)->c_to == rank) {
-            rr_child_done_locked(x, n->n_key, rank);
+            tp__rr_child_done_locked(x, n->n_key, rank);
         }
         n = next;
     }
     // Our RRefs to its values: they carry the error now; nothing to
     // delete there.
     rr_vec unconfirmed = {0};
-    for (rr_node *n = rr_map_first(&x->x_users); n != NULL;
-         n = rr_map_next(&x->x_users, n)) {
+    for (rr_node *n = tp__rr_map_first(&x->x_users); n != NULL;
+         n = tp__rr_map_next(&x->x_users, n)) {
         tp_rref *r = (tp_rref *)n;
         if (r->r_owner == rank) {
             if (r->r_err == NULL) {
                 r->r_err = tp_error_ref(why);
             }
             if (!r->r_confirmed) {
-                vec_push(&unconfirmed, rr_hold(r));
+                vec_push(&unconfirmed, tp__rr_hold(r));
             }
         }
     }
     // Values it was creating that never arrived: their waiters fail.
     rr_vec lost = {0};
-    for (rr_node *n = rr_map_first(&x->x_owned); n != NULL;
-         n = rr_map_next(&x->x_owned, n)) {
+    for (rr_node *n = tp__rr_map_first(&x->x_owned); n != NULL;
+         n = tp__rr_map_next(&x->x_owned, n)) {
         tp_rref *r = (tp_rref *)n;
         if (r->r_creator == rank && !r->r_created && r->r_value != NULL) {
             vec_push(&lost, tp_future_ref(r->r_value));
@@ -461,8 +462,8 @@ rr_peer_failed(void *state, int rank, const tp_error *err)
                 "values here",
                 wi != NULL ? wi->name : "?", rank, nforks);
     for (size_t i = 0; i < unconfirmed.v_n; i++) {
-        rr_user_confirm(unconfirmed.v_p[i], why);
-        rr_release(unconfirmed.v_p[i]);
+        tp__rr_user_confirm(unconfirmed.v_p[i], why);
+        tp__rr_release(unconfirmed.v_p[i]);
     }
     tp__free(unconfirmed.v_p);
     tp_error *lerr = tp__error_new(TP_ECONNRESET, 0, err,
@@ -476,7 +477,7 @@ rr_peer_failed(void *state, int rank, const tp_error *err)
     tp__free(lost.v_p);
     tp_error_unref(lerr);
     tp_error_unref(why);
-    rr_flush(x);
+    tp__rr_flush(x);
 }
 
 // ---- shutdown --------------------------------------------------------------
@@ -489,19 +490,19 @@ rr_shutdown_begin(void *state)
     // As PyTorch: the user RRefs the program still holds are let go, so
     // that their owners can free the values (the handles stay valid
     // here; their values are gone).
-    for (rr_node *n = rr_map_first(&x->x_users); n != NULL;) {
-        rr_node *next = rr_map_next(&x->x_users, n);
+    for (rr_node *n = tp__rr_map_first(&x->x_users); n != NULL;) {
+        rr_node *next = tp__rr_map_next(&x->x_users, n);
         tp_rref *r = (tp_rref *)n;
-        rr_hold(r);
+        tp__rr_hold(r);
         r->r_released = true;
-        rr_user_maybe_delete_locked(x, r);
+        tp__rr_user_maybe_delete_locked(x, r);
         // Not freed here: the caller of this hook holds the context, and
         // a user RRef in the table has a table reference besides ours.
         atomic_fetch_sub_explicit(&r->r_refs, 1, memory_order_acq_rel);
         n = next;
     }
     tp__mtx_unlock(&x->x_mtx);
-    rr_flush(x);
+    tp__rr_flush(x);
 }
 
 static uint64_t
@@ -525,8 +526,8 @@ rr_shutdown_end(void *state, bool agreed)
     char line[512];
     size_t shown = 0;
     rr_vec waiting = {0};
-    for (rr_node *n = rr_map_first(&x->x_owned); n != NULL;
-         n = rr_map_next(&x->x_owned, n)) {
+    for (rr_node *n = tp__rr_map_first(&x->x_owned); n != NULL;
+         n = tp__rr_map_next(&x->x_owned, n)) {
         tp_rref *r = (tp_rref *)n;
         if (!r->r_created && r->r_value != NULL) {
             vec_push(&waiting, tp_future_ref(r->r_value));
@@ -596,7 +597,7 @@ rr_debug(void *state, char *buf, size_t len)
 tp_status
 tp_rref_get_stats(const tp_agent *a, tp_rref_stats *st_p)
 {
-    rr_ctx *x = rr_ctx_get(a);
+    rr_ctx *x = tp__rr_ctx_get(a);
     if (x == NULL || st_p == NULL) {
         return TP_ECLOSED;
     }
@@ -616,7 +617,7 @@ tp_rref_get_stats(const tp_agent *a, tp_rref_stats *st_p)
 const tp__proto_ops tp__rref_proto = {
     .po_name = "rref",
     .po_id = 1,
-    .po_kinds = rr_kinds,
+    .po_kinds = tp__rr_kinds,
     .po_nkinds = RR_NKINDS,
     .po_attach = rr_attach,
     .po_detach = rr_detach,

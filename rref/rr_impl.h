@@ -22,7 +22,7 @@
  * Locks: x_mtx of the worker's rr_ctx guards its tables, counters and
  * every tp_rref field marked (x). It is never held across a call into
  * the agent, a future, a pool submission or user code: messages to send
- * are collected under it (x_outbox) and sent after (rr_flush). */
+ * are collected under it (x_outbox) and sent after (tp__rr_flush). */
 #ifndef TP_RR_IMPL_H
 #define TP_RR_IMPL_H
 
@@ -52,17 +52,18 @@ typedef struct rr_map {
     size_t m_count;
 } rr_map;
 
-tp_status rr_map_init(rr_map *m);
-void rr_map_fini(rr_map *m);
-rr_node *rr_map_get(const rr_map *m, rr_id key);
+tp_status tp__rr_map_init(rr_map *m);
+void tp__rr_map_fini(rr_map *m);
+rr_node *tp__rr_map_get(const rr_map *m, rr_id key);
 // Inserts @n (n_key set; not present). Never fails: a table that cannot
 // grow gets longer chains.
-void rr_map_put(rr_map *m, rr_node *n);
-rr_node *rr_map_del(rr_map *m, rr_id key);
-// Iteration: rr_map_first, then rr_map_next until NULL. The current node
-// may be deleted before rr_map_next is called with its successor saved.
-rr_node *rr_map_first(const rr_map *m);
-rr_node *rr_map_next(const rr_map *m, const rr_node *n);
+void tp__rr_map_put(rr_map *m, rr_node *n);
+rr_node *tp__rr_map_del(rr_map *m, rr_id key);
+// Iteration: tp__rr_map_first, then tp__rr_map_next until NULL. The current
+// node may be deleted before tp__rr_map_next is called with its successor
+// saved.
+rr_node *tp__rr_map_first(const rr_map *m);
+rr_node *tp__rr_map_next(const rr_map *m, const rr_node *n);
 
 // ---- objects ------------------------------------------------------------
 
@@ -158,85 +159,87 @@ struct rr_ctx {
 
 // ---- ctx.c --------------------------------------------------------------
 
-extern const tp__args_obj_ops rr_obj_ops; // RRefs in args
+extern const tp__args_obj_ops tp__rr_obj_ops; // RRefs in args
 extern const tp__proto_ops tp__rref_proto;
 
-rr_ctx *rr_ctx_get(const tp_agent *a); // NULL: detached
-rr_ctx *rr_ctx_ref(rr_ctx *x);
-void rr_ctx_unref(rr_ctx *x);
+rr_ctx *tp__rr_ctx_get(const tp_agent *a); // NULL: detached
+rr_ctx *tp__rr_ctx_ref(rr_ctx *x);
+void tp__rr_ctx_unref(rr_ctx *x);
 // Frees @x's tables and memory (its agent reference is the caller's).
-void rr_ctx_free(rr_ctx *x);
-rr_id rr_next_id(rr_ctx *x);
+void tp__rr_ctx_free(rr_ctx *x);
+rr_id tp__rr_next_id(rr_ctx *x);
 
 // Memory references (not handles).
-tp_rref *rr_hold(tp_rref *r);
-void rr_release(tp_rref *r);
+tp_rref *tp__rr_hold(tp_rref *r);
+void tp__rr_release(tp_rref *r);
 
 // A new owner RRef (id made here unless @id is given), not yet created:
 // one handle for the caller, in x_owned. NULL without memory.
-tp_rref *rr_owner_new_locked(rr_ctx *x, rr_id id, int creator,
-                             const char *what);
+tp_rref *tp__rr_owner_new_locked(rr_ctx *x, rr_id id, int creator,
+                                 const char *what);
 // The owner RRef @id, or a new placeholder (the creation has not arrived
 // yet). NULL without memory.
-tp_rref *rr_owner_get_locked(rr_ctx *x, rr_id id, int creator);
+tp_rref *tp__rr_owner_get_locked(rr_ctx *x, rr_id id, int creator);
 // A new user RRef in x_users with one handle; NULL without memory.
-tp_rref *rr_user_new_locked(rr_ctx *x, rr_id id, rr_id fork, int owner,
-                            bool confirmed, bool object);
+tp_rref *tp__rr_user_new_locked(rr_ctx *x, rr_id id, rr_id fork, int owner,
+                                bool confirmed, bool object);
 // The owner's value is known: @value (taken: tp_args * or rr_obj *, with
 // @free_fn) or @err. Resolves r_value; drops the creation's hold.
-void rr_owner_set_value(tp_rref *r, void *value, tp_future_free_fn free_fn,
-                        const tp_error *err);
+void tp__rr_owner_set_value(tp_rref *r, void *value, tp_future_free_fn free_fn,
+                            const tp_error *err);
 // Owner: an operation in progress ended (a hold taken under the lock).
-void rr_owner_unhold(tp_rref *r);
+void tp__rr_owner_unhold(tp_rref *r);
 // Owner: deletes the RRef if nothing keeps it.
-void rr_owner_maybe_delete_locked(rr_ctx *x, tp_rref *r);
+void tp__rr_owner_maybe_delete_locked(rr_ctx *x, tp_rref *r);
 // User: the owner confirmed it (@err NULL) or it failed (@err).
-void rr_user_confirm(tp_rref *r, const tp_error *err);
+void tp__rr_user_confirm(tp_rref *r, const tp_error *err);
 // User: queues DELETE once released, confirmed and without children.
-void rr_user_maybe_delete_locked(rr_ctx *x, tp_rref *r);
+void tp__rr_user_maybe_delete_locked(rr_ctx *x, tp_rref *r);
 // Adds a fork of owner RRef @r held by @holder.
-tp_status rr_fork_add_locked(rr_ctx *x, tp_rref *r, rr_id fork, int holder);
+tp_status tp__rr_fork_add_locked(rr_ctx *x, tp_rref *r, rr_id fork, int holder);
 // Removes fork @fork; false if unknown (or held by another rank).
-bool rr_fork_del_locked(rr_ctx *x, rr_id fork, int holder);
+bool tp__rr_fork_del_locked(rr_ctx *x, rr_id fork, int holder);
 // Records that @parent passed fork @fork to @to.
-tp_status rr_child_add_locked(rr_ctx *x, tp_rref *parent, rr_id fork, int to);
+tp_status tp__rr_child_add_locked(rr_ctx *x, tp_rref *parent, rr_id fork,
+                                  int to);
 // The child @fork was accepted (by @from, or anyone if @from < 0).
-bool rr_child_done_locked(rr_ctx *x, rr_id fork, int from);
-// Queues a protocol message to send (rr_flush sends it).
-tp_status rr_note_queue_locked(rr_ctx *x, uint8_t kind, int to, const rr_msg *m,
-                               tp_rref *rref, int parent);
+bool tp__rr_child_done_locked(rr_ctx *x, rr_id fork, int from);
+// Queues a protocol message to send (tp__rr_flush sends it).
+tp_status tp__rr_note_queue_locked(rr_ctx *x, uint8_t kind, int to,
+                                   const rr_msg *m, tp_rref *rref, int parent);
 // Sends what was queued. No lock held.
-void rr_flush(rr_ctx *x);
+void tp__rr_flush(rr_ctx *x);
 // "RRef (w:n) owned by NAME (rank r)" for messages.
-void rr_describe(const tp_rref *r, char *buf, size_t len);
+void tp__rr_describe(const tp_rref *r, char *buf, size_t len);
 // The owner's value future (referenced), NULL on a user.
-tp_future *rr_owner_value(tp_rref *r);
+tp_future *tp__rr_owner_value(tp_rref *r);
 
 // ---- kinds.c --------------------------------------------------------------
 
 #define RR_NKINDS 6
-extern const tp__proto_kind rr_kinds[RR_NKINDS];
+extern const tp__proto_kind tp__rr_kinds[RR_NKINDS];
 // CALL on an owner RRef of this worker (@in taken; NULL: no args): a
 // future with the result, resolved on the pool.
-tp_future *rr_local_call(rr_ctx *x, tp_rref *r, uint32_t flags,
-                         const char *name, tp_args *in);
+tp_future *tp__rr_local_call(rr_ctx *x, tp_rref *r, uint32_t flags,
+                             const char *name, tp_args *in);
 // REMOTE on this worker: runs @name (function, constructor or proxy of
 // @target) on the pool into owner RRef @r (@in taken).
-tp_future *rr_local_remote(rr_ctx *x, tp_rref *r, uint32_t flags,
-                           tp_rref *target, const char *name, tp_args *in);
+tp_future *tp__rr_local_remote(rr_ctx *x, tp_rref *r, uint32_t flags,
+                               tp_rref *target, const char *name, tp_args *in);
 
 // ---- object.c -------------------------------------------------------------
 
-const rr_type *rr_type_find(const char *name, size_t len);
-const char *rr_type_name(const rr_type *t);
-// Constructs an object of @t; the value for rr_owner_set_value.
-tp_status rr_obj_create(const rr_type *t, const tp_rpc_call_info *call,
-                        const tp_args *in, rr_obj **obj_p, tp_error **err_p);
-void rr_obj_free(void *obj); // a tp_future_free_fn
+const rr_type *tp__rr_type_find(const char *name, size_t len);
+const char *tp__rr_type_name(const rr_type *t);
+// Constructs an object of @t; the value for tp__rr_owner_set_value.
+tp_status tp__rr_obj_create(const rr_type *t, const tp_rpc_call_info *call,
+                            const tp_args *in, rr_obj **obj_p,
+                            tp_error **err_p);
+void tp__rr_obj_free(void *obj); // a tp_future_free_fn
 // Runs method @name of @o.
-tp_status rr_obj_call(rr_obj *o, const char *name, size_t len,
-                      const tp_rpc_call_info *call, const tp_args *in,
-                      tp_args **out_p, tp_error **err_p);
-tp_status rr_obj_to_args(rr_obj *o, tp_args **out_p, tp_error **err_p);
+tp_status tp__rr_obj_call(rr_obj *o, const char *name, size_t len,
+                          const tp_rpc_call_info *call, const tp_args *in,
+                          tp_args **out_p, tp_error **err_p);
+tp_status tp__rr_obj_to_args(rr_obj *o, tp_args **out_p, tp_error **err_p);
 
 #endif

@@ -14,7 +14,7 @@
 static rr_ctx *
 ctx_of(tp_agent *a, tp_error **err_p)
 {
-    rr_ctx *x = rr_ctx_get(a);
+    rr_ctx *x = tp__rr_ctx_get(a);
     if (x == NULL) {
         tp__error_set(err_p, TP_ECLOSED, "rref: the agent is shut down");
     }
@@ -49,15 +49,15 @@ remote_reply(tp_future *f, void *arg)
     tp_error *e = NULL;
     if (err != NULL) {
         char who[TP_RPC_MAX_NAME + 96];
-        rr_describe(w->w_rref, who, sizeof(who));
+        tp__rr_describe(w->w_rref, who, sizeof(who));
         e = tp__error_new(tp_error_status(err), 0, err,
                           "rref: creating %s with \"%s\"%s", who, w->w_fn,
                           tp_error_status(err) == TP_ETIMEDOUT ? " timed out"
                                                                : "");
     }
-    rr_user_confirm(w->w_rref, e);
+    tp__rr_user_confirm(w->w_rref, e);
     tp_error_unref(e);
-    rr_release(w->w_rref);
+    tp__rr_release(w->w_rref);
     tp__free(w);
     tp_future_unref(f);
 }
@@ -91,7 +91,7 @@ remote_start(tp_agent *a, int to, const char *name, const tp_args *in,
                              "rref: remote \"%s\": no worker of rank %d", name,
                              to);
     }
-    rr_id id = rr_next_id(x);
+    rr_id id = tp__rr_next_id(x);
     tp_rref *r;
     if (to == x->x_rank) {
         // Owned here: the function runs on our pool with a copy of the
@@ -102,18 +102,18 @@ remote_start(tp_agent *a, int to, const char *name, const tp_args *in,
             return st;
         }
         tp__mtx_lock(&x->x_mtx);
-        r = rr_owner_new_locked(x, id, x->x_rank, name);
+        r = tp__rr_owner_new_locked(x, id, x->x_rank, name);
         if (r != NULL) {
             r->r_users = 1;
             r->r_is_object = (flags & RR_REMOTE_OBJECT) != 0;
-            rr_hold(r);
+            tp__rr_hold(r);
         }
         tp__mtx_unlock(&x->x_mtx);
         if (r == NULL) {
             tp_args_unref(copy);
             return tp__error_set(err_p, TP_ENOMEM, "rref: out of memory");
         }
-        tp_future *f = rr_local_remote(x, r, flags, target, name, copy);
+        tp_future *f = tp__rr_local_remote(x, r, flags, target, name, copy);
         tp_future_unref(f); // the value says how it went
         *rref_p = r;
         return TP_OK;
@@ -123,29 +123,29 @@ remote_start(tp_agent *a, int to, const char *name, const tp_args *in,
         return tp__error_set(err_p, TP_ENOMEM, "rref: out of memory");
     }
     tp__mtx_lock(&x->x_mtx);
-    r = rr_user_new_locked(x, id, id, to, false,
-                           (flags & RR_REMOTE_OBJECT) != 0);
+    r = tp__rr_user_new_locked(x, id, id, to, false,
+                               (flags & RR_REMOTE_OBJECT) != 0);
     tp__mtx_unlock(&x->x_mtx);
     if (r == NULL) {
         tp__free(w);
         return tp__error_set(err_p, TP_ENOMEM, "rref: out of memory");
     }
     snprintf(r->r_what, sizeof(r->r_what), "%s", name);
-    w->w_rref = rr_hold(r);
+    w->w_rref = tp__rr_hold(r);
     snprintf(w->w_fn, sizeof(w->w_fn), "%s", name);
     rr_msg m = {.m_id = id, .m_fork = id, .m_flags = flags};
     if (target != NULL) {
         m.m_target = target->r_id;
     }
     uint8_t hdr[64];
-    rr_hdr_encode(RR_KIND_REMOTE, &m, hdr);
-    tp_future *f =
-        tp__agent_call_kind(a, to, RR_KIND_REMOTE, hdr,
-                            rr_hdr_size(RR_KIND_REMOTE), name, in, timeout_ms);
+    tp__rr_hdr_encode(RR_KIND_REMOTE, &m, hdr);
+    tp_future *f = tp__agent_call_kind(a, to, RR_KIND_REMOTE, hdr,
+                                       tp__rr_hdr_size(RR_KIND_REMOTE), name,
+                                       in, timeout_ms);
     if (f == NULL || tp_future_then(f, remote_reply, w) != TP_OK) {
         tp_future_unref(f);
-        rr_user_confirm(r, tp__error_nomem());
-        rr_release(r);
+        tp__rr_user_confirm(r, tp__error_nomem());
+        tp__rr_release(r);
         tp__free(w);
     }
     *rref_p = r;
@@ -194,12 +194,12 @@ tp_rref_create(tp_agent *a, tp_args *value, tp_rref **rref_p, tp_error **err_p)
     }
     tp__mtx_lock(&x->x_mtx);
     tp_rref *r =
-        rr_owner_new_locked(x, rr_next_id(x), x->x_rank, "RRef(value)");
+        tp__rr_owner_new_locked(x, tp__rr_next_id(x), x->x_rank, "RRef(value)");
     if (r != NULL) {
         r->r_users = 1;
         r->r_created = true;
         r->r_creating = true;
-        rr_hold(r);
+        tp__rr_hold(r);
     }
     tp__mtx_unlock(&x->x_mtx);
     if (r == NULL) {
@@ -220,7 +220,7 @@ tp_rref_ref(tp_rref *r)
     tp__mtx_lock(&x->x_mtx);
     r->r_users++;
     tp__mtx_unlock(&x->x_mtx);
-    return rr_hold(r);
+    return tp__rr_hold(r);
 }
 
 void
@@ -234,15 +234,15 @@ tp_rref_unref(tp_rref *r)
     TP_ASSERT(r->r_users > 0);
     if (--r->r_users == 0) {
         if (r->r_is_owner) {
-            rr_owner_maybe_delete_locked(x, r);
+            tp__rr_owner_maybe_delete_locked(x, r);
         } else {
             r->r_released = true;
-            rr_user_maybe_delete_locked(x, r);
+            tp__rr_user_maybe_delete_locked(x, r);
         }
     }
     tp__mtx_unlock(&x->x_mtx);
-    rr_flush(x);
-    rr_release(r); // may free @r and the context: last
+    tp__rr_flush(x);
+    tp__rr_release(r); // may free @r and the context: last
 }
 
 // ---- what it is ------------------------------------------------------------
@@ -320,7 +320,7 @@ wait_named(tp_rref *r, tp_future *f, int64_t timeout_ms, const char *what,
     if (st == TP_ETIMEDOUT && !tp_future_is_done(f)) {
         tp_error_unref(err);
         char who[TP_RPC_MAX_NAME + 96];
-        rr_describe(r, who, sizeof(who));
+        tp__rr_describe(r, who, sizeof(who));
         return tp__error_set(err_p, TP_ETIMEDOUT,
                              "%s of %s: timed out after %lld ms", what, who,
                              (long long)timeout_ms);
@@ -340,7 +340,7 @@ tp_rref_wait_created(tp_rref *r, int64_t timeout_ms, tp_error **err_p)
 {
     int64_t t = tp__agent_timeout(r->r_ctx->x_agent, timeout_ms);
     if (r->r_is_owner) {
-        tp_future *v = rr_owner_value(r);
+        tp_future *v = tp__rr_owner_value(r);
         if (v == NULL) {
             return tp__error_set(err_p, TP_ECLOSED,
                                  "rref: the value is gone (shut down)");
@@ -359,7 +359,7 @@ tp_rref_wait_created(tp_rref *r, int64_t timeout_ms, tp_error **err_p)
 static tp_status
 owner_wait(tp_rref *r, int64_t timeout_ms, tp_future **vf_p, tp_error **err_p)
 {
-    tp_future *v = rr_owner_value(r);
+    tp_future *v = tp__rr_owner_value(r);
     if (v == NULL) {
         return tp__error_set(err_p, TP_ECLOSED,
                              "rref: the value is gone (shut down)");
@@ -378,7 +378,7 @@ static tp_status
 owner_copy(tp_rref *r, tp_future *v, tp_args **out_p, tp_error **err_p)
 {
     if (r->r_is_object) {
-        return rr_obj_to_args(tp_future_value(v), out_p, err_p);
+        return tp__rr_obj_to_args(tp_future_value(v), out_p, err_p);
     }
     return ag_args_clone(tp_future_value(v), out_p, err_p);
 }
@@ -387,7 +387,7 @@ static tp_status
 not_owner(const tp_rref *r, const char *what, tp_error **err_p)
 {
     char who[TP_RPC_MAX_NAME + 96];
-    rr_describe(r, who, sizeof(who));
+    tp__rr_describe(r, who, sizeof(who));
     return tp__error_set(
         err_p, TP_EINVAL, "rref: %s only on the owner: %s, this is %s", what,
         who, tp__agent_worker(r->r_ctx->x_agent, r->r_ctx->x_rank)->name);
@@ -399,7 +399,7 @@ fetch(tp_rref *r, int64_t timeout_ms)
 {
     rr_msg m = {.m_id = r->r_id};
     uint8_t hdr[RR_ID_BYTES];
-    rr_hdr_encode(RR_KIND_FETCH, &m, hdr);
+    tp__rr_hdr_encode(RR_KIND_FETCH, &m, hdr);
     return tp__agent_call_kind(r->r_ctx->x_agent, r->r_owner, RR_KIND_FETCH,
                                hdr, sizeof(hdr), NULL, NULL, timeout_ms);
 }
@@ -418,7 +418,7 @@ known_error(tp_rref *r, const char *what)
         return NULL;
     }
     char who[TP_RPC_MAX_NAME + 96];
-    rr_describe(r, who, sizeof(who));
+    tp__rr_describe(r, who, sizeof(who));
     tp_error *w =
         e != NULL
             ? tp__error_new(tp_error_status(e), 0, e, "%s of %s", what, who)
@@ -471,7 +471,7 @@ tp_rref_to_here(tp_rref *r, int64_t timeout_ms, tp_args **out_p,
     tp_future_unref(f);
     if (st != TP_OK) {
         char who[TP_RPC_MAX_NAME + 96];
-        rr_describe(r, who, sizeof(who));
+        tp__rr_describe(r, who, sizeof(who));
         if (st == TP_ETIMEDOUT && ended) {
             // The call's own deadline: say which RRef, owner, how long.
             tp__error_set(err_p, st, "to_here of %s: timed out after %lld ms",
@@ -497,7 +497,7 @@ here_done(tp_future *f, void *arg)
     const tp_error *err = tp_future_error(f);
     if (err != NULL) {
         char who[TP_RPC_MAX_NAME + 96];
-        rr_describe(h->h_rref, who, sizeof(who));
+        tp__rr_describe(h->h_rref, who, sizeof(who));
         tp_error *e =
             tp_error_status(err) == TP_ETIMEDOUT
                 ? tp__error_new(TP_ETIMEDOUT, 0, NULL,
@@ -514,7 +514,7 @@ here_done(tp_future *f, void *arg)
     }
     tp_future_unref(f);
     tp_future_unref(h->h_out);
-    rr_release(h->h_rref);
+    tp__rr_release(h->h_rref);
     tp__free(h);
 }
 
@@ -523,7 +523,7 @@ tp_rref_to_here_async(tp_rref *r, int64_t timeout_ms)
 {
     if (r->r_is_owner) {
         // A copy of the local value: made on the pool once it exists.
-        return rr_local_call(r->r_ctx, r, RR_CALL_COPY, "to_here", NULL);
+        return tp__rr_local_call(r->r_ctx, r, RR_CALL_COPY, "to_here", NULL);
     }
     tp_error *known = known_error(r, "to_here");
     if (known != NULL) {
@@ -538,13 +538,13 @@ tp_rref_to_here_async(tp_rref *r, int64_t timeout_ms)
     tp__agent_bind_future(r->r_ctx->x_agent, out);
     h->h_timeout = tp__agent_timeout(r->r_ctx->x_agent, timeout_ms);
     tp_future *f = fetch(r, h->h_timeout);
-    h->h_rref = rr_hold(r);
+    h->h_rref = tp__rr_hold(r);
     h->h_out = tp_future_ref(out);
     if (f == NULL || tp_future_then(f, here_done, h) != TP_OK) {
         tp_future_unref(f);
         tp_future_set_error(out, tp__error_nomem());
         tp_future_unref(h->h_out);
-        rr_release(h->h_rref);
+        tp__rr_release(h->h_rref);
         tp__free(h);
     }
     return out;
@@ -604,7 +604,7 @@ tp_args_add_rref(tp_args *args, tp_rref *r)
     if (args == NULL || r == NULL || tp_args_nrrefs(args) >= TP_RPC_MAX_RREFS) {
         return TP_EINVAL;
     }
-    return tp__args_add_obj(args, r, &rr_obj_ops);
+    return tp__args_add_obj(args, r, &tp__rr_obj_ops);
 }
 
 size_t
@@ -614,7 +614,7 @@ tp_args_nrrefs(const tp_args *args)
     for (size_t i = 0; i < tp__args_nobjs(args); i++) {
         const tp__args_obj_ops *ops = NULL;
         tp__args_obj(args, i, &ops);
-        n += ops == &rr_obj_ops;
+        n += ops == &tp__rr_obj_ops;
     }
     return n;
 }
@@ -625,7 +625,7 @@ tp_args_rref(const tp_args *args, size_t i)
     for (size_t k = 0; k < tp__args_nobjs(args); k++) {
         const tp__args_obj_ops *ops = NULL;
         void *o = tp__args_obj(args, k, &ops);
-        if (ops == &rr_obj_ops && i-- == 0) {
+        if (ops == &tp__rr_obj_ops && i-- == 0) {
             return o;
         }
     }
@@ -649,7 +649,7 @@ call(tp_rref *r, uint32_t flags, const char *name, const tp_args *in,
     }
     if ((flags & RR_CALL_METHOD) && !r->r_is_object) {
         char who[TP_RPC_MAX_NAME + 96];
-        rr_describe(r, who, sizeof(who));
+        tp__rr_describe(r, who, sizeof(who));
         return failed_future(tp__error_new(
             TP_EINVAL, 0, NULL,
             "rref: method \"%s\" of %s, whose value is not a remote object",
@@ -662,7 +662,7 @@ call(tp_rref *r, uint32_t flags, const char *name, const tp_args *in,
         if (ag_args_clone(in, &copy, &err) != TP_OK) {
             return failed_future(err);
         }
-        return rr_local_call(x, r, flags, name, copy);
+        return tp__rr_local_call(x, r, flags, name, copy);
     }
     tp_error *known = known_error(r, name);
     if (known != NULL) {
@@ -670,7 +670,7 @@ call(tp_rref *r, uint32_t flags, const char *name, const tp_args *in,
     }
     rr_msg m = {.m_id = r->r_id, .m_flags = flags};
     uint8_t hdr[RR_ID_BYTES + 8];
-    rr_hdr_encode(RR_KIND_CALL, &m, hdr);
+    tp__rr_hdr_encode(RR_KIND_CALL, &m, hdr);
     tp_future *f = tp__agent_call_kind(x->x_agent, r->r_owner, RR_KIND_CALL,
                                        hdr, sizeof(hdr), name, in, timeout_ms);
     if (f != NULL) {

@@ -26,7 +26,7 @@ id_get(const uint8_t *p, rr_id *id)
 }
 
 size_t
-rr_hdr_size(unsigned kind)
+tp__rr_hdr_size(unsigned kind)
 {
     switch (kind) {
     case RR_KIND_REMOTE:
@@ -45,7 +45,7 @@ rr_hdr_size(unsigned kind)
 }
 
 void
-rr_hdr_encode(unsigned kind, const rr_msg *m, uint8_t *buf)
+tp__rr_hdr_encode(unsigned kind, const rr_msg *m, uint8_t *buf)
 {
     switch (kind) {
     case RR_KIND_REMOTE:
@@ -90,11 +90,11 @@ id_check(const char *what, rr_id id, uint32_t world, tp_error **err_p)
 }
 
 tp_status
-rr_hdr_decode(unsigned kind, const uint8_t *buf, size_t len, uint32_t from,
-              uint32_t world, rr_msg *m, tp_error **err_p)
+tp__rr_hdr_decode(unsigned kind, const uint8_t *buf, size_t len, uint32_t from,
+                  uint32_t world, rr_msg *m, tp_error **err_p)
 {
     memset(m, 0, sizeof(*m));
-    size_t want = rr_hdr_size(kind);
+    size_t want = tp__rr_hdr_size(kind);
     if (want == 0) {
         return tp__error_set(err_p, TP_EPROTO, "rref message of kind %u", kind);
     }
@@ -183,13 +183,13 @@ rr_hdr_decode(unsigned kind, const uint8_t *buf, size_t len, uint32_t from,
 }
 
 size_t
-rr_sec_size(size_t n)
+tp__rr_sec_size(size_t n)
 {
     return RR_SEC_HDR + n * RR_DESC_BYTES;
 }
 
 void
-rr_sec_encode(const rr_desc *d, size_t n, uint8_t *buf)
+tp__rr_sec_encode(const rr_desc *d, size_t n, uint8_t *buf)
 {
     tp__put_u32le(buf, (uint32_t)n);
     tp__put_u32le(buf + 4, 0);
@@ -203,7 +203,7 @@ rr_sec_encode(const rr_desc *d, size_t n, uint8_t *buf)
 }
 
 void
-rr_sec_desc(const uint8_t *buf, size_t i, rr_desc *d)
+tp__rr_sec_desc(const uint8_t *buf, size_t i, rr_desc *d)
 {
     const uint8_t *p = buf + RR_SEC_HDR + i * RR_DESC_BYTES;
     id_get(p, &d->d_id);
@@ -213,8 +213,8 @@ rr_sec_desc(const uint8_t *buf, size_t i, rr_desc *d)
 }
 
 tp_status
-rr_sec_check(const uint8_t *buf, size_t len, uint32_t from, uint32_t world,
-             size_t max, size_t *n_p, tp_error **err_p)
+tp__rr_sec_check(const uint8_t *buf, size_t len, uint32_t from, uint32_t world,
+                 size_t max, size_t *n_p, tp_error **err_p)
 {
     if (len < RR_SEC_HDR) {
         return tp__error_set(err_p, TP_EPROTO,
@@ -227,7 +227,7 @@ rr_sec_check(const uint8_t *buf, size_t len, uint32_t from, uint32_t world,
         return tp__error_set(err_p, TP_EPROTO,
                              "rref section: reserved bytes not zero");
     }
-    if (n == 0 || n > max || len != rr_sec_size(n)) {
+    if (n == 0 || n > max || len != tp__rr_sec_size(n)) {
         return tp__error_set(err_p, TP_EPROTO,
                              "rref section of %zu bytes describing %u RRefs "
                              "(1..%zu of %d bytes each)",
@@ -241,7 +241,7 @@ rr_sec_check(const uint8_t *buf, size_t len, uint32_t from, uint32_t world,
             return tp__error_set(err_p, TP_EPROTO,
                                  "rref %u: reserved bytes not zero", i);
         }
-        rr_sec_desc(buf, i, &d);
+        tp__rr_sec_desc(buf, i, &d);
         if (d.d_id.w >= world || d.d_id.n == 0 || d.d_owner >= world) {
             return tp__error_set(err_p, TP_EPROTO,
                                  "rref %u: RRef (%u:%llu) owned by rank %u "

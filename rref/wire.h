@@ -74,30 +74,30 @@ rr_id_eq(rr_id a, rr_id b)
 }
 
 /* The header size of @kind (0 for a kind that is not the protocol's). */
-size_t rr_hdr_size(unsigned kind);
-/* Encodes the header of @kind from @m into @buf (rr_hdr_size bytes). */
-void rr_hdr_encode(unsigned kind, const rr_msg *m, uint8_t *buf);
+size_t tp__rr_hdr_size(unsigned kind);
+/* Encodes the header of @kind from @m into @buf (tp__rr_hdr_size bytes). */
+void tp__rr_hdr_encode(unsigned kind, const rr_msg *m, uint8_t *buf);
 /*
  * Decodes and checks the header of a message of @kind from rank @from in
  * a world of @world: sizes, zero reserved bytes, known flags, ranks below
  * @world, ids not 0, forks made by the worker that says it made them.
  * TP_EPROTO with a message naming what is wrong.
  */
-tp_status rr_hdr_decode(unsigned kind, const uint8_t *buf, size_t len,
-                        uint32_t from, uint32_t world, rr_msg *m,
-                        tp_error **err_p);
+tp_status tp__rr_hdr_decode(unsigned kind, const uint8_t *buf, size_t len,
+                            uint32_t from, uint32_t world, rr_msg *m,
+                            tp_error **err_p);
 
 /* The size of a section describing @n RRefs. */
-size_t rr_sec_size(size_t n);
-void rr_sec_encode(const rr_desc *d, size_t n, uint8_t *buf);
+size_t tp__rr_sec_size(size_t n);
+void tp__rr_sec_encode(const rr_desc *d, size_t n, uint8_t *buf);
 /*
  * Checks a section from rank @from (world @world) and returns the number
- * of descriptors in *@n_p (at most @max); rr_sec_desc reads them.
+ * of descriptors in *@n_p (at most @max); tp__rr_sec_desc reads them.
  * Each fork must be made by @from; owners and creators below @world.
  */
-tp_status rr_sec_check(const uint8_t *buf, size_t len, uint32_t from,
-                       uint32_t world, size_t max, size_t *n_p,
-                       tp_error **err_p);
-void rr_sec_desc(const uint8_t *buf, size_t i, rr_desc *d);
+tp_status tp__rr_sec_check(const uint8_t *buf, size_t len, uint32_t from,
+                           uint32_t world, size_t max, size_t *n_p,
+                           tp_error **err_p);
+void tp__rr_sec_desc(const uint8_t *buf, size_t i, rr_desc *d);
 
 #endif

@@ -35,14 +35,15 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (what < 6) {
         unsigned kind = RR_KIND_REMOTE + what;
         rr_msg m;
-        tp_status st = rr_hdr_decode(kind, data, size, from, world, &m, &err);
+        tp_status st =
+            tp__rr_hdr_decode(kind, data, size, from, world, &m, &err);
         if (st != TP_OK) {
             FUZZ_CHECK(st == TP_EPROTO && tp_error_status(err) == TP_EPROTO);
             FUZZ_CHECK(strlen(tp_error_message(err)) > 0);
             tp_error_unref(err);
             return 0;
         }
-        FUZZ_CHECK(err == NULL && size == rr_hdr_size(kind));
+        FUZZ_CHECK(err == NULL && size == tp__rr_hdr_size(kind));
         switch (kind) {
         case RR_KIND_REMOTE:
             check_id(m.m_id, world);
@@ -67,30 +68,30 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
         uint8_t buf[64];
         FUZZ_CHECK(size <= sizeof(buf));
-        rr_hdr_encode(kind, &m, buf);
+        tp__rr_hdr_encode(kind, &m, buf);
         FUZZ_CHECK(memcmp(buf, data, size) == 0);
         return 0;
     }
     size_t n = 0;
-    tp_status st = rr_sec_check(data, size, from, world, 4096, &n, &err);
+    tp_status st = tp__rr_sec_check(data, size, from, world, 4096, &n, &err);
     if (st != TP_OK) {
         FUZZ_CHECK(st == TP_EPROTO && tp_error_status(err) == TP_EPROTO);
         FUZZ_CHECK(strlen(tp_error_message(err)) > 0);
         tp_error_unref(err);
         return 0;
     }
-    FUZZ_CHECK(n >= 1 && n <= 4096 && size == rr_sec_size(n));
+    FUZZ_CHECK(n >= 1 && n <= 4096 && size == tp__rr_sec_size(n));
     rr_desc *d = malloc(n * sizeof(*d));
     uint8_t *buf = malloc(size);
     FUZZ_CHECK(d != NULL && buf != NULL);
     for (size_t i = 0; i < n; i++) {
-        rr_sec_desc(data, i, &d[i]);
+        tp__rr_sec_desc(data, i, &d[i]);
         check_id(d[i].d_id, world);
         FUZZ_CHECK(d[i].d_owner < world);
         FUZZ_CHECK(d[i].d_fork.w == from && d[i].d_fork.n != 0);
         FUZZ_CHECK((d[i].d_flags & ~RR_DESC_OBJECT) == 0);
     }
-    rr_sec_encode(d, n, buf);
+    tp__rr_sec_encode(d, n, buf);
     FUZZ_CHECK(memcmp(buf, data, size) == 0);
     free(buf);
     free(d);

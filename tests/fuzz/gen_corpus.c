@@ -285,9 +285,9 @@ gen_rpc_all(void)
         {.d_id = {2, 1}, .d_fork = {0, 10}, .d_owner = 2, .d_flags = 1},
     };
     uint8_t sec[256], ext[512];
-    rr_sec_encode(d, 2, sec);
+    tp__rr_sec_encode(d, 2, sec);
     size_t off = 0;
-    gen_section(ext, &off, 1, sec, rr_sec_size(2));
+    gen_section(ext, &off, 1, sec, tp__rr_sec_size(2));
     h.h_ext = ext;
     h.h_ext_len = (uint32_t)off;
     gen_rpc("request-rrefs", &h, 1, 1);
@@ -318,9 +318,9 @@ gen_rpc_all(void)
     for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++) {
         rr_msg m = {.m_id = {0, 3}, .m_fork = {0, 3}};
         uint8_t kh[64];
-        rr_hdr_encode(kinds[i].kind, &m, kh);
+        tp__rr_hdr_encode(kinds[i].kind, &m, kh);
         off = 0;
-        gen_section(ext, &off, 0, kh, rr_hdr_size(kinds[i].kind));
+        gen_section(ext, &off, 0, kh, tp__rr_hdr_size(kinds[i].kind));
         memset(&h, 0, sizeof(h));
         h.h_kind = (ag_kind)kinds[i].kind;
         h.h_call_id = 40 + i;
@@ -333,7 +333,7 @@ gen_rpc_all(void)
     }
     // Near misses: sections out of order, a section 0 in a request.
     off = 0;
-    gen_section(ext, &off, 1, sec, rr_sec_size(2));
+    gen_section(ext, &off, 1, sec, tp__rr_sec_size(2));
     gen_section(ext, &off, 0, sec, 8);
     memset(&h, 0, sizeof(h));
     h.h_kind = (ag_kind)RR_KIND_FETCH;
@@ -379,8 +379,8 @@ gen_rref_all(void)
             m.m_flags = RR_CALL_METHOD;
         }
         uint8_t h[64];
-        rr_hdr_encode(RR_KIND_REMOTE + k, &m, h);
-        gen_rref(names[k], k, 1, 4, h, rr_hdr_size(RR_KIND_REMOTE + k));
+        tp__rr_hdr_encode(RR_KIND_REMOTE + k, &m, h);
+        gen_rref(names[k], k, 1, 4, h, tp__rr_hdr_size(RR_KIND_REMOTE + k));
     }
     rr_desc d[3] = {
         {.d_id = {0, 1}, .d_fork = {2, 4}, .d_owner = 0},
@@ -388,15 +388,15 @@ gen_rref_all(void)
         {.d_id = {2, 2}, .d_fork = {2, 6}, .d_owner = 2},
     };
     uint8_t sec[256];
-    rr_sec_encode(d, 3, sec);
-    gen_rref("section", 6, 2, 4, sec, rr_sec_size(3));
+    tp__rr_sec_encode(d, 3, sec);
+    gen_rref("section", 6, 2, 4, sec, tp__rr_sec_size(3));
     // Near misses: a fork not made by its sender, an owner out of range.
-    gen_rref("bad-section-fork", 6, 1, 4, sec, rr_sec_size(3));
-    gen_rref("bad-section-world", 6, 2, 3, sec, rr_sec_size(3));
+    gen_rref("bad-section-fork", 6, 1, 4, sec, tp__rr_sec_size(3));
+    gen_rref("bad-section-world", 6, 2, 3, sec, tp__rr_sec_size(3));
     rr_msg m = {.m_id = {1, 3}, .m_fork = {1, 4}};
     uint8_t h[64];
-    rr_hdr_encode(RR_KIND_REMOTE, &m, h);
-    gen_rref("bad-remote-fork", 0, 1, 4, h, rr_hdr_size(RR_KIND_REMOTE));
+    tp__rr_hdr_encode(RR_KIND_REMOTE, &m, h);
+    gen_rref("bad-remote-fork", 0, 1, 4, h, tp__rr_hdr_size(RR_KIND_REMOTE));
 }
 
 int
