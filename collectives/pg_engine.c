@@ -20,6 +20,7 @@
 
 #include "collectives/algo.h"
 #include "collectives/pg_impl.h"
+#include <tpipe/info.h>
 #include "core/error.h"
 #include "core/log.h"
 
@@ -332,4 +333,39 @@ tp__pg_engine_run(tp_pg *g, const tp__coll_args *a, uint64_t seq,
                   uint64_t deadline, tp_error **err_p)
 {
     return g->g_eng->run(g, a, seq, deadline, err_p);
+}
+
+// ---- introspection ----------------------------------------------------------
+
+tp_status
+tp_info_collective_engines(unsigned flags, tp_backend_info *out, size_t cap,
+                           size_t *n_p, tp_error **err_p)
+{
+    (void)flags;
+    if (n_p == NULL || (out == NULL && cap > 0)) {
+        return tp__error_set(err_p, TP_EINVAL,
+                             "tp_info_collective_engines: %s is NULL",
+                             n_p == NULL ? "n_p" : "out");
+    }
+    static const char *const names[] = {"shm", "pipe", "nccl"};
+    size_t n = sizeof(names) / sizeof(names[0]);
+    *n_p = n;
+    for (size_t i = 0; i < n && i < cap; i++) {
+        tp_backend_info *e = &out[i];
+        memset(e, 0, sizeof(*e));
+        e->name = names[i];
+        e->priority = (unsigned)i;
+        if (i == 0) {
+            e->viable = tp__shm_viable(e->reason, sizeof(e->reason));
+            e->same_host = true;
+        } else if (i == 1) {
+            e->viable = true;
+        } else {
+            e->viable = tp__nccl_available(e->reason, sizeof(e->reason));
+        }
+        if (e->viable) {
+            e->reason[0] = '\0';
+        }
+    }
+    return TP_OK;
 }

@@ -10,8 +10,6 @@
 #include <string.h>
 #include <tpipe/tpipe.h>
 
-#include "collectives/nccl.h"
-#include "collectives/shm.h"
 #include "tool.h"
 
 static void
@@ -412,8 +410,21 @@ info_collect(info_report *r)
             rc = TOOL_EXIT_FAIL;
         }
     }
-    r->ir_shm_ok = tp__shm_viable(r->ir_shm_why, sizeof(r->ir_shm_why));
-    r->ir_nccl_ok = tp__nccl_available(r->ir_nccl_why, sizeof(r->ir_nccl_why));
+    tp_backend_info eng[TP_INFO_MAX];
+    size_t neng = 0;
+    if (tp_info_collective_engines(0, eng, TP_INFO_MAX, &neng, NULL) == TP_OK) {
+        for (size_t i = 0; i < neng && i < TP_INFO_MAX; i++) {
+            if (strcmp(eng[i].name, "shm") == 0) {
+                r->ir_shm_ok = eng[i].viable;
+                snprintf(r->ir_shm_why, sizeof(r->ir_shm_why), "%s",
+                         eng[i].reason);
+            } else if (strcmp(eng[i].name, "nccl") == 0) {
+                r->ir_nccl_ok = eng[i].viable;
+                snprintf(r->ir_nccl_why, sizeof(r->ir_nccl_why), "%s",
+                         eng[i].reason);
+            }
+        }
+    }
     if (!info_check_env(r->ir_env)) {
         rc = TOOL_EXIT_USAGE;
     }

@@ -61,6 +61,9 @@ typedef struct tp_backend_info {
     /** Loop backends: the one TP_IO_BACKEND selects here ("auto" falls
      * back to epoll when io_uring is not viable). Otherwise false. */
     bool selected;
+    /** Transports: connects processes of one host only (shm); a channel
+     * that needs network lanes (mpt) cannot run over it. */
+    bool same_host;
     /** Why not viable (empty when viable). */
     char reason[TP_INFO_TEXT_MAX];
     /** With TP_INFO_PROBE (transports only): the domain descriptor (two
@@ -94,6 +97,17 @@ TP_API tp_status tp_info_channels(unsigned flags, tp_backend_info *out,
  */
 TP_API tp_status tp_info_io_backends(unsigned flags, tp_backend_info *out,
                                      size_t cap, size_t *n_p, tp_error **err_p);
+
+/**
+ * tp_info_collective_engines - the engines of the process groups, in the
+ * order a group considers them: "shm" (one host: shared memory; viable
+ * when this host allows it, or why not), "pipe" (algorithms over pipes;
+ * always viable), "nccl" (CUDA tensors; viable when libnccl and a GPU are
+ * found at run time, or why not). @flags: 0.
+ */
+TP_API tp_status tp_info_collective_engines(unsigned flags,
+                                            tp_backend_info *out, size_t cap,
+                                            size_t *n_p, tp_error **err_p);
 
 #ifdef __cplusplus
 }

@@ -84,7 +84,7 @@ grep -q '^transport  *channel  *test  *size  *p50_us' "$TMP/table.txt" &&
   { cat "$TMP/table.txt" >&2; fail "table lacks the header or a row"; }
 
 # Usage errors.
-for args in "--test bogus" "--transport ucx" "--sizes 6" "--reps 0" \
+for args in "--test bogus" "--transport nope" "--sizes 6" "--reps 0" \
             "--channel nope" "--inflight 0"; do
   st=0
   # shellcheck disable=SC2086
