@@ -31,6 +31,9 @@
 void
 tp_pg_options_init(tp_pg_options *o)
 {
+    if (o == NULL) {
+        return;
+    }
     memset(o, 0, sizeof(*o));
     o->size = sizeof(*o);
     o->timeout_ms = TP_TIMEOUT_DEFAULT;
