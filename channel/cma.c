@@ -16,6 +16,16 @@
 // other pid fails the pipe (TP_EPROTO); so does a peer whose kernel uid or
 // gid differs from ours, whatever its domain string claimed. Receives wait
 // (c_recvs) until then. See docs/channel-cma.md, "Trust".
+//
+// Only tensors that travel by cma depend on this channel: a failure of its
+// connection or side socket (the peer exited, a handshake that never
+// finished) fails the pipe only while a cma op waits on it (a send for its
+// ack, a receive for the handshake); otherwise it is kept (c_err) and the
+// next cma op fails with it. So a peer that read its last message and
+// exited does not fail the writes whose bytes it already has. A receive
+// completes only once its ack is written (c_acking, c_acked): a reader
+// that exits right after its read has sent the ack, and the sender's write
+// completes.
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -70,6 +80,9 @@ struct tp_chan {
     tp__cma_side c_side;
     tp__cma_peer c_peer; // valid once c_hs is CMA_HS_DONE
     tp_list c_recvs;     // receives waiting for c_peer (co_node)
+    tp_list c_acking;    // copied receives whose ack is queued (co_node)
+    tp_list c_acked;     // copied receives whose ack is being written
+    tp_error *c_err;     // the channel broke while no op depended on it
     // reader: the peer's hello, its ready, then acks
     tp_aio c_raio;
     uint8_t c_rbuf[CMA_RBUF_LEN];
@@ -153,6 +166,7 @@ cma_free_task(void *arg)
     tp__aio_fini(&ch->c_waio);
     tp__cma_side_close(&ch->c_side);
     tp__cma_peer_fini(&ch->c_peer);
+    tp_error_unref(ch->c_err);
     tp__free(ch->c_wq);
     tp__free(ch->c_wbuf);
     tp__free(ch);
@@ -166,6 +180,34 @@ cma_fail(tp_chan *ch, tp_error *err)
     } else {
         tp_error_unref(err);
     }
+}
+
+// The channel's connection or side socket failed with @err (taken). A cma
+// op waiting on it fails the pipe; otherwise the channel only stops, and
+// its next op fails (see the top of this file). A peer that breaks the
+// protocol fails the pipe at once.
+static void
+cma_broken(tp_chan *ch, tp_error *err)
+{
+    if (ch->c_closed) {
+        tp_error_unref(err);
+        return;
+    }
+    if (tp_error_status(err) == TP_EPROTO || !tp__list_empty(&ch->c_sends) ||
+        !tp__list_empty(&ch->c_recvs)) {
+        cma_fail(ch, err);
+        return;
+    }
+    TP_LOG_DEBUG("TP-CMA-DOWN",
+                 "%s (no cma op waits on it: the pipe goes on; its next cma "
+                 "tensor fails)",
+                 tp_error_message(err));
+    if (ch->c_err == NULL) {
+        ch->c_err = err;
+    } else {
+        tp_error_unref(err);
+    }
+    tp__cma_side_close(&ch->c_side);
 }
 
 // The peer's hello: connect to its side socket, present its token, then
@@ -185,9 +227,9 @@ cma_got_hello(tp_chan *ch)
     const uint8_t *name = ch->c_rbuf + CMA_MAGIC_LEN;
     if (tp__cma_side_connect((const char *)name, name + TP_CMA_SIDE_NAME_LEN,
                              &err) != TP_OK) {
-        cma_fail(ch, tp__error_new(tp_error_status(err), 0, err,
-                                   "cma: pipe to %s: side connection",
-                                   ch->c_env.ce_peer));
+        cma_broken(ch, tp__error_new(tp_error_status(err), 0, err,
+                                     "cma: pipe to %s: side connection",
+                                     ch->c_env.ce_peer));
         tp_error_unref(err);
         return;
     }
@@ -217,8 +259,8 @@ cma_got_ready(tp_chan *ch)
     }
     tp_error *err = NULL;
     if (tp__cma_side_accept(&ch->c_side, &ch->c_peer, &err) != TP_OK) {
-        cma_fail(ch, tp__error_new(tp_error_status(err), 0, err,
-                                   "cma: pipe to %s: side connection", peer));
+        cma_broken(ch, tp__error_new(tp_error_status(err), 0, err,
+                                     "cma: pipe to %s: side connection", peer));
         tp_error_unref(err);
         return;
     }
@@ -260,14 +302,14 @@ cma_raio_cb(void *arg)
         return;
     }
     if (tp_aio_status(&ch->c_raio) != TP_OK) {
-        cma_fail(ch, tp__error_new(tp_aio_status(&ch->c_raio), 0,
-                                   tp_aio_error(&ch->c_raio),
-                                   ch->c_hs == CMA_HS_DONE
-                                       ? "cma: pipe to %s: ack connection"
-                                       : "cma: pipe to %s: waiting for the "
-                                         "peer's cma hello "
-                                         "(TP_HANDSHAKE_TIMEOUT_MS)",
-                                   ch->c_env.ce_peer));
+        cma_broken(ch, tp__error_new(tp_aio_status(&ch->c_raio), 0,
+                                     tp_aio_error(&ch->c_raio),
+                                     ch->c_hs == CMA_HS_DONE
+                                         ? "cma: pipe to %s: ack connection"
+                                         : "cma: pipe to %s: waiting for the "
+                                           "peer's cma hello "
+                                           "(TP_HANDSHAKE_TIMEOUT_MS)",
+                                     ch->c_env.ce_peer));
         return;
     }
     if (ch->c_hs == CMA_HS_HELLO) {
@@ -315,7 +357,7 @@ cma_raio_cb(void *arg)
 static void
 cma_read_acks(tp_chan *ch)
 {
-    if (ch->c_closed || ch->c_rbusy) {
+    if (ch->c_closed || ch->c_rbusy || ch->c_err != NULL) {
         return;
     }
     // The peer's hello and ready are due within the handshake timeout;
@@ -341,11 +383,20 @@ cma_waio_cb(void *arg)
         cma_maybe_free(ch);
         return;
     }
+    // The receives acked in this write are done: their bytes are here
+    // (even if the ack could not go: then only the sender's write fails).
+    tp_chan_op *op;
+    while ((op = tp__list_pop_first(&ch->c_acked)) != NULL) {
+        op->co_done(op, NULL);
+    }
     if (tp_aio_status(&ch->c_waio) != TP_OK) {
-        cma_fail(ch, tp__error_new(tp_aio_status(&ch->c_waio), 0,
-                                   tp_aio_error(&ch->c_waio),
-                                   "cma: pipe to %s: sending acks",
-                                   ch->c_env.ce_peer));
+        cma_broken(ch, tp__error_new(tp_aio_status(&ch->c_waio), 0,
+                                     tp_aio_error(&ch->c_waio),
+                                     "cma: pipe to %s: sending acks",
+                                     ch->c_env.ce_peer));
+        while ((op = tp__list_pop_first(&ch->c_acking)) != NULL) {
+            op->co_done(op, NULL);
+        }
         return;
     }
     cma_flush_acks(ch);
@@ -354,7 +405,7 @@ cma_waio_cb(void *arg)
 static void
 cma_flush_acks(tp_chan *ch)
 {
-    if (ch->c_wbusy || ch->c_wq_len == 0 || ch->c_closed) {
+    if (ch->c_wbusy || ch->c_wq_len == 0 || ch->c_closed || ch->c_err != NULL) {
         return;
     }
     // Swap the queue and the write buffer.
@@ -366,6 +417,10 @@ cma_flush_acks(tp_chan *ch)
     ch->c_wq = b;
     ch->c_wq_cap = cap;
     ch->c_wq_len = 0;
+    tp_chan_op *op;
+    while ((op = tp__list_pop_first(&ch->c_acking)) != NULL) {
+        tp__list_append(&ch->c_acked, op);
+    }
     tp_aio_set_iov(&ch->c_waio, 1, &iov);
     ch->c_wbusy = true;
     tp__conn_write(ch->c_conn, &ch->c_waio);
@@ -422,6 +477,8 @@ cma_create(const tp_chan_env *env, tp_chan **ch_p, tp_error **err_p)
     ch->c_peer.cp_pidfd = -1;
     TP_LIST_INIT(&ch->c_sends, tp_chan_op, co_node);
     TP_LIST_INIT(&ch->c_recvs, tp_chan_op, co_node);
+    TP_LIST_INIT(&ch->c_acking, tp_chan_op, co_node);
+    TP_LIST_INIT(&ch->c_acked, tp_chan_op, co_node);
     tp_status st = tp__cma_side_listen(&ch->c_side, err_p);
     if (st != TP_OK) {
         tp__free(ch);
@@ -448,12 +505,26 @@ cma_create(const tp_chan_env *env, tp_chan **ch_p, tp_error **err_p)
     return TP_OK;
 }
 
+// Why @op cannot go: the channel broke earlier (c_err).
+static tp_error *
+cma_down_err(tp_chan *ch, const tp_chan_op *op)
+{
+    return tp__error_new(tp_error_status(ch->c_err), 0, ch->c_err,
+                         "cma: pipe to %s: tensor %u of message %" PRIu64
+                         ": the cma channel is down",
+                         ch->c_env.ce_peer, op->co_index, op->co_seq);
+}
+
 static void
 cma_send(tp_chan *ch, tp_chan_op *op)
 {
     op->co_info.ci_len = 12;
     tp__put_u32le(op->co_info.ci_bytes, (uint32_t)getpid());
     tp__put_u64le(op->co_info.ci_bytes + 4, (uint64_t)(uintptr_t)op->co_buf);
+    if (ch->c_err != NULL) {
+        tp__chan_op_fail_later(ch->c_env.ce_loop, op, cma_down_err(ch, op));
+        return;
+    }
     tp__list_append(&ch->c_sends, op);
 }
 
@@ -475,14 +546,17 @@ cma_copied_task(void *arg)
     }
     tp_error *err = op->co_err;
     op->co_err = NULL;
-    if (err == NULL && !ch->c_closed &&
-        !cma_queue_ack(ch, op->co_seq, op->co_index)) {
+    if (err == NULL && !ch->c_closed && ch->c_err == NULL) {
+        // Done once the ack is written (cma_waio_cb).
+        if (cma_queue_ack(ch, op->co_seq, op->co_index)) {
+            tp__list_append(&ch->c_acking, op);
+            cma_flush_acks(ch);
+            return;
+        }
         err = tp__error_new(TP_ENOMEM, 0, NULL, "cma: ack: out of memory");
     }
     if (err != NULL) {
         cma_fail(ch, tp_error_ref(err));
-    } else {
-        cma_flush_acks(ch);
     }
     op->co_done(op, err);
     cma_maybe_free(ch);
@@ -528,6 +602,10 @@ cma_copy_task(void *arg)
 static void
 cma_recv(tp_chan *ch, tp_chan_op *op)
 {
+    if (ch->c_err != NULL) {
+        tp__chan_op_fail_later(ch->c_env.ce_loop, op, cma_down_err(ch, op));
+        return;
+    }
     if (ch->c_hs != CMA_HS_DONE) {
         tp__list_append(&ch->c_recvs, op); // until the kernel names the peer
         return;
@@ -623,6 +701,12 @@ cma_close(tp_chan *ch, const tp_error *err)
         tp__chan_op_fail_later(ch->c_env.ce_loop, op, tp_error_ref(err));
     }
     while ((op = tp__list_pop_first(&ch->c_recvs)) != NULL) {
+        tp__chan_op_fail_later(ch->c_env.ce_loop, op, tp_error_ref(err));
+    }
+    while ((op = tp__list_pop_first(&ch->c_acking)) != NULL) {
+        tp__chan_op_fail_later(ch->c_env.ce_loop, op, tp_error_ref(err));
+    }
+    while ((op = tp__list_pop_first(&ch->c_acked)) != NULL) {
         tp__chan_op_fail_later(ch->c_env.ce_loop, op, tp_error_ref(err));
     }
     tp__cma_side_close(&ch->c_side);

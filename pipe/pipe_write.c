@@ -3,6 +3,11 @@
 // whose main-connection bytes are being submitted is p_wcursor, so the
 // connection's byte order is the message order; a write completes, in
 // order, when its connection bytes are out and its channel ops are done.
+// Such a write completes OK even if the pipe fails later (or meanwhile,
+// before its completion is seen): the peer has its bytes, and a failure
+// that comes after (the peer exited, a channel's own connection broke)
+// is not this write's. A write with bytes still to send, or whose channel
+// op failed, fails with the pipe's error.
 //
 // Everything runs on the context's loop thread (x_loop); see pipe_impl.h.
 
@@ -59,9 +64,10 @@ tp__pipe_flush_writes(tp_pipe *p)
         if (p->p_wcursor == w) {
             p->p_wcursor = NULL;
         }
-        tp_error *err = failed ? tp_error_ref(p->p_err) : NULL;
-        if (!failed && w->w_err != NULL) {
-            err = tp_error_ref(w->w_err);
+        // w_err: a channel op of @w failed (the pipe failed with it).
+        tp_error *err = NULL;
+        if (!w->w_done || w->w_err != NULL) {
+            err = tp_error_ref(failed ? p->p_err : w->w_err);
         }
         tp__aio_finish(w->w_user, err, 0);
         // w_aio's callback may be running now: free after it returns.
@@ -103,11 +109,17 @@ wop_aio_cb(void *arg)
     pipe_wop *w = arg;
     tp_pipe *p = w->w_pipe;
     w->w_conn_busy = false;
-    if (tp_aio_status(&w->w_aio) != TP_OK && p->p_state != PIPE_FAILED) {
+    bool ok = tp_aio_status(&w->w_aio) == TP_OK;
+    if (!ok && p->p_state != PIPE_FAILED) {
         tp__pipe_fail(p, tp__pipe_err(p, tp_aio_status(&w->w_aio),
                                       tp_aio_error(&w->w_aio), "write"));
     }
     if (p->p_state == PIPE_FAILED) {
+        // The pipe failed after the last bytes went out: they did.
+        if (ok && w->w_next_iov == w->w_niovs) {
+            w->w_conn_done = true;
+            wop_check(w);
+        }
         tp__pipe_busy_done(p);
         tp__pipe_flush_writes(p);
         return;
@@ -129,6 +141,9 @@ wop_chan_done(tp_chan_op *op, tp_error *err)
     pipe_wop *w = op->co_arg;
     tp_pipe *p = w->w_pipe;
     w->w_ops_pending--;
+    if (err != NULL && w->w_err == NULL) {
+        w->w_err = tp_error_ref(err);
+    }
     if (err != NULL && p->p_state != PIPE_FAILED) {
         tp__pipe_fail(p, tp__pipe_err(p, tp_error_status(err), err, "channel"));
     }

@@ -171,6 +171,7 @@ enum side_mode {
     SIDE_HONEST, // connects to the agent's side socket with its token
     SIDE_SILENT, // says "ready" without connecting
     SIDE_NOBODY, // connects from a child running as uid/gid 65534
+    SIDE_GONE,   // its side socket is closed before its hello is sent
 };
 
 // As a process of uid and gid 65534: connect to the agent's side socket
@@ -277,6 +278,9 @@ mallory_open(raw *r, tp_pipe_listener *l, enum side_mode mode)
     TP_CHECK_OK(raw_io(r->side, false, r->hello, sizeof(r->hello)), NULL);
     TP_CHECK(memcmp(r->hello, "TPCMAHI\x01", 8) == 0);
     TP_CHECK_OK(tp__cma_side_listen(&r->s, &err), err);
+    if (mode == SIDE_GONE) {
+        tp__cma_side_close(&r->s); // the agent's connect is refused
+    }
     uint8_t mine[HELLO_LEN];
     memcpy(mine, "TPCMAHI\x01", 8);
     memcpy(mine + 8, r->s.cs_name, TP_CMA_SIDE_NAME_LEN);
@@ -313,6 +317,24 @@ mallory_send(raw *r, pid_t pid, uint64_t addr)
     raw_frame(r->c, TP_FRAME_MESSAGE, body, n);
     free(body);
     tp_message_destroy(m);
+}
+
+// Sends a message of one 4-byte payload and no tensor.
+static void
+mallory_send_plain(raw *r)
+{
+    tp_message *m = NULL;
+    TP_CHECK_OK(tp_message_create(1, 0, &m), NULL);
+    m->payloads[0].len = 4;
+    uint64_t n = tp__desc_size(m, NULL);
+    TP_CHECK(n > 0);
+    uint8_t *body = malloc(n);
+    TP_CHECK_EQ(tp__desc_encode(m, NULL, body, n), n);
+    raw_frame(r->c, TP_FRAME_MESSAGE, body, n);
+    free(body);
+    tp_message_destroy(m);
+    char pay[4] = "PING";
+    TP_CHECK_OK(raw_io(r->c, true, pay, sizeof(pay)), NULL);
 }
 
 static void
@@ -623,6 +645,48 @@ side_socket(void)
     tp__cma_peer_fini(&peer);
 }
 
+// The peer's side socket is gone (the peer exited, say): only cma tensors
+// depend on it. A message without one is read; the next cma tensor fails,
+// naming the peer, and the pipe with it.
+static void
+side_socket_gone(void)
+{
+    need_cma();
+    tp_context *a = ctx_new("agent");
+    tp_pipe_listener *l = listen_lo(a);
+    raw r;
+    mallory_open(&r, l, SIDE_GONE);
+    tp_pipe *p = accept_one(l);
+    mallory_send_plain(&r);
+    op o;
+    op_init(&o, WAIT_MS);
+    tp_pipe_read_descriptor(p, o.aio);
+    op_wait(&o, WAIT_MS);
+    TP_CHECK_OK(tp_aio_status(o.aio), tp_aio_error(o.aio));
+    tp_message *in = tp_aio_get_output(o.aio, 0);
+    TP_CHECK_EQ(in->ntensors, 0);
+    atomic_store(&o.done, 0);
+    tp_pipe_read(p, in, o.aio);
+    op_wait(&o, WAIT_MS);
+    TP_CHECK_OK(tp_aio_status(o.aio), tp_aio_error(o.aio));
+    TP_CHECK(memcmp(in->payloads[0].data, "PING", 4) == 0);
+    op_fini(&o);
+    tp_message_destroy(in);
+    mallory_send(&r, getpid(), 4096);
+    tp_error *err = NULL;
+    in = NULL;
+    TP_CHECK(agent_read(p, &in, &err) != TP_OK);
+    const char *msg = tp_error_message(err);
+    TP_CHECK_STR_CONTAINS(msg, "mallory");
+    TP_CHECK_STR_CONTAINS(msg, "side connection");
+    tp_error_unref(err);
+    tp_message_destroy(in);
+    tp_pipe_unref(p);
+    mallory_close(&r);
+    tp_pipe_listener_destroy(l);
+    tp_context_destroy(a);
+}
+
 // A refused handshake tells the peer why, but not our domain descriptor
 // (boot id, namespace ids, uids): those stay in our log.
 static void
@@ -665,6 +729,7 @@ static const tp_test_case cases[] = {
     TP_TEST_CASE(side_without_token),
     TP_TEST_CASE(side_from_other_uid),
     TP_TEST_CASE(side_socket),
+    TP_TEST_CASE(side_socket_gone),
     TP_TEST_CASE(refusal_hides_domains),
 };
 
