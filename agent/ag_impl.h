@@ -267,7 +267,7 @@ struct tp_agent {
     bool a_pool_leaked;
     ag_conn *a_conns;
     // Threads inside a pipe call (shutdown waits): entered with an atomic
-    // add, left with ag_writers_exit (under a_mtx, for a_quiet_cv).
+    // add, left with tp__ag_writers_exit (under a_mtx, for a_quiet_cv).
     _Atomic long a_writers;
     // Broadcast once the agent is closed, when a_writers or a connection's
     // c_ops drops to 0 (both decremented under a_mtx): teardown waits on
@@ -310,103 +310,102 @@ ag_name(const tp_agent *a)
 static inline bool
 ag_worker_name_valid(const char *name, size_t len)
 {
-    return ag_name_valid(name, len, TP_RPC_MAX_NAME, "_-:");
+    return tp__ag_name_valid(name, len, TP_RPC_MAX_NAME, "_-:");
 }
 
 // init.c
-void ag_agent_unref(tp_agent *a);
-ag_peer *ag_peer_by_name(tp_agent *a, const char *name);
+void tp__ag_agent_unref(tp_agent *a);
+ag_peer *tp__ag_peer_by_name(tp_agent *a, const char *name);
 
 // options.c: the agent's own tunables (table, environment).
-void ag_options_defaults(tp_agent_options *o);
-tp_status ag_options_check(tp_agent_options *ao, tp_error **err_p);
+void tp__ag_options_defaults(tp_agent_options *o);
+tp_status tp__ag_options_check(tp_agent_options *ao, tp_error **err_p);
 
 // rendezvous.c
-tp_status ag_rendezvous(tp_agent *a, uint64_t deadline, tp_error **err_p);
-tp_status ag_shutdown_round(tp_agent *a, int round, uint64_t deadline,
-                            uint64_t *pending_p, uint64_t *activity_p,
-                            tp_error **err_p);
-void ag_rendezvous_exit(tp_agent *a, uint64_t deadline);
+tp_status tp__ag_rendezvous(tp_agent *a, uint64_t deadline, tp_error **err_p);
+tp_status tp__ag_shutdown_round(tp_agent *a, int round, uint64_t deadline,
+                                uint64_t *pending_p, uint64_t *activity_p,
+                                tp_error **err_p);
+void tp__ag_rendezvous_exit(tp_agent *a, uint64_t deadline);
 
 // conn.c
-ag_conn *ag_conn_create(tp_agent *a, tp_pipe *pipe, bool outgoing);
-void ag_conn_free(ag_conn *c);
-void ag_conn_describe(const ag_conn *c, char *buf, size_t len);
-void ag_conn_fail(ag_conn *c, const tp_error *err);
-void ag_conn_protocol_error(ag_conn *c, tp_error *err);
-void ag_conn_read_next(ag_conn *c);
+void tp__ag_conn_free(ag_conn *c);
+void tp__ag_conn_describe(const ag_conn *c, char *buf, size_t len);
+void tp__ag_conn_fail(ag_conn *c, const tp_error *err);
+void tp__ag_conn_protocol_error(ag_conn *c, tp_error *err);
 /* Gives back @n bytes of @p's p_inflight (no lock held). */
-void ag_peer_release(tp_agent *a, ag_peer *p, uint64_t n);
+void tp__ag_peer_release(tp_agent *a, ag_peer *p, uint64_t n);
 /* An operation on @c ended (no lock held; takes a_mtx). */
-void ag_conn_op_done(ag_conn *c);
+void tp__ag_conn_op_done(ag_conn *c);
 /* A thread counted in a_writers leaves its pipe call (no lock held). */
-void ag_writers_exit(tp_agent *a);
-ag_conn *ag_conn_get_locked(tp_agent *a, ag_peer *p, tp_error **err_p);
-void ag_accept_cb(void *arg);
+void tp__ag_writers_exit(tp_agent *a);
+ag_conn *tp__ag_conn_get_locked(tp_agent *a, ag_peer *p, tp_error **err_p);
+void tp__ag_accept_cb(void *arg);
 
 // slot.c
-ag_wslot *ag_slot_get_locked(ag_conn *c);
-void ag_slot_put_locked(ag_wslot *w);
-void ag_slot_free(ag_wslot *w);
+ag_wslot *tp__ag_slot_get_locked(ag_conn *c);
+void tp__ag_slot_put_locked(ag_wslot *w);
+void tp__ag_slot_free(ag_wslot *w);
 /* Timer thread: a slot queued by the faulty mode is due: written, or
  * failed with its w_inject. */
-void ag_slot_run_delayed(ag_wslot *w);
+void tp__ag_slot_run_delayed(ag_wslot *w);
 
 // faulty.c
-tp_status ag_faulty_parse(const char *spec, ag_faulty *f, tp_error **err_p);
+tp_status tp__ag_faulty_parse(const char *spec, ag_faulty *f, tp_error **err_p);
 /* Called by a slot's sender instead of writing it: true if a rule took
  * the slot (queued on a_delayed for the timer thread). No lock held. */
-bool ag_faulty_intercept(tp_agent *a, ag_wslot *w);
+bool tp__ag_faulty_intercept(tp_agent *a, ag_wslot *w);
 /* Builds and writes the message of @w: @h (its ext is filled here from a
  * protocol header @hdr when @has_hdr, and the protocols' sections for
  * @args), payload @args's bytes or @errmsg, @args's tensors. Takes @args.
  * On failure nothing was written: the caller puts @w back. */
-tp_status ag_slot_send(ag_wslot *w, ag_hdr *h, bool has_hdr, const void *hdr,
-                       size_t hdr_len, tp_args *args, const tp_args *req,
-                       const char *errmsg, tp_error **err_p);
+tp_status tp__ag_slot_send(ag_wslot *w, ag_hdr *h, bool has_hdr,
+                           const void *hdr, size_t hdr_len, tp_args *args,
+                           const tp_args *req, const char *errmsg,
+                           tp_error **err_p);
 
 // calls.c
-void ag_pending_unlink_locked(tp_agent *a, ag_call *c, tp_status st);
-ag_call *ag_pending_take_locked(tp_agent *a, uint64_t id, const ag_conn *conn,
-                                tp_status st);
-void ag_call_finish(ag_call *c, tp_args *result, tp_error *err);
-void *ag_timer_main(void *arg);
+void tp__ag_pending_unlink_locked(tp_agent *a, ag_call *c, tp_status st);
+ag_call *tp__ag_pending_take_locked(tp_agent *a, uint64_t id,
+                                    const ag_conn *conn, tp_status st);
+void tp__ag_call_finish(ag_call *c, tp_args *result, tp_error *err);
+void *tp__ag_timer_main(void *arg);
 
 // serve.c
-void ag_serve_request(ag_conn *c, const ag_hdr *h, tp_args *args);
-void ag_serve_reply(ag_conn *c, const ag_hdr *h, tp_args *args);
-void ag_req_run(void *arg);
-void ag_req_reply(ag_req *r, tp_args *result, const tp_error *err);
-void ag_write_failed_locally(ag_conn *c, ag_kind kind, uint64_t call_id,
-                             const tp_error *err);
+void tp__ag_serve_request(ag_conn *c, const ag_hdr *h, tp_args *args);
+void tp__ag_serve_reply(ag_conn *c, const ag_hdr *h, tp_args *args);
+void tp__ag_req_run(void *arg);
+void tp__ag_req_reply(ag_req *r, tp_args *result, const tp_error *err);
+void tp__ag_write_failed_locally(ag_conn *c, ag_kind kind, uint64_t call_id,
+                                 const tp_error *err);
 
 // stats.c
-void ag_lat_record_locked(ag_stats *s, uint64_t ns);
+void tp__ag_lat_record_locked(ag_stats *s, uint64_t ns);
 
 // flight.c
-tp_status ag_fr_init(tp_agent *a, tp_error **err_p);
-void ag_fr_fini(tp_agent *a);
+tp_status tp__ag_fr_init(tp_agent *a, tp_error **err_p);
+void tp__ag_fr_fini(tp_agent *a);
 /* Records a message of @kind to rank @peer sent now (@now_ns, 0: read the
  * clock if the recorder is on): its seq,
  * for the updates below (0 when the recorder is off). @call: a call (it
  * waits for a reply once written); @name may be NULL. */
-uint64_t ag_fr_begin_locked(tp_agent *a, ag_kind kind, int peer,
-                            uint64_t call_id, const char *name, uint64_t bytes,
-                            bool call, uint64_t now_ns);
+uint64_t tp__ag_fr_begin_locked(tp_agent *a, ag_kind kind, int peer,
+                                uint64_t call_id, const char *name,
+                                uint64_t bytes, bool call, uint64_t now_ns);
 /* Its write completed (@ok) or failed. */
-void ag_fr_written_locked(tp_agent *a, uint64_t seq, bool ok);
+void tp__ag_fr_written_locked(tp_agent *a, uint64_t seq, bool ok);
 /* The call (or a message not written) ended with @st: TP_OK done,
  * TP_ETIMEDOUT timed out, else failed. */
-void ag_fr_end_locked(tp_agent *a, uint64_t seq, tp_status st);
+void tp__ag_fr_end_locked(tp_agent *a, uint64_t seq, tp_status st);
 /* Timer thread, no lock held: logs, for each peer of the calls of
  * @expired (linked by c_hnext, taken out of the table), one line naming
  * them and the messages still in flight to that peer. */
-void ag_fr_log_timeouts(tp_agent *a, const ag_call *expired);
+void tp__ag_fr_log_timeouts(tp_agent *a, const ag_call *expired);
 /* The recorder's lines for the debug info (no lock held); the length
- * written, as ag_proto_debug. */
-size_t ag_fr_debug(tp_agent *a, char *buf, size_t len);
-/* Upper bound of ag_fr_debug's text. */
-size_t ag_fr_debug_size(const tp_agent *a);
+ * written, as tp__ag_proto_debug. */
+size_t tp__ag_fr_debug(tp_agent *a, char *buf, size_t len);
+/* Upper bound of tp__ag_fr_debug's text. */
+size_t tp__ag_fr_debug_size(const tp_agent *a);
 
 // proto.c: message kinds (one table per process: the agent's own kinds and
 // those of the protocols of this build) and the protocols' hooks.
@@ -420,25 +419,26 @@ typedef struct ag_kind_desc {
 } ag_kind_desc;
 
 /* The kind @kind, NULL if nothing here handles it. */
-const ag_kind_desc *ag_kind_get(unsigned kind);
-void *ag_proto_state_at(const tp_agent *a, size_t idx);
-tp_status ag_protos_attach(tp_agent *a, tp_error **err_p);
-void ag_protos_detach(tp_agent *a);
+const ag_kind_desc *tp__ag_kind_get(unsigned kind);
+void *tp__ag_proto_state_at(const tp_agent *a, size_t idx);
+tp_status tp__ag_protos_attach(tp_agent *a, tp_error **err_p);
+void tp__ag_protos_detach(tp_agent *a);
 /* Appends section @id (@n bytes at @p) to @x. */
-tp_status ag_ext_section(tp__ext *x, unsigned id, const void *p, size_t n);
+tp_status tp__ag_ext_section(tp__ext *x, unsigned id, const void *p, size_t n);
 /* Every protocol's po_send for a message to @to carrying @args (NULL: no
  * args, nothing to do); tokens in @toks, *@any_p if one was given. On
  * failure the tokens taken are given back. */
-tp_status ag_proto_send(tp_agent *a, int to, uint8_t kind, const tp_args *args,
-                        const tp_args *req, tp__ext *ext, void **toks,
-                        bool *any_p, tp_error **err_p);
-void ag_proto_sent(tp_agent *a, void **toks, const tp_error *err);
-tp_status ag_proto_recv(tp_agent *a, int from, const ag_hdr *h, tp_args *args,
-                        tp_error **err_p);
-void ag_proto_peer_failed(tp_agent *a, int rank, const tp_error *err);
-void ag_proto_shutdown_begin(tp_agent *a);
-uint64_t ag_proto_pending(tp_agent *a);
-void ag_proto_shutdown_end(tp_agent *a, bool agreed);
-size_t ag_proto_debug(tp_agent *a, char *buf, size_t len);
+tp_status tp__ag_proto_send(tp_agent *a, int to, uint8_t kind,
+                            const tp_args *args, const tp_args *req,
+                            tp__ext *ext, void **toks, bool *any_p,
+                            tp_error **err_p);
+void tp__ag_proto_sent(tp_agent *a, void **toks, const tp_error *err);
+tp_status tp__ag_proto_recv(tp_agent *a, int from, const ag_hdr *h,
+                            tp_args *args, tp_error **err_p);
+void tp__ag_proto_peer_failed(tp_agent *a, int rank, const tp_error *err);
+void tp__ag_proto_shutdown_begin(tp_agent *a);
+uint64_t tp__ag_proto_pending(tp_agent *a);
+void tp__ag_proto_shutdown_end(tp_agent *a, bool agreed);
+size_t tp__ag_proto_debug(tp_agent *a, char *buf, size_t len);
 
 #endif

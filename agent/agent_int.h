@@ -43,20 +43,21 @@ struct tp_args {
 #define AG_MAX_OBJS 4096
 
 /* Args with room for @ntensors tensors and no bytes. */
-tp_status ag_args_create_empty(size_t ntensors, tp_args **args_p);
+tp_status tp__ag_args_create_empty(size_t ntensors, tp_args **args_p);
 /* Appends @t without a contiguity check (taking the reference). */
-void ag_args_push_tensor(tp_args *args, tp_tensor *t);
+void tp__ag_args_push_tensor(tp_args *args, tp_tensor *t);
 /* Sum of the bytes and tensor bytes. */
-uint64_t ag_args_nbytes(const tp_args *args);
+uint64_t tp__ag_args_nbytes(const tp_args *args);
 /* A copy of @in (may be NULL) with its bytes copied, its tensors cloned
  * (own storage) with @clone_tensors or else shared, and its objects
  * referenced again, after @first (with @first_ops) as object 0 if not
  * NULL. */
-tp_status ag_args_copy(const tp_args *in, bool clone_tensors, void *first,
-                       const struct tp__args_obj_ops *first_ops,
-                       tp_args **out_p, tp_error **err_p);
-/* ag_args_copy with cloned tensors and no first object (calls to self). */
-tp_status ag_args_clone(const tp_args *in, tp_args **out_p, tp_error **err_p);
+tp_status tp__ag_args_copy(const tp_args *in, bool clone_tensors, void *first,
+                           const struct tp__args_obj_ops *first_ops,
+                           tp_args **out_p, tp_error **err_p);
+/* tp__ag_args_copy with cloned tensors and no first object (calls to self). */
+tp_status tp__ag_args_clone(const tp_args *in, tp_args **out_p,
+                            tp_error **err_p);
 
 /* A registered function. Entries are never freed (process lifetime). */
 typedef struct ag_fn {
@@ -68,12 +69,12 @@ typedef struct ag_fn {
 } ag_fn;
 
 /* The function with @id, NULL if none; registers the builtins first. */
-const ag_fn *ag_registry_find(uint64_t id);
+const ag_fn *tp__ag_registry_find(uint64_t id);
 /* Registers "tp.noop", "tp.echo", "tp.add" once (builtins.c). */
-void ag_builtins_register(void);
-/* For ag_builtins_register, which runs inside the registry's
+void tp__ag_builtins_register(void);
+/* For tp__ag_builtins_register, which runs inside the registry's
  * pthread_once and must not re-enter it. */
-tp_status ag_registry_add_builtin(const char *name, tp_rpc_fn fn);
+tp_status tp__ag_registry_add_builtin(const char *name, tp_rpc_fn fn);
 
 /* For tests: the URL of the agent's listener (its best transport). */
 const char *tp__agent_listen_url(const tp_agent *a);

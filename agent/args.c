@@ -11,7 +11,7 @@
 #include "core/tensor_impl.h"
 
 tp_status
-ag_args_create_empty(size_t ntensors, tp_args **args_p)
+tp__ag_args_create_empty(size_t ntensors, tp_args **args_p)
 {
     tp_args *a = tp__zalloc(sizeof(*a));
     if (a == NULL) {
@@ -37,7 +37,7 @@ tp_args_create(const void *bytes, size_t len, tp_args **args_p)
         return TP_EINVAL;
     }
     tp_args *a;
-    tp_status st = ag_args_create_empty(0, &a);
+    tp_status st = tp__ag_args_create_empty(0, &a);
     if (st != TP_OK) {
         return st;
     }
@@ -56,7 +56,7 @@ tp_args_create(const void *bytes, size_t len, tp_args **args_p)
 }
 
 void
-ag_args_push_tensor(tp_args *args, tp_tensor *t)
+tp__ag_args_push_tensor(tp_args *args, tp_tensor *t)
 {
     TP_ASSERT(args->a_ntensors < args->a_cap);
     args->a_tensors[args->a_ntensors++] = t;
@@ -95,7 +95,7 @@ tp_args_add_tensor(tp_args *args, tp_tensor *t)
             return st;
         }
     }
-    ag_args_push_tensor(args, c);
+    tp__ag_args_push_tensor(args, c);
     return TP_OK;
 }
 
@@ -151,7 +151,7 @@ tp_args_tensor(const tp_args *args, size_t i)
 }
 
 uint64_t
-ag_args_nbytes(const tp_args *args)
+tp__ag_args_nbytes(const tp_args *args)
 {
     if (args == NULL) {
         return 0;
@@ -164,13 +164,13 @@ ag_args_nbytes(const tp_args *args)
 }
 
 tp_status
-ag_args_copy(const tp_args *in, bool clone_tensors, void *first,
-             const tp__args_obj_ops *first_ops, tp_args **out_p,
-             tp_error **err_p)
+tp__ag_args_copy(const tp_args *in, bool clone_tensors, void *first,
+                 const tp__args_obj_ops *first_ops, tp_args **out_p,
+                 tp_error **err_p)
 {
     tp_args *out;
     size_t nt = in != NULL ? in->a_ntensors : 0;
-    tp_status st = ag_args_create_empty(nt, &out);
+    tp_status st = tp__ag_args_create_empty(nt, &out);
     if (st != TP_OK) {
         return tp__error_set(err_p, st, "copying rpc arguments: out of memory");
     }
@@ -193,7 +193,7 @@ ag_args_copy(const tp_args *in, bool clone_tensors, void *first,
             tp_args_unref(out);
             return st;
         }
-        ag_args_push_tensor(out, c);
+        tp__ag_args_push_tensor(out, c);
     }
     st = first != NULL ? tp__args_add_obj(out, first, first_ops) : TP_OK;
     for (size_t i = 0; st == TP_OK && in != NULL && i < in->a_nobjs; i++) {
@@ -208,9 +208,9 @@ ag_args_copy(const tp_args *in, bool clone_tensors, void *first,
 }
 
 tp_status
-ag_args_clone(const tp_args *in, tp_args **out_p, tp_error **err_p)
+tp__ag_args_clone(const tp_args *in, tp_args **out_p, tp_error **err_p)
 {
-    return ag_args_copy(in, true, NULL, NULL, out_p, err_p);
+    return tp__ag_args_copy(in, true, NULL, NULL, out_p, err_p);
 }
 
 tp_status

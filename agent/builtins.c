@@ -75,11 +75,11 @@ builtin_add(const tp_rpc_call_info *call, const tp_args *in, void *arg,
     }
     tp_args *out = NULL;
     if (st == TP_OK) {
-        st = ag_args_create_empty(1, &out);
+        st = tp__ag_args_create_empty(1, &out);
         if (st != TP_OK) {
             tp__error_set(err_p, st, "tp.add: out of memory");
         } else {
-            ag_args_push_tensor(out, r);
+            tp__ag_args_push_tensor(out, r);
             r = NULL;
         }
     }
@@ -89,13 +89,13 @@ builtin_add(const tp_rpc_call_info *call, const tp_args *in, void *arg,
 }
 
 void
-ag_builtins_register(void)
+tp__ag_builtins_register(void)
 {
     // Cannot fail but for memory at process start; a missing builtin then
     // shows up as "unknown function" on the caller.
-    if (ag_registry_add_builtin("tp.noop", builtin_noop) != TP_OK ||
-        ag_registry_add_builtin("tp.echo", builtin_echo) != TP_OK ||
-        ag_registry_add_builtin("tp.add", builtin_add) != TP_OK) {
+    if (tp__ag_registry_add_builtin("tp.noop", builtin_noop) != TP_OK ||
+        tp__ag_registry_add_builtin("tp.echo", builtin_echo) != TP_OK ||
+        tp__ag_registry_add_builtin("tp.add", builtin_add) != TP_OK) {
         TP_LOG_ERROR("TP-RPC-BUILTIN", "registering the builtins failed");
     }
 }

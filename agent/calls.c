@@ -138,7 +138,7 @@ pending_insert_locked(tp_agent *a, ag_call *c)
 }
 
 void
-ag_pending_unlink_locked(tp_agent *a, ag_call *c, tp_status st)
+tp__ag_pending_unlink_locked(tp_agent *a, ag_call *c, tp_status st)
 {
     ag_call **pp = table_slot_locked(a, c->c_id);
     while (*pp != c) {
@@ -155,10 +155,10 @@ ag_pending_unlink_locked(tp_agent *a, ag_call *c, tp_status st)
         c->c_pnext->c_pprev = c->c_pprev;
     }
     timer_remove_locked(c);
-    ag_fr_end_locked(a, c->c_fr_seq, st);
+    tp__ag_fr_end_locked(a, c->c_fr_seq, st);
     p->p_stats.s_pending--;
     if (st == TP_OK) {
-        ag_lat_record_locked(&p->p_stats, tp__now_ns() - c->c_start_ns);
+        tp__ag_lat_record_locked(&p->p_stats, tp__now_ns() - c->c_start_ns);
     } else {
         p->p_stats.s_errors++;
         if (st == TP_ETIMEDOUT) {
@@ -174,8 +174,8 @@ ag_pending_unlink_locked(tp_agent *a, ag_call *c, tp_status st)
 // @conn is not NULL, if it was not sent on @conn: a peer cannot answer
 // another peer's calls).
 ag_call *
-ag_pending_take_locked(tp_agent *a, uint64_t id, const ag_conn *conn,
-                       tp_status st)
+tp__ag_pending_take_locked(tp_agent *a, uint64_t id, const ag_conn *conn,
+                           tp_status st)
 {
     ag_call *c = *table_slot_locked(a, id);
     while (c != NULL && c->c_id != id) {
@@ -185,7 +185,7 @@ ag_pending_take_locked(tp_agent *a, uint64_t id, const ag_conn *conn,
         return NULL;
     }
     if (c != NULL) {
-        ag_pending_unlink_locked(a, c, st);
+        tp__ag_pending_unlink_locked(a, c, st);
     }
     return c;
 }
@@ -193,7 +193,7 @@ ag_pending_take_locked(tp_agent *a, uint64_t id, const ag_conn *conn,
 // Resolves and frees a call taken out of the table. Takes @result and
 // @err. No lock held.
 void
-ag_call_finish(ag_call *c, tp_args *result, tp_error *err)
+tp__ag_call_finish(ag_call *c, tp_args *result, tp_error *err)
 {
     if (err != NULL) {
         tp_future_set_error(c->c_fut, err);
@@ -234,13 +234,13 @@ delayed_run(ag_wslot *w)
     while (w != NULL) {
         ag_wslot *next = w->w_dnext;
         w->w_dnext = NULL;
-        ag_slot_run_delayed(w);
+        tp__ag_slot_run_delayed(w);
         w = next;
     }
 }
 
 void *
-ag_timer_main(void *arg)
+tp__ag_timer_main(void *arg)
 {
     tp_agent *a = arg;
     char tname[16];
@@ -255,7 +255,7 @@ ag_timer_main(void *arg)
         for (ag_tclass *tc = a->a_tclasses; tc != NULL; tc = tc->t_next) {
             while (tc->t_head != NULL && tc->t_head->c_deadline_ns <= now) {
                 ag_call *c = tc->t_head;
-                ag_pending_unlink_locked(a, c, TP_ETIMEDOUT);
+                tp__ag_pending_unlink_locked(a, c, TP_ETIMEDOUT);
                 c->c_hnext = expired;
                 expired = c;
             }
@@ -289,7 +289,7 @@ ag_timer_main(void *arg)
         }
         if (expired != NULL) {
             tp__mtx_unlock(&a->a_mtx);
-            ag_fr_log_timeouts(a, expired);
+            tp__ag_fr_log_timeouts(a, expired);
             while (expired != NULL) {
                 ag_call *c = expired;
                 expired = c->c_hnext;
@@ -300,7 +300,7 @@ ag_timer_main(void *arg)
                     "an error",
                     c->c_fn_name, ag_name(a), c->c_peer->p_info.name,
                     c->c_peer->p_info.rank, (long long)c->c_timeout_ms);
-                ag_call_finish(c, NULL, err);
+                tp__ag_call_finish(c, NULL, err);
             }
             tp__mtx_lock(&a->a_mtx);
             continue;
@@ -353,11 +353,11 @@ call_slot_locked(tp_agent *a, ag_peer *p, bool nowait, tp_error **err_p)
         tp__error_set(err_p, TP_EAGAIN, "no connection yet");
         return NULL;
     }
-    ag_conn *conn = ag_conn_get_locked(a, p, err_p);
+    ag_conn *conn = tp__ag_conn_get_locked(a, p, err_p);
     if (conn == NULL) {
         return NULL;
     }
-    ag_wslot *w = ag_slot_get_locked(conn);
+    ag_wslot *w = tp__ag_slot_get_locked(conn);
     if (w == NULL) {
         tp__error_set(err_p, TP_ENOMEM, "out of memory");
     }
@@ -371,7 +371,7 @@ agent_call(tp_agent *a, ag_peer *p, const ag_callspec *cs, const tp_args *in,
     const char *fn_name = cs->cs_name;
     size_t fnlen = fn_name != NULL ? strlen(fn_name) : 0;
     bool named = cs->cs_kind == AG_KIND_REQUEST || fnlen > 0;
-    if (named && (fn_name == NULL || !ag_fn_name_valid(fn_name, fnlen))) {
+    if (named && (fn_name == NULL || !tp__ag_fn_name_valid(fn_name, fnlen))) {
         return future_failed(tp__error_new(
             TP_EINVAL, 0, NULL,
             "rpc from %s to %s: malformed function name \"%s\"", ag_name(a),
@@ -383,7 +383,7 @@ agent_call(tp_agent *a, ag_peer *p, const ag_callspec *cs, const tp_args *in,
             TP_EINVAL, 0, NULL, "rpc %s: a %s message to this worker itself",
             ag_name(a), cs->cs_what));
     }
-    uint64_t nbytes = ag_args_nbytes(in);
+    uint64_t nbytes = tp__ag_args_nbytes(in);
     if (!self && nbytes > a->a_opts.max_message_bytes) {
         // The callee would refuse it and close the pipe: fail only this
         // call, here (the caps are usually the same on every worker).
@@ -423,9 +423,9 @@ agent_call(tp_agent *a, ag_peer *p, const ag_callspec *cs, const tp_args *in,
     tp_error *err = NULL;
     if (self) {
         r = tp__zalloc(sizeof(*r));
-        if (r == NULL || ag_args_clone(in, &copy, &err) != TP_OK) {
+        if (r == NULL || tp__ag_args_clone(in, &copy, &err) != TP_OK) {
             tp__free(r);
-            ag_call_finish(c, NULL, err != NULL ? err : tp__error_nomem());
+            tp__ag_call_finish(c, NULL, err != NULL ? err : tp__error_nomem());
             return result;
         }
     }
@@ -435,11 +435,12 @@ agent_call(tp_agent *a, ag_peer *p, const ag_callspec *cs, const tp_args *in,
         tp__mtx_unlock(&a->a_mtx);
         tp__free(r);
         tp_args_unref(copy);
-        ag_call_finish(c, NULL,
-                       tp__error_new(TP_ECLOSED, 0, NULL,
-                                     "rpc \"%s\" from %s to %s: the agent is "
-                                     "shut down",
-                                     cs->cs_what, ag_name(a), p->p_info.name));
+        tp__ag_call_finish(
+            c, NULL,
+            tp__error_new(TP_ECLOSED, 0, NULL,
+                          "rpc \"%s\" from %s to %s: the agent is "
+                          "shut down",
+                          cs->cs_what, ag_name(a), p->p_info.name));
         return result;
     }
     // An RPC future is bound to the pool (its callbacks are user code),
@@ -458,7 +459,7 @@ agent_call(tp_agent *a, ag_peer *p, const ag_callspec *cs, const tp_args *in,
         w = call_slot_locked(a, p, cs->cs_nowait, &err);
         if (w == NULL) {
             tp__mtx_unlock(&a->a_mtx);
-            ag_writers_exit(a);
+            tp__ag_writers_exit(a);
             tp_status st = tp_error_status(err);
             tp_error *e = tp__error_new(st, 0, err,
                                         "rpc \"%s\" from %s to %s "
@@ -466,20 +467,20 @@ agent_call(tp_agent *a, ag_peer *p, const ag_callspec *cs, const tp_args *in,
                                         cs->cs_what, ag_name(a), p->p_info.name,
                                         p->p_info.rank);
             tp_error_unref(err);
-            ag_call_finish(c, NULL, e);
+            tp__ag_call_finish(c, NULL, e);
             return result;
         }
         c->c_conn = w->w_conn;
-        p->p_stats.s_bytes_sent += ag_args_nbytes(in);
+        p->p_stats.s_bytes_sent += tp__ag_args_nbytes(in);
     }
     c->c_start_ns = tp__now_ns();
     // tp__deadline_after_ms saturates (a huge timeout means none).
     c->c_deadline_ns = tp__deadline_after_ms(c->c_timeout_ms);
-    c->c_fr_seq =
-        ag_fr_begin_locked(a, cs->cs_kind, p->p_info.rank, id,
-                           named ? fn_name : NULL, nbytes, true, c->c_start_ns);
+    c->c_fr_seq = tp__ag_fr_begin_locked(a, cs->cs_kind, p->p_info.rank, id,
+                                         named ? fn_name : NULL, nbytes, true,
+                                         c->c_start_ns);
     if (self) {
-        ag_fr_written_locked(a, c->c_fr_seq, true); // waiting for the pool
+        tp__ag_fr_written_locked(a, c->c_fr_seq, true); // waiting for the pool
     } else {
         w->w_fr_seq = c->c_fr_seq;
     }
@@ -501,14 +502,14 @@ agent_call(tp_agent *a, ag_peer *p, const ag_callspec *cs, const tp_args *in,
         r->r_fn_id = tp__hash64(fn_name, fnlen);
         r->r_args = copy;
         memcpy(r->r_fn_name, fn_name, fnlen + 1);
-        tp__task_init(&r->r_task, ag_req_run, r);
+        tp__task_init(&r->r_task, tp__ag_req_run, r);
         if (tp__pool_submit(pool, &r->r_task) != TP_OK) {
             tp_error *e =
                 tp__error_new(TP_ECLOSED, 0, NULL, "the agent is shut down");
-            ag_req_reply(r, NULL, e);
+            tp__ag_req_reply(r, NULL, e);
             tp_error_unref(e);
         }
-        ag_writers_exit(a);
+        tp__ag_writers_exit(a);
         return result;
     }
 
@@ -522,22 +523,22 @@ agent_call(tp_agent *a, ag_peer *p, const ag_callspec *cs, const tp_args *in,
     h.h_src_rank = (uint32_t)a->a_rank;
     tp_args *ref = in != NULL ? tp_args_ref((tp_args *)in) : NULL;
     tp_status st =
-        ag_slot_send(w, &h, cs->cs_kind != AG_KIND_REQUEST, cs->cs_hdr,
-                     cs->cs_hdr_len, ref, NULL, NULL, &err);
+        tp__ag_slot_send(w, &h, cs->cs_kind != AG_KIND_REQUEST, cs->cs_hdr,
+                         cs->cs_hdr_len, ref, NULL, NULL, &err);
     if (st != TP_OK) {
         tp__mtx_lock(&a->a_mtx);
-        ag_slot_put_locked(w);
-        ag_call *mine = ag_pending_take_locked(a, id, NULL, st);
+        tp__ag_slot_put_locked(w);
+        ag_call *mine = tp__ag_pending_take_locked(a, id, NULL, st);
         tp__mtx_unlock(&a->a_mtx);
         if (mine != NULL) {
             tp_error *e = tp__error_new(
                 st, 0, err, "rpc \"%s\" from %s to %s (rank %d)", cs->cs_what,
                 ag_name(a), p->p_info.name, p->p_info.rank);
-            ag_call_finish(mine, NULL, e);
+            tp__ag_call_finish(mine, NULL, e);
         }
         tp_error_unref(err);
     }
-    ag_writers_exit(a);
+    tp__ag_writers_exit(a);
     return result;
 }
 
@@ -546,7 +547,7 @@ tp__agent_call_kind(tp_agent *a, int to, uint8_t kind, const void *hdr,
                     size_t hdr_len, const char *name, const tp_args *in,
                     int64_t timeout_ms)
 {
-    const ag_kind_desc *kd = ag_kind_get(kind);
+    const ag_kind_desc *kd = tp__ag_kind_get(kind);
     if (to < 0 || to >= a->a_world || kd == NULL || !ag_kind_is_proto(kind)) {
         return future_failed(tp__error_new(
             TP_EINVAL, 0, NULL, "rpc %s: message of kind %u to rank %d",
@@ -565,7 +566,7 @@ tp_status
 tp__agent_notify(tp_agent *a, int to, uint8_t kind, const void *hdr,
                  size_t hdr_len, bool nowait, tp_error **err_p)
 {
-    const ag_kind_desc *kd = ag_kind_get(kind);
+    const ag_kind_desc *kd = tp__ag_kind_get(kind);
     if (to < 0 || to >= a->a_world || to == a->a_rank || kd == NULL ||
         !kd->k_note) {
         return tp__error_set(err_p, TP_EINVAL,
@@ -587,8 +588,8 @@ tp__agent_notify(tp_agent *a, int to, uint8_t kind, const void *hdr,
         // its arrival (a write that fails takes it back).
         a->a_notes_sent++;
         a->a_activity++;
-        w->w_fr_seq = ag_fr_begin_locked(a, (ag_kind)kind, to, 0, NULL, hdr_len,
-                                         false, 0);
+        w->w_fr_seq = tp__ag_fr_begin_locked(a, (ag_kind)kind, to, 0, NULL,
+                                             hdr_len, false, 0);
     }
     tp__mtx_unlock(&a->a_mtx);
     tp_status st = TP_OK;
@@ -597,17 +598,18 @@ tp__agent_notify(tp_agent *a, int to, uint8_t kind, const void *hdr,
         memset(&h, 0, sizeof(h));
         h.h_kind = (ag_kind)kind;
         h.h_src_rank = (uint32_t)a->a_rank;
-        st = ag_slot_send(w, &h, true, hdr, hdr_len, NULL, NULL, NULL, &err);
+        st =
+            tp__ag_slot_send(w, &h, true, hdr, hdr_len, NULL, NULL, NULL, &err);
         if (st != TP_OK) {
             tp__mtx_lock(&a->a_mtx);
-            ag_slot_put_locked(w);
+            tp__ag_slot_put_locked(w);
             a->a_notes_sent--;
             tp__mtx_unlock(&a->a_mtx);
         }
     } else {
         st = tp_error_status(err);
     }
-    ag_writers_exit(a);
+    tp__ag_writers_exit(a);
     if (st == TP_EAGAIN) {
         tp_error_unref(err); // not sent: the caller sends it otherwise
     } else if (st != TP_OK) {
@@ -628,7 +630,7 @@ tp__agent_call_kind_now(tp_agent *a, int to, uint8_t kind, const void *hdr,
                         size_t hdr_len, const tp_args *in, int64_t timeout_ms,
                         tp_future **f_p)
 {
-    const ag_kind_desc *kd = ag_kind_get(kind);
+    const ag_kind_desc *kd = tp__ag_kind_get(kind);
     if (to < 0 || to >= a->a_world || kd == NULL || !ag_kind_is_proto(kind) ||
         to == a->a_rank) {
         return TP_EINVAL;
@@ -662,7 +664,7 @@ agent_call_fn(tp_agent *a, ag_peer *p, const char *fn_name, const tp_args *in,
 }
 
 ag_peer *
-ag_peer_by_name(tp_agent *a, const char *name)
+tp__ag_peer_by_name(tp_agent *a, const char *name)
 {
     if (name == NULL) {
         return NULL;
@@ -684,7 +686,7 @@ tp_rpc_async(tp_agent *a, const char *to, const char *fn_name,
             TP_EINVAL, 0, NULL, "rpc \"%s\": %s", fn_name ? fn_name : "",
             a == NULL ? "NULL agent" : "NULL worker name"));
     }
-    ag_peer *p = ag_peer_by_name(a, to);
+    ag_peer *p = tp__ag_peer_by_name(a, to);
     if (p == NULL) {
         return future_failed(tp__error_new(
             TP_ENOENT, 0, NULL, "rpc \"%s\" from %s: no worker named \"%s\"",

@@ -25,7 +25,7 @@
 // quiet holds a_mtx to look, so it cannot see it quiet and free the agent
 // while this thread still touches it.
 void
-ag_conn_op_done(ag_conn *c)
+tp__ag_conn_op_done(ag_conn *c)
 {
     tp_agent *a = c->c_agent;
     tp__mtx_lock(&a->a_mtx);
@@ -37,7 +37,7 @@ ag_conn_op_done(ag_conn *c)
 }
 
 void
-ag_writers_exit(tp_agent *a)
+tp__ag_writers_exit(tp_agent *a)
 {
     tp__mtx_lock(&a->a_mtx);
     if (atomic_fetch_sub_explicit(&a->a_writers, 1, memory_order_acq_rel) ==
@@ -51,7 +51,7 @@ ag_writers_exit(tp_agent *a)
 static void conn_desc_cb(void *arg);
 static void conn_read_cb(void *arg);
 
-ag_conn *
+static ag_conn *
 ag_conn_create(tp_agent *a, tp_pipe *pipe, bool outgoing)
 {
     ag_conn *c = tp__zalloc(sizeof(*c));
@@ -73,10 +73,10 @@ ag_conn_create(tp_agent *a, tp_pipe *pipe, bool outgoing)
 }
 
 void
-ag_conn_free(ag_conn *c)
+tp__ag_conn_free(ag_conn *c)
 {
     for (size_t i = 0; i < c->c_nslots; i++) {
-        ag_slot_free(c->c_allslots[i]);
+        tp__ag_slot_free(c->c_allslots[i]);
     }
     tp__free(c->c_allslots);
     tp_aio_destroy(c->c_daio);
@@ -91,7 +91,7 @@ ag_conn_free(ag_conn *c)
 // The peer's name for messages: "worker1 (rank 1) at tcp://..." or the
 // pipe's view of it for an incoming pipe that has not said who it is.
 void
-ag_conn_describe(const ag_conn *c, char *buf, size_t len)
+tp__ag_conn_describe(const ag_conn *c, char *buf, size_t len)
 {
     if (c->c_peer != NULL) {
         snprintf(buf, len, "%s (rank %d)%s%s", c->c_peer->p_info.name,
@@ -105,7 +105,7 @@ ag_conn_describe(const ag_conn *c, char *buf, size_t len)
 // @err (naming the peer); an outgoing connection is forgotten so the next
 // call connects again. Idempotent.
 void
-ag_conn_fail(ag_conn *c, const tp_error *err)
+tp__ag_conn_fail(ag_conn *c, const tp_error *err)
 {
     tp_agent *a = c->c_agent;
     ag_call *failed = NULL;
@@ -131,7 +131,7 @@ ag_conn_fail(ag_conn *c, const tp_error *err)
         while (call != NULL) {
             ag_call *next = call->c_pnext;
             if (call->c_conn == c) {
-                ag_pending_unlink_locked(a, call, tp_error_status(err));
+                tp__ag_pending_unlink_locked(a, call, tp_error_status(err));
                 call->c_hnext = failed;
                 failed = call;
             }
@@ -141,7 +141,7 @@ ag_conn_fail(ag_conn *c, const tp_error *err)
     tp__mtx_unlock(&a->a_mtx);
 
     char who[AG_MAX_URL + 160];
-    ag_conn_describe(c, who, sizeof(who));
+    tp__ag_conn_describe(c, who, sizeof(who));
     if (failed != NULL || (state == AG_RUNNING && c->c_outgoing)) {
         TP_LOG_WARN("TP-RPC-PIPE", "rpc %s: pipe to %s failed: %s", ag_name(a),
                     who, tp_error_message(err));
@@ -159,33 +159,33 @@ ag_conn_fail(ag_conn *c, const tp_error *err)
     if (state == AG_RUNNING && p != NULL && p != a->a_self) {
         // Before the shutdown agreement no peer closes a pipe: it died (or
         // broke the protocol). The protocols drop what it held.
-        ag_proto_peer_failed(a, p->p_info.rank, err);
+        tp__ag_proto_peer_failed(a, p->p_info.rank, err);
     }
     while (failed != NULL) {
         ag_call *call = failed;
         failed = call->c_hnext;
         tp_error *e = tp__error_new(st, 0, err, "rpc \"%s\" from %s to %s",
                                     call->c_fn_name, ag_name(a), who);
-        ag_call_finish(call, NULL, e);
+        tp__ag_call_finish(call, NULL, e);
     }
     tp_pipe_close(c->c_pipe);
 }
 
 void
-ag_conn_protocol_error(ag_conn *c, tp_error *err)
+tp__ag_conn_protocol_error(ag_conn *c, tp_error *err)
 {
     char who[AG_MAX_URL + 160];
-    ag_conn_describe(c, who, sizeof(who));
+    tp__ag_conn_describe(c, who, sizeof(who));
     tp_error *e =
         tp__error_new(TP_EPROTO, 0, err, "rpc %s: protocol error from %s",
                       ag_name(c->c_agent), who);
     TP_LOG_WARN("TP-RPC-PROTO", "%s; closing that pipe", tp_error_message(e));
-    ag_conn_fail(c, e);
+    tp__ag_conn_fail(c, e);
     tp_error_unref(e);
 }
 
 // Loop thread (or the connecting thread, once): read the next descriptor.
-void
+static void
 ag_conn_read_next(ag_conn *c)
 {
     atomic_fetch_add_explicit(&c->c_ops, 1, memory_order_relaxed);
@@ -193,7 +193,7 @@ ag_conn_read_next(ag_conn *c)
 }
 
 void
-ag_peer_release(tp_agent *a, ag_peer *p, uint64_t n)
+tp__ag_peer_release(tp_agent *a, ag_peer *p, uint64_t n)
 {
     if (n == 0) {
         return;
@@ -208,7 +208,7 @@ ag_peer_release(tp_agent *a, ag_peer *p, uint64_t n)
 static void
 conn_release(ag_conn *c)
 {
-    ag_peer_release(c->c_agent, c->c_rpeer, c->c_rcharge);
+    tp__ag_peer_release(c->c_agent, c->c_rpeer, c->c_rcharge);
     c->c_rcharge = 0;
     c->c_rpeer = NULL;
 }
@@ -233,7 +233,7 @@ conn_charge(ag_conn *c, const tp_message *msg, const ag_hdr *h,
     // The sender is checked against the pipe once the message is in; a
     // false claim closes the pipe then, and its charge is given back.
     ag_peer *p = c->c_peer != NULL ? c->c_peer : &a->a_peers[h->h_src_rank];
-    const ag_kind_desc *kd = ag_kind_get(h->h_kind);
+    const ag_kind_desc *kd = tp__ag_kind_get(h->h_kind);
     if (total > a->a_opts.max_message_bytes) {
         return tp__error_set(
             err_p, TP_EPROTO,
@@ -274,7 +274,7 @@ conn_desc_step(ag_conn *c)
 {
     const tp_error *aerr = tp_aio_error(c->c_daio);
     if (aerr != NULL) {
-        ag_conn_fail(c, aerr);
+        tp__ag_conn_fail(c, aerr);
         return;
     }
     tp_message *msg = tp_aio_get_output(c->c_daio, 0);
@@ -283,7 +283,7 @@ conn_desc_step(ag_conn *c)
         uint32_t cap = TP_MIN(msg->ntensors, (uint32_t)TP_RPC_MAX_TENSORS);
         ag_tensor_meta *m = tp__realloc(c->c_metas, cap * sizeof(*m));
         if (m == NULL && cap > 0) {
-            ag_conn_fail(c, tp__error_nomem());
+            tp__ag_conn_fail(c, tp__error_nomem());
             return;
         }
         c->c_metas = m;
@@ -294,7 +294,7 @@ conn_desc_step(ag_conn *c)
     if (msg->ntensors > 16 && msg->ntensors <= TP_RPC_MAX_TENSORS) {
         lens = tp__alloc(msg->ntensors * sizeof(uint64_t));
         if (lens == NULL) {
-            ag_conn_fail(c, tp__error_nomem());
+            tp__ag_conn_fail(c, tp__error_nomem());
             return;
         }
     }
@@ -309,13 +309,14 @@ conn_desc_step(ag_conn *c)
         for (uint32_t i = 0; i < msg->ntensors; i++) {
             lens[i] = msg->tensors[i].len;
         }
-        st = ag_wire_decode(msg->metadata, msg->metadata_len, msg->npayloads,
-                            msg->ntensors, lens, &h, c->c_metas, &err);
+        st =
+            tp__ag_wire_decode(msg->metadata, msg->metadata_len, msg->npayloads,
+                               msg->ntensors, lens, &h, c->c_metas, &err);
     }
     if (lens != lens_inline) {
         tp__free(lens);
     }
-    const ag_kind_desc *kd = st == TP_OK ? ag_kind_get(h.h_kind) : NULL;
+    const ag_kind_desc *kd = st == TP_OK ? tp__ag_kind_get(h.h_kind) : NULL;
     if (st == TP_OK) {
         bool want_req = !c->c_outgoing;
         if (kd == NULL) {
@@ -343,14 +344,14 @@ conn_desc_step(ag_conn *c)
         st = conn_charge(c, msg, &h, &err);
     }
     if (st != TP_OK) {
-        ag_conn_protocol_error(c, err);
+        tp__ag_conn_protocol_error(c, err);
         tp_error_unref(err);
         return;
     }
     tp_args *args;
-    if (ag_args_create_empty(msg->ntensors, &args) != TP_OK) {
+    if (tp__ag_args_create_empty(msg->ntensors, &args) != TP_OK) {
         conn_release(c);
-        ag_conn_fail(c, tp__error_nomem());
+        tp__ag_conn_fail(c, tp__error_nomem());
         return;
     }
     for (uint32_t i = 0; i < msg->ntensors; i++) {
@@ -364,11 +365,11 @@ conn_desc_step(ag_conn *c)
                 tp__error_new(st, 0, err, "rpc %s: tensor %u of a message",
                               ag_name(c->c_agent), i);
             tp_error_unref(err);
-            ag_conn_fail(c, e);
+            tp__ag_conn_fail(c, e);
             tp_error_unref(e);
             return;
         }
-        ag_args_push_tensor(args, t);
+        tp__ag_args_push_tensor(args, t);
         msg->tensors[i].data = m->tm_nbytes > 0 ? tp_tensor_data(t) : NULL;
     }
     c->c_rargs = args;
@@ -384,7 +385,7 @@ conn_desc_cb(void *arg)
 {
     ag_conn *c = arg;
     conn_desc_step(c);
-    ag_conn_op_done(c);
+    tp__ag_conn_op_done(c);
 }
 
 // Whether the pipe of @c was opened by (or reached) the context of worker
@@ -461,7 +462,7 @@ conn_read_step(ag_conn *c)
         tp_args_unref(args);
         tp_message_destroy(msg);
         conn_release(c);
-        ag_conn_fail(c, aerr);
+        tp__ag_conn_fail(c, aerr);
         return;
     }
     // Checked and decoded at the descriptor; its pointers are into the
@@ -476,22 +477,22 @@ conn_read_step(ag_conn *c)
     tp_status st = conn_check_sender(c, &h, &err);
     if (st == TP_OK && h.h_kind != AG_KIND_ERROR) {
         // The protocols read their sections (RRefs in the args).
-        st = ag_proto_recv(c->c_agent, (int)h.h_src_rank, &h, args, &err);
+        st = tp__ag_proto_recv(c->c_agent, (int)h.h_src_rank, &h, args, &err);
     }
     if (st != TP_OK) {
         tp_args_unref(args);
         conn_release(c);
         if (st == TP_EPROTO) {
-            ag_conn_protocol_error(c, err);
+            tp__ag_conn_protocol_error(c, err);
         } else {
-            ag_conn_fail(c, err);
+            tp__ag_conn_fail(c, err);
         }
         tp_error_unref(err);
         return;
     }
     // A request's ag_req takes the charge; anything else is handed over
     // (or dropped) by the time its dispatch returns.
-    ag_kind_get(h.h_kind)->k_dispatch(c, &h, args);
+    tp__ag_kind_get(h.h_kind)->k_dispatch(c, &h, args);
     conn_release(c);
     bool failed;
     tp__mtx_lock(&c->c_agent->a_mtx);
@@ -507,12 +508,12 @@ conn_read_cb(void *arg)
 {
     ag_conn *c = arg;
     conn_read_step(c);
-    ag_conn_op_done(c);
+    tp__ag_conn_op_done(c);
 }
 
 // Loop thread: a peer connected to us.
 void
-ag_accept_cb(void *arg)
+tp__ag_accept_cb(void *arg)
 {
     tp_agent *a = arg;
     if (tp_aio_error(a->a_accept_aio) != NULL) {
@@ -532,7 +533,7 @@ ag_accept_cb(void *arg)
     if (c == NULL || closed) {
         if (c != NULL) {
             c->c_pipe = NULL;
-            ag_conn_free(c);
+            tp__ag_conn_free(c);
         }
         tp_pipe_close(pipe);
         tp_pipe_unref(pipe);
@@ -603,7 +604,7 @@ conn_connect(tp_agent *a, ag_peer *p, tp_error **err_p)
 // connect). The outgoing connection to @p, or NULL with *@err_p. A new
 // connection starts reading replies before it is returned.
 ag_conn *
-ag_conn_get_locked(tp_agent *a, ag_peer *p, tp_error **err_p)
+tp__ag_conn_get_locked(tp_agent *a, ag_peer *p, tp_error **err_p)
 {
     if (p->p_out != NULL) {
         return p->p_out;
@@ -627,7 +628,7 @@ ag_conn_get_locked(tp_agent *a, ag_peer *p, tp_error **err_p)
     while (dead != NULL) {
         ag_conn *x = dead;
         dead = x->c_next;
-        ag_conn_free(x);
+        tp__ag_conn_free(x);
     }
     ag_conn *c = conn_connect(a, p, err_p);
     tp__mtx_lock(&a->a_mtx);
@@ -639,7 +640,7 @@ ag_conn_get_locked(tp_agent *a, ag_peer *p, tp_error **err_p)
         ag_conn *mine = c;
         tp__mtx_unlock(&a->a_mtx);
         tp_pipe_close(mine->c_pipe);
-        ag_conn_free(mine);
+        tp__ag_conn_free(mine);
         tp__mtx_lock(&a->a_mtx);
         if (a->a_state == AG_CLOSED) {
             tp__error_set(err_p, TP_ECLOSED, "the agent is shut down");

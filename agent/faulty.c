@@ -47,7 +47,7 @@ kind_add(ag_fault_rule *r, const char *name, size_t n)
         for (size_t i = 0; i < n; i++) {
             k = k * 10 + (unsigned)(name[i] - '0');
         }
-        if (ag_kind_get(k) != NULL) {
+        if (tp__ag_kind_get(k) != NULL) {
             r->r_kinds[k] = true;
             return true;
         }
@@ -56,7 +56,7 @@ kind_add(ag_fault_rule *r, const char *name, size_t n)
     // A name of the kinds table: the protocols' kinds of this build
     // ("RREF_FETCH", "DIST_AUTOGRAD_BACKWARD", ...).
     for (unsigned k = 1; k < AG_NKINDS; k++) {
-        const ag_kind_desc *kd = ag_kind_get(k);
+        const ag_kind_desc *kd = tp__ag_kind_get(k);
         if (kd != NULL && strlen(kd->k_name) == n &&
             strncasecmp(name, kd->k_name, n) == 0) {
             r->r_kinds[k] = true;
@@ -72,7 +72,7 @@ kind_names(char *buf, size_t len)
 {
     size_t off = (size_t)snprintf(buf, len, "call, reply, response, error");
     for (unsigned k = 1; k < AG_NKINDS && off < len; k++) {
-        const ag_kind_desc *kd = ag_kind_get(k);
+        const ag_kind_desc *kd = tp__ag_kind_get(k);
         if (kd != NULL) {
             off += (size_t)snprintf(buf + off, len - off, ", %s", kd->k_name);
         }
@@ -135,7 +135,7 @@ rule_parse(const char *spec, const char *item, size_t n, ag_fault_rule *r,
 }
 
 tp_status
-ag_faulty_parse(const char *spec, ag_faulty *f, tp_error **err_p)
+tp__ag_faulty_parse(const char *spec, ag_faulty *f, tp_error **err_p)
 {
     memset(f, 0, sizeof(*f));
     if (spec == NULL || spec[0] == '\0') {
@@ -170,7 +170,7 @@ ag_faulty_parse(const char *spec, ag_faulty *f, tp_error **err_p)
 }
 
 bool
-ag_faulty_intercept(tp_agent *a, ag_wslot *w)
+tp__ag_faulty_intercept(tp_agent *a, ag_wslot *w)
 {
     ag_faulty *f = &a->a_faulty;
     if (f->f_nrules == 0) {
@@ -198,13 +198,13 @@ ag_faulty_intercept(tp_agent *a, ag_wslot *w)
     w->w_inject = NULL;
     if (hit->r_fail) {
         char who[AG_MAX_URL + 160];
-        ag_conn_describe(c, who, sizeof(who));
+        tp__ag_conn_describe(c, who, sizeof(who));
         w->w_inject = tp__error_new(
             TP_ECONNRESET, 0, NULL,
             "rpc %s: the send of a %s message to %s failed on purpose "
             "(faulty agent, \"%s\": failure %" PRIu64 " of %" PRIu64 ")",
-            ag_name(a), ag_kind_get(w->w_kind)->k_name, who, hit->r_text, nth,
-            hit->r_total);
+            ag_name(a), tp__ag_kind_get(w->w_kind)->k_name, who, hit->r_text,
+            nth, hit->r_total);
         if (w->w_inject == NULL) {
             w->w_inject = tp__error_nomem();
         }

@@ -25,7 +25,7 @@
 #define FR_LOG_PEERS 8
 
 tp_status
-ag_fr_init(tp_agent *a, tp_error **err_p)
+tp__ag_fr_init(tp_agent *a, tp_error **err_p)
 {
     int n = a->a_opts.flight_recorder;
     if (n <= 0) {
@@ -43,7 +43,7 @@ ag_fr_init(tp_agent *a, tp_error **err_p)
 }
 
 void
-ag_fr_fini(tp_agent *a)
+tp__ag_fr_fini(tp_agent *a)
 {
     tp__free(a->a_fr.f_recs);
     a->a_fr.f_recs = NULL;
@@ -60,8 +60,9 @@ fr_rec_locked(tp_agent *a, uint64_t seq)
 }
 
 uint64_t
-ag_fr_begin_locked(tp_agent *a, ag_kind kind, int peer, uint64_t call_id,
-                   const char *name, uint64_t bytes, bool call, uint64_t now_ns)
+tp__ag_fr_begin_locked(tp_agent *a, ag_kind kind, int peer, uint64_t call_id,
+                       const char *name, uint64_t bytes, bool call,
+                       uint64_t now_ns)
 {
     ag_fr *f = &a->a_fr;
     if (f->f_recs == NULL) {
@@ -88,7 +89,7 @@ ag_fr_begin_locked(tp_agent *a, ag_kind kind, int peer, uint64_t call_id,
 }
 
 void
-ag_fr_written_locked(tp_agent *a, uint64_t seq, bool ok)
+tp__ag_fr_written_locked(tp_agent *a, uint64_t seq, bool ok)
 {
     ag_fr_rec *r = fr_rec_locked(a, seq);
     // A reply may have ended the call before its write's completion ran.
@@ -104,7 +105,7 @@ ag_fr_written_locked(tp_agent *a, uint64_t seq, bool ok)
 }
 
 void
-ag_fr_end_locked(tp_agent *a, uint64_t seq, tp_status st)
+tp__ag_fr_end_locked(tp_agent *a, uint64_t seq, tp_status st)
 {
     ag_fr_rec *r = fr_rec_locked(a, seq);
     if (r == NULL || r->r_end_ns != 0) {
@@ -154,7 +155,7 @@ fr_export(const tp_agent *a, const ag_fr_rec *r, uint64_t mono_ns,
 {
     memset(o, 0, sizeof(*o));
     o->seq = r->r_seq;
-    const ag_kind_desc *kd = ag_kind_get(r->r_kind);
+    const ag_kind_desc *kd = tp__ag_kind_get(r->r_kind);
     if (kd != NULL) {
         snprintf(o->kind, sizeof(o->kind), "%s", kd->k_name);
     } else {
@@ -298,7 +299,7 @@ fr_log_peer(tp_agent *a, const ag_peer *p, const ag_call *expired)
 }
 
 void
-ag_fr_log_timeouts(tp_agent *a, const ag_call *expired)
+tp__ag_fr_log_timeouts(tp_agent *a, const ag_call *expired)
 {
     if (!tp__log_enabled(TP_LOG_LEVEL_WARN)) {
         return;
@@ -326,13 +327,13 @@ ag_fr_log_timeouts(tp_agent *a, const ag_call *expired)
 }
 
 size_t
-ag_fr_debug_size(const tp_agent *a)
+tp__ag_fr_debug_size(const tp_agent *a)
 {
     return 200 + (size_t)TP_MIN(a->a_fr.f_cap, (uint32_t)FR_DEBUG_MAX) * 560;
 }
 
 size_t
-ag_fr_debug(tp_agent *a, char *buf, size_t len)
+tp__ag_fr_debug(tp_agent *a, char *buf, size_t len)
 {
     size_t off = 0;
 #define FR_ADD(...)                                                            \

@@ -42,7 +42,7 @@ tp_agent_options_init(tp_agent_options *o)
     o->init_method = im != NULL && im[0] != '\0' ? im : "env://";
     o->transports = getenv("TP_TRANSPORTS");
     o->channels = getenv("TP_CHANNELS");
-    ag_options_defaults(o);
+    tp__ag_options_defaults(o);
 }
 
 // The oldest layout with a size field ends after flight_recorder. Fields
@@ -103,11 +103,11 @@ options_check(tp_agent *a, const tp_agent_options *o, tp_error **err_p)
                              "rpc init: init_method, transports or channels "
                              "too long");
     }
-    st = ag_options_check(ao, err_p);
+    st = tp__ag_options_check(ao, err_p);
     if (st != TP_OK) {
         return st;
     }
-    st = ag_faulty_parse(ao->faulty, &a->a_faulty, err_p);
+    st = tp__ag_faulty_parse(ao->faulty, &a->a_faulty, err_p);
     if (st != TP_OK) {
         return tp__error_wrap(err_p, st, "rpc init (TP_RPC_FAULTY)");
     }
@@ -134,7 +134,7 @@ tp_rpc_get_worker_info(const tp_agent *a, const char *name,
         return TP_EINVAL;
     }
     const ag_peer *p =
-        name == NULL ? a->a_self : ag_peer_by_name((tp_agent *)a, name);
+        name == NULL ? a->a_self : tp__ag_peer_by_name((tp_agent *)a, name);
     if (p == NULL) {
         return TP_ENOENT;
     }
@@ -272,7 +272,7 @@ agent_free(tp_agent *a)
     ag_conn *c = a->a_conns;
     while (c != NULL) {
         ag_conn *next = c->c_next;
-        ag_conn_free(c);
+        tp__ag_conn_free(c);
         c = next;
     }
     ag_tclass *tc = a->a_tclasses;
@@ -284,7 +284,7 @@ agent_free(tp_agent *a)
     tp_aio_destroy(a->a_accept_aio);
     tp__free(a->a_table);
     tp__free(a->a_peers);
-    ag_fr_fini(a);
+    tp__ag_fr_fini(a);
     tp__cv_fini(&a->a_timer_cv);
     tp__cv_fini(&a->a_idle_cv);
     tp__cv_fini(&a->a_quiet_cv);
@@ -293,7 +293,7 @@ agent_free(tp_agent *a)
 }
 
 void
-ag_agent_unref(tp_agent *a)
+tp__ag_agent_unref(tp_agent *a)
 {
     if (atomic_fetch_sub_explicit(&a->a_refs, 1, memory_order_acq_rel) == 1) {
         agent_free(a);
@@ -347,7 +347,7 @@ agent_wait_quiet(tp_agent *a, uint64_t deadline, bool conns)
                 continue;
             }
             char who[AG_MAX_URL + 160];
-            ag_conn_describe(c, who, sizeof(who));
+            tp__ag_conn_describe(c, who, sizeof(who));
             TP_LOG_ERROR("TP-RPC-SHUTDOWN",
                          "rpc %s: the pipe %s %s did not close by the "
                          "shutdown deadline (%ld operations pending); "
@@ -381,7 +381,7 @@ agent_teardown(tp_agent *a, const char *why, uint64_t deadline)
     for (size_t i = 0; a->a_table != NULL && i < a->a_table_size; i++) {
         while (a->a_table[i] != NULL) {
             ag_call *c = a->a_table[i];
-            ag_pending_unlink_locked(a, c, TP_ECLOSED);
+            tp__ag_pending_unlink_locked(a, c, TP_ECLOSED);
             c->c_hnext = all;
             all = c;
         }
@@ -392,15 +392,15 @@ agent_teardown(tp_agent *a, const char *why, uint64_t deadline)
     while (all != NULL) {
         ag_call *c = all;
         all = c->c_hnext;
-        ag_call_finish(c, NULL,
-                       tp__error_new(TP_ECLOSED, 0, NULL,
-                                     "rpc \"%s\" from %s to %s (rank %d): %s",
-                                     c->c_fn_name, ag_name(a),
-                                     c->c_peer->p_info.name,
-                                     c->c_peer->p_info.rank,
-                                     why != NULL ? why
-                                                 : "the agent shut down before "
-                                                   "the reply"));
+        tp__ag_call_finish(
+            c, NULL,
+            tp__error_new(TP_ECLOSED, 0, NULL,
+                          "rpc \"%s\" from %s to %s (rank %d): %s",
+                          c->c_fn_name, ag_name(a), c->c_peer->p_info.name,
+                          c->c_peer->p_info.rank,
+                          why != NULL ? why
+                                      : "the agent shut down before "
+                                        "the reply"));
     }
     // Threads that passed the state check are inside a pipe call; the
     // pipes must outlive it.
@@ -483,7 +483,7 @@ tp_rpc_init(const char *name, int rank, int world_size,
     tp__cv_init(&a->a_quiet_cv);
     tp_status st = options_check(a, o, err_p);
     if (st == TP_OK) {
-        st = ag_fr_init(a, err_p);
+        st = tp__ag_fr_init(a, err_p);
     }
     if (st != TP_OK) {
         goto fail_early;
@@ -507,7 +507,7 @@ tp_rpc_init(const char *name, int rank, int world_size,
     a->a_table_size = 64;
     a->a_table = tp__zalloc(a->a_table_size * sizeof(ag_call *));
     if (a->a_peers == NULL || a->a_table == NULL ||
-        tp_aio_create(ag_accept_cb, a, &a->a_accept_aio) != TP_OK) {
+        tp_aio_create(tp__ag_accept_cb, a, &a->a_accept_aio) != TP_OK) {
         st = tp__error_set(err_p, TP_ENOMEM, "rpc init of %s: out of memory",
                            name);
         goto fail_early;
@@ -544,19 +544,19 @@ tp_rpc_init(const char *name, int rank, int world_size,
     if (st != TP_OK) {
         goto fail;
     }
-    int rc = pthread_create(&a->a_timer, NULL, ag_timer_main, a);
+    int rc = pthread_create(&a->a_timer, NULL, tp__ag_timer_main, a);
     if (rc != 0) {
         st = tp__error_errno(err_p, rc, "rpc init of %s: timer thread", name);
         goto fail;
     }
     a->a_timer_started = true;
-    st = ag_rendezvous(a, deadline, err_p);
+    st = tp__ag_rendezvous(a, deadline, err_p);
     if (st != TP_OK) {
         goto fail;
     }
     // The protocols above the agent (RRefs, ...) are in place before the
     // first message can arrive.
-    st = ag_protos_attach(a, err_p);
+    st = tp__ag_protos_attach(a, err_p);
     if (st != TP_OK) {
         goto fail;
     }
@@ -573,16 +573,16 @@ tp_rpc_init(const char *name, int rank, int world_size,
 
 fail:
     agent_teardown(a, "init failed", deadline);
-    ag_protos_detach(a);
+    tp__ag_protos_detach(a);
     tp_store_close(a->a_store);
     a->a_store = NULL;
-    ag_agent_unref(a);
+    tp__ag_agent_unref(a);
     return st;
 fail_early:
     tp_store_close(a->a_store);
     tp_aio_destroy(a->a_accept_aio);
     a->a_accept_aio = NULL;
-    ag_agent_unref(a);
+    tp__ag_agent_unref(a);
     return st;
 }
 
@@ -610,8 +610,8 @@ shutdown_graceful(tp_agent *a, uint64_t deadline, tp_error **err_p)
         }
         tp__mtx_unlock(&a->a_mtx);
         uint64_t pending = 0, activity = 0;
-        tp_status st =
-            ag_shutdown_round(a, round, deadline, &pending, &activity, err_p);
+        tp_status st = tp__ag_shutdown_round(a, round, deadline, &pending,
+                                             &activity, err_p);
         if (st != TP_OK) {
             return st;
         }
@@ -624,7 +624,7 @@ shutdown_graceful(tp_agent *a, uint64_t deadline, tp_error **err_p)
             // the program still holds (PyTorch deletes the user RRefs at
             // this point); the rounds go on until that settled too.
             begun = true;
-            ag_proto_shutdown_begin(a);
+            tp__ag_proto_shutdown_begin(a);
             prev_activity = UINT64_MAX;
             continue;
         }
@@ -662,14 +662,14 @@ tp_rpc_shutdown(tp_agent *a, bool graceful, tp_error **err_p)
                            ag_name(a), a->a_rank);
         }
     }
-    ag_proto_shutdown_end(a, graceful && st == TP_OK);
+    tp__ag_proto_shutdown_end(a, graceful && st == TP_OK);
     agent_teardown(a,
                    graceful ? "the agent shut down before the reply"
                             : "the agent was shut down (not graceful) "
                               "before the reply",
                    deadline);
     // No hook runs any more: the pool and the pipes are gone.
-    ag_protos_detach(a);
+    tp__ag_protos_detach(a);
     // The store server lives in rank 0's process: rank 0 closes it after
     // every rank that took part in the shutdown said it is done with it
     // (graceful only; bounded). When the agreement failed, the others may
@@ -677,12 +677,13 @@ tp_rpc_shutdown(tp_agent *a, bool graceful, tp_error **err_p)
     // shutdown timeout, so they fail with their own timeout naming the
     // missing worker rather than with a closed store.
     if (graceful) {
-        ag_rendezvous_exit(a, st == TP_OK ? deadline
-                                          : tp__deadline_after_ms(
-                                                a->a_opts.shutdown_timeout_ms));
+        tp__ag_rendezvous_exit(
+            a, st == TP_OK
+                   ? deadline
+                   : tp__deadline_after_ms(a->a_opts.shutdown_timeout_ms));
     }
     tp_store_close(a->a_store);
     a->a_store = NULL;
-    ag_agent_unref(a);
+    tp__ag_agent_unref(a);
     return st;
 }

@@ -130,7 +130,7 @@ opt_read_env(const ag_opt *d, tp_agent_options *o, tp_error **err_p)
 }
 
 void
-ag_options_defaults(tp_agent_options *o)
+tp__ag_options_defaults(tp_agent_options *o)
 {
     for (size_t i = 0; i < TP_ARRAY_LEN(ag_opts); i++) {
         const ag_opt *d = &ag_opts[i];
@@ -148,7 +148,7 @@ ag_options_defaults(tp_agent_options *o)
 }
 
 tp_status
-ag_options_check(tp_agent_options *ao, tp_error **err_p)
+tp__ag_options_check(tp_agent_options *ao, tp_error **err_p)
 {
     // A malformed variable fails init even when the program set the
     // field itself (as for core's tunables).

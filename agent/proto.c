@@ -20,12 +20,17 @@ static pthread_once_t ag_kinds_once = PTHREAD_ONCE_INIT;
 static void
 kinds_init(void)
 {
-    ag_kinds[AG_KIND_REQUEST] = (ag_kind_desc){
-        .k_name = "REQUEST", .k_request = true, .k_dispatch = ag_serve_request};
-    ag_kinds[AG_KIND_RESPONSE] = (ag_kind_desc){
-        .k_name = "RESPONSE", .k_request = false, .k_dispatch = ag_serve_reply};
-    ag_kinds[AG_KIND_ERROR] = (ag_kind_desc){
-        .k_name = "ERROR", .k_request = false, .k_dispatch = ag_serve_reply};
+    ag_kinds[AG_KIND_REQUEST] =
+        (ag_kind_desc){.k_name = "REQUEST",
+                       .k_request = true,
+                       .k_dispatch = tp__ag_serve_request};
+    ag_kinds[AG_KIND_RESPONSE] =
+        (ag_kind_desc){.k_name = "RESPONSE",
+                       .k_request = false,
+                       .k_dispatch = tp__ag_serve_reply};
+    ag_kinds[AG_KIND_ERROR] = (ag_kind_desc){.k_name = "ERROR",
+                                             .k_request = false,
+                                             .k_dispatch = tp__ag_serve_reply};
     // The list is made by the build: a clash is a bug of this build.
     TP_ASSERT(tp__agent_nprotos <= TP__PROTO_MAX);
     for (size_t i = 0; i < tp__agent_nprotos; i++) {
@@ -44,7 +49,7 @@ kinds_init(void)
             ag_kinds[pk->pk_kind] = (ag_kind_desc){
                 .k_name = pk->pk_name,
                 .k_request = true,
-                .k_dispatch = ag_serve_request,
+                .k_dispatch = tp__ag_serve_request,
                 .k_proto = pk,
                 .k_proto_idx = i,
                 .k_note = pk->pk_note,
@@ -54,7 +59,7 @@ kinds_init(void)
 }
 
 const ag_kind_desc *
-ag_kind_get(unsigned kind)
+tp__ag_kind_get(unsigned kind)
 {
     pthread_once(&ag_kinds_once, kinds_init);
     if (kind >= TP_ARRAY_LEN(ag_kinds) || ag_kinds[kind].k_name == NULL) {
@@ -66,7 +71,7 @@ ag_kind_get(unsigned kind)
 // ---- protocol states -------------------------------------------------------
 
 void *
-ag_proto_state_at(const tp_agent *a, size_t idx)
+tp__ag_proto_state_at(const tp_agent *a, size_t idx)
 {
     tp_agent *ma = (tp_agent *)a;
     return atomic_load_explicit(&ma->a_proto[idx], memory_order_acquire);
@@ -77,14 +82,14 @@ tp__agent_proto_state(const tp_agent *a, const tp__proto_ops *ops)
 {
     for (size_t i = 0; i < tp__agent_nprotos; i++) {
         if (tp__agent_protos[i] == ops) {
-            return ag_proto_state_at(a, i);
+            return tp__ag_proto_state_at(a, i);
         }
     }
     return NULL;
 }
 
 tp_status
-ag_protos_attach(tp_agent *a, tp_error **err_p)
+tp__ag_protos_attach(tp_agent *a, tp_error **err_p)
 {
     pthread_once(&ag_kinds_once, kinds_init);
     for (size_t i = 0; i < tp__agent_nprotos; i++) {
@@ -92,7 +97,7 @@ ag_protos_attach(tp_agent *a, tp_error **err_p)
         void *state = NULL;
         tp_status st = po->po_attach(a, &state, err_p);
         if (st != TP_OK) {
-            ag_protos_detach(a);
+            tp__ag_protos_detach(a);
             return tp__error_wrap(err_p, st, "rpc init of %s: protocol %s",
                                   ag_name(a), po->po_name);
         }
@@ -102,7 +107,7 @@ ag_protos_attach(tp_agent *a, tp_error **err_p)
 }
 
 void
-ag_protos_detach(tp_agent *a)
+tp__ag_protos_detach(tp_agent *a)
 {
     for (size_t i = 0; i < tp__agent_nprotos; i++) {
         void *state = atomic_exchange_explicit(&a->a_proto[i], NULL,
@@ -174,7 +179,7 @@ ext_close_section(tp__ext *x, size_t mark, unsigned id)
 }
 
 tp_status
-ag_ext_section(tp__ext *x, unsigned id, const void *p, size_t n)
+tp__ag_ext_section(tp__ext *x, unsigned id, const void *p, size_t n)
 {
     static const uint8_t zero[AG_WIRE_SEC_HDR];
     size_t mark = x->x_len;
@@ -193,16 +198,16 @@ ag_ext_section(tp__ext *x, unsigned id, const void *p, size_t n)
 // ---- hooks -----------------------------------------------------------------
 
 tp_status
-ag_proto_send(tp_agent *a, int to, uint8_t kind, const tp_args *args,
-              const tp_args *req, tp__ext *ext, void **toks, bool *any_p,
-              tp_error **err_p)
+tp__ag_proto_send(tp_agent *a, int to, uint8_t kind, const tp_args *args,
+                  const tp_args *req, tp__ext *ext, void **toks, bool *any_p,
+                  tp_error **err_p)
 {
     static const uint8_t zero[AG_WIRE_SEC_HDR];
     *any_p = false;
     for (size_t i = 0; i < tp__agent_nprotos; i++) {
         toks[i] = NULL;
         const tp__proto_ops *po = tp__agent_protos[i];
-        void *state = ag_proto_state_at(a, i);
+        void *state = tp__ag_proto_state_at(a, i);
         if (state == NULL || po->po_send == NULL) {
             continue;
         }
@@ -216,7 +221,7 @@ ag_proto_send(tp_agent *a, int to, uint8_t kind, const tp_args *args,
         if (st != TP_OK) {
             ext->x_len = mark;
             if (*any_p) {
-                ag_proto_sent(a, toks, err_p != NULL ? *err_p : NULL);
+                tp__ag_proto_sent(a, toks, err_p != NULL ? *err_p : NULL);
             }
             *any_p = false;
             return st;
@@ -234,7 +239,7 @@ ag_proto_send(tp_agent *a, int to, uint8_t kind, const tp_args *args,
 }
 
 void
-ag_proto_sent(tp_agent *a, void **toks, const tp_error *err)
+tp__ag_proto_sent(tp_agent *a, void **toks, const tp_error *err)
 {
     for (size_t i = 0; i < tp__agent_nprotos; i++) {
         if (toks[i] == NULL) {
@@ -242,7 +247,7 @@ ag_proto_sent(tp_agent *a, void **toks, const tp_error *err)
         }
         void *tok = toks[i];
         toks[i] = NULL;
-        void *state = ag_proto_state_at(a, i);
+        void *state = tp__ag_proto_state_at(a, i);
         if (state != NULL) {
             tp__agent_protos[i]->po_sent(state, tok, err);
         }
@@ -250,8 +255,8 @@ ag_proto_sent(tp_agent *a, void **toks, const tp_error *err)
 }
 
 tp_status
-ag_proto_recv(tp_agent *a, int from, const ag_hdr *h, tp_args *args,
-              tp_error **err_p)
+tp__ag_proto_recv(tp_agent *a, int from, const ag_hdr *h, tp_args *args,
+                  tp_error **err_p)
 {
     uint8_t known = 1; // section 0 is the kind's own
     for (size_t i = 0; i < tp__agent_nprotos; i++) {
@@ -269,7 +274,7 @@ ag_proto_recv(tp_agent *a, int from, const ag_hdr *h, tp_args *args,
     }
     for (size_t i = 0; i < tp__agent_nprotos; i++) {
         const tp__proto_ops *po = tp__agent_protos[i];
-        void *state = ag_proto_state_at(a, i);
+        void *state = tp__ag_proto_state_at(a, i);
         unsigned id = po->po_id;
         bool has = (h->h_sec_mask & (1u << id)) != 0;
         if (state == NULL || po->po_recv == NULL) {
@@ -294,7 +299,7 @@ tp__agent_run_begin(tp_agent *a, const tp_args *in, void *toks[TP__PROTO_MAX])
 {
     for (size_t i = 0; i < tp__agent_nprotos; i++) {
         const tp__proto_ops *po = tp__agent_protos[i];
-        void *state = ag_proto_state_at(a, i);
+        void *state = tp__ag_proto_state_at(a, i);
         toks[i] = NULL;
         if (state != NULL && po->po_run_begin != NULL) {
             toks[i] = po->po_run_begin(state, in);
@@ -307,7 +312,7 @@ tp__agent_run_end(tp_agent *a, void *toks[TP__PROTO_MAX])
 {
     for (size_t i = tp__agent_nprotos; i-- > 0;) {
         const tp__proto_ops *po = tp__agent_protos[i];
-        void *state = ag_proto_state_at(a, i);
+        void *state = tp__ag_proto_state_at(a, i);
         if (state != NULL && po->po_run_end != NULL) {
             po->po_run_end(state, toks[i]);
         }
@@ -316,10 +321,10 @@ tp__agent_run_end(tp_agent *a, void *toks[TP__PROTO_MAX])
 }
 
 void
-ag_proto_peer_failed(tp_agent *a, int rank, const tp_error *err)
+tp__ag_proto_peer_failed(tp_agent *a, int rank, const tp_error *err)
 {
     for (size_t i = 0; i < tp__agent_nprotos; i++) {
-        void *state = ag_proto_state_at(a, i);
+        void *state = tp__ag_proto_state_at(a, i);
         if (state != NULL && tp__agent_protos[i]->po_peer_failed != NULL) {
             tp__agent_protos[i]->po_peer_failed(state, rank, err);
         }
@@ -327,10 +332,10 @@ ag_proto_peer_failed(tp_agent *a, int rank, const tp_error *err)
 }
 
 void
-ag_proto_shutdown_begin(tp_agent *a)
+tp__ag_proto_shutdown_begin(tp_agent *a)
 {
     for (size_t i = 0; i < tp__agent_nprotos; i++) {
-        void *state = ag_proto_state_at(a, i);
+        void *state = tp__ag_proto_state_at(a, i);
         if (state != NULL && tp__agent_protos[i]->po_shutdown_begin != NULL) {
             tp__agent_protos[i]->po_shutdown_begin(state);
         }
@@ -338,11 +343,11 @@ ag_proto_shutdown_begin(tp_agent *a)
 }
 
 uint64_t
-ag_proto_pending(tp_agent *a)
+tp__ag_proto_pending(tp_agent *a)
 {
     uint64_t n = 0;
     for (size_t i = 0; i < tp__agent_nprotos; i++) {
-        void *state = ag_proto_state_at(a, i);
+        void *state = tp__ag_proto_state_at(a, i);
         if (state != NULL && tp__agent_protos[i]->po_pending != NULL) {
             n += tp__agent_protos[i]->po_pending(state);
         }
@@ -351,10 +356,10 @@ ag_proto_pending(tp_agent *a)
 }
 
 void
-ag_proto_shutdown_end(tp_agent *a, bool agreed)
+tp__ag_proto_shutdown_end(tp_agent *a, bool agreed)
 {
     for (size_t i = 0; i < tp__agent_nprotos; i++) {
-        void *state = ag_proto_state_at(a, i);
+        void *state = tp__ag_proto_state_at(a, i);
         if (state != NULL && tp__agent_protos[i]->po_shutdown_end != NULL) {
             tp__agent_protos[i]->po_shutdown_end(state, agreed);
         }
@@ -362,11 +367,11 @@ ag_proto_shutdown_end(tp_agent *a, bool agreed)
 }
 
 size_t
-ag_proto_debug(tp_agent *a, char *buf, size_t len)
+tp__ag_proto_debug(tp_agent *a, char *buf, size_t len)
 {
     size_t off = 0;
     for (size_t i = 0; i < tp__agent_nprotos; i++) {
-        void *state = ag_proto_state_at(a, i);
+        void *state = tp__ag_proto_state_at(a, i);
         if (state != NULL && tp__agent_protos[i]->po_debug != NULL) {
             off += tp__agent_protos[i]->po_debug(
                 state, off < len ? buf + off : NULL, off < len ? len - off : 0);
@@ -388,7 +393,7 @@ void
 tp__agent_unref(tp_agent *a)
 {
     if (a != NULL) {
-        ag_agent_unref(a);
+        tp__ag_agent_unref(a);
     }
 }
 

@@ -20,9 +20,9 @@ static size_t reg_count;
 static pthread_once_t reg_builtins_once = PTHREAD_ONCE_INIT;
 
 const ag_fn *
-ag_registry_find(uint64_t id)
+tp__ag_registry_find(uint64_t id)
 {
-    pthread_once(&reg_builtins_once, ag_builtins_register);
+    pthread_once(&reg_builtins_once, tp__ag_builtins_register);
     for (size_t i = 0; i < REG_SLOTS; i++) {
         size_t slot = (size_t)(id + i) & (REG_SLOTS - 1);
         const ag_fn *f =
@@ -42,7 +42,7 @@ registry_add(const char *name, tp_rpc_fn sfn, tp_rpc_async_fn afn, void *arg,
              tp_error **err_p)
 {
     size_t len = name != NULL ? strlen(name) : 0;
-    if (name == NULL || !ag_fn_name_valid(name, len)) {
+    if (name == NULL || !tp__ag_fn_name_valid(name, len)) {
         return tp__error_set(err_p, TP_EINVAL,
                              "rpc register \"%s\": a function name is 1..%d "
                              "letters, digits and \"_-.:/\"",
@@ -108,7 +108,7 @@ registry_add(const char *name, tp_rpc_fn sfn, tp_rpc_async_fn afn, void *arg,
 tp_status
 tp_rpc_register(const char *fn_name, tp_rpc_fn fn, void *arg, tp_error **err_p)
 {
-    pthread_once(&reg_builtins_once, ag_builtins_register);
+    pthread_once(&reg_builtins_once, tp__ag_builtins_register);
     return registry_add(fn_name, fn, NULL, arg, err_p);
 }
 
@@ -116,12 +116,12 @@ tp_status
 tp_rpc_register_async(const char *fn_name, tp_rpc_async_fn fn, void *arg,
                       tp_error **err_p)
 {
-    pthread_once(&reg_builtins_once, ag_builtins_register);
+    pthread_once(&reg_builtins_once, tp__ag_builtins_register);
     return registry_add(fn_name, NULL, fn, arg, err_p);
 }
 
 tp_status
-ag_registry_add_builtin(const char *name, tp_rpc_fn fn)
+tp__ag_registry_add_builtin(const char *name, tp_rpc_fn fn)
 {
     return registry_add(name, fn, NULL, NULL, NULL);
 }

@@ -189,7 +189,7 @@ rendezvous_exchange(tp_agent *a, tp__store_member *j, uint64_t deadline,
 }
 
 tp_status
-ag_rendezvous(tp_agent *a, uint64_t deadline, tp_error **err_p)
+tp__ag_rendezvous(tp_agent *a, uint64_t deadline, tp_error **err_p)
 {
     char key[128];
     // A store may outlive a job (a file, a standalone server) or serve a
@@ -323,8 +323,9 @@ shutdown_get(tp_agent *a, int r, const char *key, uint64_t deadline, void **v_p,
 // One round of the shutdown agreement: publish (pending, activity), read
 // everyone's. Returns the sums.
 tp_status
-ag_shutdown_round(tp_agent *a, int round, uint64_t deadline,
-                  uint64_t *pending_p, uint64_t *activity_p, tp_error **err_p)
+tp__ag_shutdown_round(tp_agent *a, int round, uint64_t deadline,
+                      uint64_t *pending_p, uint64_t *activity_p,
+                      tp_error **err_p)
 {
     char key[128];
     char val[96];
@@ -332,7 +333,7 @@ ag_shutdown_round(tp_agent *a, int round, uint64_t deadline,
     uint64_t pend = a->a_npending, act = a->a_activity;
     uint64_t sent = a->a_notes_sent, recv = a->a_notes_recv;
     tp__mtx_unlock(&a->a_mtx);
-    pend += ag_proto_pending(a);
+    pend += tp__ag_proto_pending(a);
     // Notifications (one-way messages) in flight: sent by someone and not
     // yet received by anyone, counted from the sums of both.
     int n = snprintf(val, sizeof(val),
@@ -393,7 +394,7 @@ ag_shutdown_round(tp_agent *a, int round, uint64_t deadline,
 // waits (until @deadline) for every other rank that took part in the
 // shutdown to say it is done with the store before the store closes.
 void
-ag_rendezvous_exit(tp_agent *a, uint64_t deadline)
+tp__ag_rendezvous_exit(tp_agent *a, uint64_t deadline)
 {
     char key[128];
     snprintf(key, sizeof(key), "%sexit/%d", a->a_prefix, a->a_rank);

@@ -22,13 +22,13 @@ req_free(ag_req *r)
 {
     tp_agent *a = r->r_agent;
     tp_args_unref(r->r_args);
-    ag_peer_release(a, r->r_caller, r->r_charge);
+    tp__ag_peer_release(a, r->r_caller, r->r_charge);
     if (r->r_conn != NULL) {
         atomic_fetch_sub_explicit(&r->r_conn->c_reqs, 1, memory_order_relaxed);
-        ag_conn_op_done(r->r_conn);
+        tp__ag_conn_op_done(r->r_conn);
     }
     tp__free(r);
-    ag_agent_unref(a);
+    tp__ag_agent_unref(a);
 }
 
 // Loop thread: a protocol's handler found message @kind from the peer of
@@ -41,7 +41,7 @@ proto_malformed(ag_conn *c, const ag_kind_desc *kd, const tp_error *err)
         return false;
     }
     tp_error *e = tp__error_new(TP_EPROTO, 0, err, "%s", kd->k_name);
-    ag_conn_protocol_error(c, e);
+    tp__ag_conn_protocol_error(c, e);
     tp_error_unref(e);
     return true;
 }
@@ -51,7 +51,7 @@ static void
 serve_note(ag_conn *c, const ag_kind_desc *kd, const ag_hdr *h, tp_args *args)
 {
     tp_agent *a = c->c_agent;
-    void *state = ag_proto_state_at(a, kd->k_proto_idx);
+    void *state = tp__ag_proto_state_at(a, kd->k_proto_idx);
     tp__proto_msg m = {
         .pm_agent = a,
         .pm_from = c->c_peer->p_info.rank,
@@ -97,8 +97,8 @@ req_proto_msg(ag_req *r, tp__proto_msg *m)
 static bool
 req_proto_on_loop(ag_req *r)
 {
-    const ag_kind_desc *kd = ag_kind_get(r->r_kind);
-    void *state = ag_proto_state_at(r->r_agent, kd->k_proto_idx);
+    const ag_kind_desc *kd = tp__ag_kind_get(r->r_kind);
+    void *state = tp__ag_proto_state_at(r->r_agent, kd->k_proto_idx);
     tp__proto_msg m;
     req_proto_msg(r, &m);
     void *ctx = NULL;
@@ -117,7 +117,7 @@ req_proto_on_loop(ag_req *r)
             tp_future_unref(ctx);
             err = tp__error_new(TP_ENOMEM, 0, NULL, "%s on %s", kd->k_name,
                                 ag_name(r->r_agent));
-            ag_req_reply(r, NULL, err);
+            tp__ag_req_reply(r, NULL, err);
             tp_error_unref(err);
         }
         return false;
@@ -135,23 +135,23 @@ req_proto_on_loop(ag_req *r)
         tp_error_unref(err);
         return false;
     }
-    ag_req_reply(r, result, err);
+    tp__ag_req_reply(r, result, err);
     tp_error_unref(err);
     return false;
 }
 
 // Loop thread: a request arrived; hand it to the pool.
 void
-ag_serve_request(ag_conn *c, const ag_hdr *h, tp_args *args)
+tp__ag_serve_request(ag_conn *c, const ag_hdr *h, tp_args *args)
 {
     tp_agent *a = c->c_agent;
     ag_peer *caller = c->c_peer; // checked against h_src_rank
 
-    const ag_kind_desc *kd = ag_kind_get(h->h_kind);
+    const ag_kind_desc *kd = tp__ag_kind_get(h->h_kind);
     tp__mtx_lock(&a->a_mtx);
     bool closed = a->a_state == AG_CLOSED;
     caller->p_stats.s_calls_received++;
-    caller->p_stats.s_bytes_received += ag_args_nbytes(args);
+    caller->p_stats.s_bytes_received += tp__ag_args_nbytes(args);
     a->a_activity++;
     a->a_notes_recv += kd->k_note ? 1 : 0;
     tp__mtx_unlock(&a->a_mtx);
@@ -166,7 +166,7 @@ ag_serve_request(ag_conn *c, const ag_hdr *h, tp_args *args)
     ag_req *r = tp__zalloc(sizeof(*r));
     if (r == NULL) {
         tp_args_unref(args);
-        ag_conn_fail(c, tp__error_nomem());
+        tp__ag_conn_fail(c, tp__error_nomem());
         return;
     }
     atomic_fetch_add_explicit(&a->a_refs, 1, memory_order_relaxed);
@@ -190,22 +190,22 @@ ag_serve_request(ag_conn *c, const ag_hdr *h, tp_args *args)
     if (r->r_kind != AG_KIND_REQUEST && !req_proto_on_loop(r)) {
         return; // answered here, on the loop thread
     }
-    tp__task_init(&r->r_task, ag_req_run, r);
+    tp__task_init(&r->r_task, tp__ag_req_run, r);
     if (tp__pool_submit(a->a_pool, &r->r_task) != TP_OK) {
         // Shutting down: the caller's call fails with our pipe's close.
         c->c_rcharge = r->r_charge; // given back by the read step
         tp_args_unref(args);
         tp__free(r);
         atomic_fetch_sub_explicit(&c->c_reqs, 1, memory_order_relaxed);
-        ag_conn_op_done(c);
-        ag_agent_unref(a);
+        tp__ag_conn_op_done(c);
+        tp__ag_agent_unref(a);
     }
 }
 
 // Loop thread: a reply arrived; resolve its call (dropped if the call
 // already ended: timed out, or failed).
 void
-ag_serve_reply(ag_conn *c, const ag_hdr *h, tp_args *args)
+tp__ag_serve_reply(ag_conn *c, const ag_hdr *h, tp_args *args)
 {
     tp_agent *a = c->c_agent;
     tp_error *err = NULL;
@@ -215,9 +215,9 @@ ag_serve_reply(ag_conn *c, const ag_hdr *h, tp_args *args)
         st = (tp_status)h->h_status;
     }
     tp__mtx_lock(&a->a_mtx);
-    ag_call *call = ag_pending_take_locked(a, h->h_call_id, c, st);
+    ag_call *call = tp__ag_pending_take_locked(a, h->h_call_id, c, st);
     if (call != NULL) {
-        call->c_peer->p_stats.s_bytes_received += ag_args_nbytes(args);
+        call->c_peer->p_stats.s_bytes_received += tp__ag_args_nbytes(args);
     }
     tp__mtx_unlock(&a->a_mtx);
     if (call == NULL) {
@@ -238,7 +238,7 @@ ag_serve_reply(ag_conn *c, const ag_hdr *h, tp_args *args)
         tp_args_unref(args);
         args = NULL;
     }
-    ag_call_finish(call, args, err);
+    tp__ag_call_finish(call, args, err);
 }
 
 // ---- handlers ------------------------------------------------------------
@@ -268,7 +268,7 @@ req_send(ag_req *r, tp_args *result, const tp_error *err, tp_error **err_p)
                               tp_error_message(err));
         tp_args_unref(result);
         result = NULL;
-        if (errmsg == NULL || ag_args_create_empty(0, &holder) != TP_OK) {
+        if (errmsg == NULL || tp__ag_args_create_empty(0, &holder) != TP_OK) {
             tp__free(errmsg);
             return tp__error_set(err_p, TP_ENOMEM, "out of memory");
         }
@@ -276,7 +276,7 @@ req_send(ag_req *r, tp_args *result, const tp_error *err, tp_error **err_p)
         result = holder; // no bytes, no tensors: only owns errmsg
     } else {
         h.h_kind = AG_KIND_RESPONSE;
-        uint64_t nb = ag_args_nbytes(result);
+        uint64_t nb = tp__ag_args_nbytes(result);
         if (nb > a->a_opts.max_message_bytes) {
             // The caller would refuse it: it gets this error instead.
             tp_args_unref(result);
@@ -290,14 +290,14 @@ req_send(ag_req *r, tp_args *result, const tp_error *err, tp_error **err_p)
     tp__mtx_lock(&a->a_mtx);
     ag_wslot *w = NULL;
     if (a->a_state != AG_CLOSED && !c->c_failed) {
-        w = ag_slot_get_locked(c);
+        w = tp__ag_slot_get_locked(c);
         if (w != NULL) {
             atomic_fetch_add_explicit(&a->a_writers, 1, memory_order_acquire);
-            uint64_t nb = ag_args_nbytes(result);
+            uint64_t nb = tp__ag_args_nbytes(result);
             if (c->c_peer != NULL) {
                 c->c_peer->p_stats.s_bytes_sent += nb;
             }
-            w->w_fr_seq = ag_fr_begin_locked(
+            w->w_fr_seq = tp__ag_fr_begin_locked(
                 a, h.h_kind, c->c_peer != NULL ? c->c_peer->p_info.rank : -1,
                 r->r_call_id, r->r_fn_name,
                 nb + (errmsg != NULL ? strlen(errmsg) : 0), false, 0);
@@ -308,21 +308,21 @@ req_send(ag_req *r, tp_args *result, const tp_error *err, tp_error **err_p)
         tp_args_unref(result); // shutting down, or the pipe failed
         return TP_OK;
     }
-    tp_status st =
-        ag_slot_send(w, &h, false, NULL, 0, result, r->r_args, errmsg, err_p);
+    tp_status st = tp__ag_slot_send(w, &h, false, NULL, 0, result, r->r_args,
+                                    errmsg, err_p);
     if (st != TP_OK) {
         tp__mtx_lock(&a->a_mtx);
-        ag_slot_put_locked(w);
+        tp__ag_slot_put_locked(w);
         tp__mtx_unlock(&a->a_mtx);
     }
-    ag_writers_exit(a);
+    tp__ag_writers_exit(a);
     return st;
 }
 
 // Sends the reply of @r (any thread): the result @result (taken) or
 // @err (borrowed), then frees @r.
 void
-ag_req_reply(ag_req *r, tp_args *result, const tp_error *err)
+tp__ag_req_reply(ag_req *r, tp_args *result, const tp_error *err)
 {
     tp_agent *a = r->r_agent;
 
@@ -330,7 +330,7 @@ ag_req_reply(ag_req *r, tp_args *result, const tp_error *err)
         // A call to self: complete it here.
         tp_status st = err != NULL ? tp_error_status(err) : TP_OK;
         tp__mtx_lock(&a->a_mtx);
-        ag_call *call = ag_pending_take_locked(a, r->r_call_id, NULL, st);
+        ag_call *call = tp__ag_pending_take_locked(a, r->r_call_id, NULL, st);
         tp__mtx_unlock(&a->a_mtx);
         if (call != NULL) {
             tp_error *e = NULL;
@@ -343,7 +343,7 @@ ag_req_reply(ag_req *r, tp_args *result, const tp_error *err)
                                   call->c_fn_name, ag_name(a), a->a_rank,
                                   tp_error_message(err));
             }
-            ag_call_finish(call, result, e);
+            tp__ag_call_finish(call, result, e);
         } else {
             tp_args_unref(result);
         }
@@ -378,13 +378,13 @@ ag_req_reply(ag_req *r, tp_args *result, const tp_error *err)
 // an error reply, so the caller learns why instead of waiting for its
 // deadline; a failed error reply is only logged.
 void
-ag_write_failed_locally(ag_conn *c, ag_kind kind, uint64_t call_id,
-                        const tp_error *err)
+tp__ag_write_failed_locally(ag_conn *c, ag_kind kind, uint64_t call_id,
+                            const tp_error *err)
 {
     tp_agent *a = c->c_agent;
     char who[AG_MAX_URL + 160];
-    ag_conn_describe(c, who, sizeof(who));
-    const ag_kind_desc *kd = ag_kind_get(kind);
+    tp__ag_conn_describe(c, who, sizeof(who));
+    const ag_kind_desc *kd = tp__ag_kind_get(kind);
     if (kd->k_note) {
         TP_LOG_WARN("TP-RPC-NOTE", "rpc %s: %s to %s not sent: %s", ag_name(a),
                     kd->k_name, who, tp_error_message(err));
@@ -395,14 +395,15 @@ ag_write_failed_locally(ag_conn *c, ag_kind kind, uint64_t call_id,
     if (kd->k_request) {
         tp_status st = tp_error_status(err);
         tp__mtx_lock(&a->a_mtx);
-        ag_call *call = ag_pending_take_locked(a, call_id, c, st);
+        ag_call *call = tp__ag_pending_take_locked(a, call_id, c, st);
         tp__mtx_unlock(&a->a_mtx);
         if (call != NULL) {
-            ag_call_finish(call, NULL,
-                           tp__error_new(st, 0, err,
-                                         "rpc \"%s\" from %s to %s: sending "
-                                         "the request",
-                                         call->c_fn_name, ag_name(a), who));
+            tp__ag_call_finish(
+                call, NULL,
+                tp__error_new(st, 0, err,
+                              "rpc \"%s\" from %s to %s: sending "
+                              "the request",
+                              call->c_fn_name, ag_name(a), who));
         }
         return;
     }
@@ -429,7 +430,7 @@ ag_write_failed_locally(ag_conn *c, ag_kind kind, uint64_t call_id,
     r->r_call_id = call_id;
     tp_error *e = tp__error_new(tp_error_status(err), 0, err,
                                 "%s could not send the result", ag_name(a));
-    ag_req_reply(r, NULL, e);
+    tp__ag_req_reply(r, NULL, e);
     tp_error_unref(e);
 }
 
@@ -443,7 +444,7 @@ req_async_done(tp_future *f, void *arg)
     if (err == NULL && tp_future_value(f) != NULL) {
         result = tp_args_ref(tp_future_value(f));
     }
-    ag_req_reply(r, result, err);
+    tp__ag_req_reply(r, result, err);
     tp_future_unref(f);
 }
 
@@ -451,8 +452,8 @@ req_async_done(tp_future *f, void *arg)
 static void
 req_proto_run(ag_req *r)
 {
-    const ag_kind_desc *kd = ag_kind_get(r->r_kind);
-    void *state = ag_proto_state_at(r->r_agent, kd->k_proto_idx);
+    const ag_kind_desc *kd = tp__ag_kind_get(r->r_kind);
+    void *state = tp__ag_proto_state_at(r->r_agent, kd->k_proto_idx);
     tp__proto_msg m;
     req_proto_msg(r, &m);
     tp_future *f =
@@ -462,7 +463,7 @@ req_proto_run(ag_req *r)
         tp_error *err =
             tp__error_new(state != NULL ? TP_ENOMEM : TP_ECLOSED, 0, NULL,
                           "%s on %s", kd->k_name, ag_name(r->r_agent));
-        ag_req_reply(r, NULL, err);
+        tp__ag_req_reply(r, NULL, err);
         tp_error_unref(err);
     }
 }
@@ -472,7 +473,7 @@ req_proto_run(ag_req *r)
 static const ag_fn *
 fn_find(tp_agent *a, uint64_t id, const char *name, tp_error **err_p)
 {
-    const ag_fn *fn = ag_registry_find(id);
+    const ag_fn *fn = tp__ag_registry_find(id);
     if (fn == NULL || strcmp(fn->fn_name, name) != 0) {
         *err_p = tp__error_new(TP_ENOENT, 0, NULL,
                                "function \"%s\" is not registered on %s "
@@ -521,7 +522,7 @@ fn_no_future(const ag_fn *fn)
 
 // Pool thread: run the handler of @r.
 void
-ag_req_run(void *arg)
+tp__ag_req_run(void *arg)
 {
     ag_req *r = arg;
     tp_agent *a = r->r_agent;
@@ -532,7 +533,7 @@ ag_req_run(void *arg)
     }
     const ag_fn *fn = fn_find(a, r->r_fn_id, r->r_fn_name, &err);
     if (fn == NULL) {
-        ag_req_reply(r, NULL, err);
+        tp__ag_req_reply(r, NULL, err);
         tp_error_unref(err);
         return;
     }
@@ -557,7 +558,7 @@ ag_req_run(void *arg)
         fn_call_sync(fn, &r->r_info, r->r_args, &out, &err);
         tp__agent_run_end(a, toks);
     }
-    ag_req_reply(r, out, err);
+    tp__ag_req_reply(r, out, err);
     tp_error_unref(err);
 }
 

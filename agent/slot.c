@@ -13,7 +13,7 @@ static void slot_write_cb(void *arg);
 static void slot_submit(ag_wslot *w);
 
 ag_wslot *
-ag_slot_get_locked(ag_conn *c)
+tp__ag_slot_get_locked(ag_conn *c)
 {
     ag_wslot *w = c->c_slots;
     if (w != NULL) {
@@ -45,17 +45,17 @@ ag_slot_get_locked(ag_conn *c)
 }
 
 void
-ag_slot_put_locked(ag_wslot *w)
+tp__ag_slot_put_locked(ag_wslot *w)
 {
     // A message that was not written (its record still says sent).
-    ag_fr_written_locked(w->w_conn->c_agent, w->w_fr_seq, false);
+    tp__ag_fr_written_locked(w->w_conn->c_agent, w->w_fr_seq, false);
     w->w_fr_seq = 0;
     w->w_next = w->w_conn->c_slots;
     w->w_conn->c_slots = w;
 }
 
 void
-ag_slot_free(ag_wslot *w)
+tp__ag_slot_free(ag_wslot *w)
 {
     tp_aio_destroy(w->w_aio);
     if (w->w_meta != w->w_meta_inline) {
@@ -71,7 +71,7 @@ ag_slot_free(ag_wslot *w)
 static tp_status
 slot_fill(ag_wslot *w, const ag_hdr *h, tp_args *args, const char *errmsg)
 {
-    size_t msize = ag_wire_size(h->h_fn_name_len, h->h_ext_len, args);
+    size_t msize = tp__ag_wire_size(h->h_fn_name_len, h->h_ext_len, args);
     if (msize > w->w_meta_cap) {
         uint8_t *m = tp__alloc(msize);
         if (m == NULL) {
@@ -94,7 +94,7 @@ slot_fill(ag_wslot *w, const ag_hdr *h, tp_args *args, const char *errmsg)
         w->w_tbufs = tb;
         w->w_tcap = nt;
     }
-    ag_wire_encode(w->w_meta, h, args);
+    tp__ag_wire_encode(w->w_meta, h, args);
     memset(&w->w_msg, 0, sizeof(w->w_msg));
     w->w_msg.metadata = w->w_meta;
     w->w_msg.metadata_len = msize;
@@ -126,9 +126,9 @@ slot_fill(ag_wslot *w, const ag_hdr *h, tp_args *args, const char *errmsg)
 }
 
 tp_status
-ag_slot_send(ag_wslot *w, ag_hdr *h, bool has_hdr, const void *hdr,
-             size_t hdr_len, tp_args *args, const tp_args *req,
-             const char *errmsg, tp_error **err_p)
+tp__ag_slot_send(ag_wslot *w, ag_hdr *h, bool has_hdr, const void *hdr,
+                 size_t hdr_len, tp_args *args, const tp_args *req,
+                 const char *errmsg, tp_error **err_p)
 {
     tp_agent *a = w->w_conn->c_agent;
     int to = w->w_conn->c_peer != NULL ? w->w_conn->c_peer->p_info.rank : -1;
@@ -137,11 +137,11 @@ ag_slot_send(ag_wslot *w, ag_hdr *h, bool has_hdr, const void *hdr,
     bool any_tok = false;
     tp_status st = TP_OK;
     if (has_hdr) {
-        st = ag_ext_section(&ext, 0, hdr, hdr_len);
+        st = tp__ag_ext_section(&ext, 0, hdr, hdr_len);
     }
     if (st == TP_OK && errmsg == NULL) {
-        st = ag_proto_send(a, to, (uint8_t)h->h_kind, args, req, &ext, w->w_tok,
-                           &any_tok, err_p);
+        st = tp__ag_proto_send(a, to, (uint8_t)h->h_kind, args, req, &ext,
+                               w->w_tok, &any_tok, err_p);
     } else if (st != TP_OK) {
         tp__error_set(err_p, st, "rpc %s: a protocol header of %zu bytes",
                       ag_name(a), hdr_len);
@@ -161,12 +161,12 @@ ag_slot_send(ag_wslot *w, ag_hdr *h, bool has_hdr, const void *hdr,
         tp_args_unref(args);
         if (any_tok) {
             tp_error *e = err_p != NULL ? *err_p : NULL;
-            ag_proto_sent(a, w->w_tok, e != NULL ? e : tp__error_nomem());
+            tp__ag_proto_sent(a, w->w_tok, e != NULL ? e : tp__error_nomem());
         }
         return st;
     }
     w->w_any_tok = any_tok;
-    if (!ag_faulty_intercept(a, w)) {
+    if (!tp__ag_faulty_intercept(a, w)) {
         slot_submit(w);
     }
     return TP_OK;
@@ -194,18 +194,18 @@ slot_write_step(ag_wslot *w, const tp_error *werr)
     }
 
     tp__mtx_lock(&a->a_mtx);
-    ag_fr_written_locked(a, w->w_fr_seq, err == NULL);
+    tp__ag_fr_written_locked(a, w->w_fr_seq, err == NULL);
     w->w_fr_seq = 0;
-    ag_slot_put_locked(w);
+    tp__ag_slot_put_locked(w);
     tp__mtx_unlock(&a->a_mtx);
     tp_args_unref(args);
     if (any_tok) {
-        ag_proto_sent(a, toks, err);
+        tp__ag_proto_sent(a, toks, err);
     }
     if (err == NULL) {
         return;
     }
-    if (ag_kind_get(kind)->k_note) {
+    if (tp__ag_kind_get(kind)->k_note) {
         // A notification that will never arrive: the shutdown agreement
         // must not wait for it.
         tp__mtx_lock(&a->a_mtx);
@@ -216,9 +216,9 @@ slot_write_step(ag_wslot *w, const tp_error *werr)
     if (TP_STATUS_IS_CONN(wst) || wst == TP_ETIMEDOUT) {
         // The connection is gone (a write that timed out is TCP's user
         // timeout or keepalive: the peer is unreachable).
-        ag_conn_fail(c, err);
+        tp__ag_conn_fail(c, err);
     } else {
-        ag_write_failed_locally(c, kind, call_id, err);
+        tp__ag_write_failed_locally(c, kind, call_id, err);
     }
     tp_error_unref(err);
 }
@@ -229,7 +229,7 @@ slot_write_cb(void *arg)
     ag_wslot *w = arg;
     ag_conn *c = w->w_conn;
     slot_write_step(w, tp_aio_error(w->w_aio));
-    ag_conn_op_done(c);
+    tp__ag_conn_op_done(c);
 }
 
 // Any thread: writes the message of @w, taken from its connection's free
@@ -242,7 +242,7 @@ slot_submit(ag_wslot *w)
 }
 
 void
-ag_slot_run_delayed(ag_wslot *w)
+tp__ag_slot_run_delayed(ag_wslot *w)
 {
     ag_conn *c = w->w_conn;
     tp_error *inject = w->w_inject;
@@ -254,5 +254,5 @@ ag_slot_run_delayed(ag_wslot *w)
     }
     slot_write_step(w, inject);
     tp_error_unref(inject);
-    ag_conn_op_done(c);
+    tp__ag_conn_op_done(c);
 }

@@ -11,7 +11,7 @@
 #include "ag_impl.h"
 
 void
-ag_lat_record_locked(ag_stats *s, uint64_t ns)
+tp__ag_lat_record_locked(ag_stats *s, uint64_t ns)
 {
     if (s->s_lat_n == 0 || ns < s->s_lat_min_ns) {
         s->s_lat_min_ns = ns;
@@ -120,7 +120,7 @@ char *
 tp_rpc_get_debug_info(const tp_agent *a)
 {
     tp_agent *ma = (tp_agent *)a;
-    size_t cap = 1024 + (size_t)a->a_world * 400 + ag_fr_debug_size(a);
+    size_t cap = 1024 + (size_t)a->a_world * 400 + tp__ag_fr_debug_size(a);
     char *buf = malloc(cap);
     if (buf == NULL) {
         return NULL;
@@ -165,11 +165,11 @@ tp_rpc_get_debug_info(const tp_agent *a)
     // The protocols' lines (RRef counters) and the flight recorder's,
     // outside the lock.
     if (off < cap) {
-        size_t n = ag_proto_debug(ma, buf + off, cap - off);
+        size_t n = tp__ag_proto_debug(ma, buf + off, cap - off);
         off = n < cap - off ? off + n : cap;
     }
     if (off < cap) {
-        size_t n = ag_fr_debug(ma, buf + off, cap - off);
+        size_t n = tp__ag_fr_debug(ma, buf + off, cap - off);
         off = n < cap - off ? off + n : cap;
     }
 #undef DI_ADD

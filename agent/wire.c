@@ -13,7 +13,7 @@
 #define AG_TMETA_FIXED 8
 
 bool
-ag_name_valid(const char *name, size_t len, size_t max, const char *extra)
+tp__ag_name_valid(const char *name, size_t len, size_t max, const char *extra)
 {
     if (len == 0 || len > max) {
         return false;
@@ -31,13 +31,13 @@ ag_name_valid(const char *name, size_t len, size_t max, const char *extra)
 }
 
 bool
-ag_fn_name_valid(const char *name, size_t len)
+tp__ag_fn_name_valid(const char *name, size_t len)
 {
-    return ag_name_valid(name, len, TP_RPC_MAX_FN_NAME, "_-.:/");
+    return tp__ag_name_valid(name, len, TP_RPC_MAX_FN_NAME, "_-.:/");
 }
 
 size_t
-ag_wire_size(size_t fn_name_len, size_t ext_len, const tp_args *args)
+tp__ag_wire_size(size_t fn_name_len, size_t ext_len, const tp_args *args)
 {
     size_t n = AG_WIRE_HDR + fn_name_len + ext_len;
     if (args != NULL) {
@@ -50,7 +50,7 @@ ag_wire_size(size_t fn_name_len, size_t ext_len, const tp_args *args)
 }
 
 void
-ag_wire_encode(uint8_t *buf, const ag_hdr *h, const tp_args *args)
+tp__ag_wire_encode(uint8_t *buf, const ag_hdr *h, const tp_args *args)
 {
     uint32_t nt = args != NULL ? (uint32_t)args->a_ntensors : 0;
 
@@ -143,9 +143,9 @@ ag_wire_sections(ag_hdr *h, tp_error **err_p)
 }
 
 tp_status
-ag_wire_decode(const uint8_t *buf, size_t len, uint32_t npayloads,
-               uint32_t ntensors, const uint64_t *tensor_lens, ag_hdr *h,
-               ag_tensor_meta *metas, tp_error **err_p)
+tp__ag_wire_decode(const uint8_t *buf, size_t len, uint32_t npayloads,
+                   uint32_t ntensors, const uint64_t *tensor_lens, ag_hdr *h,
+                   ag_tensor_meta *metas, tp_error **err_p)
 {
     if (len < AG_WIRE_HDR) {
         return tp__error_set(err_p, TP_EPROTO,
@@ -200,7 +200,7 @@ ag_wire_decode(const uint8_t *buf, size_t len, uint32_t npayloads,
                              h->h_ext_len, AG_WIRE_MAX_EXT);
     }
     if (h->h_kind == AG_KIND_REQUEST) {
-        if (!ag_fn_name_valid(
+        if (!tp__ag_fn_name_valid(
                 (const char *)buf + AG_WIRE_HDR,
                 TP_MIN(h->h_fn_name_len, (size_t)(len - AG_WIRE_HDR)))) {
             return tp__error_set(err_p, TP_EPROTO,
@@ -211,7 +211,7 @@ ag_wire_decode(const uint8_t *buf, size_t len, uint32_t npayloads,
     } else if (ag_kind_is_proto(kind)) {
         // A protocol message may carry a name (a function, a type).
         if (h->h_fn_name_len != 0 &&
-            !ag_fn_name_valid(
+            !tp__ag_fn_name_valid(
                 (const char *)buf + AG_WIRE_HDR,
                 TP_MIN(h->h_fn_name_len, (size_t)(len - AG_WIRE_HDR)))) {
             return tp__error_set(err_p, TP_EPROTO,

@@ -76,21 +76,24 @@ ag_kind_is_proto(unsigned kind)
 }
 
 /* The metadata size of a message with these parts. */
-size_t ag_wire_size(size_t fn_name_len, size_t ext_len, const tp_args *args);
-/* Writes the metadata into @buf (ag_wire_size bytes). */
-void ag_wire_encode(uint8_t *buf, const ag_hdr *h, const tp_args *args);
+size_t tp__ag_wire_size(size_t fn_name_len, size_t ext_len,
+                        const tp_args *args);
+/* Writes the metadata into @buf (tp__ag_wire_size bytes). */
+void tp__ag_wire_encode(uint8_t *buf, const ag_hdr *h, const tp_args *args);
 /*
  * Checks and decodes @len bytes of metadata from a message with @npayloads
  * and @ntensors buffers whose lengths are @tensor_lens. Tensor metadata go
  * to @metas (room for @ntensors). TP_EPROTO with a message saying what is
  * wrong (the caller names the peer).
  */
-tp_status ag_wire_decode(const uint8_t *buf, size_t len, uint32_t npayloads,
-                         uint32_t ntensors, const uint64_t *tensor_lens,
-                         ag_hdr *h, ag_tensor_meta *metas, tp_error **err_p);
+tp_status tp__ag_wire_decode(const uint8_t *buf, size_t len, uint32_t npayloads,
+                             uint32_t ntensors, const uint64_t *tensor_lens,
+                             ag_hdr *h, ag_tensor_meta *metas,
+                             tp_error **err_p);
 /* True if @name is 1..@max bytes of letters, digits and @extra. */
-bool ag_name_valid(const char *name, size_t len, size_t max, const char *extra);
+bool tp__ag_name_valid(const char *name, size_t len, size_t max,
+                       const char *extra);
 /* Checks a function name (1..TP_RPC_MAX_FN_NAME of [A-Za-z0-9_.:/-]). */
-bool ag_fn_name_valid(const char *name, size_t len);
+bool tp__ag_fn_name_valid(const char *name, size_t len);
 
 #endif

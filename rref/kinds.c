@@ -182,7 +182,7 @@ remote_done(tp_future *f, void *arg)
     } else {
         tp_args *v = tp_future_value(f);
         if (v == NULL) {
-            ag_args_create_empty(0, &v); // NULL on ENOMEM: an empty value
+            tp__ag_args_create_empty(0, &v); // NULL on ENOMEM: an empty value
         } else {
             tp_args_ref(v);
         }
@@ -235,8 +235,8 @@ remote_run(void *state, const tp__proto_msg *m, void *ctx)
     }
     const tp_args *in = m->pm_args;
     if (j->j_target != NULL) {
-        if (ag_args_copy(in, false, j->j_target, &tp__rr_obj_ops, &j->j_in,
-                         NULL) != TP_OK) {
+        if (tp__ag_args_copy(in, false, j->j_target, &tp__rr_obj_ops, &j->j_in,
+                             NULL) != TP_OK) {
             tp_future_set_error(j->j_reply, tp__error_nomem());
             job_free(j);
             return reply;
@@ -354,7 +354,7 @@ value_work(value_job *v, tp_future *vf)
         if (v->v_rref->r_is_object) {
             tp__rr_obj_to_args(val, &out, &err);
         } else {
-            tp_status st = ag_args_clone(val, &out, &err);
+            tp_status st = tp__ag_args_clone(val, &out, &err);
             (void)st;
         }
     } else if (!v->v_call) {
@@ -382,8 +382,8 @@ value_work(value_job *v, tp_future *vf)
         }
     } else {
         tp_args *in = NULL;
-        if (ag_args_copy(v->v_in, false, v->v_rref, &tp__rr_obj_ops, &in,
-                         NULL) != TP_OK) {
+        if (tp__ag_args_copy(v->v_in, false, v->v_rref, &tp__rr_obj_ops, &in,
+                             NULL) != TP_OK) {
             err = tp_error_ref((tp_error *)tp__error_nomem());
         } else {
             tp_future *f =
@@ -422,7 +422,7 @@ value_run(rr_ctx *x, const tp__proto_msg *m, value_job *v)
     if (v->v_call) {
         if (m->pm_args != NULL) {
             v->v_in = tp_args_ref(m->pm_args);
-        } else if (ag_args_create_empty(0, &v->v_in) != TP_OK) {
+        } else if (tp__ag_args_create_empty(0, &v->v_in) != TP_OK) {
             tp_future_unref(vf);
             vjob_free(v);
             return NULL;

@@ -46,7 +46,7 @@ tp_remote_type_register(const tp_remote_type *type, tp_error **err_p)
 {
     if (type == NULL || type->size < sizeof(tp_remote_type) ||
         type->name == NULL ||
-        !ag_fn_name_valid(type->name, strlen(type->name)) ||
+        !tp__ag_fn_name_valid(type->name, strlen(type->name)) ||
         type->create == NULL || (type->nmethods > 0 && type->methods == NULL)) {
         return tp__error_set(err_p, TP_EINVAL,
                              "remote type \"%s\": size, a name of 1..255 "
@@ -58,7 +58,7 @@ tp_remote_type_register(const tp_remote_type *type, tp_error **err_p)
     for (size_t i = 0; i < type->nmethods; i++) {
         const tp_remote_method *m = &type->methods[i];
         if (m->name == NULL || m->fn == NULL ||
-            !ag_fn_name_valid(m->name, strlen(m->name))) {
+            !tp__ag_fn_name_valid(m->name, strlen(m->name))) {
             return tp__error_set(err_p, TP_EINVAL,
                                  "remote type \"%s\": method %zu needs a name "
                                  "and a function",

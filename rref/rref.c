@@ -78,7 +78,7 @@ remote_start(tp_agent *a, int to, const char *name, const tp_args *in,
         return TP_ECLOSED;
     }
     size_t nlen = name != NULL ? strlen(name) : 0;
-    if (name == NULL || !ag_fn_name_valid(name, nlen)) {
+    if (name == NULL || !tp__ag_fn_name_valid(name, nlen)) {
         return tp__error_set(err_p, TP_EINVAL,
                              "rref: remote %s \"%s\": 1..255 of "
                              "[A-Za-z0-9_.:/-]",
@@ -97,7 +97,7 @@ remote_start(tp_agent *a, int to, const char *name, const tp_args *in,
         // Owned here: the function runs on our pool with a copy of the
         // arguments, as for a call to self.
         tp_args *copy = NULL;
-        tp_status st = ag_args_clone(in, &copy, err_p);
+        tp_status st = tp__ag_args_clone(in, &copy, err_p);
         if (st != TP_OK) {
             return st;
         }
@@ -187,7 +187,7 @@ tp_rref_create(tp_agent *a, tp_args *value, tp_rref **rref_p, tp_error **err_p)
         return TP_ECLOSED;
     }
     tp_args *v = value;
-    if (v == NULL && ag_args_create_empty(0, &v) != TP_OK) {
+    if (v == NULL && tp__ag_args_create_empty(0, &v) != TP_OK) {
         return tp__error_set(err_p, TP_ENOMEM, "rref: out of memory");
     } else if (value != NULL) {
         tp_args_ref(value);
@@ -380,7 +380,7 @@ owner_copy(tp_rref *r, tp_future *v, tp_args **out_p, tp_error **err_p)
     if (r->r_is_object) {
         return tp__rr_obj_to_args(tp_future_value(v), out_p, err_p);
     }
-    return ag_args_clone(tp_future_value(v), out_p, err_p);
+    return tp__ag_args_clone(tp_future_value(v), out_p, err_p);
 }
 
 static tp_status
@@ -641,7 +641,7 @@ call(tp_rref *r, uint32_t flags, const char *name, const tp_args *in,
      int64_t timeout_ms)
 {
     size_t nlen = name != NULL ? strlen(name) : 0;
-    if (name == NULL || !ag_fn_name_valid(name, nlen)) {
+    if (name == NULL || !tp__ag_fn_name_valid(name, nlen)) {
         return failed_future(
             tp__error_new(TP_EINVAL, 0, NULL, "rref: %s name \"%s\"",
                           (flags & RR_CALL_METHOD) ? "method" : "function",
@@ -659,7 +659,7 @@ call(tp_rref *r, uint32_t flags, const char *name, const tp_args *in,
     if (r->r_is_owner) {
         tp_args *copy = NULL;
         tp_error *err = NULL;
-        if (ag_args_clone(in, &copy, &err) != TP_OK) {
+        if (tp__ag_args_clone(in, &copy, &err) != TP_OK) {
             return failed_future(err);
         }
         return tp__rr_local_call(x, r, flags, name, copy);

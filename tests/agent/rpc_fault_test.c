@@ -102,7 +102,8 @@ test_parse(void)
 {
     ag_faulty f;
     tp_error *err = NULL;
-    TP_CHECK_OK(ag_faulty_parse("fail=call:2,delay=reply:500", &f, &err), err);
+    TP_CHECK_OK(tp__ag_faulty_parse("fail=call:2,delay=reply:500", &f, &err),
+                err);
     TP_CHECK_EQ(f.f_nrules, 2);
     TP_CHECK(f.f_rules[0].r_fail && f.f_rules[0].r_n == 2);
     TP_CHECK(f.f_rules[0].r_kinds[AG_KIND_REQUEST]);
@@ -111,12 +112,12 @@ test_parse(void)
     TP_CHECK(f.f_rules[1].r_kinds[AG_KIND_ERROR]);
     // Protocol kinds by name (any case) and by number.
     TP_CHECK_OK(
-        ag_faulty_parse("fail=RREF_FETCH+dist_autograd_backward:1,delay=20:5",
-                        &f, &err),
+        tp__ag_faulty_parse(
+            "fail=RREF_FETCH+dist_autograd_backward:1,delay=20:5", &f, &err),
         err);
     TP_CHECK(f.f_rules[0].r_kinds[17] && f.f_rules[0].r_kinds[32]);
     TP_CHECK(f.f_rules[1].r_kinds[20]);
-    TP_CHECK_OK(ag_faulty_parse(NULL, &f, &err), err);
+    TP_CHECK_OK(tp__ag_faulty_parse(NULL, &f, &err), err);
     TP_CHECK_EQ(f.f_nrules, 0);
     static const struct {
         const char *spec, *want;
@@ -131,7 +132,7 @@ test_parse(void)
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         err = NULL;
-        TP_CHECK_EQ(ag_faulty_parse(bad[i].spec, &f, &err), TP_EINVAL);
+        TP_CHECK_EQ(tp__ag_faulty_parse(bad[i].spec, &f, &err), TP_EINVAL);
         TP_CHECK_STR_CONTAINS(tp_error_message(err), bad[i].want);
         tp_error_unref(err);
     }

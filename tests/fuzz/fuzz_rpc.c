@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// fuzz_rpc.c - libFuzzer target for ag_wire_decode, the RPC agent's
+// fuzz_rpc.c - libFuzzer target for tp__ag_wire_decode, the RPC agent's
 // message metadata decoder, and its extension sections
 // (docs/rpc-wire.md).
 //
@@ -40,7 +40,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     ag_hdr h;
     ag_tensor_meta metas[4];
     tp_error *err = NULL;
-    tp_status st = ag_wire_decode(data, size, np, nt, lens, &h, metas, &err);
+    tp_status st =
+        tp__ag_wire_decode(data, size, np, nt, lens, &h, metas, &err);
     if (st != TP_OK) {
         FUZZ_CHECK(st == TP_EPROTO);
         FUZZ_CHECK(tp_error_status(err) == TP_EPROTO);
@@ -54,10 +55,10 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                ag_kind_is_proto(h.h_kind));
     FUZZ_CHECK(h.h_ext_len <= AG_WIRE_MAX_EXT);
     if (h.h_kind == AG_KIND_REQUEST) {
-        FUZZ_CHECK(ag_fn_name_valid(h.h_fn_name, h.h_fn_name_len));
+        FUZZ_CHECK(tp__ag_fn_name_valid(h.h_fn_name, h.h_fn_name_len));
     } else if (ag_kind_is_proto(h.h_kind)) {
         FUZZ_CHECK(h.h_fn_name_len == 0 ||
-                   ag_fn_name_valid(h.h_fn_name, h.h_fn_name_len));
+                   tp__ag_fn_name_valid(h.h_fn_name, h.h_fn_name_len));
     } else {
         FUZZ_CHECK(h.h_fn_name_len == 0);
     }
@@ -87,7 +88,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     // Canonical: the same header and tensors encode to the same bytes.
     tp_args *args = NULL;
-    FUZZ_CHECK(ag_args_create_empty(nt, &args) == TP_OK);
+    FUZZ_CHECK(tp__ag_args_create_empty(nt, &args) == TP_OK);
     for (uint32_t i = 0; i < nt; i++) {
         tp_tensor *t = NULL;
         if (tp_tensor_empty(metas[i].tm_dtype, metas[i].tm_ndim,
@@ -98,13 +99,13 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             tp_args_unref(args);
             return 0;
         }
-        ag_args_push_tensor(args, t);
+        tp__ag_args_push_tensor(args, t);
     }
-    size_t esize = ag_wire_size(h.h_fn_name_len, h.h_ext_len, args);
+    size_t esize = tp__ag_wire_size(h.h_fn_name_len, h.h_ext_len, args);
     FUZZ_CHECK(esize == size);
     uint8_t *buf = malloc(esize);
     FUZZ_CHECK(buf != NULL);
-    ag_wire_encode(buf, &h, args);
+    tp__ag_wire_encode(buf, &h, args);
     FUZZ_CHECK(memcmp(buf, data, size) == 0);
     free(buf);
     tp_args_unref(args);

@@ -233,14 +233,14 @@ static void
 gen_rpc(const char *name, const ag_hdr *h, uint32_t nt, uint32_t np)
 {
     tp_args *args = NULL;
-    FUZZ_CHECK(ag_args_create_empty(nt, &args) == TP_OK);
+    FUZZ_CHECK(tp__ag_args_create_empty(nt, &args) == TP_OK);
     for (uint32_t i = 0; i < nt; i++) {
         int64_t shape[2] = {2, 2};
         tp_tensor *t = NULL;
         FUZZ_CHECK(tp_tensor_empty(TP_F32, 2, shape, &t, NULL) == TP_OK);
-        ag_args_push_tensor(args, t);
+        tp__ag_args_push_tensor(args, t);
     }
-    size_t msize = ag_wire_size(h->h_fn_name_len, h->h_ext_len, args);
+    size_t msize = tp__ag_wire_size(h->h_fn_name_len, h->h_ext_len, args);
     size_t size = 2 + 8u * nt + msize;
     uint8_t *buf = malloc(size);
     FUZZ_CHECK(buf != NULL);
@@ -249,7 +249,7 @@ gen_rpc(const char *name, const ag_hdr *h, uint32_t nt, uint32_t np)
     for (uint32_t i = 0; i < nt; i++) {
         tp__put_u64le(buf + 2 + 8 * i, 16);
     }
-    ag_wire_encode(buf + 2 + 8u * nt, h, args);
+    tp__ag_wire_encode(buf + 2 + 8u * nt, h, args);
     gen_write("fuzz_rpc", name, buf, size);
     free(buf);
     tp_args_unref(args);
