@@ -50,7 +50,7 @@ ctl_send(tp__p2p *p, int dst, int kind, uint64_t gid, uint64_t tag,
     if (tp_aio_create(tp__p2p_send_cb, r, &r->r_aio) != TP_OK ||
         tp__p2p_peer_out(p, dst, &r->r_pipe, &e) != TP_OK) {
         if (e != NULL) {
-            tp__p2p_peer_fail(p, dst, e);
+            tp__p2p_peer_write_fail(p, dst, e);
         }
         tp_error_unref(e);
         tp__req_free(r);

@@ -181,6 +181,7 @@ tp_error *tp__p2p_size_mismatch(const tp__p2p *p, int src, uint64_t tag,
 // ---- p2p_send.c
 // Records the first failure of @rank, fails its recvs, tells the owner.
 // No lock held.
+void tp__p2p_peer_write_fail(tp__p2p *p, int rank, const tp_error *err);
 void tp__p2p_peer_fail(tp__p2p *p, int rank, const tp_error *err);
 // The pipe we write to @rank on (a new reference), connecting the first
 // time. No p_mtx held; not on a loop thread.

@@ -63,6 +63,37 @@ tp__p2p_peer_fail(tp__p2p *p, int rank, const tp_error *err)
     tp_error_unref((tp_error *)e);
 }
 
+// A write to @rank failed. While a pipe from @rank is still open, what it
+// sent before it went away may still be arriving there (its EOF comes
+// after all of it): the rank is failed when that pipe ends, not now, so
+// that a receive whose message is in flight still completes (a stale
+// send, say a probe, may fail first: the peer finished and exited). With
+// no such pipe, it is failed at once. No lock held.
+void
+tp__p2p_peer_write_fail(tp__p2p *p, int rank, const tp_error *err)
+{
+    if (rank < 0 || rank >= p->p_world || rank == p->p_rank) {
+        return;
+    }
+    bool live_in = false;
+    tp__mtx_lock(&p->p_mtx);
+    for (p2p_in *in = p->p_ins; in != NULL; in = in->i_next) {
+        if (in->i_src == rank && !in->i_dead) {
+            live_in = true;
+            break;
+        }
+    }
+    tp__mtx_unlock(&p->p_mtx);
+    if (live_in) {
+        TP_LOG_DEBUG("TP-P2P-PEER",
+                     "%s: a write to rank %d failed (%s); its pipe to us is "
+                     "still open: failed when that pipe ends",
+                     p->p_name, rank, tp_error_message(err));
+        return;
+    }
+    tp__p2p_peer_fail(p, rank, err);
+}
+
 tp_error *
 tp__p2p_peer_error(tp__p2p *p, int rank)
 {
@@ -150,7 +181,7 @@ tp__p2p_send_cb(void *arg)
             "%s: send of %zu bytes to rank %d (tag %" PRIu64 ") on %s",
             p->p_name, r->r_len, r->r_peer, r->r_tag, tp_pipe_peer(r->r_pipe));
         if (st != TP_ECANCELED && st != TP_ECLOSED) {
-            tp__p2p_peer_fail(p, r->r_peer, err);
+            tp__p2p_peer_write_fail(p, r->r_peer, err);
         }
     }
     tp_pipe_unref(r->r_pipe);
@@ -172,7 +203,7 @@ send_post(tp__p2p *p, tp__req *r, tp_error **err_p)
     if (st != TP_OK) {
         tp_error *e = err_p != NULL ? *err_p : NULL;
         if (e != NULL) {
-            tp__p2p_peer_fail(p, r->r_peer, e);
+            tp__p2p_peer_write_fail(p, r->r_peer, e);
         }
         return st;
     }
