@@ -62,4 +62,23 @@ void tp__transport_fault_set(tp_transport *t, const tp_fault *f);
 // and waited for, from other threads). TP_ENOMEM.
 tp_status tp__conn_fault_set(tp_conn *c, const tp_fault *f);
 
+// ---- between transport.c and fault.c (loop thread) -------------------------
+
+// Gives @c the fault @f (NULL: a fault that does nothing yet), allocating
+// its state on first use. TP_ENOMEM.
+tp_status tp__conn_fault_attach(tp_conn *c, const tp_fault *f);
+
+// Frees what fault injection holds for @c (c_fault may be NULL).
+void tp__conn_fault_free(tp_conn *c);
+
+// A write on @c, which has a fault: delayed, held, sent, dropped or
+// stalled as the fault says.
+void tp__conn_fault_write(tp_conn *c, tp_aio *aio);
+
+// @c was closed: stalled writes fail, held ones go to the closed backend.
+void tp__conn_fault_on_close(tp_conn *c);
+
+// transport.c: the backend's close of @c, then tp__conn_fault_on_close.
+void tp__conn_close_now(tp_conn *c);
+
 #endif
