@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* pipe_impl.h (internal) - the structures shared by context.c (context,
- * listener, the first frame of accepted connections) and the pipe's files:
+/* pipe_impl.h (internal) - the structures shared by context.c (context)
+ * and context_listen.c (listener, the first frame of accepted
+ * connections) and the pipe's files:
  * pipe.c (object, failure, ready, public calls), pipe_hs_accept.c and
  * pipe_hs_connect.c (the two halves of the handshake), pipe_write.c and
  * pipe_read.c (the write and read engines).
@@ -270,12 +271,18 @@ void tp__ctx_obj_done(tp_context *ctx);
 void tp__report_add(char *buf, size_t cap, const char *fmt, ...)
     TP_PRINTF(3, 4);
 ctx_backend *tp__ctx_transport(tp_context *ctx, const char *name);
+
+// ---- context_listen.c ----
 // Loop thread: a pipe accepted by @pl finished its handshake.
 void tp__listener_pipe_ready(tp_pipe_listener *pl, tp_pipe *p);
 void tp__listener_pipe_gone(tp_pipe_listener *pl, tp_pipe *p);
-
-// context.c: the address of lane @i of @l.
+// The address of lane @i of @l.
 const char *tp__listener_lane_addr(const tp_pipe_listener *l, unsigned i);
+// Loop thread: closes @pl's transport listeners and fails what waits on
+// it (accepts, unaccepted pipes, handshakes, first frames).
+void tp__pipe_listener_close(tp_pipe_listener *pl);
+// Loop thread: frees @pl once it is closed and nothing is in flight.
+void tp__pipe_listener_maybe_free(tp_pipe_listener *pl);
 
 // ---- pipe.c ----
 // Loop thread: fail @p with @err (takes it).
