@@ -9,7 +9,7 @@ static _Atomic unsigned shm_name_counter;
 // ---- accept -----------------------------------------------------------------
 
 void
-shm_listener_unlink(shm_conn *c)
+tp__shm_listener_unlink(shm_conn *c)
 {
     shm_listener *l = c->c_listener;
     if (l == NULL) {
@@ -43,10 +43,10 @@ shm_acceptor_reject(shm_conn *c, const char *why)
                     "shm: listener %s: rejected connection from pid %d: %s",
                     l->l_base.l_addr, c->c_peer_pid, why);
     }
-    shm_listener_unlink(c);
-    shm_conn_close(&c->c_base);
+    tp__shm_listener_unlink(c);
+    tp__shm_conn_close(&c->c_base);
     tp__conn_unref(&c->c_base);
-    shm_listener_serve(l);
+    tp__shm_listener_serve(l);
 }
 
 static void shm_acceptor_on_auth(shm_conn *c);
@@ -56,11 +56,11 @@ shm_acceptor_on_hello(shm_conn *c)
 {
     tp_status st = TP_EPROTO;
     char why[256];
-    int r = shm_recv_hello(c, &st, why, sizeof(why));
+    int r = tp__shm_recv_hello(c, &st, why, sizeof(why));
     if (r == 0) {
         return;
     }
-    if (r < 0 || !shm_hello_accept(c, why, sizeof(why))) {
+    if (r < 0 || !tp__shm_hello_accept(c, why, sizeof(why))) {
         shm_acceptor_reject(c, why);
         return;
     }
@@ -84,7 +84,7 @@ shm_acceptor_on_hello(shm_conn *c)
         shm_acceptor_reject(c, why);
         return;
     }
-    if (shm_send_hello(c, &err) != TP_OK) {
+    if (tp__shm_send_hello(c, &err) != TP_OK) {
         snprintf(why, sizeof(why), "%s", tp_error_message(err));
         tp_error_unref(err);
         shm_acceptor_reject(c, why);
@@ -105,7 +105,7 @@ shm_acceptor_on_auth(shm_conn *c)
     char why[256];
     tp_error *err = NULL;
     if (c->c_state == SHM_C_AUTH) {
-        int r = shm_auth_pump(c, &err);
+        int r = tp__shm_auth_pump(c, &err);
         if (r == 0) {
             return;
         }
@@ -116,7 +116,7 @@ shm_acceptor_on_auth(shm_conn *c)
             return;
         }
     }
-    if (shm_conn_ready(c, &err) != TP_OK) {
+    if (tp__shm_conn_ready(c, &err) != TP_OK) {
         snprintf(why, sizeof(why), "%s", tp_error_message(err));
         tp_error_unref(err);
         shm_acceptor_reject(c, why);
@@ -131,12 +131,12 @@ shm_acceptor_on_auth(shm_conn *c)
     c->c_in_ready = true;
     // The connector may have closed right after its hello: that EOF came
     // with the readiness event just consumed, so look for it now.
-    shm_sock_check(c);
-    shm_listener_serve(l);
+    tp__shm_sock_check(c);
+    tp__shm_listener_serve(l);
 }
 
 void
-shm_timer_cb(tp_timer *t, void *arg)
+tp__shm_timer_cb(tp_timer *t, void *arg)
 {
     shm_conn *c = arg;
     TP_UNUSED(t);
@@ -144,23 +144,24 @@ shm_timer_cb(tp_timer *t, void *arg)
     switch (c->c_state) {
     case SHM_C_CONNECTING:
         if (tp__now_ns() < c->c_deadline_ns) {
-            shm_connect_try(c);
+            tp__shm_connect_try(c);
             return;
         }
-        shm_connect_fail(c, tp__error_new(TP_ETIMEDOUT, 0, NULL,
-                                          "shm: connect to " SHM_SCHEME
-                                          "%s: timed out after %" PRId64
-                                          " ms (listener backlog full)",
-                                          c->c_name,
-                                          shm_cfg(c)->connect_timeout_ms));
+        tp__shm_connect_fail(c, tp__error_new(TP_ETIMEDOUT, 0, NULL,
+                                              "shm: connect to " SHM_SCHEME
+                                              "%s: timed out after %" PRId64
+                                              " ms (listener backlog full)",
+                                              c->c_name,
+                                              shm_cfg(c)->connect_timeout_ms));
         return;
     case SHM_C_WAIT_REPLY:
-        shm_connect_fail(c, tp__error_new(TP_ETIMEDOUT, 0, NULL,
-                                          "shm: connect to " SHM_SCHEME
-                                          "%s: no hello from peer pid %d "
-                                          "within %" PRId64 " ms",
-                                          c->c_name, c->c_peer_pid,
-                                          shm_cfg(c)->handshake_timeout_ms));
+        tp__shm_connect_fail(c,
+                             tp__error_new(TP_ETIMEDOUT, 0, NULL,
+                                           "shm: connect to " SHM_SCHEME
+                                           "%s: no hello from peer pid %d "
+                                           "within %" PRId64 " ms",
+                                           c->c_name, c->c_peer_pid,
+                                           shm_cfg(c)->handshake_timeout_ms));
         return;
     case SHM_C_WAIT_HELLO:
         snprintf(why, sizeof(why),
@@ -176,14 +177,14 @@ shm_timer_cb(tp_timer *t, void *arg)
                      shm_cfg(c)->handshake_timeout_ms);
             shm_acceptor_reject(c, why);
         } else {
-            shm_connect_fail(c,
-                             tp__error_new(TP_ETIMEDOUT, 0, NULL,
-                                           "shm: connect to " SHM_SCHEME
-                                           "%s: peer pid %d did not "
-                                           "complete the job-secret "
-                                           "exchange within %" PRId64 " ms",
-                                           c->c_name, c->c_peer_pid,
-                                           shm_cfg(c)->handshake_timeout_ms));
+            tp__shm_connect_fail(
+                c, tp__error_new(TP_ETIMEDOUT, 0, NULL,
+                                 "shm: connect to " SHM_SCHEME
+                                 "%s: peer pid %d did not "
+                                 "complete the job-secret "
+                                 "exchange within %" PRId64 " ms",
+                                 c->c_name, c->c_peer_pid,
+                                 shm_cfg(c)->handshake_timeout_ms));
         }
         return;
     default:
@@ -192,13 +193,13 @@ shm_timer_cb(tp_timer *t, void *arg)
 }
 
 void
-shm_sock_cb(tp_loop_fd *lfd, uint32_t events)
+tp__shm_sock_cb(tp_loop_fd *lfd, uint32_t events)
 {
     shm_conn *c = lfd->lf_arg;
     TP_UNUSED(events);
     switch (c->c_state) {
     case SHM_C_WAIT_REPLY:
-        shm_connector_on_reply(c);
+        tp__shm_connector_on_reply(c);
         return;
     case SHM_C_WAIT_HELLO:
         shm_acceptor_on_hello(c);
@@ -207,11 +208,11 @@ shm_sock_cb(tp_loop_fd *lfd, uint32_t events)
         if (c->c_listener != NULL) {
             shm_acceptor_on_auth(c);
         } else {
-            shm_connector_on_auth(c);
+            tp__shm_connector_on_auth(c);
         }
         return;
     case SHM_C_READY:
-        shm_sock_check(c);
+        tp__shm_sock_check(c);
         return;
     default:
         return;
@@ -222,7 +223,7 @@ static void
 shm_acceptor_start(shm_listener *l, int fd)
 {
     tp_transport *t = l->l_base.l_transport;
-    int pid = shm_peer_pid(fd);
+    int pid = tp__shm_peer_pid(fd);
     shm_conn *c = (shm_conn *)tp__conn_alloc(t);
     if (c == NULL) {
         TP_LOG_WARN("TP-SHM-HELLO",
@@ -232,19 +233,19 @@ shm_acceptor_start(shm_listener *l, int fd)
         close(fd);
         return;
     }
-    shm_conn_setup(c);
+    tp__shm_conn_setup(c);
     c->c_sock = fd;
     c->c_peer_pid = pid;
     memcpy(c->c_name, l->l_name, sizeof(c->c_name));
-    shm_set_names(c);
+    tp__shm_set_names(c);
     c->c_listener = l;
     c->c_in_ready = false;
     tp__list_append(&l->l_hs, c);
     l->l_nhs++;
     c->c_state = SHM_C_WAIT_HELLO;
     tp_error *err = NULL;
-    if (tp__loop_fd_add(t->t_loop, &c->c_sock_lfd, fd, TP_EV_READ, shm_sock_cb,
-                        c, &err) != TP_OK) {
+    if (tp__loop_fd_add(t->t_loop, &c->c_sock_lfd, fd, TP_EV_READ,
+                        tp__shm_sock_cb, c, &err) != TP_OK) {
         char why[256];
         snprintf(why, sizeof(why), "%s", tp_error_message(err));
         tp_error_unref(err);
@@ -260,7 +261,7 @@ shm_acceptor_start(shm_listener *l, int fd)
 // Hands handshaken conns to waiting accepts, then takes new connections
 // from the kernel while there is room.
 void
-shm_listener_serve(shm_listener *l)
+tp__shm_listener_serve(shm_listener *l)
 {
     if (l->l_serving) {
         return; // the outer call re-checks the counts
@@ -269,7 +270,7 @@ shm_listener_serve(shm_listener *l)
     while (!tp__list_empty(&l->l_acceptq) && !tp__list_empty(&l->l_ready)) {
         tp_aio *aio = tp__list_pop_first(&l->l_acceptq);
         shm_conn *c = tp__list_first(&l->l_ready);
-        shm_listener_unlink(c);
+        tp__shm_listener_unlink(c);
         tp__aio_set_output(aio, 0, &c->c_base);
         tp__aio_finish(aio, NULL, 0);
     }
@@ -296,7 +297,7 @@ static void
 shm_listen_cb(tp_loop_fd *lfd, uint32_t events)
 {
     TP_UNUSED(events);
-    shm_listener_serve(lfd->lf_arg);
+    tp__shm_listener_serve(lfd->lf_arg);
 }
 
 static void
@@ -331,7 +332,7 @@ shm_listener_start(shm_listener *l, tp_error **err_p)
         return tp__error_wrap(err_p, TP_EINTERNAL, "shm: listen on %s",
                               l->l_base.l_addr);
     }
-    shm_listener_serve(l);
+    tp__shm_listener_serve(l);
     return TP_OK;
 }
 
@@ -348,7 +349,7 @@ shm_listener_start_task(void *arg)
 }
 
 void
-shm_accept(tp_listener *base, tp_aio *aio)
+tp__shm_accept(tp_listener *base, tp_aio *aio)
 {
     shm_listener *l = (shm_listener *)base;
     tp_transport *t = base->l_transport;
@@ -361,11 +362,11 @@ shm_accept(tp_listener *base, tp_aio *aio)
         return;
     }
     tp__list_append(&l->l_acceptq, aio);
-    shm_listener_serve(l);
+    tp__shm_listener_serve(l);
 }
 
 void
-shm_listener_close(tp_listener *base)
+tp__shm_listener_close(tp_listener *base)
 {
     shm_listener *l = (shm_listener *)base;
     tp_transport *t = base->l_transport;
@@ -378,23 +379,23 @@ shm_listener_close(tp_listener *base)
     shm_conn *c;
     while ((c = tp__list_first(&l->l_hs)) != NULL ||
            (c = tp__list_first(&l->l_ready)) != NULL) {
-        shm_listener_unlink(c);
-        shm_conn_close(&c->c_base);
+        tp__shm_listener_unlink(c);
+        tp__shm_conn_close(&c->c_base);
         tp__conn_unref(&c->c_base);
     }
     tp__loop_fd_remove(t->t_loop, &l->l_lfd);
-    shm_close_fd(&l->l_fd);
+    tp__shm_close_fd(&l->l_fd);
 }
 
 tp_status
-shm_listen(tp_transport *t, tp_listener *base, const char *addr,
-           tp_error **err_p)
+tp__shm_listen(tp_transport *t, tp_listener *base, const char *addr,
+               tp_error **err_p)
 {
     shm_listener *l = (shm_listener *)base;
     bool pick =
         addr == NULL || addr[0] == '\0' || strcmp(addr, SHM_SCHEME) == 0;
     char name[SHM_NAME_MAX + 1];
-    if (!pick && shm_parse_addr(addr, name, err_p) != TP_OK) {
+    if (!pick && tp__shm_parse_addr(addr, name, err_p) != TP_OK) {
         return TP_EINVAL;
     }
     bool secret = false;
@@ -416,7 +417,7 @@ shm_listen(tp_transport *t, tp_listener *base, const char *addr,
                      rnd);
         }
         struct sockaddr_un sa;
-        socklen_t len = shm_sockaddr(name, &sa);
+        socklen_t len = tp__shm_sockaddr(name, &sa);
         if (bind(fd, (struct sockaddr *)&sa, len) == 0) {
             break;
         }
@@ -450,7 +451,7 @@ shm_listen(tp_transport *t, tp_listener *base, const char *addr,
 // ---- close ------------------------------------------------------------------
 
 void
-shm_conn_close(tp_conn *base)
+tp__shm_conn_close(tp_conn *base)
 {
     shm_conn *c = (shm_conn *)base;
     if (c->c_state == SHM_C_CLOSED) {
@@ -468,25 +469,25 @@ shm_conn_close(tp_conn *base)
         tp_error *err = tp__error_new(TP_ECLOSED, 0, NULL,
                                       "shm: connection to peer %s closed",
                                       c->c_base.c_peer);
-        shm_fail_all(c, err);
+        tp__shm_fail_all(c, err);
         tp_error_unref(err);
     }
-    shm_listener_unlink(c);
+    tp__shm_listener_unlink(c);
     if (c->c_poller.lp_active) {
         tp__loop_poller_stop(loop, &c->c_poller);
     }
     if (c->c_state == SHM_C_READY) {
-        shm_disarm(c);
+        tp__shm_disarm(c);
     }
     tp__timer_stop(loop, &c->c_timer);
-    shm_release_fds(c);
-    shm_ring_unmap(&c->c_out);
-    shm_ring_unmap(&c->c_in);
+    tp__shm_release_fds(c);
+    tp__shm_ring_unmap(&c->c_out);
+    tp__shm_ring_unmap(&c->c_in);
     c->c_state = SHM_C_CLOSED;
 }
 
 void
-shm_conn_fini(tp_conn *base)
+tp__shm_conn_fini(tp_conn *base)
 {
     shm_conn *c = (shm_conn *)base;
     tp_error_unref(c->c_err);

@@ -37,13 +37,13 @@ shm_pump_reads(shm_conn *c, tp_error **err_p)
             uint64_t done = aio->a_prov_u64[0];
             uint64_t n = TP_MIN(TP_MIN(avail, total - done),
                                 TP_MIN(c->c_in_chunk, budget));
-            shm_copy_iov(r, c->c_in_tail, aio, done, n, false);
+            tp__shm_copy_iov(r, c->c_in_tail, aio, done, n, false);
             c->c_in_tail += n;
             aio->a_prov_u64[0] = done + n;
             budget -= n;
             atomic_store_explicit(&r->r_hdr->rh_tail, c->c_in_tail,
                                   memory_order_release);
-            shm_notify(&r->r_hdr->rh_producer_waiting, c->c_peer_wake_fd);
+            tp__shm_notify(&r->r_hdr->rh_producer_waiting, c->c_peer_wake_fd);
             progress = true;
         }
         tp__list_remove(&c->c_readq, aio);
@@ -82,13 +82,13 @@ shm_pump_writes(shm_conn *c, tp_error **err_p)
             uint64_t done = aio->a_prov_u64[0];
             uint64_t n = TP_MIN(TP_MIN(space, total - done),
                                 TP_MIN(c->c_out_chunk, budget));
-            shm_copy_iov(r, c->c_out_head, aio, done, n, true);
+            tp__shm_copy_iov(r, c->c_out_head, aio, done, n, true);
             c->c_out_head += n;
             aio->a_prov_u64[0] = done + n;
             budget -= n;
             atomic_store_explicit(&r->r_hdr->rh_head, c->c_out_head,
                                   memory_order_release);
-            shm_notify(&r->r_hdr->rh_consumer_sleeping, c->c_peer_wake_fd);
+            tp__shm_notify(&r->r_hdr->rh_consumer_sleeping, c->c_peer_wake_fd);
             progress = true;
         }
         tp__list_remove(&c->c_writeq, aio);
@@ -99,7 +99,7 @@ shm_pump_writes(shm_conn *c, tp_error **err_p)
 }
 
 void
-shm_disarm(shm_conn *c)
+tp__shm_disarm(shm_conn *c)
 {
     if (c->c_armed_read) {
         atomic_store_explicit(&c->c_in.r_hdr->rh_consumer_sleeping, 0,
@@ -124,13 +124,13 @@ shm_update_poller(shm_conn *c)
         tp__loop_poller_start(shm_loop(c), &c->c_poller);
     } else if (c->c_poller.lp_active) {
         tp__loop_poller_stop(shm_loop(c), &c->c_poller);
-        shm_disarm(c);
+        tp__shm_disarm(c);
     }
 }
 
 // Fails every pending read and write with a reference to @err.
 void
-shm_fail_all(shm_conn *c, tp_error *err)
+tp__shm_fail_all(shm_conn *c, tp_error *err)
 {
     tp_aio *aio;
     while ((aio = tp__list_pop_first(&c->c_readq)) != NULL) {
@@ -142,17 +142,17 @@ shm_fail_all(shm_conn *c, tp_error *err)
 }
 
 void
-shm_release_fds(shm_conn *c)
+tp__shm_release_fds(shm_conn *c)
 {
     tp_loop *loop = shm_loop(c);
     tp__loop_fd_remove(loop, &c->c_sock_lfd);
     tp__loop_fd_remove(loop, &c->c_wake_lfd);
-    shm_close_fd(&c->c_sock); // the peer sees EOF
-    shm_close_fd(&c->c_wake_fd);
-    shm_close_fd(&c->c_peer_wake_fd);
-    shm_close_fd(&c->c_out_fd);
+    tp__shm_close_fd(&c->c_sock); // the peer sees EOF
+    tp__shm_close_fd(&c->c_wake_fd);
+    tp__shm_close_fd(&c->c_peer_wake_fd);
+    tp__shm_close_fd(&c->c_out_fd);
     for (int i = 0; i < c->c_hs_nfds; i++) {
-        shm_close_fd(&c->c_hs_fds[i]);
+        tp__shm_close_fd(&c->c_hs_fds[i]);
     }
     c->c_hs_nfds = 0;
 }
@@ -177,10 +177,10 @@ shm_conn_fail(shm_conn *c, tp_error *err, bool drain)
         shm_pump_reads(c, &perr);
         tp_error_unref(perr);
     }
-    shm_fail_all(c, err);
+    tp__shm_fail_all(c, err);
     shm_update_poller(c);
-    shm_disarm(c);
-    shm_release_fds(c);
+    tp__shm_disarm(c);
+    tp__shm_release_fds(c);
     if (c->c_listener != NULL) {
         // Handshaken but not yet accepted: nobody has seen this conn, and
         // it is dead. Drop it rather than hand it to an accept.
@@ -189,10 +189,10 @@ shm_conn_fail(shm_conn *c, tp_error *err, bool drain)
                      "accepted: %s",
                      tp_error_message(err));
         shm_listener *l = c->c_listener;
-        shm_listener_unlink(c);
-        shm_conn_close(&c->c_base);
+        tp__shm_listener_unlink(c);
+        tp__shm_conn_close(&c->c_base);
         tp__conn_unref(&c->c_base);
-        shm_listener_serve(l); // there is room for another one now
+        tp__shm_listener_serve(l); // there is room for another one now
     }
 }
 
@@ -236,7 +236,7 @@ shm_check_cpu(shm_conn *c)
 }
 
 bool
-shm_poll_cb(tp_loop_poller *p)
+tp__shm_poll_cb(tp_loop_poller *p)
 {
     shm_conn *c = p->lp_arg;
     if (shm_pump(c)) {
@@ -249,9 +249,9 @@ shm_poll_cb(tp_loop_poller *p)
 }
 
 // Before the loop sleeps: tell the peer to wake us (flag in shared memory),
-// then look again (Dekker with shm_notify on the other side).
+// then look again (Dekker with tp__shm_notify on the other side).
 bool
-shm_prepare_sleep_cb(tp_loop_poller *p)
+tp__shm_prepare_sleep_cb(tp_loop_poller *p)
 {
     shm_conn *c = p->lp_arg;
     if (c->c_state != SHM_C_READY) {
@@ -285,14 +285,14 @@ shm_prepare_sleep_cb(tp_loop_poller *p)
 }
 
 void
-shm_after_sleep_cb(tp_loop_poller *p)
+tp__shm_after_sleep_cb(tp_loop_poller *p)
 {
-    shm_disarm(p->lp_arg);
+    tp__shm_disarm(p->lp_arg);
 }
 
 // Our eventfd: the peer published data or space while we slept.
 void
-shm_wake_cb(tp_loop_fd *lfd, uint32_t events)
+tp__shm_wake_cb(tp_loop_fd *lfd, uint32_t events)
 {
     shm_conn *c = lfd->lf_arg;
     TP_UNUSED(events);
@@ -305,7 +305,7 @@ shm_wake_cb(tp_loop_fd *lfd, uint32_t events)
 // After the handshake the peer sends nothing on the socket: readable means
 // EOF (it closed or died) or a protocol violation.
 void
-shm_sock_check(shm_conn *c)
+tp__shm_sock_check(shm_conn *c)
 {
     uint8_t buf[64];
     ssize_t n;
@@ -434,14 +434,14 @@ shm_conn_submit(shm_conn *c, tp_aio *aio, tp_list *q)
 }
 
 void
-shm_conn_read(tp_conn *base, tp_aio *aio)
+tp__shm_conn_read(tp_conn *base, tp_aio *aio)
 {
     shm_conn *c = (shm_conn *)base;
     shm_conn_submit(c, aio, &c->c_readq);
 }
 
 void
-shm_conn_write(tp_conn *base, tp_aio *aio)
+tp__shm_conn_write(tp_conn *base, tp_aio *aio)
 {
     shm_conn *c = (shm_conn *)base;
     shm_conn_submit(c, aio, &c->c_writeq);

@@ -7,7 +7,7 @@
 // ---- handshake ------------------------------------------------------------
 
 void
-shm_conn_setup(shm_conn *c)
+tp__shm_conn_setup(shm_conn *c)
 {
     c->c_state = SHM_C_NEW;
     c->c_sock = -1;
@@ -18,10 +18,10 @@ shm_conn_setup(shm_conn *c)
     TP_LIST_INIT(&c->c_readq, tp_aio, a_node);
     TP_LIST_INIT(&c->c_writeq, tp_aio, a_node);
     tp__list_node_init(&c->c_lnode);
-    tp__timer_init(&c->c_timer, shm_timer_cb, c);
-    c->c_poller.lp_poll = shm_poll_cb;
-    c->c_poller.lp_prepare_sleep = shm_prepare_sleep_cb;
-    c->c_poller.lp_after_sleep = shm_after_sleep_cb;
+    tp__timer_init(&c->c_timer, tp__shm_timer_cb, c);
+    c->c_poller.lp_poll = tp__shm_poll_cb;
+    c->c_poller.lp_prepare_sleep = tp__shm_prepare_sleep_cb;
+    c->c_poller.lp_after_sleep = tp__shm_after_sleep_cb;
     c->c_spin_base_ns = (uint64_t)shm_cfg(c)->shm_spin_us * 1000u;
     c->c_poller.lp_spin_ns = c->c_spin_base_ns;
     c->c_cpu = -1;
@@ -29,7 +29,7 @@ shm_conn_setup(shm_conn *c)
 }
 
 void
-shm_set_names(shm_conn *c)
+tp__shm_set_names(shm_conn *c)
 {
     snprintf(c->c_base.c_peer, sizeof(c->c_base.c_peer),
              "pid %d (" SHM_SCHEME "%s)", c->c_peer_pid, c->c_name);
@@ -39,7 +39,7 @@ shm_set_names(shm_conn *c)
 
 // Creates our outbox and wake eventfd and sends the hello carrying both.
 tp_status
-shm_send_hello(shm_conn *c, tp_error **err_p)
+tp__shm_send_hello(shm_conn *c, tp_error **err_p)
 {
     uint64_t size = (uint64_t)shm_cfg(c)->shm_ring_size;
     if (size < SHM_RING_MIN_SIZE || size > SHM_RING_MAX_SIZE ||
@@ -49,12 +49,12 @@ shm_send_hello(shm_conn *c, tp_error **err_p)
                              " is not a power of two in [%u, %u]",
                              size, SHM_RING_MIN_SIZE, SHM_RING_MAX_SIZE);
     }
-    tp_status st = shm_ring_create(&c->c_out, size, &c->c_out_fd, err_p);
+    tp_status st = tp__shm_ring_create(&c->c_out, size, &c->c_out_fd, err_p);
     if (st != TP_OK) {
         return st;
     }
     c->c_out_head = 0;
-    c->c_out_chunk = shm_chunk(size);
+    c->c_out_chunk = tp__shm_chunk(size);
     c->c_wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (c->c_wake_fd < 0) {
         return tp__error_errno(err_p, errno, "shm: eventfd");
@@ -106,14 +106,14 @@ shm_send_hello(shm_conn *c, tp_error **err_p)
     }
     // The peer holds the memfd now (in flight or received); our mapping
     // keeps the memory.
-    shm_close_fd(&c->c_out_fd);
+    tp__shm_close_fd(&c->c_out_fd);
     return TP_OK;
 }
 
 // Reads the peer's hello. Returns 1 when complete, 0 if more bytes are
 // needed, -1 on error (*st_p and @why set).
 int
-shm_recv_hello(shm_conn *c, tp_status *st_p, char *why, size_t why_len)
+tp__shm_recv_hello(shm_conn *c, tp_status *st_p, char *why, size_t why_len)
 {
     while (c->c_hs_got < SHM_HELLO_LEN) {
         union {
@@ -211,7 +211,7 @@ shm_is_eventfd(int fd)
 // Checks a complete hello and its fds, and maps the peer's ring. On
 // failure returns false with @why.
 bool
-shm_hello_accept(shm_conn *c, char *why, size_t why_len)
+tp__shm_hello_accept(shm_conn *c, char *why, size_t why_len)
 {
     const uint8_t *b = c->c_hs_buf;
     uint32_t version = tp__get_u32le(b + 8);
@@ -258,12 +258,12 @@ shm_hello_accept(shm_conn *c, char *why, size_t why_len)
         snprintf(why, why_len, "fcntl on the eventfd: %s", strerror(errno));
         return false;
     }
-    if (!shm_ring_map_peer(&c->c_in, c->c_hs_fds[0], size, why, why_len)) {
+    if (!tp__shm_ring_map_peer(&c->c_in, c->c_hs_fds[0], size, why, why_len)) {
         return false;
     }
     c->c_in_tail = 0;
-    c->c_in_chunk = shm_chunk(size);
-    shm_close_fd(&c->c_hs_fds[0]); // the mapping keeps the memory
+    c->c_in_chunk = tp__shm_chunk(size);
+    tp__shm_close_fd(&c->c_hs_fds[0]); // the mapping keeps the memory
     c->c_peer_wake_fd = efd;
     c->c_hs_fds[1] = -1;
     c->c_hs_nfds = 0;
@@ -272,11 +272,11 @@ shm_hello_accept(shm_conn *c, char *why, size_t why_len)
 
 // Handshake done: watch our eventfd too; reads and writes may start.
 tp_status
-shm_conn_ready(shm_conn *c, tp_error **err_p)
+tp__shm_conn_ready(shm_conn *c, tp_error **err_p)
 {
     tp__timer_stop(shm_loop(c), &c->c_timer);
     tp_status st = tp__loop_fd_add(shm_loop(c), &c->c_wake_lfd, c->c_wake_fd,
-                                   TP_EV_READ, shm_wake_cb, c, err_p);
+                                   TP_EV_READ, tp__shm_wake_cb, c, err_p);
     if (st != TP_OK) {
         return st;
     }
@@ -288,7 +288,7 @@ shm_conn_ready(shm_conn *c, tp_error **err_p)
 
 // Completes the connect aio with @err (takes it) and drops the conn.
 void
-shm_connect_fail(shm_conn *c, tp_error *err)
+tp__shm_connect_fail(shm_conn *c, tp_error *err)
 {
     tp_aio *aio = c->c_connect_aio;
     c->c_connect_aio = NULL;
@@ -298,7 +298,7 @@ shm_connect_fail(shm_conn *c, tp_error *err)
     } else {
         tp_error_unref(err);
     }
-    shm_conn_close(&c->c_base);
+    tp__shm_conn_close(&c->c_base);
     tp__conn_unref(&c->c_base);
 }
 
@@ -308,12 +308,13 @@ shm_connect_cancel(tp_aio *aio, void *arg, tp_status reason)
     shm_conn *c = arg;
     TP_ASSERT(c->c_connect_aio == aio);
     if (reason == TP_ETIMEDOUT) {
-        shm_connect_fail(c, tp__error_new(reason, 0, NULL,
-                                          "shm: connect to " SHM_SCHEME
-                                          "%s: timed out after %" PRId64 " ms",
-                                          c->c_name, aio->a_timeout_ms));
+        tp__shm_connect_fail(c,
+                             tp__error_new(reason, 0, NULL,
+                                           "shm: connect to " SHM_SCHEME
+                                           "%s: timed out after %" PRId64 " ms",
+                                           c->c_name, aio->a_timeout_ms));
     } else {
-        shm_connect_fail(
+        tp__shm_connect_fail(
             c, tp__error_new(reason, 0, NULL,
                              "shm: connect to " SHM_SCHEME "%s: %s", c->c_name,
                              reason == TP_ECLOSED ? "closed" : "canceled"));
@@ -324,14 +325,14 @@ static void
 shm_connect_established(shm_conn *c)
 {
     tp_error *err = NULL;
-    c->c_peer_pid = shm_peer_pid(c->c_sock);
-    shm_set_names(c);
-    if (shm_send_hello(c, &err) != TP_OK ||
+    c->c_peer_pid = tp__shm_peer_pid(c->c_sock);
+    tp__shm_set_names(c);
+    if (tp__shm_send_hello(c, &err) != TP_OK ||
         tp__loop_fd_add(shm_loop(c), &c->c_sock_lfd, c->c_sock, TP_EV_READ,
-                        shm_sock_cb, c, &err) != TP_OK) {
+                        tp__shm_sock_cb, c, &err) != TP_OK) {
         tp__error_wrap(&err, TP_ECONNRESET, "shm: connect to " SHM_SCHEME "%s",
                        c->c_name);
-        shm_connect_fail(c, err);
+        tp__shm_connect_fail(c, err);
         return;
     }
     if (c->c_hs_flags & TP_AUTH_HELLO_FLAG) {
@@ -350,7 +351,7 @@ shm_connect_established(shm_conn *c)
                             "shm: connect to " SHM_SCHEME "%s: sending the "
                             "job-secret nonce",
                             c->c_name);
-            shm_connect_fail(c, err);
+            tp__shm_connect_fail(c, err);
             return;
         }
         tp__auth_sent(&c->c_auth, nout);
@@ -364,10 +365,10 @@ shm_connect_established(shm_conn *c)
 }
 
 void
-shm_connect_try(shm_conn *c)
+tp__shm_connect_try(shm_conn *c)
 {
     struct sockaddr_un sa;
-    socklen_t len = shm_sockaddr(c->c_name, &sa);
+    socklen_t len = tp__shm_sockaddr(c->c_name, &sa);
     int rv;
     do {
         rv = connect(c->c_sock, (struct sockaddr *)&sa, len);
@@ -385,38 +386,39 @@ shm_connect_try(shm_conn *c)
         return;
     }
     if (e == ECONNREFUSED || e == ENOENT) {
-        shm_connect_fail(c, tp__error_new(TP_ECONNREFUSED, e, NULL,
-                                          "shm: connect to " SHM_SCHEME
-                                          "%s: connection refused (no listener "
-                                          "with that name in this network "
-                                          "namespace)",
-                                          c->c_name));
+        tp__shm_connect_fail(
+            c, tp__error_new(TP_ECONNREFUSED, e, NULL,
+                             "shm: connect to " SHM_SCHEME
+                             "%s: connection refused (no listener "
+                             "with that name in this network "
+                             "namespace)",
+                             c->c_name));
         return;
     }
     tp_error *err = NULL;
     tp__error_errno(&err, e, "shm: connect to " SHM_SCHEME "%s", c->c_name);
-    shm_connect_fail(c, err);
+    tp__shm_connect_fail(c, err);
 }
 
 void
-shm_connector_on_reply(shm_conn *c)
+tp__shm_connector_on_reply(shm_conn *c)
 {
     tp_status st = TP_EPROTO;
     char why[256];
-    int r = shm_recv_hello(c, &st, why, sizeof(why));
+    int r = tp__shm_recv_hello(c, &st, why, sizeof(why));
     if (r == 0) {
         return;
     }
-    if (r > 0 && !shm_hello_accept(c, why, sizeof(why))) {
+    if (r > 0 && !tp__shm_hello_accept(c, why, sizeof(why))) {
         r = -1;
         st = TP_EPROTO;
     }
     if (r < 0) {
-        shm_connect_fail(c, tp__error_new(st, 0, NULL,
-                                          "shm: connect to " SHM_SCHEME
-                                          "%s: handshake with peer pid %d "
-                                          "failed: %s",
-                                          c->c_name, c->c_peer_pid, why));
+        tp__shm_connect_fail(c, tp__error_new(st, 0, NULL,
+                                              "shm: connect to " SHM_SCHEME
+                                              "%s: handshake with peer pid %d "
+                                              "failed: %s",
+                                              c->c_name, c->c_peer_pid, why));
         return;
     }
     tp_error *err = NULL;
@@ -425,22 +427,22 @@ shm_connector_on_reply(shm_conn *c)
     r = tp__auth_decide(c->c_hs_flags, tp__get_u32le(c->c_hs_buf + 12), false,
                         what, &err);
     if (r < 0) {
-        shm_connect_fail(c, err);
+        tp__shm_connect_fail(c, err);
         return;
     }
     if (r == 1) {
         // Our nonce went out behind our hello (shm_connect_established).
         c->c_state = SHM_C_AUTH;
-        shm_connector_on_auth(c);
+        tp__shm_connector_on_auth(c);
         return;
     }
-    shm_connector_on_auth(c);
+    tp__shm_connector_on_auth(c);
 }
 
 // Runs the job-secret exchange on the control socket as far as it goes.
 // Returns 1 when done, 0 when more is to come, -1 on failure (*err_p).
 int
-shm_auth_pump(shm_conn *c, tp_error **err_p)
+tp__shm_auth_pump(shm_conn *c, tp_error **err_p)
 {
     char who[SHM_NAME_MAX + 64];
     snprintf(who, sizeof(who), "shm: peer pid %d (" SHM_SCHEME "%s)",
@@ -495,21 +497,21 @@ shm_auth_pump(shm_conn *c, tp_error **err_p)
 // Connector: the exchange (if any) progressed; when it is done, the
 // connection is ready.
 void
-shm_connector_on_auth(shm_conn *c)
+tp__shm_connector_on_auth(shm_conn *c)
 {
     tp_error *err = NULL;
     if (c->c_state == SHM_C_AUTH) {
-        int r = shm_auth_pump(c, &err);
+        int r = tp__shm_auth_pump(c, &err);
         if (r < 0) {
-            shm_connect_fail(c, err);
+            tp__shm_connect_fail(c, err);
             return;
         }
         if (r == 0) {
             return;
         }
     }
-    if (shm_conn_ready(c, &err) != TP_OK) {
-        shm_connect_fail(c, err);
+    if (tp__shm_conn_ready(c, &err) != TP_OK) {
+        tp__shm_connect_fail(c, err);
         return;
     }
     TP_LOG_DEBUG("TP-SHM-CONNECT", "shm: connected to peer %s",
@@ -520,15 +522,15 @@ shm_connector_on_auth(shm_conn *c)
     tp__aio_finish(aio, NULL, 0);
     // Bytes (or EOF) that arrived with the reply are seen on the next
     // readiness event; check now in case it already fired.
-    shm_sock_check(c);
+    tp__shm_sock_check(c);
 }
 
 void
-shm_connect(tp_transport *t, const char *addr, tp_aio *aio)
+tp__shm_connect(tp_transport *t, const char *addr, tp_aio *aio)
 {
     char name[SHM_NAME_MAX + 1];
     tp_error *err = NULL;
-    if (shm_parse_addr(addr, name, &err) != TP_OK) {
+    if (tp__shm_parse_addr(addr, name, &err) != TP_OK) {
         if (tp__aio_begin(aio, t->t_loop, NULL, NULL)) {
             tp__aio_finish(aio, err, 0);
         } else {
@@ -544,12 +546,12 @@ shm_connect(tp_transport *t, const char *addr, tp_aio *aio)
         }
         return;
     }
-    shm_conn_setup(c);
+    tp__shm_conn_setup(c);
     memcpy(c->c_name, name, sizeof(name));
     c->c_peer_pid = 0;
-    shm_set_names(c);
+    tp__shm_set_names(c);
     if (!tp__aio_begin(aio, t->t_loop, shm_connect_cancel, c)) {
-        shm_conn_close(&c->c_base);
+        tp__shm_conn_close(&c->c_base);
         tp__conn_unref(&c->c_base);
         return;
     }
@@ -557,15 +559,15 @@ shm_connect(tp_transport *t, const char *addr, tp_aio *aio)
     bool secret = false;
     if (tp__auth_enabled(&secret, &err) != TP_OK) {
         tp__error_wrap(&err, tp_error_status(err), "shm: connect to %s", addr);
-        shm_connect_fail(c, err);
+        tp__shm_connect_fail(c, err);
         return;
     }
     c->c_deadline_ns = tp__deadline_after_ms(t->t_cfg.connect_timeout_ms);
     c->c_sock = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (c->c_sock < 0) {
         tp__error_errno(&err, errno, "shm: connect to %s: socket", addr);
-        shm_connect_fail(c, err);
+        tp__shm_connect_fail(c, err);
         return;
     }
-    shm_connect_try(c);
+    tp__shm_connect_try(c);
 }

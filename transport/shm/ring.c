@@ -16,7 +16,7 @@ shm_name_char_ok(char ch)
 
 // "shm://NAME" -> NAME. NAME: 1..100 of [A-Za-z0-9._-].
 tp_status
-shm_parse_addr(const char *addr, char *name, tp_error **err_p)
+tp__shm_parse_addr(const char *addr, char *name, tp_error **err_p)
 {
     if (strncmp(addr, SHM_SCHEME, SHM_SCHEME_LEN) != 0) {
         return tp__error_set(err_p, TP_EINVAL,
@@ -47,7 +47,7 @@ shm_parse_addr(const char *addr, char *name, tp_error **err_p)
 // An abstract-namespace address: sun_path[0] = '\0', then the name
 // (not NUL-terminated; the length says where it ends).
 socklen_t
-shm_sockaddr(const char *name, struct sockaddr_un *sa)
+tp__shm_sockaddr(const char *name, struct sockaddr_un *sa)
 {
     size_t n = strlen(name);
     memset(sa, 0, sizeof(*sa));
@@ -57,7 +57,7 @@ shm_sockaddr(const char *name, struct sockaddr_un *sa)
 }
 
 int
-shm_peer_pid(int fd)
+tp__shm_peer_pid(int fd)
 {
     struct ucred cr;
     socklen_t len = sizeof(cr);
@@ -68,7 +68,7 @@ shm_peer_pid(int fd)
 }
 
 void
-shm_close_fd(int *fd)
+tp__shm_close_fd(int *fd)
 {
     if (*fd >= 0) {
         close(*fd);
@@ -79,13 +79,13 @@ shm_close_fd(int *fd)
 // ---- rings ----------------------------------------------------------------
 
 uint64_t
-shm_chunk(uint64_t ring_size)
+tp__shm_chunk(uint64_t ring_size)
 {
     return TP_MIN(ring_size / 4, (uint64_t)SHM_CHUNK_MAX);
 }
 
 void
-shm_ring_unmap(shm_ring *r)
+tp__shm_ring_unmap(shm_ring *r)
 {
     if (r->r_map_len > 0) {
         munmap(r->r_hdr, r->r_map_len);
@@ -96,7 +96,7 @@ shm_ring_unmap(shm_ring *r)
 // Creates our outbox: a sealed memfd of SHM_RING_DATA_OFF + @size bytes,
 // mapped, header initialised. On success *fd_p holds the memfd.
 tp_status
-shm_ring_create(shm_ring *r, uint64_t size, int *fd_p, tp_error **err_p)
+tp__shm_ring_create(shm_ring *r, uint64_t size, int *fd_p, tp_error **err_p)
 {
     size_t len = SHM_RING_DATA_OFF + (size_t)size;
     int fd = memfd_create("tpipe-shm-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
@@ -148,7 +148,8 @@ shm_ring_create(shm_ring *r, uint64_t size, int *fd_p, tp_error **err_p)
 // Checks the peer's outbox memfd and maps it as our inbox. The fd and every
 // field come from the peer: nothing is trusted. On failure @why says why.
 bool
-shm_ring_map_peer(shm_ring *r, int fd, uint64_t size, char *why, size_t why_len)
+tp__shm_ring_map_peer(shm_ring *r, int fd, uint64_t size, char *why,
+                      size_t why_len)
 {
     size_t len = SHM_RING_DATA_OFF + (size_t)size;
     struct stat st;
@@ -208,7 +209,7 @@ shm_ring_map_peer(shm_ring *r, int fd, uint64_t size, char *why, size_t why_len)
 // Wakes the other side through @fd if it said (in @flag) that it sleeps.
 // Called right after publishing a counter with a release store.
 void
-shm_notify(_Atomic uint32_t *flag, int fd)
+tp__shm_notify(_Atomic uint32_t *flag, int fd)
 {
     atomic_thread_fence(memory_order_seq_cst);
     if (atomic_load_explicit(flag, memory_order_relaxed) != 0 &&
@@ -223,8 +224,8 @@ shm_notify(_Atomic uint32_t *flag, int fd)
 // Copies @n bytes between the iovs of @aio, from byte @off on, and the ring
 // at counter @pos.
 void
-shm_copy_iov(const shm_ring *r, uint64_t pos, const tp_aio *aio, uint64_t off,
-             uint64_t n, bool to_ring)
+tp__shm_copy_iov(const shm_ring *r, uint64_t pos, const tp_aio *aio,
+                 uint64_t off, uint64_t n, bool to_ring)
 {
     unsigned i = 0;
     while (off >= aio->a_iov[i].iov_len) {

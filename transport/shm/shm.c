@@ -15,7 +15,7 @@
 // fence, load flag). See docs/transport-shm.md.
 //
 // Threading: every function here except shm_is_viable, shm_ctx_init and
-// shm_listen runs on the transport's loop thread (transport.c guarantees
+// tp__shm_listen runs on the transport's loop thread (transport.c guarantees
 // it), so there are no locks.
 
 #include "transport/shm/shm_impl.h"
@@ -96,7 +96,7 @@ shm_is_viable(const tp_config *cfg, char *why, size_t why_len)
         snprintf(why, why_len, "eventfd: %s", strerror(errno));
         goto out;
     }
-    if (shm_ring_create(&r, SHM_RING_MIN_SIZE, &mfd, &err) != TP_OK) {
+    if (tp__shm_ring_create(&r, SHM_RING_MIN_SIZE, &mfd, &err) != TP_OK) {
         snprintf(why, why_len, "%s", tp_error_message(err));
         goto out;
     }
@@ -151,13 +151,13 @@ out:
     if (b != MAP_FAILED) {
         munmap(b, SHM_RING_DATA_OFF + SHM_RING_MIN_SIZE);
     }
-    shm_ring_unmap(&r);
+    tp__shm_ring_unmap(&r);
     tp_error_unref(err);
-    shm_close_fd(&rfd);
-    shm_close_fd(&mfd);
-    shm_close_fd(&sv[0]);
-    shm_close_fd(&sv[1]);
-    shm_close_fd(&efd);
+    tp__shm_close_fd(&rfd);
+    tp__shm_close_fd(&mfd);
+    tp__shm_close_fd(&sv[0]);
+    tp__shm_close_fd(&sv[1]);
+    tp__shm_close_fd(&efd);
     return ok;
 }
 
@@ -188,12 +188,12 @@ const tp_transport_ops tp__transport_shm_ops = {
     .is_viable = shm_is_viable,
     .ctx_init = shm_ctx_init,
     .ctx_fini = shm_ctx_fini,
-    .listen = shm_listen,
-    .accept = shm_accept,
-    .listener_close = shm_listener_close,
-    .connect = shm_connect,
-    .conn_read = shm_conn_read,
-    .conn_write = shm_conn_write,
-    .conn_close = shm_conn_close,
-    .conn_fini = shm_conn_fini,
+    .listen = tp__shm_listen,
+    .accept = tp__shm_accept,
+    .listener_close = tp__shm_listener_close,
+    .connect = tp__shm_connect,
+    .conn_read = tp__shm_conn_read,
+    .conn_write = tp__shm_conn_write,
+    .conn_close = tp__shm_conn_close,
+    .conn_fini = tp__shm_conn_fini,
 };

@@ -52,7 +52,7 @@
 // Each side publishes the CPU its loop thread runs on (rh_producer_cpu of
 // its outbox). When the peer's loop thread last ran on our CPU, spinning
 // cannot help: the peer only runs once we stop. The poller then does not
-// spin at all (see shm_poll_cb).
+// spin at all (see tp__shm_poll_cb).
 
 typedef enum shm_state {
     SHM_C_NEW = 0,
@@ -119,7 +119,7 @@ struct shm_listener {
     tp_list l_ready;   // shm_conn, handshaken, waiting for an accept
     size_t l_nhs;
     size_t l_nready;
-    bool l_serving; // in shm_listener_serve (it may be re-entered)
+    bool l_serving; // in tp__shm_listener_serve (it may be re-entered)
     tp_task l_start_task;
 };
 
@@ -136,56 +136,56 @@ shm_cfg(const shm_conn *c)
 }
 
 // ring.c: addresses and rings
-tp_status shm_parse_addr(const char *addr, char *name, tp_error **err_p);
-socklen_t shm_sockaddr(const char *name, struct sockaddr_un *sa);
-int shm_peer_pid(int fd);
-void shm_close_fd(int *fd);
-uint64_t shm_chunk(uint64_t ring_size);
-void shm_ring_unmap(shm_ring *r);
-tp_status shm_ring_create(shm_ring *r, uint64_t size, int *fd_p,
-                          tp_error **err_p);
-bool shm_ring_map_peer(shm_ring *r, int fd, uint64_t size, char *why,
-                       size_t why_len);
-void shm_notify(_Atomic uint32_t *flag, int fd);
-void shm_copy_iov(const shm_ring *r, uint64_t pos, const tp_aio *aio,
-                  uint64_t off, uint64_t n, bool to_ring);
+tp_status tp__shm_parse_addr(const char *addr, char *name, tp_error **err_p);
+socklen_t tp__shm_sockaddr(const char *name, struct sockaddr_un *sa);
+int tp__shm_peer_pid(int fd);
+void tp__shm_close_fd(int *fd);
+uint64_t tp__shm_chunk(uint64_t ring_size);
+void tp__shm_ring_unmap(shm_ring *r);
+tp_status tp__shm_ring_create(shm_ring *r, uint64_t size, int *fd_p,
+                              tp_error **err_p);
+bool tp__shm_ring_map_peer(shm_ring *r, int fd, uint64_t size, char *why,
+                           size_t why_len);
+void tp__shm_notify(_Atomic uint32_t *flag, int fd);
+void tp__shm_copy_iov(const shm_ring *r, uint64_t pos, const tp_aio *aio,
+                      uint64_t off, uint64_t n, bool to_ring);
 
 // data.c: the data path
-void shm_disarm(shm_conn *c);
-void shm_fail_all(shm_conn *c, tp_error *err);
-void shm_release_fds(shm_conn *c);
-bool shm_poll_cb(tp_loop_poller *p);
-bool shm_prepare_sleep_cb(tp_loop_poller *p);
-void shm_after_sleep_cb(tp_loop_poller *p);
-void shm_wake_cb(tp_loop_fd *lfd, uint32_t events);
-void shm_sock_check(shm_conn *c);
-void shm_conn_read(tp_conn *base, tp_aio *aio);
-void shm_conn_write(tp_conn *base, tp_aio *aio);
+void tp__shm_disarm(shm_conn *c);
+void tp__shm_fail_all(shm_conn *c, tp_error *err);
+void tp__shm_release_fds(shm_conn *c);
+bool tp__shm_poll_cb(tp_loop_poller *p);
+bool tp__shm_prepare_sleep_cb(tp_loop_poller *p);
+void tp__shm_after_sleep_cb(tp_loop_poller *p);
+void tp__shm_wake_cb(tp_loop_fd *lfd, uint32_t events);
+void tp__shm_sock_check(shm_conn *c);
+void tp__shm_conn_read(tp_conn *base, tp_aio *aio);
+void tp__shm_conn_write(tp_conn *base, tp_aio *aio);
 
 // handshake.c: hellos and connect
-void shm_conn_setup(shm_conn *c);
-void shm_set_names(shm_conn *c);
-tp_status shm_send_hello(shm_conn *c, tp_error **err_p);
-int shm_recv_hello(shm_conn *c, tp_status *st_p, char *why, size_t why_len);
-bool shm_hello_accept(shm_conn *c, char *why, size_t why_len);
-tp_status shm_conn_ready(shm_conn *c, tp_error **err_p);
-void shm_connect_fail(shm_conn *c, tp_error *err);
-void shm_connect_try(shm_conn *c);
-void shm_connector_on_reply(shm_conn *c);
-int shm_auth_pump(shm_conn *c, tp_error **err_p);
-void shm_connector_on_auth(shm_conn *c);
-void shm_connect(tp_transport *t, const char *addr, tp_aio *aio);
+void tp__shm_conn_setup(shm_conn *c);
+void tp__shm_set_names(shm_conn *c);
+tp_status tp__shm_send_hello(shm_conn *c, tp_error **err_p);
+int tp__shm_recv_hello(shm_conn *c, tp_status *st_p, char *why, size_t why_len);
+bool tp__shm_hello_accept(shm_conn *c, char *why, size_t why_len);
+tp_status tp__shm_conn_ready(shm_conn *c, tp_error **err_p);
+void tp__shm_connect_fail(shm_conn *c, tp_error *err);
+void tp__shm_connect_try(shm_conn *c);
+void tp__shm_connector_on_reply(shm_conn *c);
+int tp__shm_auth_pump(shm_conn *c, tp_error **err_p);
+void tp__shm_connector_on_auth(shm_conn *c);
+void tp__shm_connect(tp_transport *t, const char *addr, tp_aio *aio);
 
 // accept.c: listen, accept and close
-void shm_listener_unlink(shm_conn *c);
-void shm_timer_cb(tp_timer *t, void *arg);
-void shm_sock_cb(tp_loop_fd *lfd, uint32_t events);
-void shm_listener_serve(shm_listener *l);
-void shm_accept(tp_listener *base, tp_aio *aio);
-void shm_listener_close(tp_listener *base);
-tp_status shm_listen(tp_transport *t, tp_listener *base, const char *addr,
-                     tp_error **err_p);
-void shm_conn_close(tp_conn *base);
-void shm_conn_fini(tp_conn *base);
+void tp__shm_listener_unlink(shm_conn *c);
+void tp__shm_timer_cb(tp_timer *t, void *arg);
+void tp__shm_sock_cb(tp_loop_fd *lfd, uint32_t events);
+void tp__shm_listener_serve(shm_listener *l);
+void tp__shm_accept(tp_listener *base, tp_aio *aio);
+void tp__shm_listener_close(tp_listener *base);
+tp_status tp__shm_listen(tp_transport *t, tp_listener *base, const char *addr,
+                         tp_error **err_p);
+void tp__shm_conn_close(tp_conn *base);
+void tp__shm_conn_fini(tp_conn *base);
 
 #endif

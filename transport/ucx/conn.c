@@ -17,7 +17,7 @@
 #include "transport/ucx/ucx_impl.h"
 
 ucx_conn *
-ucx_conn_new(tp_transport *t)
+tp__ucx_conn_new(tp_transport *t)
 {
     tp_conn *bc = tp__conn_alloc(t);
     if (bc == NULL) {
@@ -31,7 +31,7 @@ ucx_conn_new(tp_transport *t)
     TP_LIST_INIT(&c->xc_writeq, tp_aio, a_node);
     tp__list_node_init(&c->xc_node);
     tp__list_node_init(&c->xc_lnode);
-    tp__timer_init(&c->xc_timer, ucx_setup_timer_cb, c);
+    tp__timer_init(&c->xc_timer, tp__ucx_setup_timer_cb, c);
     memcpy(c->xc_hello_out, TP_HELLO_MAGIC, UCX_HELLO_MAGIC_LEN);
     tp__put_u32le(c->xc_hello_out + 8, UCX_HELLO_VERSION);
     tp__put_u32le(c->xc_hello_out + 12, 0); // flags
@@ -39,9 +39,9 @@ ucx_conn_new(tp_transport *t)
     return c;
 }
 
-// UCP calls this inside progress: record it; ucx_conn_dispatch acts.
+// UCP calls this inside progress: record it; tp__ucx_conn_dispatch acts.
 void
-ucx_ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
+tp__ucx_ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
 {
     TP_UNUSED(ep);
     ucx_conn *c = arg;
@@ -93,7 +93,7 @@ ucx_held_release(ucx_conn *c)
 }
 
 int64_t
-ucx_consume(ucx_conn *c, uint8_t *dst, uint64_t n, ucs_status_t *st_p)
+tp__ucx_consume(ucx_conn *c, uint8_t *dst, uint64_t n, ucs_status_t *st_p)
 {
     uint64_t copied = 0;
     while (copied < n) {
@@ -166,7 +166,7 @@ ucx_send_cb(void *request, ucs_status_t status, void *user_data)
     if (o->o_conn == NULL) {
         ucx_op_orphan_done(o);
     }
-    // else ucx_conn_dispatch completes it in order, after progress.
+    // else tp__ucx_conn_dispatch completes it in order, after progress.
 }
 
 static void
@@ -204,7 +204,7 @@ ucx_op_send(ucx_conn *c, ucx_op *o, const tp_iov *iov, unsigned niov)
 }
 
 ucs_status_t
-ucx_send_bytes(ucx_conn *c, const uint8_t *p, size_t n)
+tp__ucx_send_bytes(ucx_conn *c, const uint8_t *p, size_t n)
 {
     ucx_op *o = tp__zalloc(sizeof(*o));
     if (o == NULL) {
@@ -243,25 +243,25 @@ ucx_writes_settle(ucx_conn *c)
             tp__aio_finish(a, NULL, a->a_prov_u64[1]);
             continue;
         }
-        tp_error *err = tp__error_new(ucx_status_tp(st), 0, NULL,
+        tp_error *err = tp__error_new(tp__ucx_status_tp(st), 0, NULL,
                                       "ucx: write to peer %s: %s",
                                       c->xc_base.c_peer, ucs_status_string(st));
         tp__aio_finish(a, tp_error_ref(err), 0);
-        ucx_conn_fail(c, err);
+        tp__ucx_conn_fail(c, err);
     }
 }
 
 // ---- failure and release ---------------------------------------------------
 
 void
-ucx_conn_release(ucx_conn *c, bool force)
+tp__ucx_conn_release(ucx_conn *c, bool force)
 {
     ucx_ctx *x = c->xc_ctx;
     tp__timer_stop(x->x_t->t_loop, &c->xc_timer);
     ucx_rx_release(c);
     ucx_held_release(c);
     if (c->xc_ep != NULL) {
-        ucx_ep_close(x, c->xc_ep, force);
+        tp__ucx_ep_close(x, c->xc_ep, force);
         c->xc_ep = NULL;
     }
     if (tp__list_node_active(&c->xc_node)) {
@@ -271,7 +271,7 @@ ucx_conn_release(ucx_conn *c, bool force)
 }
 
 void
-ucx_conn_fail(ucx_conn *c, tp_error *err)
+tp__ucx_conn_fail(ucx_conn *c, tp_error *err)
 {
     if (c->xc_err == NULL) {
         c->xc_err = err;
@@ -295,13 +295,13 @@ ucx_conn_fail(ucx_conn *c, tp_error *err)
             o->o_err = tp_error_ref(c->xc_err);
         }
     }
-    ucx_conn_release(c, true);
+    tp__ucx_conn_release(c, true);
 }
 
 // ---- reads -----------------------------------------------------------------
 
 void
-ucx_read_pump(ucx_conn *c)
+tp__ucx_read_pump(ucx_conn *c)
 {
     tp_aio *a;
     while (c->xc_state == UCX_OPEN &&
@@ -320,13 +320,13 @@ ucx_read_pump(ucx_conn *c)
             i++;
         }
         ucs_status_t st = UCS_OK;
-        int64_t got = ucx_consume(c, (uint8_t *)a->a_iov[i].iov_base + skip,
-                                  a->a_iov[i].iov_len - skip, &st);
+        int64_t got = tp__ucx_consume(c, (uint8_t *)a->a_iov[i].iov_base + skip,
+                                      a->a_iov[i].iov_len - skip, &st);
         if (got < 0) {
-            ucx_conn_fail(c, tp__error_new(TP_ECONNRESET, 0, NULL,
-                                           "ucx: read from peer %s: %s",
-                                           c->xc_base.c_peer,
-                                           ucs_status_string(st)));
+            tp__ucx_conn_fail(c, tp__error_new(TP_ECONNRESET, 0, NULL,
+                                               "ucx: read from peer %s: %s",
+                                               c->xc_base.c_peer,
+                                               ucs_status_string(st)));
             return;
         }
         if (got == 0) {
@@ -339,26 +339,26 @@ ucx_read_pump(ucx_conn *c)
     // for later reads, like a socket holding data before its EOF).
     if (c->xc_state == UCX_OPEN && c->xc_ep_status != UCS_OK &&
         !tp__list_empty(&c->xc_readq)) {
-        ucx_conn_fail(c, tp__error_new(TP_ECONNRESET, 0, NULL,
-                                       "ucx: read from peer %s: connection "
-                                       "closed by peer or failed (%s)",
-                                       c->xc_base.c_peer,
-                                       ucs_status_string(c->xc_ep_status)));
+        tp__ucx_conn_fail(c, tp__error_new(TP_ECONNRESET, 0, NULL,
+                                           "ucx: read from peer %s: connection "
+                                           "closed by peer or failed (%s)",
+                                           c->xc_base.c_peer,
+                                           ucs_status_string(c->xc_ep_status)));
     }
 }
 
 void
-ucx_conn_dispatch(ucx_conn *c)
+tp__ucx_conn_dispatch(ucx_conn *c)
 {
     if (c->xc_state == UCX_SETUP) {
-        ucx_setup_pump(c);
+        tp__ucx_setup_pump(c);
         return;
     }
     if (c->xc_state != UCX_OPEN) {
         return;
     }
     ucx_writes_settle(c);
-    ucx_read_pump(c);
+    tp__ucx_read_pump(c);
 }
 
 // ---- submission, cancel ----------------------------------------------------
@@ -408,9 +408,9 @@ ucx_op_cancel(tp_aio *aio, void *arg, tp_status reason)
         }
         tp__aio_finish(aio, tp_error_ref(err), done);
     }
-    ucx_conn_fail(c, tp__error_new(TP_ECLOSED, 0, err,
-                                   "ucx: connection to peer %s closed",
-                                   c->xc_base.c_peer));
+    tp__ucx_conn_fail(c, tp__error_new(TP_ECLOSED, 0, err,
+                                       "ucx: connection to peer %s closed",
+                                       c->xc_base.c_peer));
     tp_error_unref(err);
 }
 
@@ -438,16 +438,16 @@ ucx_conn_begin(ucx_conn *c, tp_aio *aio, tp_list *q)
 }
 
 void
-ucx_conn_read(tp_conn *bc, tp_aio *aio)
+tp__ucx_conn_read(tp_conn *bc, tp_aio *aio)
 {
     ucx_conn *c = ucx_conn_of(bc);
     if (ucx_conn_begin(c, aio, &c->xc_readq)) {
-        ucx_read_pump(c);
+        tp__ucx_read_pump(c);
     }
 }
 
 void
-ucx_conn_write(tp_conn *bc, tp_aio *aio)
+tp__ucx_conn_write(tp_conn *bc, tp_aio *aio)
 {
     ucx_conn *c = ucx_conn_of(bc);
     ucx_op *o = tp__zalloc(sizeof(*o));
@@ -486,7 +486,7 @@ ucx_conn_write(tp_conn *bc, tp_aio *aio)
 // ---- close / fini ----------------------------------------------------------
 
 void
-ucx_conn_close(tp_conn *bc)
+tp__ucx_conn_close(tp_conn *bc)
 {
     ucx_conn *c = ucx_conn_of(bc);
     TP_ASSERT(c->xc_connect_aio == NULL && c->xc_lsn == NULL);
@@ -503,17 +503,17 @@ ucx_conn_close(tp_conn *bc)
                                       "locally",
                                       c->xc_base.c_peer);
         }
-        ucx_conn_release(c, false);
+        tp__ucx_conn_release(c, false);
         return;
     }
-    ucx_conn_fail(c, tp__error_new(TP_ECLOSED, 0, NULL,
-                                   "ucx: connection to peer %s closed "
-                                   "locally",
-                                   c->xc_base.c_peer));
+    tp__ucx_conn_fail(c, tp__error_new(TP_ECLOSED, 0, NULL,
+                                       "ucx: connection to peer %s closed "
+                                       "locally",
+                                       c->xc_base.c_peer));
 }
 
 void
-ucx_conn_fini(tp_conn *bc)
+tp__ucx_conn_fini(tp_conn *bc)
 {
     ucx_conn *c = ucx_conn_of(bc);
     TP_ASSERT(c->xc_ep == NULL);

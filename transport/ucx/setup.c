@@ -45,7 +45,7 @@ ucx_listener_detach(ucx_conn *c)
 }
 
 void
-ucx_setup_fail(ucx_conn *c, tp_error *err)
+tp__ucx_setup_fail(ucx_conn *c, tp_error *err)
 {
     ucx_listener *l = c->xc_lsn;
     if (l != NULL) {
@@ -53,13 +53,13 @@ ucx_setup_fail(ucx_conn *c, tp_error *err)
                     tp_error_message(err));
         tp_error_unref(err);
         ucx_listener_detach(c);
-        ucx_conn_release(c, true);
+        tp__ucx_conn_release(c, true);
         tp__conn_unref(&c->xc_base);
         return;
     }
     tp_aio *aio = c->xc_connect_aio;
     c->xc_connect_aio = NULL;
-    ucx_conn_release(c, true);
+    tp__ucx_conn_release(c, true);
     if (aio != NULL) {
         tp__aio_finish(aio, err, 0);
     } else {
@@ -73,8 +73,8 @@ ucx_setup_failf(ucx_conn *c, tp_status st, const char *what, ucs_status_t ust)
 {
     char pfx[UCX_PFX_LEN];
     ucx_setup_prefix(c, pfx, sizeof(pfx));
-    ucx_setup_fail(c, tp__error_new(st, 0, NULL, "%s: %s (%s)", pfx, what,
-                                    ucs_status_string(ust)));
+    tp__ucx_setup_fail(c, tp__error_new(st, 0, NULL, "%s: %s (%s)", pfx, what,
+                                        ucs_status_string(ust)));
 }
 
 static void
@@ -98,20 +98,21 @@ ucx_hello_check(ucx_conn *c)
         char hex[64];
         ucx_setup_prefix(c, pfx, sizeof(pfx));
         ucx_hex(c->xc_hello_in, n, hex, sizeof(hex));
-        ucx_setup_fail(c, tp__error_new(TP_EPROTO, 0, NULL,
-                                        "%s: bad hello: not a tpipe peer "
-                                        "(wrong magic; got %s)",
-                                        pfx, hex));
+        tp__ucx_setup_fail(c, tp__error_new(TP_EPROTO, 0, NULL,
+                                            "%s: bad hello: not a tpipe peer "
+                                            "(wrong magic; got %s)",
+                                            pfx, hex));
         return false;
     }
     if (n == TP_HELLO_LEN) {
         uint32_t version = tp__get_u32le(c->xc_hello_in + 8);
         if (version != UCX_HELLO_VERSION) {
             ucx_setup_prefix(c, pfx, sizeof(pfx));
-            ucx_setup_fail(c, tp__error_new(TP_EPROTO, 0, NULL,
-                                            "%s: bad hello: unsupported "
-                                            "version %u (this side speaks %u)",
-                                            pfx, version, UCX_HELLO_VERSION));
+            tp__ucx_setup_fail(c,
+                               tp__error_new(TP_EPROTO, 0, NULL,
+                                             "%s: bad hello: unsupported "
+                                             "version %u (this side speaks %u)",
+                                             pfx, version, UCX_HELLO_VERSION));
             return false;
         }
     }
@@ -140,7 +141,7 @@ ucx_setup_done(ucx_conn *c)
         TP_LOG_DEBUG("TP-UCX-ACCEPT",
                      "ucx: listener %s: connection from peer %s ready",
                      l->xl_base.l_addr, c->xc_base.c_peer);
-        ucx_listener_service(l);
+        tp__ucx_listener_service(l);
         return;
     }
     tp_aio *aio = c->xc_connect_aio;
@@ -158,7 +159,7 @@ ucx_auth_send(ucx_conn *c)
     const uint8_t *op;
     size_t n;
     while ((n = tp__auth_out(&c->xc_auth, &op)) > 0) {
-        ucs_status_t st = ucx_send_bytes(c, op, n);
+        ucs_status_t st = tp__ucx_send_bytes(c, op, n);
         if (st != UCS_OK) {
             ucx_setup_failf(c, TP_ECONNRESET, "sending the job-secret proof",
                             st);
@@ -171,24 +172,24 @@ ucx_auth_send(ucx_conn *c)
 
 // Runs the set-up as far as the received data allows.
 void
-ucx_setup_pump(ucx_conn *c)
+tp__ucx_setup_pump(ucx_conn *c)
 {
     char pfx[UCX_PFX_LEN];
     if (c->xc_ep == NULL) {
-        return; // listener side: the ep is made by ucx_listener_make_eps
+        return; // listener side: the ep is made by tp__ucx_listener_make_eps
     }
     if (!c->xc_hello_sent) {
         bool on = false;
         tp_error *err = NULL;
         if (tp__auth_enabled(&on, &err) != TP_OK) {
             ucx_setup_prefix(c, pfx, sizeof(pfx));
-            ucx_setup_fail(
+            tp__ucx_setup_fail(
                 c, tp__error_new(tp_error_status(err), 0, err, "%s", pfx));
             tp_error_unref(err);
             return;
         }
         tp__put_u32le(c->xc_hello_out + 12, on ? TP_AUTH_HELLO_FLAG : 0);
-        ucs_status_t st = ucx_send_bytes(c, c->xc_hello_out, TP_HELLO_LEN);
+        ucs_status_t st = tp__ucx_send_bytes(c, c->xc_hello_out, TP_HELLO_LEN);
         if (st != UCS_OK) {
             ucx_setup_failf(c, TP_ECONNREFUSED, "sending the hello", st);
             return;
@@ -205,8 +206,8 @@ ucx_setup_pump(ucx_conn *c)
     }
     ucs_status_t st = UCS_OK;
     while (c->xc_hello_rcvd < TP_HELLO_LEN) {
-        int64_t got = ucx_consume(c, c->xc_hello_in + c->xc_hello_rcvd,
-                                  TP_HELLO_LEN - c->xc_hello_rcvd, &st);
+        int64_t got = tp__ucx_consume(c, c->xc_hello_in + c->xc_hello_rcvd,
+                                      TP_HELLO_LEN - c->xc_hello_rcvd, &st);
         if (got <= 0) {
             break;
         }
@@ -222,7 +223,7 @@ ucx_setup_pump(ucx_conn *c)
                                 tp__get_u32le(c->xc_hello_in + 12),
                                 c->xc_lsn != NULL, pfx, &err);
         if (r < 0) {
-            ucx_setup_fail(c, err);
+            tp__ucx_setup_fail(c, err);
             return;
         }
         c->xc_auth_state = r == 1 ? 1 : 2;
@@ -234,7 +235,7 @@ ucx_setup_pump(ucx_conn *c)
         uint8_t *ip;
         size_t nin = tp__auth_in(&c->xc_auth, &ip);
         if (nin > 0) {
-            int64_t got = ucx_consume(c, ip, nin, &st);
+            int64_t got = tp__ucx_consume(c, ip, nin, &st);
             if (got <= 0) {
                 break;
             }
@@ -242,7 +243,7 @@ ucx_setup_pump(ucx_conn *c)
             tp_error *err = NULL;
             if (tp__auth_received(&c->xc_auth, (size_t)got, pfx, &err) !=
                 TP_OK) {
-                ucx_setup_fail(c, err);
+                tp__ucx_setup_fail(c, err);
                 return;
             }
             continue;
@@ -266,11 +267,11 @@ ucx_setup_pump(ucx_conn *c)
         bool refused = c->xc_lsn == NULL && c->xc_hello_rcvd == 0;
         if (c->xc_auth_state == 1) {
             ucx_setup_prefix(c, pfx, sizeof(pfx));
-            ucx_setup_fail(c, tp__error_new(TP_EPERM, 0, NULL,
-                                            "%s: closed by the peer during "
-                                            "authentication (it does not "
-                                            "accept this job secret; %s)",
-                                            pfx, ucs_status_string(st)));
+            tp__ucx_setup_fail(c, tp__error_new(TP_EPERM, 0, NULL,
+                                                "%s: closed by the peer during "
+                                                "authentication (it does not "
+                                                "accept this job secret; %s)",
+                                                pfx, ucs_status_string(st)));
             return;
         }
         ucx_setup_failf(c, refused ? TP_ECONNREFUSED : TP_ECONNRESET,
@@ -282,22 +283,22 @@ ucx_setup_pump(ucx_conn *c)
 }
 
 void
-ucx_setup_timer_cb(tp_timer *t, void *arg)
+tp__ucx_setup_timer_cb(tp_timer *t, void *arg)
 {
     TP_UNUSED(t);
     ucx_conn *c = arg;
     char pfx[UCX_PFX_LEN];
     ucx_setup_prefix(c, pfx, sizeof(pfx));
     if (c->xc_lsn != NULL) {
-        ucx_setup_fail(c, tp__error_new(TP_ETIMEDOUT, 0, NULL,
-                                        "%s: no valid hello within %lld ms "
-                                        "(got %u of %u bytes)",
-                                        pfx, (long long)c->xc_timer_ms,
-                                        c->xc_hello_rcvd, TP_HELLO_LEN));
+        tp__ucx_setup_fail(c, tp__error_new(TP_ETIMEDOUT, 0, NULL,
+                                            "%s: no valid hello within %lld ms "
+                                            "(got %u of %u bytes)",
+                                            pfx, (long long)c->xc_timer_ms,
+                                            c->xc_hello_rcvd, TP_HELLO_LEN));
     } else {
-        ucx_setup_fail(c, tp__error_new(TP_ETIMEDOUT, 0, NULL,
-                                        "%s: timed out after %lld ms", pfx,
-                                        (long long)c->xc_timer_ms));
+        tp__ucx_setup_fail(c, tp__error_new(TP_ETIMEDOUT, 0, NULL,
+                                            "%s: timed out after %lld ms", pfx,
+                                            (long long)c->xc_timer_ms));
     }
 }
 
@@ -308,7 +309,7 @@ ucx_ep_params(ucx_conn *c, ucp_ep_params_t *p)
     p->field_mask =
         UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
     p->err_mode = UCP_ERR_HANDLING_MODE_PEER;
-    p->err_handler.cb = ucx_ep_err_cb;
+    p->err_handler.cb = tp__ucx_ep_err_cb;
     p->err_handler.arg = c;
 }
 
@@ -317,7 +318,7 @@ ucx_ep_params(ucx_conn *c, ucp_ep_params_t *p)
 // Creates the endpoints of connection requests taken by ucx_conn_req_cb
 // (after progress: UCP is not called from inside its callbacks).
 void
-ucx_listener_make_eps(ucx_listener *l)
+tp__ucx_listener_make_eps(ucx_listener *l)
 {
     ucx_conn *c = tp__list_first(&l->xl_hsq);
     while (c != NULL) {
@@ -333,7 +334,7 @@ ucx_listener_make_eps(ucx_listener *l)
                 c->xc_ep = NULL;
                 ucx_setup_failf(c, TP_ECONNRESET, "ucp_ep_create", st);
             } else {
-                ucx_setup_pump(c);
+                tp__ucx_setup_pump(c);
             }
         }
         c = next;
@@ -341,7 +342,7 @@ ucx_listener_make_eps(ucx_listener *l)
 }
 
 void
-ucx_listener_service(ucx_listener *l)
+tp__ucx_listener_service(ucx_listener *l)
 {
     while (!tp__list_empty(&l->xl_acceptq) && !tp__list_empty(&l->xl_readyq)) {
         ucx_conn *c = tp__list_pop_first(&l->xl_readyq);
@@ -352,7 +353,7 @@ ucx_listener_service(ucx_listener *l)
                          "ucx: listener %s: connection from peer %s "
                          "closed before it was accepted; dropped",
                          l->xl_base.l_addr, c->xc_base.c_peer);
-            ucx_conn_release(c, true);
+            tp__ucx_conn_release(c, true);
             tp__conn_unref(&c->xc_base);
             continue;
         }
@@ -371,7 +372,7 @@ ucx_conn_req_cb(ucp_conn_request_h req, void *arg)
         ucp_listener_reject(l->xl_ucp, req);
         return;
     }
-    ucx_conn *c = ucx_conn_new(l->xl_base.l_transport);
+    ucx_conn *c = tp__ucx_conn_new(l->xl_base.l_transport);
     if (c == NULL) {
         ucp_listener_reject(l->xl_ucp, req);
         return;
@@ -401,8 +402,8 @@ ucx_conn_req_cb(ucp_conn_request_h req, void *arg)
         tp__timer_start(l->xl_ctx->x_t->t_loop, &c->xc_timer,
                         tp__deadline_after_ms(c->xc_timer_ms));
     }
-    // The conn is on x_conns: after progress, ucx_conn_dispatch runs
-    // ucx_setup_pump, which waits for the ep (made by make_eps below).
+    // The conn is on x_conns: after progress, tp__ucx_conn_dispatch runs
+    // tp__ucx_setup_pump, which waits for the ep (made by make_eps below).
 }
 
 static void
@@ -422,7 +423,7 @@ ucx_accept_cancel(tp_aio *aio, void *arg, tp_status reason)
 }
 
 void
-ucx_accept(tp_listener *bl, tp_aio *aio)
+tp__ucx_accept(tp_listener *bl, tp_aio *aio)
 {
     ucx_listener *l = ucx_listener_of(bl);
     if (!tp__aio_begin(aio, l->xl_ctx->x_t->t_loop, ucx_accept_cancel, l)) {
@@ -435,7 +436,7 @@ ucx_accept(tp_listener *bl, tp_aio *aio)
         return;
     }
     tp__list_append(&l->xl_acceptq, aio);
-    ucx_listener_service(l);
+    tp__ucx_listener_service(l);
 }
 
 static void
@@ -444,13 +445,13 @@ ucx_listener_drop_conns(tp_list *q)
     ucx_conn *c;
     while ((c = tp__list_first(q)) != NULL) {
         ucx_listener_detach(c);
-        ucx_conn_release(c, true);
+        tp__ucx_conn_release(c, true);
         tp__conn_unref(&c->xc_base);
     }
 }
 
 void
-ucx_listener_close(tp_listener *bl)
+tp__ucx_listener_close(tp_listener *bl)
 {
     ucx_listener *l = ucx_listener_of(bl);
     if (l->xl_closed) {
@@ -489,7 +490,7 @@ ucx_listen_task(void *arg)
     ucx_listen_req *r = arg;
     ucx_listener *l = r->lr_l;
     ucx_ctx *x = l->xl_ctx;
-    l->xl_st = ucx_ctx_start(x, &l->xl_err);
+    l->xl_st = tp__ucx_ctx_start(x, &l->xl_err);
     if (l->xl_st != TP_OK) {
         return;
     }
@@ -504,11 +505,12 @@ ucx_listen_task(void *arg)
     ucs_status_t st = ucp_listener_create(x->x_worker, &p, &l->xl_ucp);
     if (st != UCS_OK) {
         l->xl_ucp = NULL;
-        l->xl_st = tp__error_set(
-            &l->xl_err, st == UCS_ERR_BUSY ? TP_EADDRINUSE : ucx_status_tp(st),
-            "ucx: listen on %s: %s", r->lr_shown,
-            st == UCS_ERR_BUSY ? "address already in use"
-                               : ucs_status_string(st));
+        l->xl_st = tp__error_set(&l->xl_err,
+                                 st == UCS_ERR_BUSY ? TP_EADDRINUSE
+                                                    : tp__ucx_status_tp(st),
+                                 "ucx: listen on %s: %s", r->lr_shown,
+                                 st == UCS_ERR_BUSY ? "address already in use"
+                                                    : ucs_status_string(st));
         return;
     }
     ucp_listener_attr_t attr;
@@ -551,7 +553,8 @@ ucx_strip_scheme(const char *addr)
 // Any thread: resolves here (may block), creates the UCP listener on the
 // loop thread.
 tp_status
-ucx_listen(tp_transport *t, tp_listener *bl, const char *addr, tp_error **err_p)
+tp__ucx_listen(tp_transport *t, tp_listener *bl, const char *addr,
+               tp_error **err_p)
 {
     ucx_listener *l = ucx_listener_of(bl);
     l->xl_ctx = ucx_ctx_of(t);
@@ -641,15 +644,15 @@ ucx_connect_cancel(tp_aio *aio, void *arg, tp_status reason)
                             c->xc_base.c_peer,
                             reason == TP_ECLOSED ? "closed" : "canceled");
     }
-    ucx_setup_fail(c, err);
+    tp__ucx_setup_fail(c, err);
 }
 
 void
-ucx_connect(tp_transport *t, const char *addr, tp_aio *aio)
+tp__ucx_connect(tp_transport *t, const char *addr, tp_aio *aio)
 {
     ucx_ctx *x = ucx_ctx_of(t);
     tp_error *err = NULL;
-    if (ucx_ctx_start(x, &err) != TP_OK) {
+    if (tp__ucx_ctx_start(x, &err) != TP_OK) {
         if (tp__aio_begin(aio, t->t_loop, NULL, NULL)) {
             tp__aio_finish(aio, err, 0);
         } else {
@@ -657,7 +660,7 @@ ucx_connect(tp_transport *t, const char *addr, tp_aio *aio)
         }
         return;
     }
-    ucx_conn *c = ucx_conn_new(t);
+    ucx_conn *c = tp__ucx_conn_new(t);
     if (c == NULL) {
         if (tp__aio_begin(aio, t->t_loop, NULL, NULL)) {
             tp__aio_finish_status(aio, TP_ENOMEM,
@@ -666,7 +669,7 @@ ucx_connect(tp_transport *t, const char *addr, tp_aio *aio)
         return;
     }
     if (!tp__aio_begin(aio, t->t_loop, ucx_connect_cancel, c)) {
-        ucx_conn_release(c, true);
+        tp__ucx_conn_release(c, true);
         tp__conn_unref(&c->xc_base);
         return;
     }
@@ -675,27 +678,27 @@ ucx_connect(tp_transport *t, const char *addr, tp_aio *aio)
     const char *rest = ucx_strip_scheme(addr);
     tp_sockaddr sa;
     if (rest == NULL) {
-        ucx_setup_fail(c, tp__error_new(TP_EINVAL, 0, NULL,
-                                        "ucx: bad address \"%s\": not a "
-                                        "ucx:// address",
-                                        addr));
+        tp__ucx_setup_fail(c, tp__error_new(TP_EINVAL, 0, NULL,
+                                            "ucx: bad address \"%s\": not a "
+                                            "ucx:// address",
+                                            addr));
         return;
     }
     // Numeric addresses only: a name would need a resolver off the loop
     // thread, and listener addresses are always numeric.
     if (tp__sockaddr_parse(rest, 0, &sa, &err) != TP_OK) {
-        ucx_setup_fail(c, tp__error_new(TP_EINVAL, 0, err,
-                                        "ucx: connect to \"%s\" (a numeric "
-                                        "address, as listeners give)",
-                                        addr));
+        tp__ucx_setup_fail(c, tp__error_new(TP_EINVAL, 0, err,
+                                            "ucx: connect to \"%s\" (a numeric "
+                                            "address, as listeners give)",
+                                            addr));
         tp_error_unref(err);
         return;
     }
     tp__sockaddr_format(&sa, c->xc_base.c_peer, sizeof(c->xc_base.c_peer));
     bool secret = false;
     if (tp__auth_enabled(&secret, &err) != TP_OK) {
-        ucx_setup_fail(c, tp__error_new(tp_error_status(err), 0, err,
-                                        "ucx: connect to %s", addr));
+        tp__ucx_setup_fail(c, tp__error_new(tp_error_status(err), 0, err,
+                                            "ucx: connect to %s", addr));
         tp_error_unref(err);
         return;
     }
@@ -714,10 +717,11 @@ ucx_connect(tp_transport *t, const char *addr, tp_aio *aio)
     if (st != UCS_OK) {
         c->xc_ep = NULL;
         ucx_setup_failf(c,
-                        ucx_status_tp(st) == TP_ECONNRESET ? TP_ECONNREFUSED
-                                                           : ucx_status_tp(st),
+                        tp__ucx_status_tp(st) == TP_ECONNRESET
+                            ? TP_ECONNREFUSED
+                            : tp__ucx_status_tp(st),
                         "ucp_ep_create", st);
         return;
     }
-    ucx_setup_pump(c);
+    tp__ucx_setup_pump(c);
 }

@@ -18,13 +18,13 @@
 #include "transport/ucx/ucx_impl.h"
 
 const char *
-ucx_status_str(ucs_status_t st)
+tp__ucx_status_str(ucs_status_t st)
 {
     return ucs_status_string(st);
 }
 
 tp_status
-ucx_status_tp(ucs_status_t st)
+tp__ucx_status_tp(ucs_status_t st)
 {
     switch (st) {
     case UCS_OK:
@@ -69,19 +69,19 @@ ucx_progress_once(ucx_ctx *x)
     // conn it runs on.
     for (ucx_listener *l = tp__list_first(&x->x_lsns); l != NULL;
          l = tp__list_next(&x->x_lsns, l)) {
-        ucx_listener_make_eps(l);
+        tp__ucx_listener_make_eps(l);
     }
     ucx_conn *c = tp__list_first(&x->x_conns);
     while (c != NULL) {
         ucx_conn *next = tp__list_next(&x->x_conns, c);
-        ucx_conn_dispatch(c);
+        tp__ucx_conn_dispatch(c);
         c = next;
     }
     return total != 0;
 }
 
 void
-ucx_progress(ucx_ctx *x)
+tp__ucx_progress(ucx_ctx *x)
 {
     (void)ucx_progress_once(x);
 }
@@ -91,7 +91,7 @@ ucx_efd_cb(tp_loop_fd *lfd, uint32_t events)
 {
     TP_UNUSED(events);
     ucx_ctx *x = lfd->lf_arg;
-    ucx_progress(x);
+    tp__ucx_progress(x);
 }
 
 static bool
@@ -116,7 +116,7 @@ ucx_after_sleep_cb(tp_loop_poller *p)
 }
 
 tp_status
-ucx_ctx_start(ucx_ctx *x, tp_error **err_p)
+tp__ucx_ctx_start(ucx_ctx *x, tp_error **err_p)
 {
     if (x->x_started) {
         return TP_OK;
@@ -147,7 +147,7 @@ ucx_close_cb(void *request, ucs_status_t status, void *user_data)
 }
 
 void
-ucx_ep_close(ucx_ctx *x, ucp_ep_h ep, bool force)
+tp__ucx_ep_close(ucx_ctx *x, ucp_ep_h ep, bool force)
 {
     ucp_request_param_t p;
     memset(&p, 0, sizeof(p));
@@ -171,7 +171,7 @@ ucx_init_context(ucp_context_h *ctx_p, char *why, size_t why_len)
     ucs_status_t st = ucp_config_read(NULL, NULL, &uc);
     if (st != UCS_OK) {
         snprintf(why, why_len, "ucp_config_read: %s", ucs_status_string(st));
-        return ucx_status_tp(st);
+        return tp__ucx_status_tp(st);
     }
     ucp_params_t p;
     memset(&p, 0, sizeof(p));
@@ -286,12 +286,12 @@ const tp_transport_ops tp__transport_ucx_ops = {
     .is_viable = ucx_is_viable,
     .ctx_init = ucx_ctx_init,
     .ctx_fini = ucx_ctx_fini,
-    .listen = ucx_listen,
-    .accept = ucx_accept,
-    .listener_close = ucx_listener_close,
-    .connect = ucx_connect,
-    .conn_read = ucx_conn_read,
-    .conn_write = ucx_conn_write,
-    .conn_close = ucx_conn_close,
-    .conn_fini = ucx_conn_fini,
+    .listen = tp__ucx_listen,
+    .accept = tp__ucx_accept,
+    .listener_close = tp__ucx_listener_close,
+    .connect = tp__ucx_connect,
+    .conn_read = tp__ucx_conn_read,
+    .conn_write = tp__ucx_conn_write,
+    .conn_close = tp__ucx_conn_close,
+    .conn_fini = tp__ucx_conn_fini,
 };

@@ -151,43 +151,44 @@ ucx_listener_of(tp_listener *l)
 
 // ucx.c
 // Loop thread: registers the worker's event fd and the poller (once).
-tp_status ucx_ctx_start(ucx_ctx *x, tp_error **err_p);
+tp_status tp__ucx_ctx_start(ucx_ctx *x, tp_error **err_p);
 // Loop thread: progresses the worker until idle, then acts on what the
 // callbacks recorded (ucx_dispatch). Reentrant calls do nothing.
-void ucx_progress(ucx_ctx *x);
+void tp__ucx_progress(ucx_ctx *x);
 // Closes @ep (force when @force); the request is counted in x_closing.
-void ucx_ep_close(ucx_ctx *x, ucp_ep_h ep, bool force);
+void tp__ucx_ep_close(ucx_ctx *x, ucp_ep_h ep, bool force);
 // "ucx: <status text>"-style text of a UCS status.
-const char *ucx_status_str(ucs_status_t st);
-tp_status ucx_status_tp(ucs_status_t st);
+const char *tp__ucx_status_str(ucs_status_t st);
+tp_status tp__ucx_status_tp(ucs_status_t st);
 
 // conn.c
-ucx_conn *ucx_conn_new(tp_transport *t);
-void ucx_ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status);
+ucx_conn *tp__ucx_conn_new(tp_transport *t);
+void tp__ucx_ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status);
 // Copies up to @n received bytes to @dst; returns the count, or -1 after
 // the endpoint failed (the status in *st_p).
-int64_t ucx_consume(ucx_conn *c, uint8_t *dst, uint64_t n, ucs_status_t *st_p);
+int64_t tp__ucx_consume(ucx_conn *c, uint8_t *dst, uint64_t n,
+                        ucs_status_t *st_p);
 // Sends @n bytes (copied) ahead of any later send.
-ucs_status_t ucx_send_bytes(ucx_conn *c, const uint8_t *p, size_t n);
-void ucx_conn_release(ucx_conn *c, bool force);
-void ucx_conn_fail(ucx_conn *c, tp_error *err);
-void ucx_read_pump(ucx_conn *c);
-void ucx_conn_dispatch(ucx_conn *c);
-void ucx_conn_read(tp_conn *bc, tp_aio *aio);
-void ucx_conn_write(tp_conn *bc, tp_aio *aio);
-void ucx_conn_close(tp_conn *bc);
-void ucx_conn_fini(tp_conn *bc);
+ucs_status_t tp__ucx_send_bytes(ucx_conn *c, const uint8_t *p, size_t n);
+void tp__ucx_conn_release(ucx_conn *c, bool force);
+void tp__ucx_conn_fail(ucx_conn *c, tp_error *err);
+void tp__ucx_read_pump(ucx_conn *c);
+void tp__ucx_conn_dispatch(ucx_conn *c);
+void tp__ucx_conn_read(tp_conn *bc, tp_aio *aio);
+void tp__ucx_conn_write(tp_conn *bc, tp_aio *aio);
+void tp__ucx_conn_close(tp_conn *bc);
+void tp__ucx_conn_fini(tp_conn *bc);
 
 // setup.c
-void ucx_setup_pump(ucx_conn *c);
-void ucx_setup_fail(ucx_conn *c, tp_error *err);
-void ucx_setup_timer_cb(tp_timer *t, void *arg);
-void ucx_listener_make_eps(ucx_listener *l);
-void ucx_listener_service(ucx_listener *l);
-tp_status ucx_listen(tp_transport *t, tp_listener *bl, const char *addr,
-                     tp_error **err_p);
-void ucx_accept(tp_listener *bl, tp_aio *aio);
-void ucx_listener_close(tp_listener *bl);
-void ucx_connect(tp_transport *t, const char *addr, tp_aio *aio);
+void tp__ucx_setup_pump(ucx_conn *c);
+void tp__ucx_setup_fail(ucx_conn *c, tp_error *err);
+void tp__ucx_setup_timer_cb(tp_timer *t, void *arg);
+void tp__ucx_listener_make_eps(ucx_listener *l);
+void tp__ucx_listener_service(ucx_listener *l);
+tp_status tp__ucx_listen(tp_transport *t, tp_listener *bl, const char *addr,
+                         tp_error **err_p);
+void tp__ucx_accept(tp_listener *bl, tp_aio *aio);
+void tp__ucx_listener_close(tp_listener *bl);
+void tp__ucx_connect(tp_transport *t, const char *addr, tp_aio *aio);
 
 #endif
