@@ -72,8 +72,17 @@ if(NOT TP_WITH_IBV STREQUAL "OFF")
 endif()
 tp_feature(IBV IBV_FOUND "${IBV_VERSION}")
 
-# UCX
+# UCX. Not with ThreadSanitizer: UCX's memory hooks (libucm) make every
+# threaded program of a TSan build crash at its first thread.
 set(UCX_OK 0)
+if(TP_SANITIZE MATCHES "thread")
+  if(TP_WITH_UCX STREQUAL "ON")
+    message(FATAL_ERROR "TP_WITH_UCX=ON cannot be combined with "
+            "TP_SANITIZE=thread (UCX's memory hooks break TSan)")
+  endif()
+  set(TP_WITH_UCX OFF)
+  message(STATUS "UCX: off in this TSan build (UCX's memory hooks break TSan)")
+endif()
 if(NOT TP_WITH_UCX STREQUAL "OFF")
   pkg_check_modules(UCXPC IMPORTED_TARGET ucx)
   if(UCXPC_FOUND)

@@ -37,8 +37,10 @@ while read -r loc type name; do
         count=$((count + 1))
         continue
         ;;
-    # Emitted by the toolchain, not by our sources.
+    # Emitted by the toolchain (and the sanitizers' instrumentation), not
+    # by our sources.
     __x86.get_pc_thunk.* | DW.ref.__gcc_personality_v0) continue ;;
+    __odr_asan.* | __asan_* | __ubsan_* | __tsan_* | __sanitizer_*) continue ;;
     esac
     obj=${loc%:*}
     obj=${obj##*:}
