@@ -139,8 +139,8 @@ TP_API tp_status tp_store_wait(tp_store *store, const char *const *keys,
 /**
  * tp_store_compare_set - PyTorch's compare_set: if @key holds @expected, or
  * is missing and @expected is empty (@elen 0), set it to @desired. Returns
- * the value @key holds afterwards in *@val_p and *@len_p (tp_free() it); when @key
- * is missing and @expected is not empty, nothing is set and @expected is
+ * the value @key holds afterwards in *@val_p and *@len_p (tp_free() it); when
+ * @key is missing and @expected is not empty, nothing is set and @expected is
  * returned.
  */
 TP_API tp_status tp_store_compare_set(tp_store *store, const char *key,

@@ -76,7 +76,8 @@ check_all_reduce(tp_pg *pg, int rank, int world)
     TP_CHECK_OK(tp_tensor_zeros(TP_I64, 1, &one, &t, &err), err);
     *(int64_t *)tp_tensor_data(t) = rank + 1;
     TP_CHECK_OK(tp_pg_all_reduce(pg, t, TP_REDUCE_SUM, NULL, &err), err);
-    TP_CHECK_EQ(*(int64_t *)tp_tensor_data(t), (int64_t)world * (world + 1) / 2);
+    TP_CHECK_EQ(*(int64_t *)tp_tensor_data(t),
+                (int64_t)world * (world + 1) / 2);
     tp_tensor_unref(t);
 }
 
@@ -161,7 +162,8 @@ test_world_size_tcp(void)
     run(&j, 30000);
 }
 
-// ---- a rank used twice -------------------------------------------------------
+// ---- a rank used twice
+// -------------------------------------------------------
 
 // Process 2 of the job claims rank @arg as well (world 2). The other rank
 // starts 300 ms late: two rank 1s both wait for rank 0's generation and
@@ -192,8 +194,9 @@ rank_twice(int proc, int world, const char *url, void *arg)
         tp_pg_destroy(pg);
         return;
     }
-    TP_CHECKF(took < PROMPT_MS, "process %d (rank %d): failed after %lld ms: %s",
-              proc, rank, (long long)took, tp_error_message(err));
+    TP_CHECKF(took < PROMPT_MS,
+              "process %d (rank %d): failed after %lld ms: %s", proc, rank,
+              (long long)took, tp_error_message(err));
     TP_CHECK_STR_CONTAINS(tp_error_message(err), want);
     tp_error_unref(err);
     tp_job_latch_post(&g_failed);
@@ -318,9 +321,9 @@ test_file_killed_job(void)
     char info[64];
     int len = snprintf(info, sizeof(info), "2 %lld",
                        (long long)ts.tv_sec * 1000 + 600000);
-    TP_CHECK_OK(tp_store_set(s, "tp.pg/g/0/slot/0", "gone pid 1 #0", 13, -1,
-                             &err),
-                err);
+    TP_CHECK_OK(
+        tp_store_set(s, "tp.pg/g/0/slot/0", "gone pid 1 #0", 13, -1, &err),
+        err);
     TP_CHECK_OK(tp_store_set(s, "tp.pg/g/0/info", info, (size_t)len, -1, &err),
                 err);
     tp_store_close(s);
