@@ -35,6 +35,7 @@
 
 #include <tpipe/info.h>
 #include <tpipe/pipe.h>
+#include <tpipe/store.h>
 
 #include "bench_pipe.h"
 #include "core/platform.h"
@@ -206,6 +207,66 @@ bp_make_combos(bp_opts *o)
     }
 }
 
+// Across hosts: the launcher's rank, --listen or --connect, one
+// combination (tcp+basic unless --transport and --channel name one each).
+// Returns -1 to continue, else the exit status.
+static int
+bp_remote_opts(bp_opts *o, const char *transports, const char *channels)
+{
+    const char *rank = getenv("RANK"), *world = getenv("WORLD_SIZE");
+    if (!o->bo_listen && o->bo_connect == NULL && rank != NULL &&
+        world != NULL) {
+        o->bo_launched = true;
+    }
+    int modes = o->bo_listen + (o->bo_connect != NULL) + o->bo_launched;
+    if (modes == 0) {
+        if (o->bo_bind != NULL) {
+            tool_err("bench pipe: --bind needs --listen or a launched job");
+            return TOOL_EXIT_USAGE;
+        }
+        bp_make_combos(o);
+        return -1;
+    }
+    if (modes > 1) {
+        tool_err("bench pipe: --listen, --connect and --launched exclude "
+                 "each other");
+        return TOOL_EXIT_USAGE;
+    }
+    if (o->bo_launched) {
+        char *end = NULL;
+        long r = rank ? strtol(rank, &end, 10) : -1;
+        if (rank == NULL || world == NULL || *rank == '\0' || *end != '\0' ||
+            r < 0 || r > 1 || strcmp(world, "2") != 0) {
+            tool_err("bench pipe: a launched run needs RANK 0 or 1 and "
+                     "WORLD_SIZE=2 (RANK=%s WORLD_SIZE=%s)",
+                     rank ? rank : "(unset)", world ? world : "(unset)");
+            return TOOL_EXIT_USAGE;
+        }
+        o->bo_rank = (int)r;
+    }
+    if (o->bo_com.bo_reps != 1 || o->bo_plot != NULL) {
+        tool_err("bench pipe: --reps and --plot are for local runs (the "
+                 "server serves one client)");
+        return TOOL_EXIT_USAGE;
+    }
+    const char *t = o->bo_all_transports ? "tcp" : o->bo_transports[0];
+    const char *c = o->bo_all_channels ? "basic" : o->bo_channels[0];
+    if ((!o->bo_all_transports && o->bo_ntransports != 1) ||
+        (!o->bo_all_channels && o->bo_nchannels != 1) ||
+        strcmp(c, "xth") == 0) {
+        tool_err("bench pipe: across hosts, name one --transport and one "
+                 "--channel (not xth); default tcp and basic (given: %s, %s)",
+                 transports, channels);
+        return TOOL_EXIT_USAGE;
+    }
+    char allow[64];
+    snprintf(allow, sizeof(allow), "%s%s", t,
+             strcmp(c, "mpt") == 0 && strcmp(t, "tcp") != 0 ? ",tcp" : "");
+    bp_add_combo(o, allow, t, t, c, false);
+    o->bo_combos[0].bc_remote = true;
+    return -1;
+}
+
 // Returns -1 to continue, else the exit status.
 static int
 bp_parse_args(int argc, char **argv, bp_opts *o)
@@ -215,7 +276,7 @@ bp_parse_args(int argc, char **argv, bp_opts *o)
     bench_opts_init(&o->bo_com, "bench pipe", "bench pipe");
     uint64_t npayloads = 0, lanes = 0;
     o->bo_payload_size = 64;
-    bench_opt opts[BENCH_OPTS_N + 6] = {
+    bench_opt opts[BENCH_OPTS_N + 10] = {
         {"--transport", NULL, BENCH_OPT_STR, &transports, 0, 0, "NAME|all",
          "transports (comma list; default all: every viable\none, best "
          "first, as tpipe info lists them)"},
@@ -232,8 +293,21 @@ bp_parse_args(int argc, char **argv, bp_opts *o)
         {"--plot", NULL, BENCH_OPT_STR, &o->bo_plot, 0, 0, "FILE.svg",
          "also write stream GB/s against size, with the\nmemcpy and "
          "loopback TCP ceilings"},
+        {"--listen", NULL, BENCH_OPT_FLAG, &o->bo_listen, 0, 0, NULL,
+         "serve one client of another host: print the URL\nto give its "
+         "--connect, serve it, exit"},
+        {"--connect", NULL, BENCH_OPT_STR, &o->bo_connect, 0, 0, "URL",
+         "measure against a --listen server (same --sizes,\n--window, "
+         "--payloads, --transport, --channel)"},
+        {"--bind", NULL, BENCH_OPT_STR, &o->bo_bind, 0, 0, "HOST",
+         "the server's tcp address (--listen, launched; default:\nthe "
+         "library's, a routable address of this host)"},
+        {"--launched", NULL, BENCH_OPT_FLAG, &o->bo_launched, 0, 0, NULL,
+         "run as 2 ranks of a launched job (automatic when\nRANK and "
+         "WORLD_SIZE are set): rank 0 measures, rank 1\nserves; they "
+         "meet through TP_INIT_METHOD (env://)"},
     };
-    size_t n = 6 + bench_opts_table(&o->bo_com, opts + 6);
+    size_t n = 10 + bench_opts_table(&o->bo_com, opts + 10);
     bench_opt_set_help(
         opts, n, "--sizes",
         "tensor sizes, K/M/G = KiB/MiB/GiB (default\n" BENCH_DEFAULT_SIZES
@@ -268,8 +342,119 @@ bp_parse_args(int argc, char **argv, bp_opts *o)
     if (o->bo_npayloads == 0) {
         o->bo_payload_size = 0;
     }
-    bp_make_combos(o);
-    return -1;
+    return bp_remote_opts(o, transports, channels);
+}
+
+// ---- across hosts ----------------------------------------------------------
+
+#define BP_STORE_KEY "tpipe/bench_pipe/url"
+
+static int64_t
+bp_wait_ms(const bp_opts *o)
+{
+    return (int64_t)(o->bo_com.bo_stall_s * 2000);
+}
+
+// The launched job's store (TP_INIT_METHOD, default env://), or NULL with
+// the error printed.
+static tp_store *
+bp_store_open(const bp_opts *o)
+{
+    const char *im = getenv("TP_INIT_METHOD");
+    tp_store *st = NULL;
+    tp_error *err = NULL;
+    if (tp_store_open(im && *im ? im : "env://", o->bo_rank, 2, bp_wait_ms(o),
+                      &st, &err) != TP_OK) {
+        tool_err("bench pipe: rank %d: store: %s", o->bo_rank,
+                 tp_error_message(err));
+        tp_error_unref(err);
+        return NULL;
+    }
+    return st;
+}
+
+// --listen, or rank 1 of a launched job: serves one client, then exits.
+// The URL goes to stdout (--listen) or into the job's store (launched).
+static int
+bp_serve(const bp_opts *o)
+{
+    const bp_combo *c = &o->bo_combos[0];
+    static bp_server srv;
+    tp_context *ctx = NULL;
+    char url[512], why[1024];
+    int rc = TOOL_EXIT_FAIL;
+    tp_store *st = NULL;
+    if (o->bo_launched && (st = bp_store_open(o)) == NULL) {
+        return TOOL_EXIT_FAIL;
+    }
+    bp_outcome out =
+        bp_server_setup(o, c, &ctx, &srv, url, sizeof(url), why, sizeof(why));
+    if (out != BP_OK) {
+        tool_err("bench pipe: %s: %s", c->bc_label, why);
+        goto done;
+    }
+    if (st != NULL) {
+        tp_error *err = NULL;
+        if (tp_store_set(st, BP_STORE_KEY, url, strlen(url), bp_wait_ms(o),
+                         &err) != TP_OK) {
+            tool_err("bench pipe: rank 1: publishing %s: %s", url,
+                     tp_error_message(err));
+            tp_error_unref(err);
+            goto done;
+        }
+        tool_verbose(o->bo_com.bo_verbose, "bench pipe",
+                     "rank 1: serving %s on %s", c->bc_label, url);
+    } else {
+        printf("%s\n", url);
+        fflush(stdout);
+    }
+    // The client drives; no client, or one that stopped talking, for two
+    // stall timeouts ends the server.
+    int wrc = bt_sync_wait(&srv.sv_sync, bench_stall_ns(&o->bo_com) * 2);
+    if (wrc != 0) {
+        tool_err("bench pipe: server (%s): %s", c->bc_label,
+                 wrc == -2 ? "no progress (no client, or it stopped), "
+                             "giving up"
+                           : srv.sv_sync.bs_msg);
+        tool_install_teardown_alarm("bench pipe",
+                                    (unsigned)o->bo_com.bo_stall_s + 10);
+        goto done;
+    }
+    rc = TOOL_EXIT_OK;
+done:
+    bp_server_teardown(ctx, &srv);
+    alarm(0);
+    tp_store_close(st);
+    return rc;
+}
+
+// --connect, or rank 0 of a launched job: the URL to measure against
+// (from the store: rank 1 publishes it), into @url.
+static bool
+bp_client_url(const bp_opts *o, tp_store **st_p, char *url, size_t len)
+{
+    if (o->bo_connect != NULL) {
+        snprintf(url, len, "%s", o->bo_connect);
+        return true;
+    }
+    if ((*st_p = bp_store_open(o)) == NULL) {
+        return false;
+    }
+    void *val = NULL;
+    size_t n = 0;
+    tp_error *err = NULL;
+    if (tp_store_get(*st_p, BP_STORE_KEY, bp_wait_ms(o), &val, &n, &err) !=
+        TP_OK) {
+        tool_err("bench pipe: rank 0: waiting for rank 1's URL: %s",
+                 tp_error_message(err));
+        tp_error_unref(err);
+        return false;
+    }
+    snprintf(url, len, "%.*s", (int)n, (const char *)val);
+    tp_free(val);
+    tool_verbose(o->bo_com.bo_verbose, "bench pipe", "rank 0: server at %s",
+                 url);
+    return true;
 }
 
 // ---- main ------------------------------------------------------------------
@@ -303,6 +488,16 @@ tool_bench_pipe_main(int argc, char **argv)
     }
     // A write to a dead peer must be an error, not a signal.
     signal(SIGPIPE, SIG_IGN);
+    if (o.bo_listen || (o.bo_launched && o.bo_rank == 1)) {
+        return bp_serve(&o);
+    }
+    static char remote_url[1024];
+    tp_store *store = NULL;
+    bool remote = o.bo_connect != NULL || o.bo_launched;
+    if (remote && !bp_client_url(&o, &store, remote_url, sizeof(remote_url))) {
+        tp_store_close(store);
+        return TOOL_EXIT_FAIL;
+    }
 
     size_t ncells = 2 * o.bo_com.bo_nsizes;
     bench_cell *cells = calloc(ncells, sizeof(*cells));
@@ -351,7 +546,8 @@ tool_bench_pipe_main(int argc, char **argv)
             tool_verbose(o.bo_com.bo_verbose, "bench pipe",
                          "%s: repetition %u of %u", cb->bc_label, rep + 1,
                          o.bo_com.bo_reps);
-            out = bp_run_rep(&r, cells);
+            out = remote ? bp_run_remote(&r, remote_url, cells)
+                         : bp_run_rep(&r, cells);
         }
         if (out == BP_SKIP) {
             bench_skip("bench pipe", cb->bc_label, "%s", r.pr_err);
@@ -392,6 +588,7 @@ tool_bench_pipe_main(int argc, char **argv)
         tool_err("bench pipe: no combination could be measured here");
         failed = true;
     }
+    tp_store_close(store);
     free(cells);
     free(vals);
     free(res);

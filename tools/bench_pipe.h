@@ -29,6 +29,7 @@ typedef struct bp_combo {
     char bc_expect[16];     // the transport the pipe must choose ("" = any)
     char bc_channel[16];
     bool bc_inproc; // both contexts in this process (xth)
+    bool bc_remote; // the peer is another tpipe (--listen/--connect/launched)
     char bc_label[96];
 } bp_combo;
 
@@ -46,6 +47,13 @@ typedef struct bp_opts {
     uint64_t bo_payload_size;
     int bo_lanes;
     const char *bo_plot;
+    // Across hosts: this side serves (--listen, launched rank 1) or
+    // measures against bo_connect (--connect, launched rank 0).
+    bool bo_listen;
+    const char *bo_connect;
+    const char *bo_bind; // the server's tcp host; NULL = the library's
+    bool bo_launched;
+    int bo_rank;
 } bp_opts;
 
 // What a combination produced, for the output and the plot.
@@ -126,6 +134,10 @@ typedef struct bp_run {
 // cells, then stream cells, one per size). BP_SKIP or BP_FAIL with
 // r->pr_err set.
 bp_outcome bp_run_rep(bp_run *r, bench_cell *cells);
+
+// Measures one repetition against the server at @url (another tpipe
+// process, --connect or launched): no fork.
+bp_outcome bp_run_remote(bp_run *r, const char *url, bench_cell *cells);
 
 // ---- output (bench_pipe_plot.c) --------------------------------------------
 

@@ -564,6 +564,14 @@ bp_run_inproc(bp_run *r, bench_cell *cells)
 }
 
 bp_outcome
+bp_run_remote(bp_run *r, const char *url, bench_cell *cells)
+{
+    bp_outcome out = bp_client_run(r, url, cells);
+    alarm(0);
+    return out;
+}
+
+bp_outcome
 bp_run_rep(bp_run *r, bench_cell *cells)
 {
     const bp_opts *o = r->pr_opts;

@@ -165,7 +165,9 @@ bp_print_cell(bench_out *out, const bp_opts *o, const bp_combo *cb,
     const bench_val v[TP_ARRAY_LEN(bp_cols)] = {
         {.v_str = tr},
         {.v_str = cb->bc_channel},
-        {.v_str = cb->bc_inproc ? "thread" : "proc"},
+        {.v_str = cb->bc_inproc   ? "thread"
+                  : cb->bc_remote ? "remote"
+                                  : "proc"},
         {.v_str = cell->bc_stream ? "stream" : "pingpong"},
         {.v_u64 = o->bo_npayloads},
         {.v_u64 = o->bo_payload_size},

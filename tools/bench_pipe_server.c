@@ -290,8 +290,19 @@ bp_server_setup(const bp_opts *o, const bp_combo *c, tp_context **ctx_p,
     if (!bp_context(o, c, "bench-server", ctx_p, why, why_len)) {
         return BP_SKIP;
     }
+    char bind[300];
     const char *tcp_url = "tcp://127.0.0.1:0";
     bool tcp = strstr(c->bc_transports, "tcp") != NULL;
+    if (c->bc_remote) {
+        // The client is on another host: the address --bind names, or the
+        // library's default (a routable address of this host).
+        tcp = tcp && o->bo_bind != NULL;
+        snprintf(bind, sizeof(bind),
+                 strchr(o->bo_bind ? o->bo_bind : "", ':') ? "tcp://[%s]:0"
+                                                           : "tcp://%s:0",
+                 o->bo_bind ? o->bo_bind : "");
+        tcp_url = bind;
+    }
     tp_pipe_listener *l = NULL;
     tp_error *err = NULL;
     // Both processes are on this host: tcp listens on loopback, as the

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# netns_bench_test.sh TPIPE - `tpipe bench pipe` across two "hosts": a pair
+# of network namespaces joined by a veth pair (10.202.1.1 and 10.202.1.2,
+# which exist only inside them; the namespace setup is
+# netns_rpc_test.sh's).
+#   1. ns0: `bench pipe --listen --bind 10.202.1.1` prints its URL;
+#      ns1: `bench pipe --connect URL` measures against it.
+#   2. a launched job, `tpipe run --nnodes 2` (one rank per namespace,
+#      MASTER_ADDR 10.202.1.1): rank 1 (ns1) serves on its default
+#      address and publishes the URL in the env:// store, rank 0 measures.
+# Exit 77 with the reason when namespaces cannot be made (not root, no ip).
+set -u
+
+tpipe=${1:?usage: netns_bench_test.sh TPIPE}
+T0=$SECONDS
+dir=""
+skip() {
+    echo "skipped: $*"
+    exit 77
+}
+fail() {
+    echo "netns_bench_test: FAIL: $*" >&2
+    for f in ${dir:+"$dir"/*.txt}; do
+        [ -f "$f" ] && sed "s|^|$(basename "$f"): |" "$f" >&2
+    done
+    exit 1
+}
+say() { echo "netns_bench_test: $* ($((SECONDS - T0)) s)"; }
+
+[ "$(id -u)" = 0 ] || skip "network namespaces need root"
+command -v ip >/dev/null || skip "no ip command (iproute2)"
+[ -x "$tpipe" ] || fail "no tpipe program $tpipe"
+
+id=$$-$RANDOM
+ns0=tp-bench-0-$id
+ns1=tp-bench-1-$id
+va=tpb$$a # veth names: at most 15 characters
+vb=tpb$$b
+dir=$(mktemp -d /tmp/tp-netns.XXXXXX)
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do
+        kill -KILL "$p" 2>/dev/null
+    done
+    wait 2>/dev/null
+    ip netns del "$ns0" 2>/dev/null
+    ip netns del "$ns1" 2>/dev/null
+    ip link del "$va" 2>/dev/null
+    rm -rf "$dir"
+}
+trap cleanup EXIT
+trap "exit 1" INT TERM HUP
+
+ip netns add "$ns0" 2>"$dir/err" ||
+    skip "cannot create a network namespace: $(cat "$dir/err")"
+ip netns add "$ns1" 2>"$dir/err" ||
+    skip "cannot create a network namespace: $(cat "$dir/err")"
+ip link add "$va" type veth peer name "$vb" 2>"$dir/err" ||
+    skip "cannot create a veth pair: $(cat "$dir/err")"
+ip link set "$va" netns "$ns0" && ip link set "$vb" netns "$ns1" &&
+    ip -n "$ns0" link set "$va" name eth0 &&
+    ip -n "$ns1" link set "$vb" name eth0 &&
+    ip -n "$ns0" addr add 10.202.1.1/24 dev eth0 &&
+    ip -n "$ns1" addr add 10.202.1.2/24 dev eth0 &&
+    ip -n "$ns0" link set lo up && ip -n "$ns1" link set lo up &&
+    ip -n "$ns0" link set eth0 up && ip -n "$ns1" link set eth0 up ||
+    fail "setting up the veth pair"
+say "namespaces $ns0 (10.202.1.1) and $ns1 (10.202.1.2)"
+
+export TP_JOB_TOKEN=netns-bench-test-$id
+args=(--sizes 64,64K,1M --budget 0.2 --stall-timeout 10)
+
+# 1. --listen in ns0, --connect from ns1.
+timeout -k 5 60 ip netns exec "$ns0" "$tpipe" bench pipe --listen \
+    --bind 10.202.1.1 "${args[@]}" >"$dir/url.txt" 2>"$dir/listen.txt" &
+spid=$!
+pids+=("$spid")
+for _ in $(seq 100); do
+    [ -s "$dir/url.txt" ] && break
+    sleep 0.1
+done
+url=$(head -n1 "$dir/url.txt")
+case "$url" in
+tcp://10.202.1.1:*) ;;
+*) fail "--listen printed '$url'" ;;
+esac
+timeout -k 5 60 ip netns exec "$ns1" "$tpipe" bench pipe --connect "$url" \
+    "${args[@]}" >"$dir/connect.txt" 2>"$dir/connect_err.txt" ||
+    fail "--connect $url failed"
+wait "$spid" || fail "the --listen server exited $?"
+cat "$dir/connect.txt"
+n=$(grep -c ' remote ' "$dir/connect.txt")
+[ "$n" = 6 ] || fail "--connect printed $n rows, want 6"
+say "--listen/--connect across the namespaces: ok"
+
+# 2. A launched job of two nodes, one rank in each namespace.
+port=$((29600 + RANDOM % 1000))
+for r in 0 1; do
+    ns=$ns0
+    [ $r = 1 ] && ns=$ns1
+    timeout -k 5 90 ip netns exec "$ns" "$tpipe" run -n 1 --nnodes 2 \
+        --node-rank $r --master-addr 10.202.1.1 --master-port $port -- \
+        "$tpipe" bench pipe "${args[@]}" >"$dir/node$r.txt" 2>&1 &
+    pids+=($!)
+done
+wait "${pids[-2]}" || fail "node 0 of the launched job exited $?"
+wait "${pids[-1]}" || fail "node 1 of the launched job exited $?"
+cat "$dir/node0.txt"
+n=$(grep -c ' remote ' "$dir/node0.txt")
+[ "$n" = 6 ] || fail "the launched job printed $n rows, want 6"
+say "launched job across the namespaces: ok"
