@@ -17,10 +17,12 @@
 #include "bench_out.h"
 #include "bench_peer.h"
 
-#define BP_MAX_NAMES    16
-#define BP_MAX_COMBOS   32
-#define BP_MAX_PAYLOADS 64u
-#define BP_MAX_PAYLOAD  (64u << 20)
+#define BP_MAX_NAMES     16
+#define BP_MAX_COMBOS    32
+#define BP_MAX_PAYLOADS  64u
+#define BP_MAX_PAYLOAD   (64u << 20)
+#define BP_MAX_PAIRS     64
+#define BP_MSGRATE_SIZES "16,64,256,1K,4K"
 
 // One transport/channel combination.
 typedef struct bp_combo {
@@ -54,6 +56,9 @@ typedef struct bp_opts {
     const char *bo_bind; // the server's tcp host; NULL = the library's
     bool bo_launched;
     int bo_rank;
+    // --test msgrate: bo_pairs pairs stream at once (bo_com.bo_stream).
+    bool bo_msgrate;
+    unsigned bo_pairs;
 } bp_opts;
 
 // What a combination produced, for the output and the plot.

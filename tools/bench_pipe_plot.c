@@ -145,6 +145,8 @@ static const bench_col bp_cols[] = {
     BENCH_OUT_STATS_COLS,
     {"iters", 8, "iters", BENCH_COL_U64, 0},
     {NULL, 0, "reps", BENCH_COL_U64, 0},
+    {NULL, 0, "pairs", BENCH_COL_U64, 0},
+    {"Mmsg/s", 9, "msgs_per_s", BENCH_COL_NUM, -1},
 };
 
 void
@@ -162,13 +164,18 @@ bp_print_cell(bench_out *out, const bp_opts *o, const bp_combo *cb,
     if (!bench_cell_medians(cell, &m)) {
         return NAN;
     }
+    double msg =
+        (double)cell->bc_size + (double)o->bo_npayloads * o->bo_payload_size;
+    double rate = m.bm_gbps * 1e9 / msg;
     const bench_val v[TP_ARRAY_LEN(bp_cols)] = {
         {.v_str = tr},
         {.v_str = cb->bc_channel},
         {.v_str = cb->bc_inproc   ? "thread"
                   : cb->bc_remote ? "remote"
                                   : "proc"},
-        {.v_str = cell->bc_stream ? "stream" : "pingpong"},
+        {.v_str = !cell->bc_stream ? "pingpong"
+                  : o->bo_msgrate  ? "msgrate"
+                                   : "stream"},
         {.v_u64 = o->bo_npayloads},
         {.v_u64 = o->bo_payload_size},
         {.v_u64 = cell->bc_size},
@@ -178,6 +185,10 @@ bp_print_cell(bench_out *out, const bp_opts *o, const bp_combo *cb,
         {.v_num = m.bm_gbps},
         {.v_u64 = cell->bc_iters},
         {.v_u64 = cell->bc_n},
+        {.v_u64 = o->bo_msgrate ? o->bo_pairs : 1},
+        // The table: millions of messages per second; JSON: messages/s.
+        {.v_num = o->bo_msgrate ? rate / (o->bo_com.bo_json ? 1.0 : 1e6) : NAN,
+         .v_prec = o->bo_com.bo_json ? 0 : 3},
     };
     bench_out_row(out, v);
     return cell->bc_stream ? m.bm_gbps : m.bm_p50;

@@ -57,4 +57,18 @@ grep -q '<svg' "$TMP/p.svg" && grep -q '</svg>' "$TMP/p.svg" &&
   grep -q '<polyline' "$TMP/p.svg" && grep -q 'memcpy' "$TMP/p.svg" &&
   grep -q 'loopback TCP' "$TMP/p.svg" ||
   fail "SVG lacks the curve or the ceilings"
+# --test msgrate: 2 pairs at once, one row per size, messages/s.
+timeout -k 5 120 "$TPIPE" bench pipe --transport tcp --channel basic \
+  --test msgrate --pairs 2 --sizes 16,256 --budget 0.05 --json \
+  >"$TMP/mr.jsonl" 2>"$TMP/mr.txt" || { cat "$TMP/mr.txt" >&2; fail "msgrate"; }
+"$PY" - "$TMP/mr.jsonl" <<'PYEOF' || { cat "$TMP/mr.txt" >&2; fail "msgrate JSON"; }
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+assert [r["size"] for r in rows] == [16, 256], rows
+for r in rows:
+    assert r["test"] == "msgrate" and r["pairs"] == 2, r
+    assert r["msgs_per_s"] > 0 and r["gbps"] > 0 and r["iters"] >= 20, r
+    assert abs(r["msgs_per_s"] * r["size"] / 1e9 - r["gbps"]) <= \
+        0.01 * r["gbps"] + 1e-3, r
+PYEOF
 echo "bench_pipe_test: ok"
