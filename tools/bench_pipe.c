@@ -321,10 +321,11 @@ bp_parse_args(int argc, char **argv, bp_opts *o)
     size_t n = 11 + bench_opts_table(&o->bo_com, opts + 11);
     for (size_t i = 0; i < n; i++) {
         if (strcmp(opts[i].opt_name, "--test") == 0) {
-            opts[i].opt_arg = "pingpong|stream|msgrate|all";
-            opts[i].opt_help = "(default all: pingpong and stream)\nmsgrate: "
-                               "--pairs pairs stream at once,\nsizes "
-                               "default " BP_MSGRATE_SIZES;
+            opts[i].opt_arg = "pingpong|stream|bibw|msgrate|all";
+            opts[i].opt_help = "(default all: pingpong and stream)\nbibw: "
+                               "stream both ways at once; msgrate:\n"
+                               "--pairs pairs stream at once (sizes default"
+                               "\n" BP_MSGRATE_SIZES ")";
         }
     }
     bench_opt_set_help(
@@ -349,7 +350,17 @@ bp_parse_args(int argc, char **argv, bp_opts *o)
             o->bo_com.bo_sizes_arg = BP_MSGRATE_SIZES;
         }
     }
+    if (strcmp(o->bo_com.bo_test_arg, "bibw") == 0) {
+        // OSU's osu_bibw: both sides stream at once.
+        o->bo_bibw = true;
+        o->bo_com.bo_test_arg = "stream";
+    }
     if (!bench_opts_test(&o->bo_com)) {
+        return TOOL_EXIT_USAGE;
+    }
+    if (o->bo_plot != NULL && (o->bo_bibw || o->bo_msgrate)) {
+        tool_err("bench pipe: --plot draws the stream test (not bibw or "
+                 "msgrate)");
         return TOOL_EXIT_USAGE;
     }
     if (o->bo_plot != NULL && !o->bo_com.bo_stream) {

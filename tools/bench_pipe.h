@@ -59,6 +59,8 @@ typedef struct bp_opts {
     // --test msgrate: bo_pairs pairs stream at once (bo_com.bo_stream).
     bool bo_msgrate;
     unsigned bo_pairs;
+    // --test bibw: the stream test both ways at once (bo_com.bo_stream).
+    bool bo_bibw;
 } bp_opts;
 
 // What a combination produced, for the output and the plot.

@@ -22,7 +22,7 @@
 
 // ---- client: measures ------------------------------------------------------
 
-enum { BP_MODE_PING = 1, BP_MODE_STREAM, BP_MODE_QUIT };
+enum { BP_MODE_PING = 1, BP_MODE_STREAM, BP_MODE_QUIT, BP_MODE_BIBW };
 
 typedef struct bp_client bp_client;
 typedef struct bp_wslot {
@@ -69,6 +69,7 @@ struct bp_client {
     uint64_t cl_s_t0;
     uint64_t cl_s_t1;
     bool cl_acked;
+    char cl_rop; // bibw: the message being read ('b', or 'a': the last)
 };
 
 static void bp_cl_wr_cb(void *arg);
@@ -233,10 +234,12 @@ bp_cl_pump(bp_client *c)
     while (c->cl_issued < c->cl_count &&
            c->cl_issued - c->cl_completed < c->cl_window) {
         bool last = c->cl_issued + 1 == c->cl_count;
+        bool bibw = c->cl_mode == BP_MODE_BIBW;
         unsigned slot = (unsigned)(c->cl_issued % c->cl_window);
         c->cl_issued++;
-        bp_cl_write(c, slot, last ? 'A' : 'S', c->cl_size);
-        if (last) {
+        bp_cl_write(c, slot, bibw ? (last ? 'a' : 'b') : (last ? 'A' : 'S'),
+                    c->cl_size);
+        if (last && !bibw) {
             tp_pipe_read_descriptor(c->cl_pipe, c->cl_desc);
         }
     }
@@ -248,6 +251,9 @@ static void
 bp_cl_check_done(bp_client *c)
 {
     if (c->cl_acked && c->cl_completed == c->cl_issued) {
+        if (c->cl_mode == BP_MODE_BIBW) {
+            c->cl_s_t1 = tp__now_ns();
+        }
         bt_sync_done(&c->cl_sync);
     }
 }
@@ -267,7 +273,7 @@ bp_cl_wr_cb(void *arg)
         bp_cl_part(c);
     } else {
         c->cl_completed++;
-        if (c->cl_mode == BP_MODE_STREAM) {
+        if (c->cl_mode == BP_MODE_STREAM || c->cl_mode == BP_MODE_BIBW) {
             bp_cl_pump(c);
         }
         bp_cl_check_done(c);
@@ -286,10 +292,15 @@ bp_cl_desc_cb(void *arg)
     }
     tp_message *m = tp_aio_get_output(c->cl_desc, 0);
     tp__mtx_lock(&c->cl_mtx);
-    char want = c->cl_mode == BP_MODE_PING ? 'R' : 'K';
+    bool bibw = c->cl_mode == BP_MODE_BIBW;
+    char want = c->cl_mode == BP_MODE_PING ? 'R' : bibw ? 'b' : 'K';
     char op = m->metadata_len == 1 ? *(const char *)m->metadata : '?';
-    uint32_t nt = want == 'R' ? 1 : 0;
-    uint32_t np = want == 'R' ? c->cl_opts->bo_npayloads : 0;
+    if (bibw && op == 'a') {
+        want = 'a'; // the server's last message
+    }
+    c->cl_rop = op;
+    uint32_t nt = want != 'K' ? 1 : 0;
+    uint32_t np = want != 'K' ? c->cl_opts->bo_npayloads : 0;
     bool ok = op == want && m->ntensors == nt && m->npayloads == np &&
               (nt == 0 || m->tensors[0].len == c->cl_size);
     for (uint32_t i = 0; ok && i < np; i++) {
@@ -338,6 +349,9 @@ bp_cl_rd_cb(void *arg)
             return;
         }
         bp_cl_part(c);
+    } else if (c->cl_mode == BP_MODE_BIBW && c->cl_rop == 'b') {
+        // The server's stream: sink it, read the next one.
+        tp_pipe_read_descriptor(c->cl_pipe, c->cl_desc);
     } else {
         if (c->cl_mode == BP_MODE_STREAM) {
             c->cl_s_t1 = tp__now_ns();
@@ -368,10 +382,14 @@ bp_start(bp_client *c, int mode)
         c->cl_round = 0;
         c->cl_nlat = 0;
         bp_cl_round(c);
-    } else if (mode == BP_MODE_STREAM) {
+    } else if (mode == BP_MODE_STREAM || mode == BP_MODE_BIBW) {
         c->cl_issued = c->cl_completed = 0;
         c->cl_acked = false;
         c->cl_s_t0 = tp__now_ns();
+        if (mode == BP_MODE_BIBW) {
+            // The server answers each message with one of its own.
+            tp_pipe_read_descriptor(c->cl_pipe, c->cl_desc);
+        }
         bp_cl_pump(c);
     } else {
         c->cl_issued = 1;
@@ -416,8 +434,9 @@ bp_stream_once(void *arg, uint64_t count, double *secs_p)
     c->cl_size = s->ss_size;
     c->cl_count = count;
     c->cl_window = s->ss_run->pr_opts->bo_com.bo_window;
-    bp_start(c, BP_MODE_STREAM);
-    if (!bp_wait(s->ss_run, c, "stream", s->ss_size)) {
+    bool bibw = s->ss_run->pr_opts->bo_bibw;
+    bp_start(c, bibw ? BP_MODE_BIBW : BP_MODE_STREAM);
+    if (!bp_wait(s->ss_run, c, bibw ? "bibw" : "stream", s->ss_size)) {
         return false;
     }
     *secs_p = (double)(c->cl_s_t1 - c->cl_s_t0) / 1e9;
@@ -431,8 +450,10 @@ bp_stream(bp_run *r, bp_client *c, uint64_t size, bench_cell *cell)
 {
     const bp_opts *o = r->pr_opts;
     bp_stream_ctx s = {.ss_run = r, .ss_client = c, .ss_size = size};
+    // bibw: both directions' bytes.
     double bytes =
-        (double)size + (double)o->bo_npayloads * (double)o->bo_payload_size;
+        (o->bo_bibw ? 2.0 : 1.0) *
+        ((double)size + (double)o->bo_npayloads * (double)o->bo_payload_size);
     return bench_stream(&o->bo_com, r->pr_combo->bc_label, size, bytes,
                         bp_stream_once, &s, cell);
 }

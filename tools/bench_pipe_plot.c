@@ -175,6 +175,7 @@ bp_print_cell(bench_out *out, const bp_opts *o, const bp_combo *cb,
                                   : "proc"},
         {.v_str = !cell->bc_stream ? "pingpong"
                   : o->bo_msgrate  ? "msgrate"
+                  : o->bo_bibw     ? "bibw"
                                    : "stream"},
         {.v_u64 = o->bo_npayloads},
         {.v_u64 = o->bo_payload_size},

@@ -24,6 +24,8 @@
 
 static const char bp_md_echo = 'R';
 static const char bp_md_ack = 'K';
+static const char bp_md_bibw = 'b';
+static const char bp_md_bibw_last = 'a';
 
 void
 bp_bump(bt_sync *s)
@@ -143,7 +145,7 @@ bp_srv_desc_cb(void *arg)
     }
     tp_message *m = tp_aio_get_output(s->sv_desc, 0);
     char op = m->metadata_len == 1 ? *(const char *)m->metadata : '?';
-    bool ok = strchr("PSAQ", op) != NULL && m->ntensors <= 1 &&
+    bool ok = strchr("PSAQba", op) != NULL && m->ntensors <= 1 &&
               m->npayloads <= o->bo_npayloads;
     for (uint32_t i = 0; ok && i < m->ntensors; i++) {
         ok = m->tensors[i].len <= o->bo_com.bo_max_size;
@@ -197,9 +199,12 @@ bp_srv_rd_cb(void *arg)
     }
     tp_message *out = &sl->ss_out;
     memset(out, 0, sizeof(*out));
-    if (sl->ss_op == 'P') {
-        // Echo the same bytes from the same (our own) buffers.
-        out->metadata = (void *)&bp_md_echo;
+    if (sl->ss_op == 'P' || sl->ss_op == 'b' || sl->ss_op == 'a') {
+        // Echo the same bytes from the same (our own) buffers. bibw: the
+        // client does not wait for them, so both directions stream.
+        out->metadata = (void *)(sl->ss_op == 'P'   ? &bp_md_echo
+                                 : sl->ss_op == 'b' ? &bp_md_bibw
+                                                    : &bp_md_bibw_last);
         out->metadata_len = 1;
         if (m->ntensors == 1) {
             sl->ss_out_t = (tp_msg_buf){.data = sl->ss_buf,
@@ -230,7 +235,11 @@ bp_srv_wr_cb(void *arg)
     bp_server *s = sl->ss_srv;
     bp_bump(&s->sv_sync);
     if (tp_aio_error(sl->ss_wr) != NULL) {
-        bp_srv_fail(s, sl->ss_op == 'P' ? "echo" : "ack", sl->ss_wr);
+        bp_srv_fail(s,
+                    sl->ss_op == 'P'          ? "echo"
+                    : strchr("ba", sl->ss_op) ? "bibw write"
+                                              : "ack",
+                    sl->ss_wr);
         return;
     }
     sl->ss_busy = false;

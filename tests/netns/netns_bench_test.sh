@@ -6,6 +6,7 @@
 # netns_rpc_test.sh's).
 #   1. ns0: `bench pipe --listen --bind 10.202.1.1` prints its URL;
 #      ns1: `bench pipe --connect URL` measures against it.
+#      And again with --test bibw (both ways at once).
 #   2. a launched job, `tpipe run --nnodes 2` (one rank per namespace,
 #      MASTER_ADDR 10.202.1.1): rank 1 (ns1) serves on its default
 #      address and publishes the URL in the env:// store, rank 0 measures.
@@ -93,6 +94,26 @@ cat "$dir/connect.txt"
 n=$(grep -c ' remote ' "$dir/connect.txt")
 [ "$n" = 6 ] || fail "--connect printed $n rows, want 6"
 say "--listen/--connect across the namespaces: ok"
+
+# 1b. The same with --test bibw: the server streams back at once.
+timeout -k 5 60 ip netns exec "$ns0" "$tpipe" bench pipe --listen \
+    --bind 10.202.1.1 --test bibw "${args[@]}" >"$dir/url2.txt" \
+    2>"$dir/listen2.txt" &
+spid=$!
+pids+=("$spid")
+for _ in $(seq 100); do
+    [ -s "$dir/url2.txt" ] && break
+    sleep 0.1
+done
+url=$(head -n1 "$dir/url2.txt")
+timeout -k 5 60 ip netns exec "$ns1" "$tpipe" bench pipe --connect "$url" \
+    --test bibw "${args[@]}" >"$dir/bibw.txt" 2>"$dir/bibw_err.txt" ||
+    fail "--connect $url --test bibw failed"
+wait "$spid" || fail "the bibw --listen server exited $?"
+cat "$dir/bibw.txt"
+n=$(grep -c ' remote  bibw ' "$dir/bibw.txt")
+[ "$n" = 3 ] || fail "bibw printed $n rows, want 3"
+say "bibw across the namespaces: ok"
 
 # 2. A launched job of two nodes, one rank in each namespace.
 port=$((29600 + RANDOM % 1000))

@@ -57,6 +57,19 @@ grep -q '<svg' "$TMP/p.svg" && grep -q '</svg>' "$TMP/p.svg" &&
   grep -q '<polyline' "$TMP/p.svg" && grep -q 'memcpy' "$TMP/p.svg" &&
   grep -q 'loopback TCP' "$TMP/p.svg" ||
   fail "SVG lacks the curve or the ceilings"
+# --test bibw: both ways at once, one row per size.
+timeout -k 5 120 "$TPIPE" bench pipe --transport tcp --channel basic \
+  --test bibw --sizes 64,1M --payloads 2 --budget 0.05 --json \
+  >"$TMP/bibw.jsonl" 2>"$TMP/bibw.txt" || { cat "$TMP/bibw.txt" >&2; fail "bibw"; }
+"$PY" - "$TMP/bibw.jsonl" <<'PYEOF' || { cat "$TMP/bibw.txt" >&2; fail "bibw JSON"; }
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+assert [r["size"] for r in rows] == [64, 1 << 20], rows
+for r in rows:
+    assert r["test"] == "bibw" and r["gbps"] > 0 and r["iters"] >= 10, r
+    assert r["p50_us"] is None and r["msgs_per_s"] is None, r
+PYEOF
+
 # --test msgrate: 2 pairs at once, one row per size, messages/s.
 timeout -k 5 120 "$TPIPE" bench pipe --transport tcp --channel basic \
   --test msgrate --pairs 2 --sizes 16,256 --budget 0.05 --json \
