@@ -368,6 +368,13 @@ bp_parse_args(int argc, char **argv, bp_opts *o)
                  "stream or all");
         return TOOL_EXIT_USAGE;
     }
+    // Across hosts the default is tcp+basic, without the skip messages of
+    // "all".
+    if (o->bo_listen || o->bo_connect != NULL || o->bo_launched ||
+        (getenv("RANK") != NULL && getenv("WORLD_SIZE") != NULL)) {
+        transports = strcmp(transports, "all") == 0 ? "tcp" : transports;
+        channels = strcmp(channels, "all") == 0 ? "basic" : channels;
+    }
     static char tbuf[256], cbuf[256];
     if (!bench_opts_finish(&o->bo_com) ||
         !bp_parse_names("transport", TOOL_TRANSPORT, transports, tbuf,

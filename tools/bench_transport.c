@@ -37,7 +37,9 @@ typedef struct bt_opts {
     bool bo_idle;
     double bo_idle_s;
     const char *bo_addr;
-    tp_config bo_cfg; // from the environment
+    bool bo_listen;         // serve one client of another host
+    const char *bo_connect; // measure against a --listen server
+    tp_config bo_cfg;       // from the environment
 } bt_opts;
 
 static const bench_usage bt_usage = {
@@ -161,7 +163,7 @@ bt_parse_args(int argc, char **argv, bt_opts *o)
     memset(o, 0, sizeof(*o));
     bench_opts_init(&o->bo_com, "bench transport", NULL);
     o->bo_idle_s = 2.0;
-    bench_opt opts[5 + BENCH_OPTS_N] = {
+    bench_opt opts[7 + BENCH_OPTS_N] = {
         {"--transport", NULL, BENCH_OPT_STR, &transports, 0, 0,
          "tcp|shm|all|best",
          "transports (comma list, all, or the best viable\none; default all "
@@ -176,8 +178,14 @@ bt_parse_args(int argc, char **argv, bt_opts *o)
         {"--addr", NULL, BENCH_OPT_STR, &o->bo_addr, 0, 0, "ADDR",
          "server listen address (default: tcp://127.0.0.1:0\nfor tcp, the "
          "transport's own otherwise)"},
+        {"--listen", NULL, BENCH_OPT_FLAG, &o->bo_listen, 0, 0, NULL,
+         "serve one client of another host: print the\naddress (default: "
+         "the transport's own), serve, exit"},
+        {"--connect", NULL, BENCH_OPT_STR, &o->bo_connect, 0, 0, "ADDR",
+         "measure against a --listen server (same --sizes,\n--window, "
+         "--transport, --backend)"},
     };
-    size_t n = 5 + bench_opts_table(&o->bo_com, opts + 5);
+    size_t n = 7 + bench_opts_table(&o->bo_com, opts + 7);
     bench_opt_set_help(opts, n, "--reps",
                        "repeat each measurement R times on separate\n"
                        "connections; report the median of the medians");
@@ -185,6 +193,22 @@ bt_parse_args(int argc, char **argv, bt_opts *o)
         bench_parse_args("bench transport", opts, n, &bt_usage, argc, argv);
     if (rc >= 0) {
         return rc;
+    }
+    bool remote = o->bo_listen || o->bo_connect != NULL;
+    if (remote) {
+        // Across hosts: one transport (default tcp) and one backend.
+        transports = strcmp(transports, "all") == 0 ? "tcp" : transports;
+        if (o->bo_listen && o->bo_connect != NULL) {
+            tool_err("bench transport: --listen and --connect exclude each "
+                     "other");
+            return TOOL_EXIT_USAGE;
+        }
+        if (o->bo_com.bo_reps64 != 1 || strchr(transports, ',') != NULL ||
+            strcmp(transports, "best") == 0 || strchr(backends, ',') != NULL) {
+            tool_err("bench transport: across hosts, name one --transport "
+                     "and at most one --backend, without --reps");
+            return TOOL_EXIT_USAGE;
+        }
     }
     if (!bench_opts_test(&o->bo_com) || !bench_opts_finish(&o->bo_com) ||
         tp__config_load(&o->bo_cfg, NULL) != TP_OK ||
@@ -198,6 +222,9 @@ bt_parse_args(int argc, char **argv, bt_opts *o)
     }
     if (o->bo_idle) {
         o->bo_com.bo_max_size = BT_MIN_SIZE;
+    }
+    if (remote) {
+        o->bo_nbackends = 1; // the best viable one unless named
     }
     return -1;
 }
@@ -213,11 +240,28 @@ typedef struct bt_run {
     char br_err[1200];
 } bt_run;
 
-// The forked server of the bt_run @arg: never returns.
-static void
-bt_server_child(void *arg, int wfd)
+// Reports the server's address (@ok) or failure to the parent through
+// @wfd, or (--listen, @wfd < 0) the address to stdout, the failure to
+// stderr.
+static bool
+bt_server_say(int wfd, bool ok, const char *msg)
 {
-    const bt_run *r = arg;
+    if (wfd >= 0) {
+        return bench_server_report(wfd, ok ? BENCH_OK : BENCH_FAIL, msg);
+    }
+    if (ok) {
+        printf("%s\n", msg);
+        fflush(stdout);
+    } else {
+        tool_err("bench transport: server: %s", msg);
+    }
+    return true;
+}
+
+// The server: serves one client. Returns the exit status (0 ok).
+static int
+bt_serve(const bt_run *r, int wfd)
+{
     const bt_opts *o = r->br_opts;
     char msg[1200];
     tp_config cfg = o->bo_cfg;
@@ -230,15 +274,15 @@ bt_server_child(void *arg, int wfd)
     // like the peers it is compared with (iperf3, sock_pingpong on
     // 127.0.0.1), never through an interface chosen for other hosts.
     const char *addr = o->bo_addr;
-    if (addr == NULL && strcmp(r->br_transport, "tcp") == 0) {
+    if (addr == NULL && strcmp(r->br_transport, "tcp") == 0 && !o->bo_listen) {
         addr = "tcp://127.0.0.1:0";
     }
     if (tp__loop_create(&cfg, "bench-srv", &loop, &err) != TP_OK ||
         tp__transport_create(r->br_transport, loop, &cfg, &t, &err) != TP_OK ||
         tp__transport_listen(t, addr, &l, &err) != TP_OK) {
         // The parent reports a missing address anyway.
-        (void)bench_server_report(wfd, BENCH_FAIL, tp_error_message(err));
-        _exit(1);
+        (void)bt_server_say(wfd, false, tp_error_message(err));
+        return 1;
     }
     // Buffers first (touching them takes a while for large sizes), so
     // that the client's first measurement does not wait for them.
@@ -247,14 +291,16 @@ bt_server_child(void *arg, int wfd)
     if (bt_server_init(&srv, loop, l, o->bo_com.bo_max_size, nbufs) != 0) {
         snprintf(msg, sizeof(msg), "out of memory for %u buffers of %llu bytes",
                  nbufs, (unsigned long long)o->bo_com.bo_max_size);
-        (void)bench_server_report(wfd, BENCH_FAIL, msg);
-        _exit(1);
+        (void)bt_server_say(wfd, false, msg);
+        return 1;
     }
     bt_server_start(&srv);
-    if (!bench_server_report(wfd, BENCH_OK, tp__listener_addr(l))) {
-        _exit(1);
+    if (!bt_server_say(wfd, true, tp__listener_addr(l))) {
+        return 1;
     }
-    close(wfd);
+    if (wfd >= 0) {
+        close(wfd);
+    }
     // The client drives; the server only needs to notice a dead client
     // (the transport reports it) or a client that stopped talking.
     uint64_t stall =
@@ -264,7 +310,7 @@ bt_server_child(void *arg, int wfd)
         fprintf(stderr, "tpipe: bench server (%s/%s): %s\n", r->br_transport,
                 r->br_backend_name,
                 rc == -2 ? "no progress, giving up" : srv.sv_sync.bs_msg);
-        _exit(1);
+        return 1;
     }
     // Orderly teardown: it exercises close paths too.
     tp__conn_close(srv.sv_conn);
@@ -272,7 +318,14 @@ bt_server_child(void *arg, int wfd)
     tp__listener_destroy(l);
     tp__transport_destroy(t);
     tp__loop_destroy(loop);
-    _exit(0);
+    return 0;
+}
+
+// The forked server of the bt_run @arg: never returns.
+static void
+bt_server_child(void *arg, int wfd)
+{
+    _exit(bt_serve(arg, wfd));
 }
 
 // Waits for the measurement; on failure writes "<what>: <why>" to br_err.
@@ -374,9 +427,12 @@ bt_run_rep(bt_run *r, bench_cell *cells, bt_idle_result *idle)
 {
     const bt_opts *o = r->br_opts;
     char addr[512];
-    pid_t pid;
-    if (bench_server_start(&o->bo_com, bt_server_child, r, addr, sizeof(addr),
-                           &pid, r->br_err, sizeof(r->br_err)) != BENCH_OK) {
+    pid_t pid = -1;
+    if (o->bo_connect != NULL) {
+        snprintf(addr, sizeof(addr), "%s", o->bo_connect);
+    } else if (bench_server_start(&o->bo_com, bt_server_child, r, addr,
+                                  sizeof(addr), &pid, r->br_err,
+                                  sizeof(r->br_err)) != BENCH_OK) {
         return false;
     }
     bool ok;
@@ -450,7 +506,9 @@ out:
     if (!ok) {
         // Kill the server first: pending operations then fail fast on
         // both sides, and a hung teardown is cut short by the alarm.
-        kill(pid, SIGKILL);
+        if (pid > 0) {
+            kill(pid, SIGKILL);
+        }
         tool_install_teardown_alarm("bench transport",
                                     (unsigned)o->bo_com.bo_stall_s + 10);
     }
@@ -468,7 +526,9 @@ out:
     if (loop != NULL) {
         tp__loop_destroy(loop);
     }
-    ok = bench_reap_server(pid, ok, r->br_err, sizeof(r->br_err));
+    if (pid > 0) {
+        ok = bench_reap_server(pid, ok, r->br_err, sizeof(r->br_err));
+    }
     if (!ok) {
         alarm(0);
     }
@@ -550,6 +610,15 @@ tool_bench_transport_main(int argc, char **argv)
     }
     // A write to a dead peer must be an error, not a signal.
     signal(SIGPIPE, SIG_IGN);
+    if (o.bo_listen) {
+        bt_run r = {
+            .br_opts = &o,
+            .br_transport = o.bo_transports[0],
+            .br_backend = o.bo_backends[0],
+            .br_backend_name = tp__io_backend_name(o.bo_backends[0]),
+        };
+        return bt_serve(&r, -1) == 0 ? TOOL_EXIT_OK : TOOL_EXIT_FAIL;
+    }
 
     size_t ncells = 2 * o.bo_com.bo_nsizes;
     bench_cell *cells = calloc(ncells, sizeof(*cells));

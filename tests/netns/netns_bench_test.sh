@@ -6,7 +6,8 @@
 # netns_rpc_test.sh's).
 #   1. ns0: `bench pipe --listen --bind 10.202.1.1` prints its URL;
 #      ns1: `bench pipe --connect URL` measures against it.
-#      And again with --test bibw (both ways at once).
+#      And again with --test bibw (both ways at once), and bench transport
+#      --listen (on its default address) / --connect.
 #   2. a launched job, `tpipe run --nnodes 2` (one rank per namespace,
 #      MASTER_ADDR 10.202.1.1): rank 1 (ns1) serves on its default
 #      address and publishes the URL in the env:// store, rank 0 measures.
@@ -114,6 +115,30 @@ cat "$dir/bibw.txt"
 n=$(grep -c ' remote  bibw ' "$dir/bibw.txt")
 [ "$n" = 3 ] || fail "bibw printed $n rows, want 3"
 say "bibw across the namespaces: ok"
+
+# 1c. bench transport --listen in ns0 (the transport's own address: the
+# veth's), --connect from ns1.
+timeout -k 5 60 ip netns exec "$ns0" "$tpipe" bench transport --listen \
+    --transport tcp "${args[@]}" >"$dir/turl.txt" 2>"$dir/tlisten.txt" &
+spid=$!
+pids+=("$spid")
+for _ in $(seq 100); do
+    [ -s "$dir/turl.txt" ] && break
+    sleep 0.1
+done
+url=$(head -n1 "$dir/turl.txt")
+case "$url" in
+tcp://10.202.1.1:*) ;;
+*) fail "bench transport --listen printed '$url'" ;;
+esac
+timeout -k 5 60 ip netns exec "$ns1" "$tpipe" bench transport --connect \
+    "$url" "${args[@]}" >"$dir/transport.txt" 2>"$dir/transport_err.txt" ||
+    fail "bench transport --connect $url failed"
+wait "$spid" || fail "the bench transport --listen server exited $?"
+cat "$dir/transport.txt"
+n=$(grep -c '^tcp ' "$dir/transport.txt")
+[ "$n" = 6 ] || fail "bench transport printed $n rows, want 6"
+say "bench transport --listen/--connect across the namespaces: ok"
 
 # 2. A launched job of two nodes, one rank in each namespace.
 port=$((29600 + RANDOM % 1000))

@@ -4,7 +4,8 @@
 # processes, on this host: --listen (prints its URL, serves one client,
 # exits 0) with --connect URL, and a launched job (`tpipe run -n 2`: rank 1
 # serves, publishing its URL in the env:// store; rank 0 measures). The
-# two-host version is tests/netns/netns_bench_test.sh.
+# two-host version is tests/netns/netns_bench_test.sh. Then bench
+# transport --listen/--connect.
 set -u
 TPIPE=$1
 TMP=$(mktemp -d)
@@ -35,6 +36,22 @@ timeout -k 5 90 "$TPIPE" run -n 2 --output-ranks 0 -- "$TPIPE" bench pipe \
   "${args[@]}" >"$TMP/run.txt" 2>&1 || fail "launched run failed"
 n=$(grep -c '"mode":"remote"' "$TMP/run.txt")
 [ "$n" = 4 ] || fail "the launched run printed $n remote rows, want 4"
+
+# bench transport --listen/--connect: the raw transport, the same way.
+timeout -k 5 60 "$TPIPE" bench transport --listen --addr tcp://127.0.0.1:0 \
+  "${args[@]}" >"$TMP/turl.txt" 2>"$TMP/tsrv.txt" &
+spid=$!
+for _ in $(seq 100); do [ -s "$TMP/turl.txt" ] && break; sleep 0.1; done
+url=$(head -n1 "$TMP/turl.txt")
+case "$url" in tcp://127.0.0.1:*) ;; *) fail "transport --listen printed '$url'" ;; esac
+timeout -k 5 60 "$TPIPE" bench transport --connect "$url" "${args[@]}" \
+  >"$TMP/tcli.txt" 2>"$TMP/tclierr.txt" || fail "transport --connect failed"
+wait "$spid" || fail "the transport --listen server exited $?"
+spid=""
+n=$(grep -c '"bench":"transport"' "$TMP/tcli.txt")
+[ "$n" = 4 ] || fail "transport --connect printed $n rows, want 4"
+"$TPIPE" bench transport --connect tcp://127.0.0.1:1 --reps 2 >/dev/null 2>&1
+[ $? = 2 ] || fail "bench transport --connect --reps 2: want exit 2"
 
 # Usage errors: one combination, no --reps/--plot, ranks of 2.
 "$TPIPE" bench pipe --connect tcp://127.0.0.1:1 --transport tcp,shm \
