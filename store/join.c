@@ -15,7 +15,9 @@
 
 #include "store/join.h"
 
+#include <errno.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,6 +36,15 @@
 // How long a rank that found its slot taken waits for a newer generation
 // before it reports a rank used twice.
 #define JOIN_TAKEN_WAIT_MS 1000
+
+// At most @cap ms of a wait bounded by @deadline. tp__ms_left gives 0 for
+// no deadline, which a store call reads as "no limit": a slice must not.
+static int64_t
+join_slice(uint64_t deadline, int64_t cap)
+{
+    int64_t left = tp__ms_left(deadline);
+    return left == 0 ? cap : TP_MIN(left, cap);
+}
 
 static int64_t
 join_realtime_ms(void)
@@ -218,6 +229,24 @@ join_open(tp__store_member *j, int64_t init_ms, uint64_t deadline,
                         tp__ms_left(deadline), err_p);
 }
 
+// Whether a slot holder's token ("<host> pid <pid> #<n>") names a live
+// process of this host.
+static bool
+join_holder_alive_here(const char *token)
+{
+    char host[256], me[256];
+    int pid = 0;
+    if (sscanf(token, "%255s pid %d", host, &pid) != 2 || pid <= 0 ||
+        gethostname(me, sizeof(me)) != 0) {
+        return false;
+    }
+    me[sizeof(me) - 1] = '\0';
+    if (strncmp(host, me, 64) != 0) {
+        return false;
+    }
+    return kill((pid_t)pid, 0) == 0 || errno == EPERM;
+}
+
 // Newest generation @gen's state: whether to join it (*@join_p), and if
 // not, why (@why, for the timeout message) or, when its slot is taken, by
 // whom (@holder). Fails on a conflict that is this job's.
@@ -234,8 +263,8 @@ join_try(tp__store_member *j, int64_t gen, bool opened_since, bool *joined_p,
     void *v = NULL;
     size_t len = 0;
     tp_error *e = NULL;
-    tp_status st = tp_store_get(
-        j->j_store, key, TP_MIN(tp__ms_left(deadline), 2000), &v, &len, &e);
+    tp_status st =
+        tp_store_get(j->j_store, key, join_slice(deadline, 2000), &v, &len, &e);
     if (st == TP_ETIMEDOUT) {
         tp_error_unref(e);
         snprintf(why, why_len, "generation %" PRId64 " has no world size", gen);
@@ -271,6 +300,20 @@ join_try(tp__store_member *j, int64_t gen, bool opened_since, bool *joined_p,
     int64_t now = join_realtime_ms();
     if (done != NULL) {
         snprintf(why, why_len, "generation %" PRId64 " is complete", gen);
+        // A running job holds every slot. If ours is held by a process of
+        // this host that is still alive, this is a second claimant of a
+        // rank in use: taken (the caller reports the conflict unless a
+        // newer generation opens). An ended job's holder is gone: a newer
+        // generation is waited for, as before.
+        char slot[32];
+        snprintf(slot, sizeof(slot), "slot/%d", j->j_rank);
+        join_key(j, gen, slot, key, sizeof(key));
+        char *hold = NULL;
+        if (join_peek(j, key, &hold, NULL) == TP_OK && hold != NULL &&
+            join_holder_alive_here(hold)) {
+            snprintf(holder, holder_len, "%s", hold);
+        }
+        free(hold);
         goto out;
     }
     if (expiry != 0 && now > expiry + JOIN_EXPIRY_SLACK_MS) {
@@ -398,9 +441,9 @@ tp__store_join(tp_store *store, const char *ns, int rank, int world,
         void *v = NULL;
         size_t len = 0;
         tp_error *e = NULL;
-        int64_t slice = TP_MIN(tp__ms_left(deadline), 500);
+        int64_t slice = join_slice(deadline, 500);
         if (taken_gen >= 0) {
-            slice = TP_MIN(slice, tp__ms_left(taken_dl));
+            slice = TP_MIN(slice, join_slice(taken_dl, 500));
         }
         st = tp_store_get(store, key, slice, &v, &len, &e);
         if (st != TP_OK && st != TP_ETIMEDOUT) {
