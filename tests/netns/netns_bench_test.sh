@@ -34,40 +34,8 @@ say() { echo "netns_bench_test: $* ($((SECONDS - T0)) s)"; }
 command -v ip >/dev/null || skip "no ip command (iproute2)"
 [ -x "$tpipe" ] || fail "no tpipe program $tpipe"
 
-id=$$-$RANDOM
-ns0=tp-bench-0-$id
-ns1=tp-bench-1-$id
-va=tpb$$a # veth names: at most 15 characters
-vb=tpb$$b
-dir=$(mktemp -d /tmp/tp-netns.XXXXXX)
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do
-        kill -KILL "$p" 2>/dev/null
-    done
-    wait 2>/dev/null
-    ip netns del "$ns0" 2>/dev/null
-    ip netns del "$ns1" 2>/dev/null
-    ip link del "$va" 2>/dev/null
-    rm -rf "$dir"
-}
-trap cleanup EXIT
-trap "exit 1" INT TERM HUP
-
-ip netns add "$ns0" 2>"$dir/err" ||
-    skip "cannot create a network namespace: $(cat "$dir/err")"
-ip netns add "$ns1" 2>"$dir/err" ||
-    skip "cannot create a network namespace: $(cat "$dir/err")"
-ip link add "$va" type veth peer name "$vb" 2>"$dir/err" ||
-    skip "cannot create a veth pair: $(cat "$dir/err")"
-ip link set "$va" netns "$ns0" && ip link set "$vb" netns "$ns1" &&
-    ip -n "$ns0" link set "$va" name eth0 &&
-    ip -n "$ns1" link set "$vb" name eth0 &&
-    ip -n "$ns0" addr add 10.202.1.1/24 dev eth0 &&
-    ip -n "$ns1" addr add 10.202.1.2/24 dev eth0 &&
-    ip -n "$ns0" link set lo up && ip -n "$ns1" link set lo up &&
-    ip -n "$ns0" link set eth0 up && ip -n "$ns1" link set eth0 up ||
-    fail "setting up the veth pair"
+. "$(dirname "$0")/netns_lib.sh"
+netns_pair "bench" b 10.202.1
 say "namespaces $ns0 (10.202.1.1) and $ns1 (10.202.1.2)"
 
 export TP_JOB_TOKEN=netns-bench-test-$id

@@ -1,0 +1,49 @@
+# SPDX-License-Identifier: Apache-2.0
+# netns_lib.sh - sourced by the netns tests: two network namespaces joined
+# by a veth pair, addresses that exist only inside them, and their cleanup.
+# The caller defines skip() (exit 77 with the reason) and fail() first.
+#
+#   netns_pair NAME LETTER SUBNET
+#
+# creates namespaces $ns0 and $ns1 (tp-NAME-0-$id, tp-NAME-1-$id), eth0
+# in each with SUBNET.1/24 and SUBNET.2/24, a scratch directory $dir and an
+# array $pids of processes the cleanup kills; an EXIT trap removes all of
+# it. LETTER makes the veth names unique per test (at most 15 characters).
+
+netns_cleanup() {
+    for p in "${pids[@]}"; do
+        kill -KILL "$p" 2>/dev/null
+    done
+    wait 2>/dev/null
+    ip netns del "$ns0" 2>/dev/null
+    ip netns del "$ns1" 2>/dev/null
+    ip link del "$va" 2>/dev/null
+    rm -rf "$dir"
+}
+
+netns_pair() {
+    local name=$1 letter=$2 subnet=$3
+    id=$$-$RANDOM
+    ns0=tp-$name-0-$id
+    ns1=tp-$name-1-$id
+    va=tp$letter$$a
+    vb=tp$letter$$b
+    dir=$(mktemp -d /tmp/tp-netns.XXXXXX)
+    pids=()
+    trap netns_cleanup EXIT
+    trap "exit 1" INT TERM HUP
+    ip netns add "$ns0" 2>"$dir/err" ||
+        skip "cannot create a network namespace: $(cat "$dir/err")"
+    ip netns add "$ns1" 2>"$dir/err" ||
+        skip "cannot create a network namespace: $(cat "$dir/err")"
+    ip link add "$va" type veth peer name "$vb" 2>"$dir/err" ||
+        skip "cannot create a veth pair: $(cat "$dir/err")"
+    ip link set "$va" netns "$ns0" && ip link set "$vb" netns "$ns1" &&
+        ip -n "$ns0" link set "$va" name eth0 &&
+        ip -n "$ns1" link set "$vb" name eth0 &&
+        ip -n "$ns0" addr add "$subnet.1/24" dev eth0 &&
+        ip -n "$ns1" addr add "$subnet.2/24" dev eth0 &&
+        ip -n "$ns0" link set lo up && ip -n "$ns1" link set lo up &&
+        ip -n "$ns0" link set eth0 up && ip -n "$ns1" link set eth0 up ||
+        fail "setting up the veth pair"
+}
