@@ -9,7 +9,9 @@
  *   conn.c        connections: the read state machine, the dispatch of
  *                 messages by kind, failure, accept, connect
  *   slot.c        write slots: building, sending and completing writes
- *   calls.c       pending calls, the timer thread, tp_rpc_async/sync/wait
+ *   calls.c       pending calls, the timer thread
+ *   calls_send.c  making a call: requests, protocol kinds, notifications
+ *   calls_api.c   tp_rpc_async/sync/wait, workers by name
  *   serve.c       requests: handlers on the pool, replies
  *   stats.c       per-peer counters, latency histogram, debug info
  *   flight.c      the flight recorder: the last messages sent, their state
@@ -370,6 +372,16 @@ ag_call *tp__ag_pending_take_locked(tp_agent *a, uint64_t id,
                                     const ag_conn *conn, tp_status st);
 void tp__ag_call_finish(ag_call *c, tp_args *result, tp_error *err);
 void *tp__ag_timer_main(void *arg);
+/* Puts @c in the pending table, its peer's list and its timeout class. */
+void tp__ag_pending_insert_locked(tp_agent *a, ag_call *c);
+
+// calls_send.c
+/* The call's timeout: @timeout_ms, or the agent's default if negative. */
+int64_t tp__ag_call_timeout(const tp_agent *a, int64_t timeout_ms);
+/* A future failed with @err (taken); NULL if none could be made. */
+tp_future *tp__ag_future_failed(tp_error *err);
+tp_future *tp__ag_call_fn(tp_agent *a, ag_peer *p, const char *fn_name,
+                          const tp_args *in, int64_t timeout_ms);
 
 // serve.c
 void tp__ag_serve_request(ag_conn *c, const ag_hdr *h, tp_args *args);
