@@ -334,67 +334,100 @@ tp__auth_done(const tp__auth *a)
 }
 
 tp_status
+tp__auth_pump(tp__auth *a, tp__auth_io io, void *ctx, bool send_only,
+              const char *peer, bool *done_p, tp_error **err_p)
+{
+    *done_p = false;
+    for (;;) {
+        bool progress = false;
+        const uint8_t *op;
+        size_t nout = tp__auth_out(a, &op);
+        if (nout > 0) {
+            ssize_t n = io(ctx, true, (void *)op, nout);
+            if (n > 0) {
+                tp__auth_sent(a, (size_t)n);
+                progress = true;
+            } else if (n < 0 && errno == EINTR) {
+                progress = true;
+            } else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+                return tp__error_errno(
+                    err_p, errno, "%s: sending the job-secret proof", peer);
+            }
+        }
+        uint8_t *ip;
+        size_t nin = send_only ? 0 : tp__auth_in(a, &ip);
+        if (nin > 0) {
+            ssize_t n = io(ctx, false, ip, nin);
+            if (n > 0) {
+                tp_status st = tp__auth_received(a, (size_t)n, peer, err_p);
+                if (st != TP_OK) {
+                    return st;
+                }
+                progress = true;
+            } else if (n == 0) {
+                return tp__error_set(err_p, TP_EPERM,
+                                     "%s: closed by the peer during "
+                                     "authentication (it does not accept "
+                                     "this job secret, or has none)",
+                                     peer);
+            } else if (errno == EINTR) {
+                progress = true;
+            } else if (errno != EAGAIN && errno != EWOULDBLOCK) {
+                return tp__error_errno(
+                    err_p, errno, "%s: reading the job-secret proof", peer);
+            }
+        }
+        if (tp__auth_done(a)) {
+            *done_p = true;
+            return TP_OK;
+        }
+        if (!progress) {
+            return TP_OK; // wait for the socket
+        }
+    }
+}
+
+// tp__auth_io over a socket.
+static ssize_t
+auth_fd_io(void *ctx, bool send_, void *buf, size_t len)
+{
+    int fd = *(const int *)ctx;
+    return send_ ? send(fd, buf, len, MSG_NOSIGNAL | MSG_DONTWAIT)
+                 : recv(fd, buf, len, MSG_DONTWAIT);
+}
+
+tp_status
 tp__auth_run_fd(int fd, bool acceptor, const char *label, uint64_t deadline_ns,
                 const char *peer, tp_error **err_p)
 {
     tp__auth a;
     tp__auth_start(&a, acceptor, label);
-    while (!tp__auth_done(&a)) {
-        const uint8_t *op;
-        uint8_t *ip;
-        size_t nout = tp__auth_out(&a, &op);
-        size_t nin = tp__auth_in(&a, &ip);
-        struct pollfd pfd = {
-            .fd = fd,
-            .events = (short)((nout ? POLLOUT : 0) | (nin ? POLLIN : 0))};
-        int64_t left = tp__ms_left(deadline_ns);
-        if (left <= 0) {
+    for (;;) {
+        bool done = false;
+        tp_status st =
+            tp__auth_pump(&a, auth_fd_io, &fd, false, peer, &done, err_p);
+        if (st != TP_OK || done) {
+            return st;
+        }
+        if (deadline_ns != UINT64_MAX && tp__now_ns() >= deadline_ns) {
             return tp__error_set(err_p, TP_ETIMEDOUT,
                                  "%s: authentication timed out (%zu of %zu "
                                  "bytes received)",
                                  peer, a.a_rcvd, sizeof(a.a_in));
         }
-        int r = poll(&pfd, 1, (int)TP_MIN(left, (int64_t)INT32_MAX));
-        if (r < 0 && errno == EINTR) {
-            continue;
-        }
-        if (r < 0) {
+        const uint8_t *op;
+        struct pollfd pfd = {
+            .fd = fd,
+            .events = (short)(POLLIN | (tp__auth_out(&a, &op) ? POLLOUT : 0))};
+        int ms =
+            deadline_ns == UINT64_MAX
+                ? -1
+                : (int)TP_MIN(tp__ms_left(deadline_ns), (int64_t)INT32_MAX);
+        if (poll(&pfd, 1, ms) < 0 && errno != EINTR) {
             return tp__error_errno(err_p, errno, "%s: authentication: poll",
                                    peer);
         }
-        if (r == 0) {
-            continue; // the deadline check above ends it
-        }
-        if (nout > 0 && (pfd.revents & (POLLOUT | POLLERR | POLLHUP))) {
-            ssize_t w = send(fd, op, nout, MSG_NOSIGNAL);
-            if (w < 0 && errno != EAGAIN && errno != EINTR) {
-                return tp__error_errno(err_p, errno, "%s: authentication: send",
-                                       peer);
-            }
-            if (w > 0) {
-                tp__auth_sent(&a, (size_t)w);
-            }
-        }
-        if (nin > 0 && (pfd.revents & (POLLIN | POLLERR | POLLHUP))) {
-            ssize_t rd = recv(fd, ip, nin, 0);
-            if (rd == 0) {
-                return tp__error_set(err_p, TP_EPERM,
-                                     "%s: closed during authentication (the "
-                                     "peer refused this job secret, or has "
-                                     "none)",
-                                     peer);
-            }
-            if (rd < 0 && errno != EAGAIN && errno != EINTR) {
-                return tp__error_errno(err_p, errno, "%s: authentication: recv",
-                                       peer);
-            }
-            if (rd > 0 &&
-                tp__auth_received(&a, (size_t)rd, peer, err_p) != TP_OK) {
-                return TP_EPERM;
-            }
-        }
     }
-    return TP_OK;
 }
 
 static bool

@@ -16,6 +16,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include <tpipe/error.h>
 
@@ -74,6 +75,19 @@ tp_status tp__auth_received(tp__auth *a, size_t n, const char *peer,
 
 // Everything sent and the peer's MAC checked.
 bool tp__auth_done(const tp__auth *a);
+
+// The I/O of an exchange: @send: write up to @len bytes of @buf, else read
+// up to @len into it. Returns the bytes moved, 0 at EOF (reads), or -1 with
+// errno (EAGAIN: not now).
+typedef ssize_t (*tp__auth_io)(void *ctx, bool send, void *buf, size_t len);
+
+// Moves the exchange as far as @io allows (the one pump of the tcp, shm
+// and fd exchanges): sends what is ready, reads what is due (nothing with
+// @send_only: the nonce right behind a hello). *done_p when the exchange
+// is complete. Fails naming @peer and the cause: a wrong proof (TP_EPERM),
+// EOF (the peer refused this secret), an I/O error.
+tp_status tp__auth_pump(tp__auth *a, tp__auth_io io, void *ctx, bool send_only,
+                        const char *peer, bool *done_p, tp_error **err_p);
 
 // The whole exchange on a blocking or non-blocking socket @fd, polling
 // until @deadline_ns (tp__now_ns clock). For clients that do their own

@@ -105,7 +105,7 @@ shm_acceptor_on_auth(shm_conn *c)
     char why[256];
     tp_error *err = NULL;
     if (c->c_state == SHM_C_AUTH) {
-        int r = tp__shm_auth_pump(c, &err);
+        int r = tp__shm_auth_pump(c, false, &err);
         if (r == 0) {
             return;
         }

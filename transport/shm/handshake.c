@@ -340,21 +340,10 @@ shm_connect_established(shm_conn *c)
         // connector no extra round trip (the listener answers with its
         // hello, nonce and proof in one go).
         tp__auth_start(&c->c_auth, false, "shm");
-        const uint8_t *op;
-        size_t nout = tp__auth_out(&c->c_auth, &op);
-        ssize_t n;
-        do {
-            n = send(c->c_sock, op, nout, MSG_NOSIGNAL | MSG_DONTWAIT);
-        } while (n < 0 && errno == EINTR);
-        if (n != (ssize_t)nout) {
-            tp__error_errno(&err, n < 0 ? errno : EAGAIN,
-                            "shm: connect to " SHM_SCHEME "%s: sending the "
-                            "job-secret nonce",
-                            c->c_name);
+        if (tp__shm_auth_pump(c, true, &err) < 0) {
             tp__shm_connect_fail(c, err);
             return;
         }
-        tp__auth_sent(&c->c_auth, nout);
     }
     c->c_state = SHM_C_WAIT_REPLY;
     int64_t ms = shm_cfg(c)->handshake_timeout_ms;
@@ -439,59 +428,39 @@ tp__shm_connector_on_reply(shm_conn *c)
     tp__shm_connector_on_auth(c);
 }
 
-// Runs the job-secret exchange on the control socket as far as it goes.
-// Returns 1 when done, 0 when more is to come, -1 on failure (*err_p).
+// tp__auth_io over the control socket. The socket is watched for reads
+// only, and the 64 bytes of an exchange never fill a fresh unix socket: a
+// send that would block is an error, not a wait.
+static ssize_t
+shm_auth_io(void *ctx, bool send_, void *buf, size_t len)
+{
+    shm_conn *c = ctx;
+    if (!send_) {
+        return recv(c->c_sock, buf, len, MSG_DONTWAIT);
+    }
+    ssize_t n = send(c->c_sock, buf, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))) {
+        errno = ENOBUFS;
+        n = -1;
+    }
+    return n;
+}
+
+// Runs the job-secret exchange on the control socket as far as it goes
+// (@send_only: our nonce only). Returns 1 when done, 0 when more is to
+// come, -1 on failure (*err_p).
 int
-tp__shm_auth_pump(shm_conn *c, tp_error **err_p)
+tp__shm_auth_pump(shm_conn *c, bool send_only, tp_error **err_p)
 {
     char who[SHM_NAME_MAX + 64];
     snprintf(who, sizeof(who), "shm: peer pid %d (" SHM_SCHEME "%s)",
              c->c_peer_pid, c->c_name);
-    for (;;) {
-        const uint8_t *op;
-        uint8_t *ip;
-        size_t nout = tp__auth_out(&c->c_auth, &op);
-        if (nout > 0) {
-            // 64 bytes in all on a fresh unix socket: never blocks.
-            ssize_t n = send(c->c_sock, op, nout, MSG_NOSIGNAL | MSG_DONTWAIT);
-            if (n < 0 && errno == EINTR) {
-                continue;
-            }
-            if (n <= 0) {
-                tp__error_errno(err_p, n < 0 ? errno : EAGAIN,
-                                "%s: sending the job-secret proof", who);
-                return -1;
-            }
-            tp__auth_sent(&c->c_auth, (size_t)n);
-            continue;
-        }
-        if (tp__auth_done(&c->c_auth)) {
-            return 1;
-        }
-        size_t nin = tp__auth_in(&c->c_auth, &ip);
-        ssize_t n = recv(c->c_sock, ip, nin, MSG_DONTWAIT);
-        if (n < 0 && errno == EINTR) {
-            continue;
-        }
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            return 0;
-        }
-        if (n < 0) {
-            tp__error_errno(err_p, errno, "%s: reading the job-secret proof",
-                            who);
-            return -1;
-        }
-        if (n == 0) {
-            tp__error_set(err_p, TP_EPERM,
-                          "%s: closed during authentication (it does not "
-                          "accept this job secret)",
-                          who);
-            return -1;
-        }
-        if (tp__auth_received(&c->c_auth, (size_t)n, who, err_p) != TP_OK) {
-            return -1;
-        }
+    bool done = false;
+    if (tp__auth_pump(&c->c_auth, shm_auth_io, c, send_only, who, &done,
+                      err_p) != TP_OK) {
+        return -1;
     }
+    return done ? 1 : 0;
 }
 
 // Connector: the exchange (if any) progressed; when it is done, the
@@ -501,7 +470,7 @@ tp__shm_connector_on_auth(shm_conn *c)
 {
     tp_error *err = NULL;
     if (c->c_state == SHM_C_AUTH) {
-        int r = tp__shm_auth_pump(c, &err);
+        int r = tp__shm_auth_pump(c, false, &err);
         if (r < 0) {
             tp__shm_connect_fail(c, err);
             return;

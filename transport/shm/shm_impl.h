@@ -172,7 +172,7 @@ tp_status tp__shm_conn_ready(shm_conn *c, tp_error **err_p);
 void tp__shm_connect_fail(shm_conn *c, tp_error *err);
 void tp__shm_connect_try(shm_conn *c);
 void tp__shm_connector_on_reply(shm_conn *c);
-int tp__shm_auth_pump(shm_conn *c, tp_error **err_p);
+int tp__shm_auth_pump(shm_conn *c, bool send_only, tp_error **err_p);
 void tp__shm_connector_on_auth(shm_conn *c);
 void tp__shm_connect(tp_transport *t, const char *addr, tp_aio *aio);
 

@@ -182,89 +182,51 @@ tcp_auth_begin(tcp_conn *c)
     return true;
 }
 
-// Sends what the exchange has ready (our nonce, right behind our hello, so
-// that the exchange adds half a round trip, not one and a half). Returns
-// false after failing the set-up.
-static bool
-tcp_auth_send(tcp_conn *c)
+// tp__auth_io over the conn's socket, honouring (and updating) what the
+// loop said it is ready for.
+static ssize_t
+tcp_auth_io(void *ctx, bool send_, void *buf, size_t len)
 {
-    const uint8_t *op;
-    size_t nout;
-    while (c->tc_writable && (nout = tp__auth_out(&c->tc_auth, &op)) > 0) {
-        ssize_t n = send(c->tc_fd, op, nout, MSG_NOSIGNAL);
-        if (n > 0) {
-            tp__auth_sent(&c->tc_auth, (size_t)n);
-        } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+    tcp_conn *c = ctx;
+    if (send_ ? !c->tc_writable : !c->tc_readable) {
+        errno = EAGAIN;
+        return -1;
+    }
+    ssize_t n = send_ ? send(c->tc_fd, buf, len, MSG_NOSIGNAL)
+                      : recv(c->tc_fd, buf, len, 0);
+    if (send_ && n == 0) {
+        errno = EAGAIN;
+        n = -1;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        if (send_) {
             c->tc_writable = false;
-        } else if (n < 0 && errno != EINTR) {
-            tcp_setup_fail_errno(c, errno, ": sending the job-secret proof");
-            return false;
+        } else {
+            c->tc_readable = false;
         }
     }
-    return true;
+    return n;
 }
 
-// Runs the job-secret exchange as far as the socket allows. Returns false
-// after failing the set-up.
+// Runs the job-secret exchange as far as the socket allows (@send_only:
+// only our nonce, right behind our hello, so that the exchange adds half a
+// round trip, not one and a half). Returns false after failing the set-up.
 static bool
-tcp_auth_pump(tcp_conn *c)
+tcp_auth_pump(tcp_conn *c, bool send_only)
 {
     char pfx[TCP_PFX_LEN];
-    for (;;) {
-        const uint8_t *op;
-        uint8_t *ip;
-        size_t nout = tp__auth_out(&c->tc_auth, &op);
-        size_t nin = tp__auth_in(&c->tc_auth, &ip);
-        bool progress = false;
-        if (nout > 0 && c->tc_writable) {
-            ssize_t n = send(c->tc_fd, op, nout, MSG_NOSIGNAL);
-            if (n > 0) {
-                tp__auth_sent(&c->tc_auth, (size_t)n);
-                progress = true;
-            } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-                c->tc_writable = false;
-            } else if (n < 0 && errno != EINTR) {
-                tcp_setup_fail_errno(c, errno,
-                                     ": sending the job-secret proof");
-                return false;
-            }
-        }
-        if (nin > 0 && c->tc_readable) {
-            ssize_t n = recv(c->tc_fd, ip, nin, 0);
-            if (n > 0) {
-                tp__tcp_setup_prefix(c, pfx, sizeof(pfx));
-                tp_error *err = NULL;
-                if (tp__auth_received(&c->tc_auth, (size_t)n, pfx, &err) !=
-                    TP_OK) {
-                    tp__tcp_setup_fail(c, err);
-                    return false;
-                }
-                progress = true;
-            } else if (n == 0) {
-                tp__tcp_setup_prefix(c, pfx, sizeof(pfx));
-                tp__tcp_setup_fail(
-                    c, tp__error_new(TP_EPERM, 0, NULL,
-                                     "%s: closed by the peer during "
-                                     "authentication (it does not "
-                                     "accept this job secret)",
-                                     pfx));
-                return false;
-            } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-                c->tc_readable = false;
-            } else if (errno != EINTR) {
-                tcp_setup_fail_errno(c, errno,
-                                     ": reading the job-secret proof");
-                return false;
-            }
-        }
-        if (tp__auth_done(&c->tc_auth)) {
-            c->tc_auth_state = 2;
-            return true;
-        }
-        if (!progress) {
-            return true; // wait for the next event
-        }
+    tp__tcp_setup_prefix(c, pfx, sizeof(pfx));
+    tp_error *err = NULL;
+    bool done = false;
+    if (tp__auth_pump(&c->tc_auth, tcp_auth_io, c, send_only, pfx, &done,
+                      &err) != TP_OK) {
+        tp__tcp_setup_fail(c, err);
+        return false;
     }
+    if (done) {
+        c->tc_auth_state = 2;
+    }
+    return true;
 }
 
 // Sends our hello and reads the peer's, as far as the socket allows; then
@@ -291,7 +253,7 @@ tp__tcp_hello_pump(tcp_conn *c)
         }
     }
     if (c->tc_auth_state == 1) {
-        if (tcp_auth_pump(c) && c->tc_auth_state == 2) {
+        if (tcp_auth_pump(c, false) && c->tc_auth_state == 2) {
             tcp_hello_done(c);
         }
         return;
@@ -315,7 +277,7 @@ tp__tcp_hello_pump(tcp_conn *c)
         return;
     }
     if ((tp__get_u32le(c->tc_hello_out + 12) & TP_AUTH_HELLO_FLAG) &&
-        c->tc_hello_sent == TP_HELLO_LEN && !tcp_auth_send(c)) {
+        c->tc_hello_sent == TP_HELLO_LEN && !tcp_auth_pump(c, true)) {
         return;
     }
     while (c->tc_hello_rcvd < TP_HELLO_LEN && c->tc_readable) {
@@ -355,7 +317,7 @@ tp__tcp_hello_pump(tcp_conn *c)
             return;
         }
         if (c->tc_auth_state == 1 &&
-            (!tcp_auth_pump(c) || c->tc_auth_state != 2)) {
+            (!tcp_auth_pump(c, false) || c->tc_auth_state != 2)) {
             return;
         }
         tcp_hello_done(c);
