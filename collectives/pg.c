@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* pg.c - process groups (collectives.h): options and accessors, init
- * through the store, subgroups, failure propagation and destroy. The
- * layer's files and its lock order are listed in pg_impl.h.
+/* pg.c - process groups (collectives.h): options and accessors, group
+ * objects, subgroups, failure propagation and destroy (init through the
+ * store is pg_init.c). The layer's files and its lock order are listed in
+ * pg_impl.h.
  *
  * Failure: the first error of a collective breaks the group (kept in
  * g_broken; later collectives fail with it at once). A member's death
@@ -23,7 +24,6 @@
 #include "core/error.h"
 #include "core/hash.h"
 #include "core/log.h"
-#include "store/join.h"
 
 // ---- options
 // --------------------------------------------------------------------
@@ -115,8 +115,8 @@ tp__pg_check(void *arg, tp_error **err_p)
 }
 
 // p2p callback: world rank @from aborted group @gid.
-static void
-on_abort(void *arg, uint64_t gid, int from, const char *reason)
+void
+tp__pg_on_abort(void *arg, uint64_t gid, int from, const char *reason)
 {
     tp_pg *w = arg;
     bool found = false;
@@ -145,8 +145,8 @@ on_abort(void *arg, uint64_t gid, int from, const char *reason)
 
 // p2p callback: world rank @from asks which sequence number group @gid
 // reached here (a member whose collective timed out).
-static bool
-on_query(void *arg, uint64_t gid, int from, uint64_t *next_p)
+bool
+tp__pg_on_query(void *arg, uint64_t gid, int from, uint64_t *next_p)
 {
     tp_pg *w = arg;
     bool found = false;
@@ -162,100 +162,11 @@ on_query(void *arg, uint64_t gid, int from, uint64_t *next_p)
     return found;
 }
 
-// ---- store helpers
-// -------------------------------------------------------------------
-
-// Publishes @val under <prefix><stem><rank of @me> and reads the value of
-// each of the @n ranks (world ranks @wr, or 0..n-1 if NULL) into vals[i]
-// (free() each; vals[me] = copy of @val). On timeout, names every rank
-// still missing. With @join (init), waits in slices that notice a conflict
-// posted to the generation (store/join.h).
-static tp_status
-store_exchange(tp_pg *w, tp__store_member *join, const char *prefix,
-               const char *stem, int n, int me, const int *wr, const char *val,
-               char **vals, uint64_t deadline, const char *what,
-               tp_error **err_p)
-{
-    char key[256];
-    snprintf(key, sizeof(key), "%s%s%d", prefix, stem, me);
-    tp_status st = tp_store_set(w->w_store, key, val, strlen(val),
-                                tp__ms_left(deadline), err_p);
-    if (st != TP_OK) {
-        return tp__error_wrap(err_p, st, "%s", what);
-    }
-    for (int i = 0; i < n; i++) {
-        if (i == me) {
-            vals[i] = strdup(val);
-            if (vals[i] == NULL) {
-                return tp__error_set(err_p, TP_ENOMEM, "%s", what);
-            }
-            continue;
-        }
-        snprintf(key, sizeof(key), "%s%s%d", prefix, stem, i);
-        void *v = NULL;
-        size_t len = 0;
-        tp_error *e = NULL;
-        if (join != NULL) {
-            st = tp__store_join_get(join, key, deadline, &v, &len, &e);
-        } else {
-            st = tp_store_get(w->w_store, key, tp__ms_left(deadline), &v, &len,
-                              &e);
-        }
-        if (st == TP_ETIMEDOUT) {
-            char missing[256];
-            size_t off = 0;
-            for (int m = i; m < n && off + 16 < sizeof(missing); m++) {
-                if (m == me) {
-                    continue;
-                }
-                snprintf(key, sizeof(key), "%s%s%d", prefix, stem, m);
-                void *mv = NULL;
-                size_t ml;
-                tp_error *me_err = NULL;
-                if (m > i && tp_store_get(w->w_store, key, 1, &mv, &ml,
-                                          &me_err) == TP_OK) {
-                    free(mv);
-                    continue;
-                }
-                tp_error_unref(me_err);
-                off += (size_t)snprintf(missing + off, sizeof(missing) - off,
-                                        "%s%d", off > 0 ? ", " : "",
-                                        wr != NULL ? wr[m] : m);
-            }
-            tp__error_set(err_p, TP_ETIMEDOUT,
-                          "%s: world ranks %s did not join through %s before "
-                          "the deadline: %s",
-                          what, missing, tp_store_addr(w->w_store),
-                          tp_error_message(e));
-            tp_error_unref(e);
-            return TP_ETIMEDOUT;
-        }
-        if (st != TP_OK) {
-            tp__error_set(err_p, st, "%s: %s", what, tp_error_message(e));
-            tp_error_unref(e);
-            return st;
-        }
-        vals[i] = v; // NUL-terminated by the store
-    }
-    return TP_OK;
-}
-
-static void
-free_vals(char **vals, int n)
-{
-    if (vals != NULL) {
-        for (int i = 0; i < n; i++) {
-            free(vals[i]);
-        }
-        free(vals);
-    }
-}
-
 // ---- groups
 // -------------------------------------------------------------------------
 
-static tp_pg *
-group_alloc(int size, int world_size)
+tp_pg *
+tp__pg_group_alloc(int size, int world_size)
 {
     tp_pg *g = calloc(1, sizeof(*g));
     if (g == NULL) {
@@ -287,8 +198,8 @@ group_alloc(int size, int world_size)
 
 // Frees @g (its last reference is gone, or it was never handed out).
 // A subgroup drops its reference of the world (taken by new_group).
-static void
-group_free(tp_pg *g)
+void
+tp__pg_group_free(tp_pg *g)
 {
     tp_pg *w = g->g_world;
     tp__pg_engine_close(g);
@@ -318,7 +229,7 @@ void
 tp__pg_unref(tp_pg *g)
 {
     if (atomic_fetch_sub_explicit(&g->g_refs, 1, memory_order_acq_rel) == 1) {
-        group_free(g);
+        tp__pg_group_free(g);
     }
 }
 
@@ -344,15 +255,15 @@ tp__pg_p2p_leave(tp_pg *w)
     tp__mtx_unlock(&w->w_mtx);
 }
 
-static void
-group_set_what(tp_pg *g)
+void
+tp__pg_group_set_what(tp_pg *g)
 {
     snprintf(g->g_what, sizeof(g->g_what), "process group %s (rank %d of %d)",
              g->g_name, g->g_rank, g->g_size);
 }
 
-static tp_status
-load_config(tp_pg *g, const tp_pg_options *o, tp_error **err_p)
+tp_status
+tp__pg_load_config(tp_pg *g, const tp_pg_options *o, tp_error **err_p)
 {
     tp_error *e = NULL;
     if (tp__config_load(&g->g_cfg, &e) != TP_OK) {
@@ -373,184 +284,6 @@ load_config(tp_pg *g, const tp_pg_options *o, tp_error **err_p)
                           ? g->g_cfg.coll_timeout_ms
                           : o->timeout_ms;
     return TP_OK;
-}
-
-tp_status
-tp_pg_init(const char *init_method, int rank, int world_size,
-           const tp_pg_options *o, tp_pg **pg_p, tp_error **err_p)
-{
-    tp_pg_options defaults;
-    tp_status ost = tp__pg_options_load(o, &defaults, err_p);
-    if (ost != TP_OK) {
-        return ost;
-    }
-    o = &defaults;
-    if (pg_p == NULL || init_method == NULL) {
-        return tp__error_set(err_p, TP_EINVAL,
-                             "tp_pg_init: init_method and pg_p are required");
-    }
-    *pg_p = NULL;
-    tp_store *store = NULL;
-    tp_config cfg;
-    tp_error *e = NULL;
-    if (tp__config_load(&cfg, &e) != TP_OK) {
-        tp__error_set(err_p, TP_EINVAL, "tp_pg_init: %s", tp_error_message(e));
-        tp_error_unref(e);
-        return TP_EINVAL;
-    }
-    int64_t init_ms = o->init_timeout_ms == TP_TIMEOUT_DEFAULT
-                          ? cfg.coll_init_timeout_ms
-                          : o->init_timeout_ms;
-    if (init_ms < 0) {
-        return tp__error_set(err_p, TP_EINVAL,
-                             "tp_pg_init: init_timeout_ms %" PRId64
-                             ": -1 (default), 0 (none) or > 0",
-                             init_ms);
-    }
-    // The URL first, then -1 from the environment (every init method).
-    tp_status rst =
-        tp__store_resolve_ranks(init_method, &rank, &world_size, err_p);
-    if (rst != TP_OK) {
-        return tp__error_wrap(err_p, rst, "tp_pg_init");
-    }
-    if (world_size < 1 || world_size > TP_PG_MAX_WORLD || rank < 0 ||
-        rank >= world_size) {
-        return tp__error_set(err_p, TP_EINVAL,
-                             "tp_pg_init: rank %d of world size %d (world size "
-                             "1..%d, rank 0..size-1)",
-                             rank, world_size, TP_PG_MAX_WORLD);
-    }
-    uint64_t deadline = tp__deadline_after_ms(init_ms);
-    tp_status st =
-        tp_store_open(init_method, rank, world_size, init_ms, &store, err_p);
-    if (st != TP_OK) {
-        return tp__error_wrap(err_p, st, "tp_pg_init (rank %d)", rank);
-    }
-    tp_pg *w = group_alloc(world_size, world_size);
-    if (w == NULL) {
-        tp_store_close(store);
-        return tp__error_set(err_p, TP_ENOMEM, "tp_pg_init");
-    }
-    w->g_world = w;
-    w->w_store = store;
-    w->g_rank = rank;
-    for (int i = 0; i < world_size; i++) {
-        w->g_wranks[i] = i;
-        w->g_granks[i] = i;
-    }
-    snprintf(w->g_name, sizeof(w->g_name), "%s",
-             o->name != NULL ? o->name : "world");
-    group_set_what(w);
-    char **vals = NULL;
-    tp__store_member join;
-    bool joined = false;
-    st = load_config(w, o, err_p);
-    if (st != TP_OK) {
-        goto fail;
-    }
-    tp_context_options co;
-    tp_context_options_init(&co);
-    char cname[96];
-    snprintf(cname, sizeof(cname), "pg-%s-rank%d", w->g_name, rank);
-    co.name = cname;
-    co.transports = o->transports;
-    co.channels = o->channels;
-    const char *saddr = tp_store_addr(store);
-    bool loopback = w->g_cfg.socket_ifname[0] == '\0' &&
-                    w->g_cfg.socket_addr[0] == '\0' && saddr != NULL &&
-                    strncmp(saddr, "tcp://127.", 10) == 0;
-    st = tp__p2p_create(&co, loopback, rank, world_size, w->g_what, &w->w_p2p,
-                        err_p);
-    if (st != TP_OK) {
-        goto fail;
-    }
-    // A dead rank fails what waits on it (and later operations with it);
-    // the collective that notices breaks its group and tells the others.
-    // A rank that left after its last collective breaks nothing.
-    tp__p2p_set_callbacks(w->w_p2p, on_abort, NULL, on_query, w);
-    vals = calloc((size_t)world_size, sizeof(char *));
-    if (vals == NULL) {
-        st = tp__error_set(err_p, TP_ENOMEM, "%s: init", w->g_what);
-        goto fail;
-    }
-    char what[160];
-    snprintf(what, sizeof(what), "%s: init", w->g_what);
-    // A store may outlive a job, or serve RPC too: rank 0 opens a
-    // generation of keys with its world size and every rank claims its
-    // slot (store/join.h), so a world-size disagreement or a rank used
-    // twice fails every member at once, and a later job, of any size,
-    // never reads an earlier one's addresses.
-    for (;;) {
-        st = tp__store_join(store, PG_KEY_PREFIX, rank, world_size, init_ms,
-                            deadline, &join, err_p);
-        if (st != TP_OK) {
-            tp__error_wrap(err_p, st, "%s", what);
-            goto fail;
-        }
-        joined = true;
-        snprintf(w->w_prefix, sizeof(w->w_prefix),
-                 PG_KEY_PREFIX "w%d/%" PRId64 "/", world_size, join.j_gen);
-        snprintf(w->g_prefix, sizeof(w->g_prefix), "%sworld/", w->w_prefix);
-        tp_error *xe = NULL;
-        st = store_exchange(w, &join, w->w_prefix, "addr/", world_size, rank,
-                            NULL, tp__p2p_urls(w->w_p2p), vals, deadline, what,
-                            &xe);
-        if (st != TP_EAGAIN) {
-            if (err_p != NULL) {
-                *err_p = xe;
-            } else {
-                tp_error_unref(xe);
-            }
-            break;
-        }
-        // This rank had joined a generation left by a job killed in its
-        // init; the next job's rank 0 opened a newer one.
-        TP_LOG_INFO("TP-PG-INIT", "%s: %s", w->g_what, tp_error_message(xe));
-        tp_error_unref(xe);
-        joined = false;
-        for (int i = 0; i < world_size; i++) {
-            free(vals[i]);
-            vals[i] = NULL;
-        }
-    }
-    for (int i = 0; st == TP_OK && i < world_size; i++) {
-        st = tp__p2p_set_peer(w->w_p2p, i, vals[i], err_p);
-    }
-    free_vals(vals, world_size);
-    vals = NULL;
-    if (st != TP_OK) {
-        goto fail;
-    }
-    w->w_groups = w;
-    tp__p2p_start(w->w_p2p);
-    st = tp__pg_engine_choose(w, deadline, err_p);
-    if (st != TP_OK) {
-        goto fail;
-    }
-    if (rank == 0) {
-        tp__store_join_done(&join);
-    }
-    TP_LOG_INFO("TP-PG-INIT", "%s: engine %s, store %s", w->g_what,
-                w->g_eng->name, saddr);
-    *pg_p = w;
-    return TP_OK;
-fail:
-    if (joined) {
-        // The other members stop waiting for this one (the first post
-        // wins: a conflict found here is already there).
-        tp__store_join_fail(&join, false,
-                            err_p != NULL && *err_p != NULL
-                                ? tp_error_message(*err_p)
-                                : "a member's init failed");
-        if (rank == 0) {
-            tp__store_join_linger(&join, 2000);
-        }
-    }
-    free_vals(vals, world_size);
-    tp__p2p_destroy(w->w_p2p);
-    group_free(w);
-    tp_store_close(store);
-    return st;
 }
 
 static int
@@ -640,7 +373,7 @@ tp_pg_new_group(tp_pg *world, const int *ranks, int n, const tp_pg_options *o,
     uint64_t idbuf[2] = {set_hash, (uint64_t)count};
     uint64_t gid = tp__hash64(idbuf, sizeof(idbuf)) | 1u;
 
-    tp_pg *g = group_alloc(n, w->g_size);
+    tp_pg *g = tp__pg_group_alloc(n, w->g_size);
     if (g == NULL) {
         free(sorted);
         return tp__error_set(err_p, TP_ENOMEM, "%s: new_group", w->g_what);
@@ -651,7 +384,7 @@ tp_pg_new_group(tp_pg *world, const int *ranks, int n, const tp_pg_options *o,
         g->g_granks[g->g_wranks[i]] = i;
     }
     g->g_world = w;
-    tp__pg_ref(w); // dropped by group_free
+    tp__pg_ref(w); // dropped by tp__pg_group_free
     g->g_rank = me;
     g->g_gid = gid;
     if (o->name != NULL) {
@@ -659,12 +392,12 @@ tp_pg_new_group(tp_pg *world, const int *ranks, int n, const tp_pg_options *o,
     } else {
         snprintf(g->g_name, sizeof(g->g_name), "group%d", index);
     }
-    group_set_what(g);
+    tp__pg_group_set_what(g);
     snprintf(g->g_prefix, sizeof(g->g_prefix), "%sgroup/%016" PRIx64 "/",
              w->w_prefix, gid);
-    tp_status st = load_config(g, o, err_p);
+    tp_status st = tp__pg_load_config(g, o, err_p);
     if (st != TP_OK) {
-        group_free(g);
+        tp__pg_group_free(g);
         return st;
     }
     int64_t init_ms = o->init_timeout_ms == TP_TIMEOUT_DEFAULT
@@ -674,16 +407,16 @@ tp_pg_new_group(tp_pg *world, const int *ranks, int n, const tp_pg_options *o,
     // Every member has called new_group: then it is live on all of them.
     char **vals = calloc((size_t)n, sizeof(char *));
     if (vals == NULL) {
-        group_free(g);
+        tp__pg_group_free(g);
         return tp__error_set(err_p, TP_ENOMEM, "%s: new_group", w->g_what);
     }
     char what[192];
     snprintf(what, sizeof(what), "%s: new_group", g->g_what);
     char mine[32];
     snprintf(mine, sizeof(mine), "%d", g->g_wranks[me]);
-    st = store_exchange(w, NULL, g->g_prefix, "join/", n, me, g->g_wranks, mine,
-                        vals, deadline, what, err_p);
-    free_vals(vals, n);
+    st = tp__pg_store_exchange(w, NULL, g->g_prefix, "join/", n, me,
+                               g->g_wranks, mine, vals, deadline, what, err_p);
+    tp__pg_free_vals(vals, n);
     if (st == TP_OK) {
         // Listed before the engine is chosen: aborts and failures reach it.
         tp__mtx_lock(&w->w_mtx);
@@ -708,7 +441,7 @@ tp_pg_new_group(tp_pg *world, const int *ranks, int n, const tp_pg_options *o,
             return st;
         }
     } else {
-        group_free(g);
+        tp__pg_group_free(g);
         return st;
     }
     *pg_p = g;

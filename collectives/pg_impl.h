@@ -1,7 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* pg_impl.h (internal) - what the files of the process-group layer share:
  * the group and work structs and the functions one file calls in another.
- *   pg.c        options, accessors, failure, init, subgroups, destroy
+ *   pg.c        options, accessors, group objects, failure, subgroups,
+ *               destroy
+ *   pg_init.c   tp_pg_init: the rendezvous through the store (store/join.h)
+ *               and the world's set-up; the store exchange
  *   pg_work.c   work handles, running a collective on its engine, the
  *               group's queue and thread
  *   pg_api.c    argument checks and the public collective and
@@ -236,6 +239,31 @@ void tp__pg_break(tp_pg *g, const tp_error *err);
 // The group's first error (a new reference in *@err_p), or TP_OK. @arg is
 // the group (the pipe engine's check callback).
 tp_status tp__pg_check(void *arg, tp_error **err_p);
+// p2p callbacks of the world (@arg): world rank @from aborted group @gid;
+// asks which sequence number group @gid reached here.
+void tp__pg_on_abort(void *arg, uint64_t gid, int from, const char *reason);
+bool tp__pg_on_query(void *arg, uint64_t gid, int from, uint64_t *next_p);
+// A group of @size members in a world of @world_size, one reference
+// (NULL on ENOMEM); freed by tp__pg_group_free (never handed out) or the
+// last tp__pg_unref.
+tp_pg *tp__pg_group_alloc(int size, int world_size);
+void tp__pg_group_free(tp_pg *g);
+// Sets g_what from the group's name, rank and size.
+void tp__pg_group_set_what(tp_pg *g);
+// Loads the config of @g and its collective timeout from @o.
+tp_status tp__pg_load_config(tp_pg *g, const tp_pg_options *o,
+                             tp_error **err_p);
+
+// ---- pg_init.c
+struct tp__store_member;
+// Publishes @val and reads every rank's value under <prefix><stem><rank>
+// into vals[i] (see pg_init.c); free them with tp__pg_free_vals.
+tp_status tp__pg_store_exchange(tp_pg *w, struct tp__store_member *join,
+                                const char *prefix, const char *stem, int n,
+                                int me, const int *wr, const char *val,
+                                char **vals, uint64_t deadline,
+                                const char *what, tp_error **err_p);
+void tp__pg_free_vals(char **vals, int n);
 
 // ---- pg_work.c
 // Takes the next sequence number of @g (by the thread running its
