@@ -7,8 +7,9 @@
  *               and the world's set-up; the store exchange
  *   pg_work.c   work handles, running a collective on its engine, the
  *               group's queue and thread
- *   pg_api.c    argument checks and the public collective and
- *               point-to-point calls
+ *   pg_api.c    argument checks, strided tensors staged through
+ *               contiguous copies, the common begin and finish of a call
+ *   pg_api_ops.c the public collective and point-to-point calls
  *   pg_debug.c  TP_DEBUG_COLLECTIVES (the mismatch check)
  *   pg_engine.c the engines (shm, pipe, nccl) behind tp__coll_engine_ops
  *
@@ -264,6 +265,37 @@ tp_status tp__pg_store_exchange(tp_pg *w, struct tp__store_member *join,
                                 char **vals, uint64_t deadline,
                                 const char *what, tp_error **err_p);
 void tp__pg_free_vals(char **vals, int n);
+
+// ---- pg_api.c
+// Argument checks of a call @op of @g (TP_EINVAL with the argument named).
+tp_status tp__pg_check_tensor(tp_pg *g, const char *op, const char *arg,
+                              const tp_tensor *t, tp_error **err_p);
+tp_status tp__pg_check_root(tp_pg *g, const char *op, int root,
+                            tp_error **err_p);
+// @big must hold group size x the elements of @small (see pg_api.c).
+tp_status tp__pg_check_blocks(tp_pg *g, const char *op, const tp_tensor *big,
+                              const char *big_name, const tp_tensor *small,
+                              const char *small_name, tp_error **err_p);
+tp_status tp__pg_check_op(tp_pg *g, const char *opname, tp_reduce_op op,
+                          tp_dtype dt, tp_error **err_p);
+bool tp__pg_is_cuda(const tp_tensor *t);
+size_t tp__pg_numel(const tp_tensor *t);
+// Common start of every collective: a work holding the tensors (@local:
+// a blocking call's work on the caller's stack).
+tp_status tp__pg_coll_begin(tp_pg *g, tp__coll_kind kind, tp_work *local,
+                            tp_work **wk_p, tp_error **err_p);
+void tp__pg_work_hold(tp_work *wk, tp_tensor *t1, tp_tensor *t2);
+// Strided tensors: replaces *@t_p by a contiguous copy held by @wk (for an
+// output, copied back once the collective succeeded); stage2 stages an
+// output and an input.
+tp_status tp__pg_stage(tp_work *wk, tp_tensor **t_p, bool out,
+                       tp_error **err_p);
+tp_status tp__pg_stage2(tp_work *wk, tp_tensor **out_p, tp_tensor **in_p,
+                        tp_error **err_p);
+// Common end: untangles an input overlapping the output, then submits @wk
+// (or drops it if @st failed).
+tp_status tp__pg_coll_finish(tp_pg *g, tp_work *wk, tp_work **w_p, tp_status st,
+                             tp_error **err_p);
 
 // ---- pg_work.c
 // Takes the next sequence number of @g (by the thread running its
