@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* channel.h - the channel contract: how the bytes of tensors move between
- * the two ends of a pipe. A backend (basic.c, xth.c, cma.c, mpt.c) fills a
- * static const tp_channel_ops listed in channel/registry.c.
+ * the two ends of a pipe. A backend (channel/<name>/: basic, xth, cma, mpt)
+ * fills a static const tp_channel_ops listed in channel/registry.c.
  *
  * The pipe owns the control flow. For each message it writes, it calls
  * `send` once per tensor longer than inline_max (basic: none), in tensor

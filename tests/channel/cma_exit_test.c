@@ -24,7 +24,7 @@
 
 #include <tpipe/pipe.h>
 
-#include "channel/cma_probe.h"
+#include "channel/cma/cma_probe.h"
 #include "tp_test.h"
 #include "tp_test_op.h"
 

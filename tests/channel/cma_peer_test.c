@@ -27,7 +27,7 @@
 #include <tpipe/pipe.h>
 
 #include "channel/channel.h"
-#include "channel/cma_probe.h"
+#include "channel/cma/cma_probe.h"
 #include "core/wire.h"
 #include "pipe/wire.h"
 #include "tp_test.h"

@@ -22,7 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "channel/cma_probe.h"
+#include "channel/cma/cma_probe.h"
 #include "core/platform.h"
 #include "tp_test.h"
 

@@ -20,8 +20,8 @@ layers=(core:0 transport:1 channel:2 store:2 pipe:3 collectives:4 agent:4
 # Known upward references, each with the issue that removes it: the cma
 # channel builds the pipe's frame headers (issue 13 gives the channel
 # contract its own types).
-known=("channel/cma.c.o tp__frame_hdr_decode"
-       "channel/cma.c.o tp__frame_hdr_encode")
+known=("channel/cma/cma.c.o tp__frame_hdr_decode"
+       "channel/cma/cma.c.o tp__frame_hdr_encode")
 
 declare -A rank_of def_in is_known
 for k in "${known[@]}"; do

@@ -13,7 +13,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "channel.h"
+#include "channel/channel.h"
 #include "core/alloc.h"
 
 typedef struct mpt_piece {

@@ -33,8 +33,8 @@
 #include <sys/types.h>
 #include <unistd.h>
 
-#include "channel.h"
-#include "cma_probe.h"
+#include "channel/channel.h"
+#include "channel/cma/cma_probe.h"
 #include "core/alloc.h"
 #include "core/log.h"
 #include "core/wire.h"

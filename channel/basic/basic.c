@@ -5,7 +5,7 @@
 
 #include <stdio.h>
 
-#include "channel.h"
+#include "channel/channel.h"
 
 static unsigned
 basic_nconns(const tp_config *cfg, bool *lanes_p)

@@ -13,7 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "channel.h"
+#include "channel/channel.h"
 #include "core/alloc.h"
 #include "core/wire.h"
 

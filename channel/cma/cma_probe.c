@@ -14,7 +14,7 @@
 //
 // No locks: the only shared state is cma_ptracer_pid, an atomic.
 
-#include "cma_probe.h"
+#include "channel/cma/cma_probe.h"
 
 #include <errno.h>
 #include <fcntl.h>
