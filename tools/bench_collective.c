@@ -259,14 +259,15 @@ bc_parse_args(int argc, char **argv, bc_opts *o)
     const char *ops = "all_reduce", *sizes = NULL, *min_b = NULL;
     const char *max_b = NULL, *factor = NULL, *dtype = "f32";
     memset(o, 0, sizeof(*o));
-    o->bo_world = 2;
+    o->bo_world = 0; // given, or 2 (launched: WORLD_SIZE)
     o->bo_warmup = 5;
     o->bo_reps = 3;
     o->bo_engine = "auto";
     o->bo_budget = 0.1;
     o->bo_timeout_s = 120;
-    const char *store = "file";
-    uint64_t world = 2, warmup = 5, reps = 3;
+    const char *store = NULL;
+    bool launched = false;
+    uint64_t world = 0, warmup = 5, reps = 3;
     const bench_opt opts[] = {
         {"--op", NULL, BENCH_OPT_STR, &ops, 0, 0, "LIST",
          "comma list of all_reduce, all_gather,\nreduce_scatter, broadcast, "
@@ -302,6 +303,10 @@ bc_parse_args(int argc, char **argv, bc_opts *o)
          "TP_COLL_ENGINE of the ranks (default auto)"},
         {"--store", NULL, BENCH_OPT_STR, &store, 0, 0, "file|tcp",
          "how the ranks meet (default file)"},
+        {"--launched", NULL, BENCH_OPT_FLAG, &launched, 0, 0, NULL,
+         "run as one rank of a launched job (automatic when\nRANK and "
+         "WORLD_SIZE are set): the world is\nWORLD_SIZE, the ranks meet "
+         "through TP_INIT_METHOD\n(default env://), rank 0 prints"},
         {"--no-bind", NULL, BENCH_OPT_FLAG, &o->bo_no_bind, 0, 0, NULL,
          "do not bind rank r to CPU r % ncpus (bound by\ndefault, as mpirun "
          "--bind-to core)"},
@@ -322,18 +327,30 @@ bc_parse_args(int argc, char **argv, bc_opts *o)
     if (rc >= 0) {
         return rc;
     }
-    o->bo_world = (int)world;
     o->bo_warmup = (unsigned)warmup;
     o->bo_reps = (unsigned)reps;
     static const char *const engines[] = {"auto", "shm", "pipe"};
     static const char *const stores[] = {"file", "tcp"};
     if (!bench_name_check("bench collective", "engine", o->bo_engine, engines,
                           TP_ARRAY_LEN(engines)) ||
-        !bench_name_check("bench collective", "store", store, stores,
-                          TP_ARRAY_LEN(stores))) {
+        (store != NULL && !bench_name_check("bench collective", "store", store,
+                                            stores, TP_ARRAY_LEN(stores)))) {
         return TOOL_EXIT_USAGE;
     }
-    o->bo_tcp = strcmp(store, "tcp") == 0;
+    o->bo_tcp = store != NULL && strcmp(store, "tcp") == 0;
+    if (!bench_launch_get("bench collective", launched, 1, BC_MAX_WORLD,
+                          &o->bo_launch)) {
+        return TOOL_EXIT_USAGE;
+    }
+    if (o->bo_launch.bl_on && (world != 0 || store != NULL)) {
+        tool_err("bench collective: a launched run's world is WORLD_SIZE and "
+                 "its ranks meet through TP_INIT_METHOD (default env://): "
+                 "not with --world or --store");
+        return TOOL_EXIT_USAGE;
+    }
+    o->bo_world = o->bo_launch.bl_on ? o->bo_launch.bl_world
+                  : world != 0       ? (int)world
+                                     : 2;
     if (!bc_parse_ops(ops, o) || !bc_parse_dtype(dtype, o) ||
         !bc_parse_sizes(sizes, min_b, max_b, factor, o)) {
         return TOOL_EXIT_USAGE;
@@ -430,9 +447,12 @@ tool_bench_collective_main(int argc, char **argv)
         res.rs_time[i] = res.rs_iters[i] = NAN;
     }
     bool ok = true;
-    for (unsigned rep = 0; rep < o.bo_reps && ok; rep++) {
+    const bench_launch *l = &o.bo_launch;
+    // Launched: this job's rank runs every repetition in one group.
+    unsigned runs = l->bl_on ? 1 : o.bo_reps;
+    for (unsigned rep = 0; rep < runs && ok; rep++) {
         tool_verbose(o.bo_verbose, "bench collective",
-                     "repetition %u of %u: %d ranks", rep + 1, o.bo_reps,
+                     "repetition %u of %u: %d ranks", rep + 1, runs,
                      o.bo_world);
         bc_rep *p = calloc(1, sizeof(*p));
         if (p == NULL) {
@@ -445,8 +465,16 @@ tool_bench_collective_main(int argc, char **argv)
         p->rp_ncells = ncells;
         p->rp_rep = rep;
         p->rp_res = &res;
+        p->rp_first = l->bl_on ? l->bl_rank : 0;
+        p->rp_nlocal = l->bl_on ? 1 : o.bo_world;
         ok = bc_run_rep(p);
-        if (!ok) {
+        if (!ok && l->bl_on) {
+            fflush(stdout);
+            tool_err("bench collective: launched rank %d of %d (%s, engine "
+                     "%s): %s",
+                     l->bl_rank, l->bl_world, l->bl_url, o.bo_engine,
+                     p->rp_err);
+        } else if (!ok) {
             fflush(stdout);
             tool_err("bench collective: repetition %u of %u (world %d, "
                      "engine %s): %s",
@@ -454,7 +482,8 @@ tool_bench_collective_main(int argc, char **argv)
         }
         free(p);
     }
-    if (ok) {
+    // Launched: rank 0 has the results.
+    if (ok && (!l->bl_on || l->bl_rank == 0)) {
         if (o.bo_plot != NULL && !bc_plot(&o, &res, cells, ncells)) {
             ok = false;
         }

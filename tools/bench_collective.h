@@ -15,6 +15,7 @@
 #include <tpipe/collectives.h>
 #include <tpipe/tpipe.h>
 
+#include "bench_common.h"
 #include "bench_out.h"
 
 #define BC_MAX_WORLD     64
@@ -82,6 +83,10 @@ typedef struct bc_opts {
     bool bo_verbose;
     bool bo_no_bind; // --no-bind: leave placement to the scheduler
     const char *bo_plot;
+    // A rank of a launched job (RANK, WORLD_SIZE; --launched): this
+    // process forks only its own rank, which meets the others through
+    // bl_url and runs every repetition in one group.
+    bench_launch bo_launch;
 } bc_opts;
 
 // One measurement: an op at one size (barrier: one, size 0).
@@ -102,8 +107,8 @@ void bc_cell_name(const bc_cell *c, char *buf, size_t len);
 
 // ---- a rank (bench_collective_rank.c) ----------------------------------
 
-// A rank's life: join the group at @url, measure every cell, report
-// "done" on @fd. Never returns.
+// A rank's life: join the group at @url, measure every cell (launched:
+// --reps times), report "done" on @fd. Never returns.
 void bc_rank_main(const bc_opts *o, const bc_cell *cells, size_t ncells,
                   int rank, const char *url, int fd) __attribute__((noreturn));
 
@@ -126,6 +131,8 @@ typedef struct bc_rep {
     size_t rp_ncells;
     unsigned rp_rep;
     bc_results *rp_res;
+    int rp_first;  // the rank of rp_pid[0] (launched: this job's rank)
+    int rp_nlocal; // ranks this process forks
     pid_t rp_pid[BC_MAX_WORLD];
     bool rp_done[BC_MAX_WORLD]; // said "done"
     int rp_ndone;
@@ -136,8 +143,8 @@ typedef struct bc_rep {
     size_t rp_len;
 } bc_rep;
 
-// Runs one repetition: forks the ranks, records their times in
-// p->rp_res. False with p->rp_err set.
+// Runs one repetition (launched: all of them, in this job's rank): forks
+// the ranks, records their times in p->rp_res. False with p->rp_err set.
 bool bc_run_rep(bc_rep *p);
 
 // ---- output (bench_collective_out.c) -----------------------------------

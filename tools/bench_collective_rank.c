@@ -452,7 +452,7 @@ bc_calibrate(bc_rank *r, const bc_cell *c)
 }
 
 static void
-bc_measure(bc_rank *r, const bc_cell *c, size_t idx)
+bc_measure(bc_rank *r, const bc_cell *c, size_t idx, unsigned rep)
 {
     const bc_opts *o = r->r_opts;
     char name[96];
@@ -486,16 +486,17 @@ bc_measure(bc_rank *r, const bc_cell *c, size_t idx)
         bc_rank_fail(r, what, st, err);
     }
     if (r->r_rank == 0) {
-        bc_send(r, "result %zu %.6g %llu", idx,
-                *(double *)tp_tensor_data(r->r_time),
-                (unsigned long long)iters);
+        bc_send(r, "result %zu %.6g %llu %u", idx,
+                *(double *)tp_tensor_data(r->r_time), (unsigned long long)iters,
+                rep);
     }
     tp_tensor_unref(r->r_in);
     tp_tensor_unref(r->r_out);
     r->r_in = r->r_out = NULL;
 }
 
-// A rank's life: join, measure every cell, report "done". Never returns.
+// A rank's life: join, measure every cell (launched: --reps times, in one
+// group), report "done". Never returns.
 void
 bc_rank_main(const bc_opts *o, const bc_cell *cells, size_t ncells, int rank,
              const char *url, int fd)
@@ -508,11 +509,14 @@ bc_rank_main(const bc_opts *o, const bc_cell *cells, size_t ncells, int rank,
     // Rank r on CPU r mod the CPUs this process may use, as mpirun binds
     // by default: two ranks that land on one CPU hand every phase over
     // through the scheduler, and the numbers then depend on placement.
+    // Launched: the rank among this node's (LOCAL_RANK).
+    const bench_launch *l = &o->bo_launch;
+    int local = l->bl_on ? l->bl_local_rank : rank;
     if (!o->bo_no_bind) {
         cpu_set_t allowed, one;
         if (sched_getaffinity(0, sizeof(allowed), &allowed) == 0 &&
             CPU_COUNT(&allowed) > 0) {
-            int want = rank % CPU_COUNT(&allowed), seen = 0;
+            int want = local % CPU_COUNT(&allowed), seen = 0;
             for (int c = 0; c < CPU_SETSIZE; c++) {
                 if (CPU_ISSET(c, &allowed) && seen++ == want) {
                     CPU_ZERO(&one);
@@ -523,9 +527,10 @@ bc_rank_main(const bc_opts *o, const bc_cell *cells, size_t ncells, int rank,
             }
         }
     }
-    // Every rank is on this host: its pipes stay on loopback (unless the
-    // user chose an interface or address).
-    if (getenv("TP_SOCKET_ADDR") == NULL) {
+    // Every forked rank is on this host: its pipes stay on loopback
+    // (unless the user chose an interface or address). A launched job's
+    // ranks may be on other hosts.
+    if (!l->bl_on && getenv("TP_SOCKET_ADDR") == NULL) {
         setenv("TP_SOCKET_IFNAME", "lo", 0);
     }
     tp_pg_options po;
@@ -558,8 +563,11 @@ bc_rank_main(const bc_opts *o, const bc_cell *cells, size_t ncells, int rank,
         (st = tp_tensor_empty(TP_I32, 1, one, &r.r_flag, &err)) != TP_OK) {
         bc_rank_fail(&r, "tp_tensor_empty", st, err);
     }
-    for (size_t i = 0; i < ncells; i++) {
-        bc_measure(&r, &cells[i], i);
+    unsigned reps = l->bl_on ? o->bo_reps : 1;
+    for (unsigned rep = 0; rep < reps; rep++) {
+        for (size_t i = 0; i < ncells; i++) {
+            bc_measure(&r, &cells[i], i, rep);
+        }
     }
     tp_tensor_unref(r.r_time);
     tp_tensor_unref(r.r_flag);

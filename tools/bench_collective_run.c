@@ -80,15 +80,20 @@ bc_rep_line(bc_rep *p, char *line)
         tool_verbose(o->bo_verbose, "bench collective",
                      "repetition %u: engine %s", p->rp_rep + 1, rest + 7);
     } else if (strncmp(rest, "result ", 7) == 0) {
+        // "result IDX US ITERS REP": REP counts the repetitions run in
+        // the rank's one group (launched), from this repetition.
         char *end = NULL;
         unsigned long long idx = strtoull(rest + 7, &end, 10);
         double us = strtod(end, &end);
-        double iters = strtod(end, NULL);
-        if (idx >= p->rp_ncells || !(us > 0)) {
+        double iters = strtod(end, &end);
+        unsigned long long sub = strtoull(end, NULL, 10);
+        if (idx >= p->rp_ncells || !(us > 0) ||
+            sub >= p->rp_res->rs_reps - p->rp_rep) {
             bc_rep_err(p, "rank 0 sent a malformed result \"%.200s\"", rest);
             return;
         }
-        size_t k = (size_t)idx * p->rp_res->rs_reps + p->rp_rep;
+        unsigned rep = p->rp_rep + (unsigned)sub;
+        size_t k = (size_t)idx * p->rp_res->rs_reps + rep;
         p->rp_res->rs_time[k] = us;
         p->rp_res->rs_iters[k] = iters;
         p->rp_nresults++;
@@ -96,8 +101,8 @@ bc_rep_line(bc_rep *p, char *line)
         bc_cell_name(&p->rp_cells[idx], name, sizeof(name));
         tool_verbose(o->bo_verbose, "bench collective",
                      "repetition %u: %s: %.2f us per call (%.0f calls)",
-                     p->rp_rep + 1, name, us, iters);
-        if (p->rp_rep + 1 == p->rp_res->rs_reps) {
+                     rep + 1, name, us, iters);
+        if (rep + 1 == p->rp_res->rs_reps) {
             bc_print_row(o, p->rp_res, &p->rp_cells[idx], (size_t)idx);
         }
     } else if (strncmp(rest, "error ", 6) == 0) {
@@ -170,7 +175,9 @@ bc_run_rep(bc_rep *p)
 {
     const bc_opts *o = p->rp_opts;
     char url[600], dir[256] = "";
-    if (o->bo_tcp) {
+    if (o->bo_launch.bl_on) {
+        snprintf(url, sizeof(url), "%s", o->bo_launch.bl_url);
+    } else if (o->bo_tcp) {
         char why[256];
         int port = tool_free_port(why, sizeof(why));
         if (port < 0) {
@@ -200,7 +207,7 @@ bc_run_rep(bc_rep *p)
     fflush(stderr);
     pid_t parent = getpid();
     int started = 0;
-    for (int rank = 0; rank < o->bo_world; rank++) {
+    for (int rank = p->rp_first; rank < p->rp_first + p->rp_nlocal; rank++) {
         pid_t pid = fork();
         if (pid < 0) {
             bc_rep_err(p, "fork of rank %d: %s", rank, strerror(errno));
@@ -219,13 +226,18 @@ bc_run_rep(bc_rep *p)
     }
     close(pfd[1]);
     bool in_time = true;
+    // Launched: every repetition runs in this one (--timeout each).
+    unsigned reps = o->bo_launch.bl_on ? o->bo_reps : 1;
+    double limit_s = o->bo_timeout_s * reps;
+    // Rank 0 reports the results: one per cell and repetition run here.
+    size_t want = p->rp_first == 0 ? p->rp_ncells * reps : 0;
     if (!p->rp_failed) {
-        uint64_t deadline = tp__now_ns() + (uint64_t)(o->bo_timeout_s * 1e9);
+        uint64_t deadline = tp__now_ns() + (uint64_t)(limit_s * 1e9);
         in_time = bc_rep_read(p, pfd[0], deadline);
     }
     close(pfd[0]);
-    bool ok = !p->rp_failed && in_time && p->rp_ndone == o->bo_world &&
-              p->rp_nresults == p->rp_ncells;
+    bool ok = !p->rp_failed && in_time && p->rp_ndone == started &&
+              p->rp_nresults == want;
     if (!in_time) {
         char last[128] = "none";
         for (size_t i = p->rp_ncells; i-- > 0;) {
@@ -237,25 +249,29 @@ bc_run_rep(bc_rep *p)
         }
         char pending[256] = "";
         size_t off = 0;
-        for (int r = 0; r < started && off < sizeof(pending); r++) {
-            if (!p->rp_done[r]) {
-                off += (size_t)snprintf(pending + off, sizeof(pending) - off,
-                                        "%s%d", off ? ", " : "", r);
+        for (int i = 0; i < started && off < sizeof(pending); i++) {
+            if (!p->rp_done[p->rp_first + i]) {
+                off +=
+                    (size_t)snprintf(pending + off, sizeof(pending) - off,
+                                     "%s%d", off ? ", " : "", p->rp_first + i);
             }
         }
         bc_rep_err(p,
-                   "did not finish within --timeout %g s (last measurement "
-                   "reported: %s; ranks not done: %s); killed the ranks",
-                   o->bo_timeout_s, last, pending[0] ? pending : "none");
+                   "did not finish within %g s (--timeout %g s%s; last "
+                   "measurement reported: %s; ranks not done: %s); killed "
+                   "the ranks",
+                   limit_s, o->bo_timeout_s, reps > 1 ? " per repetition" : "",
+                   last, pending[0] ? pending : "none");
     }
     // Reap every rank; one that failed without saying why is reported, and
     // one that died of a signal before we killed the rest (a crash, the
     // OOM killer) always is: the others' errors are then its consequence.
-    for (int r = 0; r < started; r++) {
+    for (int i = 0; i < started; i++) {
+        int r = p->rp_first + i;
         int status = -1;
-        bool dead = waitpid(p->rp_pid[r], &status, WNOHANG) == p->rp_pid[r];
+        bool dead = waitpid(p->rp_pid[i], &status, WNOHANG) == p->rp_pid[i];
         if (!dead) {
-            status = tool_reap(p->rp_pid[r], ok ? 5000 : 0, !ok);
+            status = tool_reap(p->rp_pid[i], ok ? 5000 : 0, !ok);
         }
         bool exited0 =
             status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0;
@@ -264,27 +280,27 @@ bc_run_rep(bc_rep *p)
         }
         if (dead && WIFSIGNALED(status)) {
             bc_rep_err(p, "rank %d (pid %d) died of signal %d (%s)", r,
-                       (int)p->rp_pid[r], WTERMSIG(status),
+                       (int)p->rp_pid[i], WTERMSIG(status),
                        strsignal(WTERMSIG(status)));
         } else if (!exited0 && !p->rp_failed) {
             if (status != -1 && WIFSIGNALED(status)) {
                 bc_rep_err(p, "rank %d (pid %d) killed by signal %d", r,
-                           (int)p->rp_pid[r], WTERMSIG(status));
+                           (int)p->rp_pid[i], WTERMSIG(status));
             } else {
                 bc_rep_err(p, "rank %d (pid %d) exited with status %d", r,
-                           (int)p->rp_pid[r],
+                           (int)p->rp_pid[i],
                            status == -1 ? -1 : WEXITSTATUS(status));
             }
         }
     }
-    if (ok && p->rp_nresults != p->rp_ncells) {
+    if (ok && p->rp_nresults != want) {
         ok = false;
     }
     if (!ok && p->rp_err[0] == '\0') {
         bc_rep_err(p,
                    "the ranks ended after %zu of %zu measurements without "
                    "an error message",
-                   p->rp_nresults, p->rp_ncells);
+                   p->rp_nresults, want);
     }
     if (dir[0] != '\0') {
         bc_rmdir(dir);

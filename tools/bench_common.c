@@ -290,6 +290,48 @@ bench_env_nop_cb(const tp_config_item *item, void *arg)
     (void)arg;
 }
 
+// A launcher variable as an integer in [@lo, @hi]; -1 when unset or bad.
+static long
+bench_env_int(const char *name, long lo, long hi)
+{
+    const char *v = getenv(name);
+    char *end = NULL;
+    if (v == NULL || *v == '\0') {
+        return -1;
+    }
+    errno = 0;
+    long n = strtol(v, &end, 10);
+    return errno != 0 || *end != '\0' || n < lo || n > hi ? -1 : n;
+}
+
+bool
+bench_launch_get(const char *what, bool forced, int min_world, int max_world,
+                 bench_launch *l)
+{
+    const char *rank = getenv("RANK"), *world = getenv("WORLD_SIZE");
+    memset(l, 0, sizeof(*l));
+    if (!forced && (rank == NULL || world == NULL)) {
+        return true;
+    }
+    l->bl_on = true;
+    long w = bench_env_int("WORLD_SIZE", min_world, max_world);
+    long r = w > 0 ? bench_env_int("RANK", 0, w - 1) : -1;
+    if (w < 0 || r < 0) {
+        tool_err("%s: a launched run needs WORLD_SIZE in %d..%d and RANK in "
+                 "0..WORLD_SIZE-1 (RANK=%s WORLD_SIZE=%s)",
+                 what, min_world, max_world, rank ? rank : "(unset)",
+                 world ? world : "(unset)");
+        return false;
+    }
+    l->bl_rank = (int)r;
+    l->bl_world = (int)w;
+    long lr = bench_env_int("LOCAL_RANK", 0, 1 << 20);
+    l->bl_local_rank = lr >= 0 ? (int)lr : (int)r;
+    const char *im = getenv("TP_INIT_METHOD");
+    l->bl_url = im != NULL && *im != '\0' ? im : "env://";
+    return true;
+}
+
 bool
 bench_env_check(void)
 {

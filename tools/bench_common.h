@@ -118,6 +118,24 @@ bool bench_opts_finish(bench_opts *o);
 // after reporting the first bad one (its name and why).
 bool bench_env_check(void);
 
+// A rank of a launched job (tpipe run, torchrun, mpirun/srun with RANK and
+// WORLD_SIZE exported): where it is in the world and how it meets the
+// others.
+typedef struct bench_launch {
+    bool bl_on;         // launched (the variables are set, or --launched)
+    int bl_rank;        // RANK
+    int bl_world;       // WORLD_SIZE
+    int bl_local_rank;  // LOCAL_RANK, else RANK
+    const char *bl_url; // TP_INIT_METHOD, else "env://"
+} bench_launch;
+
+// Fills @l from the environment: bl_on when RANK and WORLD_SIZE are both
+// set or @forced. A launched run needs RANK in 0..WORLD_SIZE-1 and
+// WORLD_SIZE in @min_world..@max_world; false after reporting a missing or
+// malformed variable ("<what>: a launched run needs ...").
+bool bench_launch_get(const char *what, bool forced, int min_world,
+                      int max_world, bench_launch *l);
+
 // The stall timeout in ns.
 uint64_t bench_stall_ns(const bench_opts *o);
 

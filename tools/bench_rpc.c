@@ -155,7 +155,7 @@ br_parse_tests(const char *list, br_opts *o)
         } else if (strcmp(tok, "remote") == 0) {
             o->bo_remote = true;
         } else if (strcmp(tok, "rref_fork") == 0) {
-            o->bo_fork = true;
+            o->bo_fork = o->bo_fork_named = true;
         } else if (strcmp(tok, "dist_autograd") == 0) {
             o->bo_autograd = true;
         } else {
@@ -207,7 +207,8 @@ br_parse_sizes(const char *list, br_opts *o)
 static int
 br_parse_args(int argc, char **argv, br_opts *o)
 {
-    const char *transports = "all", *tests = "all", *sizes = BR_DEFAULT_SIZES;
+    const char *transports = NULL, *tests = "all", *sizes = BR_DEFAULT_SIZES;
+    bool launched = false;
     memset(o, 0, sizeof(*o));
     o->bo_budget = 1.0;
     o->bo_reps = 3;
@@ -240,6 +241,11 @@ br_parse_args(int argc, char **argv, br_opts *o)
          "deadline of every call, of init and of shutdown\n(default 30)"},
         {"--verbose", "-v", BENCH_OPT_FLAG, &o->bo_verbose, 0, 0, NULL,
          "progress and worker0's tp_rpc_get_debug_info\non stderr"},
+        {"--launched", NULL, BENCH_OPT_FLAG, &launched, 0, 0, NULL,
+         "run as one rank of a launched job (automatic when\nRANK and "
+         "WORLD_SIZE are set): the ranks meet through\nTP_INIT_METHOD "
+         "(default env://), rank 0 measures\nand prints, the others "
+         "serve; one transport\n(default tcp)"},
     };
     int rc = bench_parse_args("bench rpc", opts, TP_ARRAY_LEN(opts), &br_usage,
                               argc, argv);
@@ -248,9 +254,38 @@ br_parse_args(int argc, char **argv, br_opts *o)
     }
     o->bo_reps = (unsigned)reps;
     o->bo_inflight = (unsigned)inflight;
+    const bench_launch *l = &o->bo_launch;
+    if (!bench_launch_get("bench rpc", launched, 2, 1 << 16, &o->bo_launch)) {
+        return TOOL_EXIT_USAGE;
+    }
+    // Launched: one transport, across hosts tcp unless named.
+    if (transports == NULL) {
+        transports = l->bl_on ? "tcp" : "all";
+    }
     if (!br_parse_transports(transports, o) || !br_parse_tests(tests, o) ||
         !br_parse_sizes(sizes, o)) {
         return TOOL_EXIT_USAGE;
+    }
+    if (l->bl_on && o->bo_ntr != 1) {
+        tool_err("bench rpc: a launched run measures one transport, not "
+                 "\"%s\"",
+                 transports);
+        return TOOL_EXIT_USAGE;
+    }
+    if (l->bl_on && o->bo_fork && l->bl_world < 3) {
+        // rref_fork needs worker2.
+        if (o->bo_fork_named) {
+            tool_err("bench rpc: rref_fork needs a third rank (WORLD_SIZE "
+                     "3 or more, not %d)",
+                     l->bl_world);
+            return TOOL_EXIT_USAGE;
+        }
+        o->bo_fork = false;
+        if (l->bl_rank == 0) {
+            tool_err("bench rpc: leaving out rref_fork: it needs a third "
+                     "rank (WORLD_SIZE is %d)",
+                     l->bl_world);
+        }
     }
     if (o->bo_channel != NULL &&
         !tool_backend_known(TOOL_CHANNEL, o->bo_channel)) {
@@ -421,6 +456,30 @@ tool_bench_rpc_main(int argc, char **argv)
         for (size_t i = 0; i < ncells * BR_NF * o.bo_reps; i++) {
             vals[i] = NAN;
         }
+        bool two = o.bo_noop || o.bo_echo || o.bo_async || o.bo_init ||
+                   o.bo_remote || o.bo_autograd;
+        if (o.bo_launch.bl_on) {
+            // Rank 0 prints its rows; the others serve and print nothing.
+            bool ok = br_run_launched(&r);
+            if (ok && o.bo_launch.bl_rank == 0) {
+                if (two) {
+                    br_print_pass(&r, false, &out);
+                }
+                if (o.bo_fork) {
+                    br_print_pass(&r, true, &out);
+                }
+            }
+            if (!ok) {
+                fflush(stdout);
+                tool_err("bench rpc: %s: launched rank %d of %d (%s): %s",
+                         tr->bt_name, o.bo_launch.bl_rank, o.bo_launch.bl_world,
+                         o.bo_launch.bl_url, r.rr_err);
+                failed = true;
+            } else {
+                measured++;
+            }
+            continue;
+        }
         bool ok = true;
         for (unsigned rep = 0; rep < o.bo_reps && ok; rep++) {
             tool_verbose(o.bo_verbose, "bench rpc", "%s: repetition %u of %u",
@@ -428,8 +487,6 @@ tool_bench_rpc_main(int argc, char **argv)
             // The 2-worker tests, then rref_fork with a third worker. The
             // last repetition prints each pass's rows as it completes.
             bool last = rep + 1 == o.bo_reps;
-            bool two = o.bo_noop || o.bo_echo || o.bo_async || o.bo_init ||
-                       o.bo_remote || o.bo_autograd;
             r.rr_fork_pass = false;
             ok = !two || br_run_rep(&r, rep);
             if (ok && two && last) {

@@ -13,6 +13,8 @@
 #include <tpipe/info.h>
 #include <tpipe/rpc.h>
 
+#include "bench_common.h"
+
 #define BR_MAX_TRANSPORTS TP_INFO_MAX
 #define BR_MAX_SIZES      16
 #define BR_MIN_NOOP       100u     // noop calls measured at least
@@ -36,6 +38,7 @@ typedef struct br_opts {
     bool bo_all_tr;
     const char *bo_channel; // NULL: every channel
     bool bo_noop, bo_echo, bo_async, bo_init, bo_remote, bo_fork, bo_autograd;
+    bool bo_fork_named; // rref_fork named in --test (not only by "all")
     uint64_t bo_sizes[BR_MAX_SIZES];
     size_t bo_nsizes;
     double bo_budget;
@@ -44,6 +47,9 @@ typedef struct br_opts {
     double bo_stall_s;
     bool bo_json;
     bool bo_verbose;
+    // A rank of a launched job (RANK, WORLD_SIZE; --launched): rank 0
+    // measures, the others serve; one agent for every repetition.
+    bench_launch bo_launch;
 } br_opts;
 
 // Statistics of one cell (a test and size) per repetition.
@@ -147,6 +153,19 @@ bool br_measure_autograd(br_run *r, tp_agent *a, unsigned rep);
 // One repetition: a fresh pair of processes. False after writing what
 // failed to r->rr_err.
 bool br_run_rep(br_run *r, unsigned rep);
+// bench_rpc_run.c, shared with the launched run: the agent's options, the
+// measurements of one repetition (the 2-worker tests, or rref_fork), and
+// the check of the pipe to worker1. False after writing to r->rr_err.
+void br_agent_options(const br_opts *o, const br_transport *tr,
+                      const char *init, int64_t shutdown_ms,
+                      tp_agent_options *ao);
+bool br_measure_all(br_run *r, tp_agent *a, unsigned rep, bool fork_pass);
+bool br_check_pipe(br_run *r, tp_agent *a);
+// bench_rpc_launch.c: this process is rank o->bo_launch.bl_rank of a
+// launched job. Rank 0 runs every repetition (the 2-worker tests, then
+// rref_fork) on one agent and leaves r->rr_nreps set; the others serve
+// until rank 0 shuts down. False after writing to r->rr_err.
+bool br_run_launched(br_run *r);
 // The threads of this process (0 if unknown).
 int br_thread_count(void);
 

@@ -80,7 +80,7 @@ br_error(char *buf, size_t len, tp_status st, tp_error *err, const char *fmt,
     tp_error_unref(err);
 }
 
-static void
+void
 br_agent_options(const br_opts *o, const br_transport *tr, const char *init,
                  int64_t shutdown_ms, tp_agent_options *ao)
 {
@@ -452,7 +452,7 @@ br_measure_async(br_run *r, tp_agent *a, unsigned rep)
 }
 
 // Checks which transport and channel the pipe to worker1 uses.
-static bool
+bool
 br_check_pipe(br_run *r, tp_agent *a)
 {
     tp_rpc_peer_stats ps;
@@ -483,6 +483,40 @@ br_check_pipe(br_run *r, tp_agent *a)
     return true;
 }
 
+// The measurements of repetition @rep on worker0's agent @a: the 2-worker
+// tests, or rref_fork (@fork_pass). False after writing what failed to
+// r->rr_err.
+bool
+br_measure_all(br_run *r, tp_agent *a, unsigned rep, bool fork_pass)
+{
+    const br_opts *o = r->rr_opts;
+    bool ok = true;
+    // remote right after noop: the two are compared (remote + to_here
+    // against the round trip), so they run under the same conditions.
+    if (ok && o->bo_noop && !fork_pass) {
+        ok = br_measure_noop(r, a, rep);
+    }
+    if (ok && o->bo_remote && !fork_pass) {
+        ok = br_measure_remote(r, a, rep);
+    }
+    // Before the 64 MiB echo and the async bursts, like the other latency
+    // tests.
+    if (ok && o->bo_autograd && !fork_pass) {
+        ok = br_measure_autograd(r, a, rep);
+    }
+    for (size_t i = 0; ok && o->bo_echo && !fork_pass && i < o->bo_nsizes;
+         i++) {
+        ok = br_measure_echo(r, a, rep, i);
+    }
+    if (ok && o->bo_async && !fork_pass) {
+        ok = br_measure_async(r, a, rep);
+    }
+    if (ok && fork_pass) {
+        ok = br_measure_fork(r, a, rep);
+    }
+    return ok;
+}
+
 // Rank 0's part of repetition @rep, once the child runs. False after
 // writing what failed to r->rr_err.
 static bool
@@ -510,30 +544,7 @@ br_rank0(br_run *r, unsigned rep, const char *init, bool last)
     }
     tool_verbose(o->bo_verbose, "bench rpc", "%s: repetition %u: init %.0f us",
                  tr, rep + 1, init_us);
-    bool ok = true;
-    // remote right after noop: the two are compared (remote + to_here
-    // against the round trip), so they run under the same conditions.
-    if (ok && o->bo_noop && !fork_pass) {
-        ok = br_measure_noop(r, a, rep);
-    }
-    if (ok && o->bo_remote && !fork_pass) {
-        ok = br_measure_remote(r, a, rep);
-    }
-    // Before the 64 MiB echo and the async bursts, like the other latency
-    // tests.
-    if (ok && o->bo_autograd && !fork_pass) {
-        ok = br_measure_autograd(r, a, rep);
-    }
-    for (size_t i = 0; ok && o->bo_echo && !fork_pass && i < o->bo_nsizes;
-         i++) {
-        ok = br_measure_echo(r, a, rep, i);
-    }
-    if (ok && o->bo_async && !fork_pass) {
-        ok = br_measure_async(r, a, rep);
-    }
-    if (ok && fork_pass) {
-        ok = br_measure_fork(r, a, rep);
-    }
+    bool ok = br_measure_all(r, a, rep, fork_pass);
     if (ok) {
         ok = br_check_pipe(r, a);
     }

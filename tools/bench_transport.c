@@ -9,6 +9,12 @@
 // the listener address back through a pipe(2); this process connects and
 // measures (bench_peer.c). Every wait has a stall deadline, and the child
 // is always reaped (killed on error).
+//
+// Across hosts there is no fork: --listen serves one client of another
+// host and --connect measures against it; as ranks of a launched job
+// (RANK, WORLD_SIZE = 2; --launched) rank 1 serves and publishes its
+// address in the job's store (TP_INIT_METHOD, default env://), rank 0
+// reads it and measures.
 
 #include <errno.h>
 #include <math.h>
@@ -19,6 +25,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <tpipe/store.h>
+
 #include "bench_common.h"
 #include "bench_out.h"
 #include "bench_peer.h"
@@ -27,6 +35,7 @@
 #include "tool.h"
 
 #define BT_MAX_TRANSPORTS 8
+#define BT_STORE_KEY      "tpipe/bench_transport/addr"
 
 typedef struct bt_opts {
     bench_opts bo_com; // the options bench pipe has too
@@ -39,6 +48,7 @@ typedef struct bt_opts {
     const char *bo_addr;
     bool bo_listen;         // serve one client of another host
     const char *bo_connect; // measure against a --listen server
+    bench_launch bo_launch; // a rank of a launched job (0 measures)
     tp_config bo_cfg;       // from the environment
 } bt_opts;
 
@@ -160,10 +170,11 @@ static int
 bt_parse_args(int argc, char **argv, bt_opts *o)
 {
     const char *transports = "all", *backends = "all";
+    bool launched = false;
     memset(o, 0, sizeof(*o));
     bench_opts_init(&o->bo_com, "bench transport", NULL);
     o->bo_idle_s = 2.0;
-    bench_opt opts[7 + BENCH_OPTS_N] = {
+    bench_opt opts[8 + BENCH_OPTS_N] = {
         {"--transport", NULL, BENCH_OPT_STR, &transports, 0, 0,
          "tcp|shm|all|best",
          "transports (comma list, all, or the best viable\none; default all "
@@ -184,8 +195,13 @@ bt_parse_args(int argc, char **argv, bt_opts *o)
         {"--connect", NULL, BENCH_OPT_STR, &o->bo_connect, 0, 0, "ADDR",
          "measure against a --listen server (same --sizes,\n--window, "
          "--transport, --backend)"},
+        {"--launched", NULL, BENCH_OPT_FLAG, &launched, 0, 0, NULL,
+         "run as rank 0 or 1 of a launched job (automatic\nwhen RANK and "
+         "WORLD_SIZE are set): rank 1 serves\nand publishes its address "
+         "in the job's store\n(TP_INIT_METHOD, default env://), rank 0 "
+         "measures"},
     };
-    size_t n = 7 + bench_opts_table(&o->bo_com, opts + 7);
+    size_t n = 8 + bench_opts_table(&o->bo_com, opts + 8);
     bench_opt_set_help(opts, n, "--reps",
                        "repeat each measurement R times on separate\n"
                        "connections; report the median of the medians");
@@ -194,13 +210,18 @@ bt_parse_args(int argc, char **argv, bt_opts *o)
     if (rc >= 0) {
         return rc;
     }
-    bool remote = o->bo_listen || o->bo_connect != NULL;
+    // Launched unless --listen or --connect says otherwise.
+    if (!o->bo_listen && o->bo_connect == NULL &&
+        !bench_launch_get("bench transport", launched, 2, 2, &o->bo_launch)) {
+        return TOOL_EXIT_USAGE;
+    }
+    bool remote = o->bo_listen || o->bo_connect != NULL || o->bo_launch.bl_on;
     if (remote) {
         // Across hosts: one transport (default tcp) and one backend.
         transports = strcmp(transports, "all") == 0 ? "tcp" : transports;
-        if (o->bo_listen && o->bo_connect != NULL) {
-            tool_err("bench transport: --listen and --connect exclude each "
-                     "other");
+        if (o->bo_listen + (o->bo_connect != NULL) + launched > 1) {
+            tool_err("bench transport: --listen, --connect and --launched "
+                     "exclude each other");
             return TOOL_EXIT_USAGE;
         }
         if (o->bo_com.bo_reps64 != 1 || strchr(transports, ',') != NULL ||
@@ -238,16 +259,56 @@ typedef struct bt_run {
     const char *br_backend_name;
     char br_label[48]; // "transport/backend"
     char br_err[1200];
+    tp_store *br_store; // launched: the job's store
 } bt_run;
 
+// How long a launched rank waits for the other's address (or for its
+// store): twice the stall timeout, as the server waits for its client.
+static int64_t
+bt_wait_ms(const bt_opts *o)
+{
+    return (int64_t)(o->bo_com.bo_stall_s * 2000);
+}
+
+// A launched rank's store, or NULL with the error printed.
+static tp_store *
+bt_store_open(const bt_opts *o)
+{
+    const bench_launch *l = &o->bo_launch;
+    tp_store *st = NULL;
+    tp_error *err = NULL;
+    if (tp_store_open(l->bl_url, l->bl_rank, 2, bt_wait_ms(o), &st, &err) !=
+        TP_OK) {
+        tool_err("bench transport: rank %d: store %s: %s", l->bl_rank,
+                 l->bl_url, tp_error_message(err));
+        tp_error_unref(err);
+        return NULL;
+    }
+    return st;
+}
+
 // Reports the server's address (@ok) or failure to the parent through
-// @wfd, or (--listen, @wfd < 0) the address to stdout, the failure to
+// @wfd, or (launched) the address into the job's store, or (--listen,
+// @wfd < 0) the address to stdout; a failure not for the parent goes to
 // stderr.
 static bool
-bt_server_say(int wfd, bool ok, const char *msg)
+bt_server_say(const bt_run *r, int wfd, bool ok, const char *msg)
 {
     if (wfd >= 0) {
         return bench_server_report(wfd, ok ? BENCH_OK : BENCH_FAIL, msg);
+    }
+    if (ok && r->br_store != NULL) {
+        tp_error *err = NULL;
+        if (tp_store_set(r->br_store, BT_STORE_KEY, msg, strlen(msg),
+                         bt_wait_ms(r->br_opts), &err) != TP_OK) {
+            tool_err("bench transport: rank 1: publishing %s: %s", msg,
+                     tp_error_message(err));
+            tp_error_unref(err);
+            return false;
+        }
+        tool_verbose(r->br_opts->bo_com.bo_verbose, NULL,
+                     "rank 1: serving on %s", msg);
+        return true;
     }
     if (ok) {
         printf("%s\n", msg);
@@ -274,14 +335,15 @@ bt_serve(const bt_run *r, int wfd)
     // like the peers it is compared with (iperf3, sock_pingpong on
     // 127.0.0.1), never through an interface chosen for other hosts.
     const char *addr = o->bo_addr;
-    if (addr == NULL && strcmp(r->br_transport, "tcp") == 0 && !o->bo_listen) {
+    if (addr == NULL && strcmp(r->br_transport, "tcp") == 0 && !o->bo_listen &&
+        !o->bo_launch.bl_on) {
         addr = "tcp://127.0.0.1:0";
     }
     if (tp__loop_create(&cfg, "bench-srv", &loop, &err) != TP_OK ||
         tp__transport_create(r->br_transport, loop, &cfg, &t, &err) != TP_OK ||
         tp__transport_listen(t, addr, &l, &err) != TP_OK) {
         // The parent reports a missing address anyway.
-        (void)bt_server_say(wfd, false, tp_error_message(err));
+        (void)bt_server_say(r, wfd, false, tp_error_message(err));
         return 1;
     }
     // Buffers first (touching them takes a while for large sizes), so
@@ -291,11 +353,11 @@ bt_serve(const bt_run *r, int wfd)
     if (bt_server_init(&srv, loop, l, o->bo_com.bo_max_size, nbufs) != 0) {
         snprintf(msg, sizeof(msg), "out of memory for %u buffers of %llu bytes",
                  nbufs, (unsigned long long)o->bo_com.bo_max_size);
-        (void)bt_server_say(wfd, false, msg);
+        (void)bt_server_say(r, wfd, false, msg);
         return 1;
     }
     bt_server_start(&srv);
-    if (!bt_server_say(wfd, true, tp__listener_addr(l))) {
+    if (!bt_server_say(r, wfd, true, tp__listener_addr(l))) {
         return 1;
     }
     if (wfd >= 0) {
@@ -610,14 +672,46 @@ tool_bench_transport_main(int argc, char **argv)
     }
     // A write to a dead peer must be an error, not a signal.
     signal(SIGPIPE, SIG_IGN);
-    if (o.bo_listen) {
+    const bench_launch *l = &o.bo_launch;
+    if (o.bo_listen || (l->bl_on && l->bl_rank == 1)) {
         bt_run r = {
             .br_opts = &o,
             .br_transport = o.bo_transports[0],
             .br_backend = o.bo_backends[0],
             .br_backend_name = tp__io_backend_name(o.bo_backends[0]),
         };
-        return bt_serve(&r, -1) == 0 ? TOOL_EXIT_OK : TOOL_EXIT_FAIL;
+        if (l->bl_on && (r.br_store = bt_store_open(&o)) == NULL) {
+            return TOOL_EXIT_FAIL;
+        }
+        rc = bt_serve(&r, -1);
+        tp_store_close(r.br_store);
+        return rc == 0 ? TOOL_EXIT_OK : TOOL_EXIT_FAIL;
+    }
+    // Rank 0 of a launched job: rank 1's address from the store, then as
+    // --connect. The store (hosted here with env://) stays open until the
+    // end.
+    static char addr[512];
+    tp_store *store = NULL;
+    if (l->bl_on) {
+        void *val = NULL;
+        size_t len = 0;
+        tp_error *err = NULL;
+        if ((store = bt_store_open(&o)) == NULL) {
+            return TOOL_EXIT_FAIL;
+        }
+        if (tp_store_get(store, BT_STORE_KEY, bt_wait_ms(&o), &val, &len,
+                         &err) != TP_OK) {
+            tool_err("bench transport: rank 0: waiting for rank 1's address "
+                     "(%s): %s",
+                     l->bl_url, tp_error_message(err));
+            tp_error_unref(err);
+            tp_store_close(store);
+            return TOOL_EXIT_FAIL;
+        }
+        snprintf(addr, sizeof(addr), "%.*s", (int)len, (const char *)val);
+        tp_free(val);
+        o.bo_connect = addr;
+        tool_verbose(o.bo_com.bo_verbose, NULL, "rank 0: server at %s", addr);
     }
 
     size_t ncells = 2 * o.bo_com.bo_nsizes;
@@ -683,5 +777,6 @@ tool_bench_transport_main(int argc, char **argv)
     o.bo_com.bo_done_fn = NULL;
     free(cells);
     free(vals);
+    tp_store_close(store);
     return status;
 }

@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# bench_launched_test.sh TPIPE [PYTHON3] - `tpipe bench transport|rpc|
+# collective` as ranks of a launched job on this host (`tpipe run -n N`,
+# env:// over loopback): rank 0 prints a row with numbers per size or
+# test, the other ranks nothing, every rank exits 0; a rank whose rank 0
+# never comes fails within its deadline naming the store; bad launcher
+# variables and options a launched run cannot take exit 2.
+# tests/netns/netns_bench_launched_test.sh runs the same across two
+# network namespaces.
+set -u
+TPIPE=$1
+PY=${2:-python3}
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+fail() { echo "bench_launched_test: FAIL: $*" >&2; exit 1; }
+unset RANK WORLD_SIZE LOCAL_RANK MASTER_ADDR MASTER_PORT TP_INIT_METHOD
+
+# run NAME N ARGS...: `tpipe run -n N tpipe bench ARGS --json`, rank 0's
+# lines (the launcher's "[0] " taken off) in $TMP/NAME.jsonl.
+run() {
+  local name=$1 n=$2
+  shift 2
+  timeout -k 5 120 "$TPIPE" run -n "$n" -- "$TPIPE" bench "$@" --json \
+    >"$TMP/$name.out" 2>&1 ||
+    { cat "$TMP/$name.out" >&2; fail "$name: exit $?"; }
+  grep -v '^\[0\] {' "$TMP/$name.out" | grep -q '^\[[1-9][0-9]*\] {' &&
+    { cat "$TMP/$name.out" >&2; fail "$name: a rank other than 0 printed a row"; }
+  grep '^\[0\] {' "$TMP/$name.out" | sed 's/^\[0\] //' >"$TMP/$name.jsonl"
+}
+
+# check NAME KEY WANT...: every row has a positive number under KEY and
+# the rows' (test or op, size) are exactly WANT ("noop:0", ...).
+check() {
+  "$PY" - "$TMP/$1.jsonl" "$2" "${@:3}" <<'PYEOF' ||
+import json, math, sys
+path, key, want = sys.argv[1], sys.argv[2], set(sys.argv[3:])
+seen = []
+for line in open(path):
+    o = json.loads(line)
+    name = o.get("test", o.get("op"))
+    k = key if name not in ("async", "barrier") else \
+        ("calls_per_s" if name == "async" else "time_us")
+    v = o[k]
+    assert isinstance(v, (int, float)) and math.isfinite(v) and v > 0, line
+    seen.append("%s:%d" % (name, o["size"]))
+assert sorted(seen) == sorted(want), "rows %s, want %s" % (seen, sorted(want))
+PYEOF
+    { cat "$TMP/$1.out" >&2; fail "$1: rows"; }
+}
+
+args=(--budget 0.05 --stall-timeout 10)
+run transport 2 transport --sizes 64,64K "${args[@]}"
+"$PY" - "$TMP/transport.jsonl" <<'PYEOF' || { cat "$TMP/transport.out" >&2; fail "transport rows"; }
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+got = sorted((o["test"], o["size"]) for o in rows)
+assert got == sorted([("pingpong", 64), ("pingpong", 65536), ("stream", 64),
+                      ("stream", 65536)]), got
+for o in rows:
+    v = o["p50_us"] if o["test"] == "pingpong" else o["gbps"]
+    assert v is not None and v > 0 and o["transport"] == "tcp", o
+PYEOF
+echo "bench_launched_test: bench transport launched: ok"
+
+run rpc 2 rpc --test noop,echo,async,init --sizes 64,1M --reps 2 "${args[@]}"
+check rpc p50_us noop:0 echo:64 echo:1048576 async:0 init:0
+"$PY" - "$TMP/rpc.jsonl" <<'PYEOF' || { cat "$TMP/rpc.out" >&2; fail "rpc init"; }
+import json, sys
+for o in map(json.loads, open(sys.argv[1])):
+    assert o["transport"] == "tcp" and o["reps"] == 2, o
+    if o["test"] == "init":
+        assert o["init_max_us"] >= o["p50_us"] > 0, o
+PYEOF
+run rpc3 3 rpc --test noop,rref_fork --reps 1 "${args[@]}"
+check rpc3 p50_us noop:0 rref_fork:0
+echo "bench_launched_test: bench rpc launched (2 and 3 ranks): ok"
+
+run coll 3 collective --op all_reduce,all_gather,barrier --sizes 4K,64K \
+  --reps 2 --budget 0.02 --timeout 60
+check coll time_us all_reduce:4096 all_reduce:65536 all_gather:4092 \
+  all_gather:65532 barrier:0
+"$PY" - "$TMP/coll.jsonl" <<'PYEOF' || { cat "$TMP/coll.out" >&2; fail "coll world"; }
+import json, sys
+for o in map(json.loads, open(sys.argv[1])):
+    assert o["world"] == 3 and o["reps"] == 2, o
+PYEOF
+echo "bench_launched_test: bench collective launched (3 ranks): ok"
+
+# A rank whose rank 0 never comes: a clear error within its deadline.
+port=$("$TPIPE" run -n 1 --no-job-token sh -c 'echo $MASTER_PORT' |
+  sed 's/^\[0\] //')
+for cmd in "rpc --stall-timeout 2" "collective --timeout 2" \
+           "transport --stall-timeout 1"; do
+  t0=$SECONDS
+  st=0
+  # shellcheck disable=SC2086
+  RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+    timeout -k 5 60 "$TPIPE" bench $cmd >"$TMP/lone.txt" 2>&1 || st=$?
+  [ $st -eq 1 ] || { cat "$TMP/lone.txt" >&2; fail "$cmd alone: exit $st, want 1"; }
+  [ $((SECONDS - t0)) -le 15 ] || fail "$cmd alone: took $((SECONDS - t0)) s"
+  grep -q "rank 1" "$TMP/lone.txt" && grep -q "127.0.0.1:$port" "$TMP/lone.txt" &&
+    grep -q "timed out" "$TMP/lone.txt" ||
+    { cat "$TMP/lone.txt" >&2; fail "$cmd alone: the error lacks the rank, the store or 'timed out'"; }
+done
+echo "bench_launched_test: a rank without its rank 0 fails in time: ok"
+
+# Usage errors: exit 2 with the reason.
+expect2() {
+  local want=$1
+  shift
+  st=0
+  env "$@" >"$TMP/u.txt" 2>&1 || st=$?
+  [ $st -eq 2 ] && grep -q -- "$want" "$TMP/u.txt" ||
+    { cat "$TMP/u.txt" >&2; fail "$*: exit $st or no \"$want\""; }
+}
+expect2 'RANK in 0..WORLD_SIZE-1' RANK=2 WORLD_SIZE=2 "$TPIPE" bench rpc
+expect2 'RANK in 0..WORLD_SIZE-1' RANK=x WORLD_SIZE=2 "$TPIPE" bench collective
+expect2 'WORLD_SIZE in 2..2' RANK=0 WORLD_SIZE=3 "$TPIPE" bench transport
+expect2 'not with --world or --store' RANK=0 WORLD_SIZE=2 "$TPIPE" bench \
+  collective --world 2
+expect2 'one transport' RANK=0 WORLD_SIZE=2 "$TPIPE" bench rpc --transport all
+expect2 'needs a third rank' RANK=0 WORLD_SIZE=2 "$TPIPE" bench rpc --test rref_fork
+expect2 'a launched run needs' "$TPIPE" bench collective --launched
+echo "bench_launched_test: ok"
