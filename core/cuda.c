@@ -9,6 +9,7 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -26,6 +27,8 @@ typedef cudaError_t (*cuda_memcpy_fn)(void *, const void *, size_t,
 typedef const char *(*cuda_error_string_fn)(cudaError_t);
 typedef cudaError_t (*cuda_stream_create_fn)(cudaStream_t *, unsigned int);
 typedef cudaError_t (*cuda_stream_fn)(cudaStream_t);
+typedef cudaError_t (*cuda_malloc_host_fn)(void **, size_t);
+typedef cudaError_t (*cuda_free_host_fn)(void *);
 
 static struct {
     void *lib;
@@ -38,11 +41,16 @@ static struct {
     cuda_stream_create_fn stream_create;
     cuda_stream_fn stream_query;
     cuda_stream_fn stream_destroy;
+    cuda_malloc_host_fn malloc_host;
+    cuda_free_host_fn free_host;
     int ndev;
     char why[256];
 } cuda;
 
 static pthread_once_t cuda_once = PTHREAD_ONCE_INIT;
+// tp__cuda_testing_use_runtime: the only library tried when set.
+static const char *cuda_testing_path;
+static _Atomic bool cuda_loaded;
 
 static void *
 cuda_sym(const char *name)
@@ -59,8 +67,15 @@ cuda_load(void)
 {
     static const char *const names[] = {"libcudart.so.13", "libcudart.so.12",
                                         "libcudart.so"};
-    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
-        cuda.lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+    atomic_store(&cuda_loaded, true);
+    size_t nnames = sizeof(names) / sizeof(names[0]);
+    for (size_t i = 0; i < nnames; i++) {
+        const char *name = names[i];
+        if (cuda_testing_path != NULL) {
+            name = cuda_testing_path;
+            nnames = 1;
+        }
+        cuda.lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
         if (cuda.lib != NULL) {
             break;
         }
@@ -87,6 +102,8 @@ cuda_load(void)
     CUDA_SYM(stream_create, "cudaStreamCreateWithFlags");
     CUDA_SYM(stream_query, "cudaStreamQuery");
     CUDA_SYM(stream_destroy, "cudaStreamDestroy");
+    CUDA_SYM(malloc_host, "cudaMallocHost");
+    CUDA_SYM(free_host, "cudaFreeHost");
 #undef CUDA_SYM
     if (cuda.why[0] != '\0') {
         return;
@@ -251,6 +268,43 @@ tp__cuda_stream_destroy(void *stream)
     }
 }
 
+tp_status
+tp__cuda_host_alloc(size_t nbytes, void **ptr_p, tp_error **err_p)
+{
+    char why[256];
+    if (!tp__cuda_available(why, sizeof(why))) {
+        return tp__error_set(err_p, TP_ENOTSUP, "cuda: pinned host memory: %s",
+                             why);
+    }
+    void *p = NULL;
+    cudaError_t e = cuda.malloc_host(&p, nbytes == 0 ? 1 : nbytes);
+    if (e != cudaSuccess) {
+        return tp__error_set(err_p, TP_ENOMEM,
+                             "cuda: cudaMallocHost of %zu bytes: %s", nbytes,
+                             cuda.error_string(e));
+    }
+    *ptr_p = p;
+    return TP_OK;
+}
+
+void
+tp__cuda_host_free(void *ptr)
+{
+    if (ptr != NULL && cuda.free_host != NULL) {
+        cuda.free_host(ptr);
+    }
+}
+
+bool
+tp__cuda_testing_use_runtime(const char *path)
+{
+    if (atomic_load(&cuda_loaded)) {
+        return false;
+    }
+    cuda_testing_path = path;
+    return true;
+}
+
 #else // !TP_HAVE_CUDA
 
 bool
@@ -318,6 +372,28 @@ void
 tp__cuda_stream_destroy(void *stream)
 {
     (void)stream;
+}
+
+tp_status
+tp__cuda_host_alloc(size_t nbytes, void **ptr_p, tp_error **err_p)
+{
+    (void)nbytes;
+    (void)ptr_p;
+    return tp__error_set(err_p, TP_ENOTSUP,
+                         "cuda: built without CUDA (TP_WITH_CUDA)");
+}
+
+void
+tp__cuda_host_free(void *ptr)
+{
+    (void)ptr;
+}
+
+bool
+tp__cuda_testing_use_runtime(const char *path)
+{
+    (void)path;
+    return false;
 }
 
 #endif

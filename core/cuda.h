@@ -44,4 +44,17 @@ tp_status tp__cuda_stream_query(void *stream, bool *done_p, tp_error **err_p);
 // NULL is fine.
 void tp__cuda_stream_destroy(void *stream);
 
+// Page-locked host memory of @nbytes (cudaMallocHost), for staging copies
+// between a device and the network. Errors: TP_ENOTSUP (unavailable, with
+// the reason), TP_ENOMEM.
+tp_status tp__cuda_host_alloc(size_t nbytes, void **ptr_p, tp_error **err_p);
+// Frees what tp__cuda_host_alloc returned. NULL is fine.
+void tp__cuda_host_free(void *ptr);
+
+// Tests only: load the runtime from @path (a fake libcudart, see
+// tests/cuda/fake_cudart.c) instead of the system's. Must run before
+// anything else here (the runtime is loaded once); returns false if it
+// was already loaded. Nothing in the library calls it.
+bool tp__cuda_testing_use_runtime(const char *path);
+
 #endif

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/cuda.h"
 #include "core/platform.h"
 #include "pipe/wire.h"
 
@@ -84,7 +85,11 @@ message_free_bufs(tp_msg_buf *bufs, uint32_t n)
     }
     for (uint32_t i = 0; i < n; i++) {
         if (bufs[i].pipe_owned) {
-            tp__free(bufs[i].data);
+            if (bufs[i].device.type == TP_DEVICE_CUDA) {
+                tp__cuda_free(bufs[i].device.index, bufs[i].data);
+            } else {
+                tp__free(bufs[i].data);
+            }
             bufs[i].data = NULL;
             bufs[i].pipe_owned = false;
         }

@@ -141,6 +141,13 @@ struct tp_pipe_hs {
     unsigned h_nextra_done;
 };
 
+// Host staging of one CUDA tensor (pipe_cuda.c).
+typedef struct tp__cuda_stage {
+    void *cs_host;  // NULL: the tensor is not staged
+    bool cs_pinned; // cudaMallocHost'd (else tp__alloc'd)
+    bool cs_copy;   // read: copy to the device once the bytes are in
+} tp__cuda_stage;
+
 // A write in flight.
 typedef struct pipe_wop {
     tp_list_node w_node;
@@ -160,7 +167,8 @@ typedef struct pipe_wop {
     unsigned w_nops;
     unsigned w_ops_pending;
     tp__chan_info *w_infos;
-    bool w_started; // bytes may have moved
+    tp__cuda_stage *w_stage; // per tensor (NULL: no CUDA tensor)
+    bool w_started;          // bytes may have moved
     bool w_done;
     tp_error *w_err;
     tp_task w_free_task;
@@ -181,6 +189,8 @@ typedef struct pipe_rop {
     bool r_conn_busy;
     bool r_conn_done;
     tp_chan_op *r_ops;
+    tp__cuda_stage *r_stage; // per tensor (NULL: no CUDA destination)
+    tp_error *r_stage_err;   // a CUDA destination that cannot be used
     unsigned r_nops;
     unsigned r_ops_pending;
     bool r_done;
@@ -314,6 +324,27 @@ void tp__pipe_write_pump(tp_pipe *p);
 // Completes finished writes in order (all of them, once the pipe failed
 // and they are idle).
 void tp__pipe_flush_writes(tp_pipe *p);
+
+// ---- pipe_cuda.c (the cuda_basic path) ----
+// @b (tensor or payload @i, "tensor"/"payload") is on a device this
+// process can use: cpu (index 0) or an existing CUDA device. Errors:
+// TP_EINVAL, TP_ENOTSUP (CUDA not usable here, with the reason).
+tp_status tp__pipe_cuda_check(const tp_msg_buf *b, const char *what, uint32_t i,
+                              tp_error **err_p);
+// Write: copies each CUDA tensor of @m to new pinned host memory;
+// *@stage_p NULL if there is none. Errors: the runtime's.
+tp_status tp__pipe_cuda_stage_out(const tp_message *m, tp__cuda_stage **stage_p,
+                                  tp_error **err_p);
+// Read: host buffers for each tensor of @m whose destination is not the
+// CPU (allocating device buffers left NULL, pipe_owned). A destination
+// that cannot be used sets *@stage_err_p (the read fails once the bytes
+// are in) and gets a buffer the bytes are dropped into. Errors: TP_ENOMEM.
+tp_status tp__pipe_cuda_stage_in(tp_message *m, tp__cuda_stage **stage_p,
+                                 tp_error **stage_err_p, tp_error **err_p);
+// Read, once every byte is in: host-to-device copies.
+tp_status tp__pipe_cuda_copy_in(tp_message *m, const tp__cuda_stage *stage,
+                                tp_error **err_p);
+void tp__pipe_cuda_free_stage(tp__cuda_stage *stage, uint32_t n);
 
 // ---- pipe_read.c ----
 // Starts reading the next descriptor if one is wanted.

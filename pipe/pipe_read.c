@@ -27,6 +27,7 @@ rop_free(pipe_rop *r)
     tp__free(r->r_ops);
     tp__free(r->r_infos);
     tp_error_unref(r->r_err);
+    tp_error_unref(r->r_stage_err);
     tp__free(r);
 }
 
@@ -50,7 +51,18 @@ tp__pipe_flush_reads(tp_pipe *p)
         if (p->p_rcursor == r) {
             p->p_rcursor = NULL;
         }
-        tp_error *err = failed ? tp_error_ref(p->p_err) : NULL;
+        tp_error *err = NULL;
+        if (failed) {
+            err = tp_error_ref(p->p_err);
+        } else if (r->r_stage_err != NULL || r->r_err != NULL) {
+            // The bytes are in but a CUDA destination could not take them:
+            // this read fails, the pipe goes on.
+            err = tp_error_ref(r->r_stage_err != NULL ? r->r_stage_err
+                                                      : r->r_err);
+            tp__error_wrap(&err, tp_error_status(err), "pipe to %s", p->p_peer);
+        }
+        tp__pipe_cuda_free_stage(r->r_stage, r->r_msg->ntensors);
+        r->r_stage = NULL;
         tp__aio_finish(r->r_user, err, 0);
         tp__task_init(&r->r_free_task, rop_free_task, r);
         tp__loop_defer(p->p_ctx->x_loop, &r->r_free_task);
@@ -63,6 +75,9 @@ rop_check(pipe_rop *r)
 {
     if (!r->r_done && r->r_conn_done && r->r_ops_pending == 0) {
         r->r_done = true;
+        if (r->r_stage != NULL && r->r_stage_err == NULL) {
+            tp__pipe_cuda_copy_in(r->r_msg, r->r_stage, &r->r_err);
+        }
     }
 }
 
@@ -345,12 +360,16 @@ pipe_read_start(void *obj, tp_aio *aio)
     p->p_rinfos = NULL;
     r->r_seq = p->p_rseq++;
     const uint64_t inl = p->p_inline_max;
-    // Buffers the caller left NULL: ours.
+    // Buffers the caller left NULL: ours (device ones: pipe_cuda.c).
     for (uint32_t k = 0; k < 2; k++) {
         tp_msg_buf *bufs = k ? m->tensors : m->payloads;
         uint32_t n = k ? m->ntensors : m->npayloads;
         for (uint32_t i = 0; i < n; i++) {
-            if (bufs[i].data == NULL && bufs[i].len > 0) {
+            if (k == 0) {
+                bufs[i].device = (tp_device){TP_DEVICE_CPU, 0};
+            }
+            if (bufs[i].data == NULL && bufs[i].len > 0 &&
+                bufs[i].device.type == TP_DEVICE_CPU) {
                 bufs[i].data = tp__alloc(bufs[i].len);
                 if (bufs[i].data == NULL) {
                     tp__list_append(&p->p_reads, r);
@@ -363,6 +382,19 @@ pipe_read_start(void *obj, tp_aio *aio)
             }
         }
     }
+    // CUDA destinations receive into host staging buffers (pipe_cuda.c).
+    tp_error *serr = NULL;
+    if (tp__pipe_cuda_stage_in(m, &r->r_stage, &r->r_stage_err, &serr) !=
+        TP_OK) {
+        tp__list_append(&p->p_reads, r);
+        tp__pipe_fail(p, tp__pipe_err(p, tp_error_status(serr), serr, "read"));
+        tp_error_unref(serr);
+        return;
+    }
+#define TENSOR_DST(i)                                                          \
+    (r->r_stage != NULL && r->r_stage[i].cs_host != NULL                       \
+         ? r->r_stage[i].cs_host                                               \
+         : m->tensors[i].data)
     unsigned niovs = m->npayloads + m->ntensors;
     unsigned nchan = m->ntensors;
     r->r_iovs = niovs ? tp__alloc(niovs * sizeof(*r->r_iovs)) : NULL;
@@ -381,7 +413,7 @@ pipe_read_start(void *obj, tp_aio *aio)
     }
     for (uint32_t i = 0; i < m->ntensors; i++) {
         if (m->tensors[i].len > 0 && m->tensors[i].len <= inl) {
-            r->r_iovs[n++] = (tp_iov){m->tensors[i].data, m->tensors[i].len};
+            r->r_iovs[n++] = (tp_iov){TENSOR_DST(i), m->tensors[i].len};
         }
     }
     r->r_niovs = n;
@@ -399,7 +431,7 @@ pipe_read_start(void *obj, tp_aio *aio)
             continue;
         }
         tp_chan_op *op = &r->r_ops[k++];
-        op->co_buf = m->tensors[i].data;
+        op->co_buf = TENSOR_DST(i);
         op->co_len = m->tensors[i].len;
         op->co_seq = r->r_seq;
         op->co_index = i;
@@ -410,6 +442,7 @@ pipe_read_start(void *obj, tp_aio *aio)
         p->p_busy++;
         p->p_chops->recv(p->p_chan, op);
     }
+#undef TENSOR_DST
     r->r_nops = k;
     rop_check(r);
     tp__pipe_flush_reads(p);

@@ -65,6 +65,9 @@ tp__pipe_flush_writes(tp_pipe *p)
             p->p_wcursor = NULL;
         }
         // w_err: a channel op of @w failed (the pipe failed with it).
+        // Nothing reads the staging buffers any more (done, or idle).
+        tp__pipe_cuda_free_stage(w->w_stage, w->w_msg->ntensors);
+        w->w_stage = NULL;
         tp_error *err = NULL;
         if (!w->w_done || w->w_err != NULL) {
             err = tp_error_ref(failed ? p->p_err : w->w_err);
@@ -161,6 +164,15 @@ wop_start(tp_pipe *p, pipe_wop *w, tp_error **err_p)
     const tp_message *m = w->w_msg;
     w->w_seq = p->p_wseq++;
     w->w_started = true;
+    // CUDA tensors go as host copies (pipe_cuda.c): src[i] is what is sent.
+    tp_status st = tp__pipe_cuda_stage_out(m, &w->w_stage, err_p);
+    if (st != TP_OK) {
+        return st;
+    }
+#define TENSOR_SRC(i)                                                          \
+    (w->w_stage != NULL && w->w_stage[i].cs_host != NULL                       \
+         ? w->w_stage[i].cs_host                                               \
+         : m->tensors[i].data)
     // Tensors up to p_inline_max follow the payloads on the connection.
     const uint64_t inl = p->p_inline_max;
     unsigned nchan = 0;
@@ -194,7 +206,7 @@ wop_start(tp_pipe *p, pipe_wop *w, tp_error **err_p)
             continue;
         }
         tp_chan_op *op = &w->w_ops[k++];
-        op->co_buf = m->tensors[i].data;
+        op->co_buf = TENSOR_SRC(i);
         op->co_len = m->tensors[i].len;
         op->co_seq = w->w_seq;
         op->co_index = i;
@@ -237,9 +249,10 @@ wop_start(tp_pipe *p, pipe_wop *w, tp_error **err_p)
     }
     for (uint32_t i = 0; i < m->ntensors; i++) {
         if (m->tensors[i].len > 0 && m->tensors[i].len <= inl) {
-            w->w_iovs[n++] = (tp_iov){m->tensors[i].data, m->tensors[i].len};
+            w->w_iovs[n++] = (tp_iov){TENSOR_SRC(i), m->tensors[i].len};
         }
     }
+#undef TENSOR_SRC
     w->w_niovs = n;
     return TP_OK;
 }
@@ -316,16 +329,24 @@ msg_check(const tp_pipe *p, const tp_message *m, tp_error **err_p)
         const tp_msg_buf *bufs = k ? m->tensors : m->payloads;
         uint32_t n = k ? m->ntensors : m->npayloads;
         for (uint32_t i = 0; i < n; i++) {
+            // Payloads are CPU only; tensors may be on a CUDA device.
             if (bufs[i].len > lim->max_buf_len ||
                 (bufs[i].len > 0 && bufs[i].data == NULL) ||
-                bufs[i].device.type != TP_DEVICE_CPU) {
+                (k == 0 && bufs[i].device.type != TP_DEVICE_CPU)) {
                 return tp__error_set(
                     err_p, TP_EINVAL,
                     "%s %u: %" PRIu64 " bytes, data %p, device %d: needs "
-                    "data, a CPU device and at most %" PRIu64
+                    "data, %s and at most %" PRIu64
                     " bytes (TP_PIPE_MAX_BUF_BYTES)",
                     k ? "tensor" : "payload", i, bufs[i].len, bufs[i].data,
-                    (int)bufs[i].device.type, lim->max_buf_len);
+                    (int)bufs[i].device.type,
+                    k ? "a CPU or CUDA device" : "a CPU device",
+                    lim->max_buf_len);
+            }
+            tp_status st =
+                k ? tp__pipe_cuda_check(&bufs[i], "tensor", i, err_p) : TP_OK;
+            if (st != TP_OK) {
+                return st;
             }
         }
     }
@@ -360,7 +381,8 @@ pipe_write_start(void *obj, tp_aio *aio)
         return;
     }
     if (msg_check(p, m, &err) != TP_OK) {
-        tp__error_wrap(&err, TP_EINVAL, "pipe to %s: write", p->p_peer);
+        tp__error_wrap(&err, tp_error_status(err), "pipe to %s: write",
+                       p->p_peer);
         tp__aio_finish(aio, err, 0);
         wop_free(w);
         return;

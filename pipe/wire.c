@@ -616,7 +616,7 @@ tp__join_decode(const uint8_t *in, size_t len, uint64_t *reg_id_p,
 
 #define DESC_HDR_LEN     16u // metadata_len, npayloads, ntensors
 #define DESC_PAYLOAD_LEN 8u  // len
-#define DESC_TENSOR_LEN  10u // len, device type, info_len (then info)
+#define DESC_TENSOR_LEN  11u // len, device type, index, info_len (info)
 
 uint64_t
 tp__desc_max_size(const tp__pipe_limits *lim)
@@ -643,7 +643,9 @@ tp__desc_size(const tp_message *msg, const tp__chan_info *infos)
     for (uint32_t i = 0; i < msg->ntensors; i++) {
         uint8_t info_len = infos != NULL ? infos[i].ci_len : 0;
         unsigned type = (unsigned)msg->tensors[i].device.type;
-        if (info_len > TP_WIRE_MAX_CHAN_INFO || type > UINT8_MAX) {
+        int index = msg->tensors[i].device.index;
+        if (info_len > TP_WIRE_MAX_CHAN_INFO || type > UINT8_MAX || index < 0 ||
+            index > UINT8_MAX) {
             return 0;
         }
         n += DESC_TENSOR_LEN + info_len;
@@ -671,6 +673,7 @@ tp__desc_encode(const tp_message *msg, const tp__chan_info *infos, uint8_t *out,
         uint8_t info_len = infos != NULL ? infos[i].ci_len : 0;
         wire_put_u64(&w, t->len);
         wire_put_u8(&w, (uint8_t)t->device.type);
+        wire_put_u8(&w, (uint8_t)t->device.index);
         wire_put_u8(&w, info_len);
         if (info_len > 0) {
             wire_put_bytes(&w, infos[i].ci_bytes, info_len);
@@ -753,6 +756,7 @@ desc_parse(wire_rd *r, const tp__pipe_limits *lim, tp_message *msg,
     for (uint32_t i = 0; i < nt; i++) {
         uint64_t len;
         uint8_t type;
+        uint8_t index;
         uint8_t info_len;
         if (!wire_u64(r, WIRE_FIELD_I("tensor", i, "length"), &len)) {
             return false;
@@ -775,11 +779,19 @@ desc_parse(wire_rd *r, const tp__pipe_limits *lim, tp_message *msg,
         if (!wire_u8(r, WIRE_FIELD_I("tensor", i, "device type"), &type)) {
             return false;
         }
-        if (type != TP_DEVICE_CPU) {
+        if (type != TP_DEVICE_CPU && type != TP_DEVICE_CUDA) {
             wire_fail(r,
                       "tensor %" PRIu32 " device type %u is not supported "
-                      "(only 0, cpu)",
+                      "(0 cpu, 1 cuda)",
                       i, type);
+            return false;
+        }
+        if (!wire_u8(r, WIRE_FIELD_I("tensor", i, "device index"), &index)) {
+            return false;
+        }
+        if (type == TP_DEVICE_CPU && index != 0) {
+            wire_fail(r, "tensor %" PRIu32 " cpu device index %u is not 0", i,
+                      index);
             return false;
         }
         if (!wire_u8(r, WIRE_FIELD_I("tensor", i, "channel info length"),
@@ -799,8 +811,8 @@ desc_parse(wire_rd *r, const tp__pipe_limits *lim, tp_message *msg,
         }
         if (msg != NULL) {
             msg->tensors[i].len = len;
-            msg->tensors[i].device.type = TP_DEVICE_CPU;
-            msg->tensors[i].device.index = 0;
+            msg->tensors[i].device.type = (tp_device_type)type;
+            msg->tensors[i].device.index = index;
             infos[i].ci_len = info_len;
             memcpy(infos[i].ci_bytes, r->r_in + r->r_off, info_len);
         }

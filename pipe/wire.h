@@ -25,7 +25,7 @@
 
 #include "core/error.h"
 
-#define TP_PIPE_WIRE_VERSION 1u
+#define TP_PIPE_WIRE_VERSION 2u // 2: tensors carry a device index
 #define TP_FRAME_HDR_LEN     16u
 
 enum {
@@ -130,7 +130,8 @@ tp_status tp__join_decode(const uint8_t *in, size_t len, uint64_t *reg_id_p,
 // ---- message descriptor ----
 // Body: u64 metadata_len, u32 npayloads, u32 ntensors,
 //   per payload: u64 len,
-//   per tensor:  u64 len, u8 device type (0 = cpu), u8 info_len, info,
+//   per tensor:  u64 len, u8 device type (0 = cpu, 1 = cuda), u8 device
+//                index (0 for cpu), u8 info_len, info,
 //   metadata bytes.
 // Limits come from the configuration (tp__pipe_limits); each payload and
 // tensor length must be <= max_buf_len and their sum must not overflow.
@@ -154,7 +155,8 @@ typedef struct tp__chan_info {
 // Bytes of the descriptor of @msg with @infos (one per tensor; NULL means
 // no channel info for any tensor). 0 if @msg cannot be encoded (a channel
 // info over TP_WIRE_MAX_CHAN_INFO, a device type above 255, a NULL
-// metadata or array with a nonzero length or count): a valid descriptor
+// metadata or array with a nonzero length or count, a device index
+// outside 0..255): a valid descriptor
 // is at least 16 bytes, so callers must check for 0.
 uint64_t tp__desc_size(const tp_message *msg, const tp__chan_info *infos);
 // Writes the descriptor into @out (capacity @cap). Returns bytes written,
@@ -163,7 +165,8 @@ uint64_t tp__desc_encode(const tp_message *msg, const tp__chan_info *infos,
                          uint8_t *out, uint64_t cap);
 // Decodes exactly @len bytes into a new message (tp_message_destroy frees
 // it): metadata copied into a new buffer, payload and tensor lengths set,
-// their data NULL, devices from the wire (only TP_DEVICE_CPU accepted).
+// their data NULL, devices from the wire (the sender's: cpu, or cuda with
+// its index; a cpu index other than 0 is an error).
 // @infos_p receives a new array of ntensors channel infos (tp__free), NULL
 // when ntensors is 0. Every count and length is checked against @lim
 // before anything is allocated.

@@ -44,16 +44,21 @@ typedef struct tp_pipe tp_pipe;
 
 /** tp_msg_buf - one payload or tensor of a message. */
 typedef struct tp_msg_buf {
-    void *data;       /* write: source; read: destination, or NULL */
-    uint64_t len;     /* bytes */
-    tp_device device; /* TP_DEVICE_CPU (CUDA channels: later) */
-    bool pipe_owned;  /* set by the pipe: data was allocated by it */
+    void *data;   /* write: source; read: destination, or NULL */
+    uint64_t len; /* bytes */
+    /* payloads: TP_DEVICE_CPU. Tensors: TP_DEVICE_CPU or TP_DEVICE_CUDA
+     * (index = the device). Write: where data is. Read: the descriptor
+     * gives the sender's device; set the destination before tp_pipe_read
+     * (data NULL: the pipe allocates there). docs/cuda.md */
+    tp_device device;
+    bool pipe_owned; /* set by the pipe: data was allocated by it */
 } tp_msg_buf;
 
 /**
  * tp_message - what a pipe moves. Payloads always travel on the pipe's
  * connection; tensors travel on the negotiated channel (basic, xth, cma,
- * mpt). Lengths are 64-bit.
+ * mpt), CUDA tensors staged through pinned host memory (cuda_basic).
+ * Lengths are 64-bit.
  */
 typedef struct tp_message {
     void *metadata;
@@ -213,7 +218,10 @@ TP_API tp_status tp_context_connect(tp_context *ctx, const char *url,
  * this call. @p and @aio must not be NULL (not checked: no loop to
  * complete @aio on).
  * Errors (in @aio): TP_EINVAL (@msg NULL, a length above the pipe limits,
- * data NULL with a length, a non-CPU buffer), TP_ENOMEM, the pipe's error
+ * data NULL with a length, a payload not on the CPU, a tensor on a device
+ * that does not exist here), TP_ENOTSUP (a CUDA tensor where CUDA is not
+ * usable, with the reason), TP_EDEVICE (staging a CUDA tensor through host
+ * memory failed), TP_ENOMEM, the pipe's error
  * once it failed (TP_ECLOSED after tp_pipe_close, TP_ECONNRESET,
  * TP_EPROTO, the handshake's error, ...), TP_ETIMEDOUT / TP_ECANCELED
  * (before the write started; after, they fail the pipe).
@@ -242,7 +250,11 @@ TP_API void tp_pipe_read_descriptor(tp_pipe *p, tp_aio *aio);
  * Completion: as tp_pipe_write; @p and @aio must not be NULL (not
  * checked).
  * Errors (in @aio): TP_EINVAL (no descriptor waiting for its data, or
- * @msg is not the one it returned), TP_ENOMEM, the pipe's error once it
+ * @msg is not the one it returned; a tensor destination on a device that
+ * does not exist here), TP_ENOTSUP (a CUDA destination where CUDA is not
+ * usable), TP_EDEVICE (the copy to the device failed): these three fail
+ * the read only, once its bytes arrived, and the pipe goes on.
+ * TP_ENOMEM, the pipe's error once it
  * failed, TP_ETIMEDOUT / TP_ECANCELED (these fail the pipe: the data was
  * arriving).
  * Thread-safety: any thread, also an aio callback; does not block.

@@ -57,7 +57,9 @@ fuzz_desc_one(const uint8_t *data, size_t size, const tp__pipe_limits *lim)
         const tp_msg_buf *b = &msg->tensors[i];
         FUZZ_CHECK(b->len <= lim->max_buf_len);
         FUZZ_CHECK(b->data == NULL && !b->pipe_owned);
-        FUZZ_CHECK(b->device.type == TP_DEVICE_CPU);
+        FUZZ_CHECK(b->device.type == TP_DEVICE_CUDA ||
+                   (b->device.type == TP_DEVICE_CPU && b->device.index == 0));
+        FUZZ_CHECK(b->device.index >= 0 && b->device.index <= 255);
         FUZZ_CHECK(infos[i].ci_len <= TP_WIRE_MAX_CHAN_INFO);
         FUZZ_CHECK(total <= UINT64_MAX - b->len);
         total += b->len;

@@ -110,9 +110,9 @@ gen_desc_all(void)
     tp__put_u64le(b + 24, UINT64_C(1) << 63);
     gen_write("fuzz_desc", "bad-sum-overflow", b, 32);
     memset(b, 0, sizeof(b));
-    tp__put_u32le(b + 12, 1); // one tensor on device 1 (cuda)
-    b[24] = 1;
-    gen_write("fuzz_desc", "bad-device", b, 26);
+    tp__put_u32le(b + 12, 1); // one tensor on device type 2 (unknown)
+    b[24] = 2;
+    gen_write("fuzz_desc", "bad-device", b, 27);
     memset(b, 0, sizeof(b));
     gen_write("fuzz_desc", "bad-trailing", b, 17);
 }

@@ -322,7 +322,7 @@ test_descriptor_huge_tensor(void)
 {
     victim v;
     victim_open(&v);
-    uint8_t body[16 + 10] = {0};
+    uint8_t body[16 + 11] = {0}; // one tensor entry: 11 bytes
     tp__put_u32le(body + 12, 1);
     tp__put_u64le(body + 16, 1ull << 62);
     raw_frame(&v.r, TP_FRAME_MESSAGE, TP_PIPE_WIRE_VERSION, sizeof(body), body,

@@ -147,7 +147,7 @@ frame_hdr_rejects(void)
     tp__frame_hdr d = {0};
     tp_error *err = NULL;
 
-    static const unsigned versions[] = {0, 2, 255};
+    static const unsigned versions[] = {0, 1, 3, 255}; // 1: before devices
     for (size_t i = 0; i < TP_ARRAY_LEN(versions); i++) {
         memcpy(bad, good, sizeof(bad));
         bad[1] = (uint8_t)versions[i];
@@ -803,7 +803,7 @@ desc_round_trips(void)
     }
     uint64_t size;
     uint8_t *buf = desc_encode_new(msg, NULL, &size);
-    TP_CHECK_EQ(size, 16 + 2 * 8 + 2 * 10);
+    TP_CHECK_EQ(size, 16 + 2 * 8 + 2 * 11);
     tp_message *got = NULL;
     tp__chan_info *gi = NULL;
     tp_error *err = NULL;
@@ -836,7 +836,7 @@ desc_encode_refuses_bad_fields(void)
     TP_CHECK_EQ(tp__desc_encode(msg, infos, buf, sizeof(buf)), 0);
     msg->tensors = t;
     // NULL infos: every tensor has empty channel info.
-    TP_CHECK_EQ(tp__desc_size(msg, NULL), 16 + 8 + 2 * 10 + 4);
+    TP_CHECK_EQ(tp__desc_size(msg, NULL), 16 + 8 + 2 * 11 + 4);
     free(infos);
     tp_message_destroy(msg);
     check_no_leaks();
@@ -875,7 +875,8 @@ desc_every_truncation_fails(void)
 }
 
 // A descriptor built by hand: header, then @np payload lengths of @plen,
-// then @nt tensors of @tlen with @dev and @info_len, then @mlen bytes.
+// then @nt tensors of @tlen with @dev (index 0) and @info_len, then @mlen
+// bytes.
 static void
 raw_desc(raw *r, uint64_t mlen, uint32_t np, uint32_t nt, uint64_t plen,
          uint64_t tlen, unsigned dev, unsigned info_len)
@@ -890,6 +891,7 @@ raw_desc(raw *r, uint64_t mlen, uint32_t np, uint32_t nt, uint64_t plen,
     for (uint32_t i = 0; i < nt; i++) {
         raw_u64(r, tlen);
         raw_u8(r, dev);
+        raw_u8(r, 0); // device index
         raw_u8(r, info_len);
         for (unsigned k = 0; k < info_len; k++) {
             raw_u8(r, k);
@@ -943,15 +945,30 @@ desc_rejects_each_bound_plus_one(void)
     EXPECT_DESC_PROTO(&lim, "descriptor: payload 0 length 1001 exceeds the "
                             "limit 1000 (TP_PIPE_MAX_BUF_BYTES)");
     raw_desc(&rb, 0, 0, 4, 0, 1000, 0, 0);
-    tp__put_u64le(rb.b + 16 + 3 * 10, 9999999999u); // tensor 3
+    tp__put_u64le(rb.b + 16 + 3 * 11, 9999999999u); // tensor 3
     EXPECT_DESC_PROTO(&lim, "descriptor: tensor 3 length 9999999999 exceeds "
                             "the limit 1000 (TP_PIPE_MAX_BUF_BYTES)");
     raw_desc(&rb, 0, 0, 1, 0, 1, 0, TP_WIRE_MAX_CHAN_INFO + 1);
     EXPECT_DESC_PROTO(&lim, "descriptor: tensor 0 channel info length 33 "
                             "exceeds the limit 32");
-    raw_desc(&rb, 0, 0, 2, 0, 1, TP_DEVICE_CUDA, 0);
-    EXPECT_DESC_PROTO(&lim, "descriptor: tensor 0 device type 1 is not "
-                            "supported");
+    raw_desc(&rb, 0, 0, 2, 0, 1, 2, 0);
+    EXPECT_DESC_PROTO(&lim, "descriptor: tensor 0 device type 2 is not "
+                            "supported (0 cpu, 1 cuda)");
+    raw_desc(&rb, 0, 0, 1, 0, 1, TP_DEVICE_CPU, 0);
+    rb.b[16 + 9] = 3; // cpu with index 3
+    EXPECT_DESC_PROTO(&lim, "descriptor: tensor 0 cpu device index 3 is not 0");
+    raw_desc(&rb, 0, 0, 1, 0, 1, TP_DEVICE_CUDA, 0);
+    rb.b[16 + 9] = 7; // cuda:7, the sender's device
+    {
+        tp_message *m_ = NULL;
+        tp__chan_info *i_ = NULL;
+        tp_error *e_ = NULL;
+        TP_CHECK_OK(tp__desc_decode(rb.b, rb.n, &lim, &m_, &i_, &e_), e_);
+        TP_CHECK_EQ(m_->tensors[0].device.type, TP_DEVICE_CUDA);
+        TP_CHECK_EQ(m_->tensors[0].device.index, 7);
+        tp_message_destroy(m_);
+        tp__free(i_);
+    }
     raw_desc(&rb, 0, 0, 1, 0, 1, 255, 0);
     EXPECT_DESC_PROTO(&lim, "device type 255");
 
@@ -962,7 +979,7 @@ desc_rejects_each_bound_plus_one(void)
     raw_desc(&rb, 0, 0, 0, 0, 0, 0, 0);
     tp__put_u32le(rb.b + 8, UINT32_MAX);
     tp__put_u32le(rb.b + 12, UINT32_MAX);
-    EXPECT_DESC_PROTO(&lim, "(payload and tensor table, need 77309411310 more");
+    EXPECT_DESC_PROTO(&lim, "(payload and tensor table, need 81604378605 more");
     // Metadata length near 2^64 with a huge limit: a truncation.
     lim.max_metadata = UINT64_MAX;
     raw_desc(&rb, 0, 0, 0, 0, 0, 0, 0);
@@ -995,7 +1012,7 @@ static void
 desc_max_size_saturates(void)
 {
     TP_CHECK_EQ(tp__desc_max_size(&test_limits),
-                16 + 64 * 8 + 64 * (10 + 32) + 4096);
+                16 + 64 * 8 + 64 * (11 + 32) + 4096);
     tp__pipe_limits zero = {0};
     TP_CHECK_EQ(tp__desc_max_size(&zero), 16);
     tp__pipe_limits big = {.max_metadata = UINT64_MAX - 10,
@@ -1005,7 +1022,7 @@ desc_max_size_saturates(void)
     TP_CHECK(tp__desc_max_size(&big) == UINT64_MAX);
     big.max_metadata = 0;
     TP_CHECK(tp__desc_max_size(&big) ==
-             16 + (uint64_t)UINT32_MAX * 8 + (uint64_t)UINT32_MAX * 42);
+             16 + (uint64_t)UINT32_MAX * 8 + (uint64_t)UINT32_MAX * 43);
 }
 
 // Decoding bad input allocates nothing (with err_p NULL, not even the

@@ -1,0 +1,184 @@
+// SPDX-License-Identifier: Apache-2.0
+// pipe_cuda.c - CUDA tensors on a pipe: the cuda_basic path. A tensor on
+// a CUDA device is staged through page-locked host memory: the writer
+// copies it device-to-host when its write starts and sends the host copy
+// on the pipe's CPU channel (inline or channel, as any tensor); the
+// descriptor carries the sender's device. The reader receives a tensor
+// whose destination is a CUDA device into a host staging buffer and
+// copies it host-to-device once the message's bytes are in. Either side
+// may be the CPU, so every device pair (CPU/CUDA both ways, CUDA/CUDA)
+// works with any CPU channel. Every CUDA call goes through core/cuda.c.
+//
+// The copies are synchronous (cudaMemcpy on the legacy default stream,
+// which waits for work queued on blocking streams) and run on the
+// context's loop thread. Loop thread only.
+
+#include <inttypes.h>
+
+#include "core/alloc.h"
+#include "core/cuda.h"
+#include "pipe_impl.h"
+
+tp_status
+tp__pipe_cuda_check(const tp_msg_buf *b, const char *what, uint32_t i,
+                    tp_error **err_p)
+{
+    if (b->device.type == TP_DEVICE_CPU) {
+        if (b->device.index != 0) {
+            return tp__error_set(err_p, TP_EINVAL,
+                                 "%s %" PRIu32 ": cpu device index %d (only 0)",
+                                 what, i, b->device.index);
+        }
+        return TP_OK;
+    }
+    if (b->device.type != TP_DEVICE_CUDA) {
+        return tp__error_set(err_p, TP_EINVAL,
+                             "%s %" PRIu32 ": device type %d is not cpu or "
+                             "cuda",
+                             what, i, (int)b->device.type);
+    }
+    char why[256];
+    if (!tp__cuda_available(why, sizeof(why))) {
+        return tp__error_set(err_p, TP_ENOTSUP,
+                             "%s %" PRIu32 " on cuda:%d: CUDA is not usable "
+                             "here: %s",
+                             what, i, b->device.index, why);
+    }
+    int n = tp__cuda_device_count();
+    if (b->device.index < 0 || b->device.index >= n ||
+        b->device.index > UINT8_MAX) {
+        return tp__error_set(err_p, TP_EINVAL,
+                             "%s %" PRIu32 " on cuda:%d: no such device (%d "
+                             "here)",
+                             what, i, b->device.index, n);
+    }
+    return TP_OK;
+}
+
+void
+tp__pipe_cuda_free_stage(tp__cuda_stage *stage, uint32_t n)
+{
+    if (stage == NULL) {
+        return;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        if (stage[i].cs_pinned) {
+            tp__cuda_host_free(stage[i].cs_host);
+        } else {
+            tp__free(stage[i].cs_host);
+        }
+    }
+    tp__free(stage);
+}
+
+tp_status
+tp__pipe_cuda_stage_out(const tp_message *m, tp__cuda_stage **stage_p,
+                        tp_error **err_p)
+{
+    *stage_p = NULL;
+    tp__cuda_stage *stage = NULL;
+    for (uint32_t i = 0; i < m->ntensors; i++) {
+        const tp_msg_buf *b = &m->tensors[i];
+        if (b->device.type != TP_DEVICE_CUDA || b->len == 0) {
+            continue;
+        }
+        if (stage == NULL) {
+            stage = tp__zalloc(m->ntensors * sizeof(*stage));
+            if (stage == NULL) {
+                return tp__error_set(err_p, TP_ENOMEM,
+                                     "write: out of memory (cuda staging)");
+            }
+        }
+        tp_status st =
+            tp__cuda_host_alloc((size_t)b->len, &stage[i].cs_host, err_p);
+        if (st == TP_OK) {
+            stage[i].cs_pinned = true;
+            st = tp__cuda_copy(stage[i].cs_host, -1, b->data, b->device.index,
+                               (size_t)b->len, err_p);
+        }
+        if (st != TP_OK) {
+            tp__pipe_cuda_free_stage(stage, m->ntensors);
+            tp__error_wrap(err_p, st,
+                           "write: tensor %" PRIu32 " on cuda:%d: staging "
+                           "to host memory",
+                           i, b->device.index);
+            return st;
+        }
+    }
+    *stage_p = stage;
+    return TP_OK;
+}
+
+tp_status
+tp__pipe_cuda_stage_in(tp_message *m, tp__cuda_stage **stage_p,
+                       tp_error **stage_err_p, tp_error **err_p)
+{
+    *stage_p = NULL;
+    *stage_err_p = NULL;
+    tp__cuda_stage *stage = NULL;
+    for (uint32_t i = 0; i < m->ntensors; i++) {
+        tp_msg_buf *b = &m->tensors[i];
+        if (b->device.type == TP_DEVICE_CPU || b->len == 0) {
+            continue;
+        }
+        if (stage == NULL) {
+            stage = tp__zalloc(m->ntensors * sizeof(*stage));
+            if (stage == NULL) {
+                return tp__error_set(err_p, TP_ENOMEM,
+                                     "read: out of memory (cuda staging)");
+            }
+        }
+        // The bytes arrive whatever happens: a destination that cannot be
+        // used fails this read (once they are in), not the pipe.
+        tp_error *e = NULL;
+        tp_status st = tp__pipe_cuda_check(b, "tensor", i, &e);
+        if (st == TP_OK && b->data == NULL) {
+            st = tp__cuda_alloc(b->device.index, (size_t)b->len, &b->data, &e);
+            b->pipe_owned = st == TP_OK;
+        }
+        if (st == TP_OK) {
+            st = tp__cuda_host_alloc((size_t)b->len, &stage[i].cs_host, &e);
+            stage[i].cs_pinned = st == TP_OK;
+            stage[i].cs_copy = st == TP_OK;
+        }
+        if (st != TP_OK) {
+            if (*stage_err_p == NULL) {
+                tp__error_wrap(&e, st, "read: tensor %" PRIu32, i);
+                *stage_err_p = e;
+            } else {
+                tp_error_unref(e);
+            }
+            // Somewhere for the bytes that are coming.
+            stage[i].cs_host = tp__alloc((size_t)b->len);
+            if (stage[i].cs_host == NULL) {
+                tp__pipe_cuda_free_stage(stage, m->ntensors);
+                return tp__error_set(err_p, TP_ENOMEM,
+                                     "read: out of memory (cuda staging)");
+            }
+        }
+    }
+    *stage_p = stage;
+    return TP_OK;
+}
+
+tp_status
+tp__pipe_cuda_copy_in(tp_message *m, const tp__cuda_stage *stage,
+                      tp_error **err_p)
+{
+    for (uint32_t i = 0; stage != NULL && i < m->ntensors; i++) {
+        tp_msg_buf *b = &m->tensors[i];
+        if (!stage[i].cs_copy) {
+            continue;
+        }
+        tp_status st = tp__cuda_copy(b->data, b->device.index, stage[i].cs_host,
+                                     -1, (size_t)b->len, err_p);
+        if (st != TP_OK) {
+            tp__error_wrap(err_p, st,
+                           "read: tensor %" PRIu32 " to cuda:%d: copying "
+                           "from host memory",
+                           i, b->device.index);
+            return st;
+        }
+    }
+    return TP_OK;
+}

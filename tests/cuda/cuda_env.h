@@ -1,0 +1,59 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* cuda_env.h - which CUDA runtime a CUDA test uses. By default the fake
+ * one (tests/cuda/fake_cudart.c, built next to the tests): the pipe and
+ * RPC logic then runs for real on a machine without a GPU. With
+ * TP_TEST_CUDA=real the system's libcudart is used and the cases skip
+ * (77) with the reason where there is no device. Call cuda_env_setup()
+ * first in every case (each case runs in its own forked process, before
+ * anything loaded the runtime). */
+#ifndef TP_TESTS_CUDA_ENV_H
+#define TP_TESTS_CUDA_ENV_H
+
+#include <dlfcn.h>
+#include <stdbool.h>
+
+#include "core/cuda.h"
+#include "tp_test.h"
+
+static inline bool
+cuda_env_fake(void)
+{
+    const char *v = getenv("TP_TEST_CUDA");
+    return v == NULL || strcmp(v, "real") != 0;
+}
+
+// Loads the runtime (fake or real); skips the case if no device.
+static inline void
+cuda_env_setup(void)
+{
+    if (cuda_env_fake()) {
+        TP_CHECK(tp__cuda_testing_use_runtime(TP_FAKE_CUDART));
+    }
+    char why[256];
+    if (!tp__cuda_available(why, sizeof(why))) {
+        tp_test_skip("no CUDA device (%s runtime): %s",
+                     cuda_env_fake() ? "fake" : "real", why);
+    }
+}
+
+// The fake runtime's counters (fake_cuda_counters); false with the real
+// one. [0] live device allocations, [1] live pinned ones, [2] h2d,
+// [3] d2h, [4] d2d copies, [5] live streams.
+static inline bool
+cuda_env_counters(long out[6])
+{
+    if (!cuda_env_fake()) {
+        return false;
+    }
+    void *h = dlopen(TP_FAKE_CUDART, RTLD_NOW | RTLD_NOLOAD);
+    TP_CHECK(h != NULL);
+    void *sym = dlsym(h, "fake_cuda_counters");
+    TP_CHECK(sym != NULL);
+    void (*fn)(long *);
+    memcpy(&fn, &sym, sizeof(sym));
+    fn(out);
+    dlclose(h);
+    return true;
+}
+
+#endif

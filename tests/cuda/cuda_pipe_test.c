@@ -1,0 +1,403 @@
+// SPDX-License-Identifier: Apache-2.0
+// cuda_pipe_test.c - CUDA tensors through pipes (the cuda_basic path:
+// staging through host memory on the CPU channel), for every device pair
+// (CUDA->CUDA, CPU->CUDA, CUDA->CPU) over each CPU channel usable here,
+// small (inline) and large (channel) tensors, and the refusals. Against
+// the fake runtime by default (cuda_env.h), against the real one with
+// TP_TEST_CUDA=real (the *_gpu test).
+
+#include <tpipe/pipe.h>
+
+#include "core/alloc.h"
+#include "core/cuda.h"
+#include "cuda_env.h"
+#include "tp_test.h"
+#include "tp_test_op.h"
+
+#define WAIT_MS 20000
+
+static const tp_device cpu = {TP_DEVICE_CPU, 0};
+
+static tp_device
+gpu(int i)
+{
+    return (tp_device){TP_DEVICE_CUDA, i};
+}
+
+typedef struct pair {
+    tp_context *a, *b;
+    tp_pipe_listener *l;
+    tp_pipe *pa; // accepted
+    tp_pipe *pb; // connected
+} pair;
+
+// A pipe over tcp with channel @ch; false if @ch is not usable here.
+static bool
+pair_open(pair *pr, const char *ch)
+{
+    memset(pr, 0, sizeof(*pr));
+    tp_context_options o;
+    tp_context_options_init(&o);
+    o.transports = "tcp";
+    o.channels = ch;
+    tp_error *err = NULL;
+    o.name = "alice";
+    if (tp_context_create(&o, &pr->a, &err) != TP_OK) {
+        tp_error_unref(err);
+        return false;
+    }
+    o.name = "bob";
+    TP_CHECK_OK(tp_context_create(&o, &pr->b, &err), err);
+    char *rep = tp_context_report(pr->a);
+    char line[64];
+    snprintf(line, sizeof(line), "channel %s: usable", ch);
+    bool ok = strstr(rep, line) != NULL;
+    free(rep);
+    if (!ok) {
+        tp_context_destroy(pr->a);
+        tp_context_destroy(pr->b);
+        return false;
+    }
+    const char *url = "tcp://127.0.0.1:0";
+    TP_CHECK_OK(tp_context_listen(pr->a, &url, 1, &pr->l, &err), err);
+    TP_CHECK_OK(tp_context_connect(pr->b, tp_pipe_listener_addr(pr->l, NULL),
+                                   &pr->pb, &err),
+                err);
+    op acc;
+    op_init(&acc, WAIT_MS);
+    tp_pipe_listener_accept(pr->l, acc.aio);
+    op_wait(&acc, WAIT_MS);
+    TP_CHECK_OK(tp_aio_status(acc.aio), tp_aio_error(acc.aio));
+    pr->pa = tp_aio_get_output(acc.aio, 0);
+    op_fini(&acc);
+    TP_CHECK_OK(tp_pipe_wait_ready(pr->pb, WAIT_MS, &err), err);
+    TP_CHECK_STR_CONTAINS(tp_pipe_channel(pr->pb), ch);
+    return true;
+}
+
+static void
+pair_close(pair *pr)
+{
+    tp_pipe_unref(pr->pa);
+    tp_pipe_unref(pr->pb);
+    tp_pipe_listener_destroy(pr->l);
+    tp_context_destroy(pr->b);
+    tp_context_destroy(pr->a);
+}
+
+static void
+fill(uint8_t *p, size_t n, unsigned seed)
+{
+    for (size_t i = 0; i < n; i++) {
+        p[i] = (uint8_t)(i * 31u + seed * 7u + (i >> 11));
+    }
+}
+
+// A buffer of @n bytes with pattern @seed on @dev.
+static void *
+make_buf(tp_device dev, size_t n, unsigned seed)
+{
+    uint8_t *h = tp__alloc(n ? n : 1);
+    TP_CHECK(h != NULL);
+    fill(h, n, seed);
+    if (dev.type == TP_DEVICE_CPU) {
+        return h;
+    }
+    void *d = NULL;
+    tp_error *err = NULL;
+    TP_CHECK_OK(tp__cuda_alloc(dev.index, n, &d, &err), err);
+    TP_CHECK_OK(tp__cuda_copy(d, dev.index, h, -1, n, &err), err);
+    tp__free(h);
+    return d;
+}
+
+static void
+free_buf(tp_device dev, void *p)
+{
+    if (dev.type == TP_DEVICE_CPU) {
+        tp__free(p);
+    } else {
+        tp__cuda_free(dev.index, p);
+    }
+}
+
+// @p (@n bytes on @dev) holds pattern @seed.
+static bool
+buf_ok(tp_device dev, const void *p, size_t n, unsigned seed)
+{
+    uint8_t *want = tp__alloc(n ? n : 1);
+    uint8_t *got = tp__alloc(n ? n : 1);
+    TP_CHECK(want != NULL && got != NULL);
+    fill(want, n, seed);
+    tp_error *err = NULL;
+    if (dev.type == TP_DEVICE_CPU) {
+        memcpy(got, p, n);
+    } else {
+        TP_CHECK_OK(tp__cuda_copy(got, -1, p, dev.index, n, &err), err);
+    }
+    bool ok = memcmp(want, got, n) == 0;
+    tp__free(want);
+    tp__free(got);
+    return ok;
+}
+
+static void
+write_async(tp_pipe *p, tp_message *m, op *w)
+{
+    op_init(w, WAIT_MS);
+    tp_pipe_write(p, m, w->aio);
+}
+
+static tp_message *
+read_desc(tp_pipe *p)
+{
+    op d;
+    op_init(&d, WAIT_MS);
+    tp_pipe_read_descriptor(p, d.aio);
+    op_wait(&d, WAIT_MS);
+    TP_CHECK_OK(tp_aio_status(d.aio), tp_aio_error(d.aio));
+    tp_message *m = tp_aio_get_output(d.aio, 0);
+    op_fini(&d);
+    return m;
+}
+
+// tp_pipe_read; returns its status, *@err_p the error (caller unrefs).
+static tp_status
+read_data(tp_pipe *p, tp_message *m, tp_error **err_p)
+{
+    op r;
+    op_init(&r, WAIT_MS);
+    tp_pipe_read(p, m, r.aio);
+    op_wait(&r, WAIT_MS);
+    tp_status st = tp_aio_status(r.aio);
+    *err_p = tp_error_ref(tp_aio_error(r.aio));
+    op_fini(&r);
+    return st;
+}
+
+// One message of 3 tensors (4 bytes: inline on every channel; 100 KiB
+// and 1 MiB + 3: on the channel where it has one) from @src on the
+// connecting side to @dst on the accepting side, once into buffers the
+// pipe allocates and once into the reader's own.
+static void
+send_pair(pair *pr, tp_device src, tp_device dst)
+{
+    static const size_t sz[3] = {4, 100 << 10, (1 << 20) + 3};
+    for (int own = 0; own < 2; own++) {
+        tp_message *m = NULL;
+        TP_CHECK_OK(tp_message_create(1, 3, &m), NULL);
+        char meta[] = "cuda";
+        m->metadata = meta;
+        m->metadata_len = 4;
+        uint8_t pay[16];
+        fill(pay, sizeof(pay), 99);
+        m->payloads[0] = (tp_msg_buf){pay, sizeof(pay), cpu, false};
+        for (int i = 0; i < 3; i++) {
+            m->tensors[i] = (tp_msg_buf){make_buf(src, sz[i], (unsigned)i),
+                                         sz[i], src, false};
+        }
+        op w;
+        write_async(pr->pb, m, &w);
+        tp_message *r = read_desc(pr->pa);
+        TP_CHECK_EQ(r->ntensors, 3);
+        void *mine[3] = {NULL, NULL, NULL};
+        for (int i = 0; i < 3; i++) {
+            // The descriptor says where the tensor comes from.
+            TP_CHECK_EQ(r->tensors[i].device.type, src.type);
+            TP_CHECK_EQ(r->tensors[i].device.index, src.index);
+            TP_CHECK_EQ(r->tensors[i].len, sz[i]);
+            r->tensors[i].device = dst;
+            if (own) {
+                mine[i] = make_buf(dst, sz[i], 200);
+                r->tensors[i].data = mine[i];
+            }
+        }
+        tp_error *err = NULL;
+        TP_CHECK_OK(read_data(pr->pa, r, &err), err);
+        op_wait(&w, WAIT_MS);
+        TP_CHECK_OK(tp_aio_status(w.aio), tp_aio_error(w.aio));
+        op_fini(&w);
+        TP_CHECK(memcmp(r->payloads[0].data, pay, sizeof(pay)) == 0);
+        for (int i = 0; i < 3; i++) {
+            TP_CHECKF(buf_ok(dst, r->tensors[i].data, sz[i], (unsigned)i),
+                      "tensor %d (%zu bytes) from %s:%d to %s:%d differs", i,
+                      sz[i], src.type ? "cuda" : "cpu", src.index,
+                      dst.type ? "cuda" : "cpu", dst.index);
+            TP_CHECK_EQ(r->tensors[i].pipe_owned, !own);
+            free_buf(src, m->tensors[i].data);
+            free_buf(dst, mine[i]);
+        }
+        tp_message_destroy(r); // frees the pipe's device buffers
+        m->metadata = NULL;
+        m->metadata_len = 0;
+        tp_message_destroy(m);
+    }
+}
+
+// Nothing the pipe allocated on a device or in pinned memory is left.
+static void
+check_fake_leaks(long dev_before)
+{
+    long c[6];
+    if (cuda_env_counters(c)) {
+        TP_CHECK_EQ(c[0], dev_before);
+        TP_CHECK_EQ(c[1], 0);
+    }
+}
+
+static void
+device_matrix_each_channel(void)
+{
+    cuda_env_setup();
+    static const char *const chans[] = {"basic", "cma", "mpt", "xth"};
+    int ran = 0;
+    for (size_t c = 0; c < sizeof(chans) / sizeof(chans[0]); c++) {
+        pair pr;
+        if (!pair_open(&pr, chans[c])) {
+            fprintf(stderr, "channel %s: not usable here, left out\n",
+                    chans[c]);
+            continue;
+        }
+        int last = tp__cuda_device_count() - 1;
+        send_pair(&pr, gpu(0), gpu(last)); // CUDA -> CUDA
+        send_pair(&pr, gpu(0), gpu(0));
+        send_pair(&pr, cpu, gpu(last)); // CPU -> CUDA
+        send_pair(&pr, gpu(last), cpu); // CUDA -> CPU
+        send_pair(&pr, cpu, cpu);
+        pair_close(&pr);
+        ran++;
+    }
+    TP_CHECK(ran > 0);
+    check_fake_leaks(0);
+    long cnt[6];
+    if (cuda_env_counters(cnt)) {
+        // Staged both ways, never device to device.
+        TP_CHECK(cnt[2] > 0 && cnt[3] > 0);
+    }
+}
+
+// A CUDA tensor on a device that does not exist is refused at once, with
+// what and why; the pipe goes on.
+static void
+write_refuses_missing_device(void)
+{
+    cuda_env_setup();
+    pair pr;
+    TP_CHECK(pair_open(&pr, "basic"));
+    uint8_t byte = 1;
+    tp_message *m = NULL;
+    TP_CHECK_OK(tp_message_create(0, 1, &m), NULL);
+    m->tensors[0] = (tp_msg_buf){&byte, 1, gpu(40), false};
+    op w;
+    write_async(pr.pb, m, &w);
+    op_wait(&w, WAIT_MS);
+    TP_CHECK_EQ(tp_aio_status(w.aio), TP_EINVAL);
+    TP_CHECK_STR_CONTAINS(tp_error_message(tp_aio_error(w.aio)),
+                          "tensor 0 on cuda:40: no such device");
+    op_fini(&w);
+    tp_message_destroy(m);
+    send_pair(&pr, gpu(0), cpu);
+    pair_close(&pr);
+    check_fake_leaks(0);
+}
+
+// A destination device the reader cannot use fails that read (once the
+// bytes are in), not the pipe: the next message arrives.
+static void
+read_to_missing_device_fails_only_the_read(void)
+{
+    cuda_env_setup();
+    pair pr;
+    TP_CHECK(pair_open(&pr, "basic"));
+    static const size_t n = 300 << 10;
+    tp_message *m = NULL;
+    TP_CHECK_OK(tp_message_create(0, 2, &m), NULL);
+    m->tensors[0] = (tp_msg_buf){make_buf(gpu(0), n, 1), n, gpu(0), false};
+    m->tensors[1] = (tp_msg_buf){make_buf(cpu, 8, 2), 8, cpu, false};
+    op w;
+    write_async(pr.pb, m, &w);
+    tp_message *r = read_desc(pr.pa);
+    r->tensors[0].device = gpu(33);
+    tp_error *err = NULL;
+    TP_CHECK_EQ(read_data(pr.pa, r, &err), TP_EINVAL);
+    TP_CHECK_STR_CONTAINS(tp_error_message(err), "pipe to ");
+    TP_CHECK_STR_CONTAINS(tp_error_message(err),
+                          "tensor 0 on cuda:33: no such device");
+    tp_error_unref(err);
+    TP_CHECK(r->tensors[0].data == NULL);
+    TP_CHECK(buf_ok(cpu, r->tensors[1].data, 8, 2));
+    op_wait(&w, WAIT_MS);
+    TP_CHECK_OK(tp_aio_status(w.aio), tp_aio_error(w.aio));
+    op_fini(&w);
+    tp_message_destroy(r);
+    free_buf(gpu(0), m->tensors[0].data);
+    free_buf(cpu, m->tensors[1].data);
+    tp_message_destroy(m);
+    send_pair(&pr, cpu, gpu(0));
+    pair_close(&pr);
+    check_fake_leaks(0);
+}
+
+// Payloads stay host memory: a payload on a device is refused.
+static void
+payload_on_device_refused(void)
+{
+    cuda_env_setup();
+    pair pr;
+    TP_CHECK(pair_open(&pr, "basic"));
+    uint8_t byte = 1;
+    tp_message *m = NULL;
+    TP_CHECK_OK(tp_message_create(1, 0, &m), NULL);
+    m->payloads[0] = (tp_msg_buf){&byte, 1, gpu(0), false};
+    op w;
+    write_async(pr.pb, m, &w);
+    op_wait(&w, WAIT_MS);
+    TP_CHECK_EQ(tp_aio_status(w.aio), TP_EINVAL);
+    TP_CHECK_STR_CONTAINS(tp_error_message(tp_aio_error(w.aio)),
+                          "payload 0: 1 bytes");
+    TP_CHECK_STR_CONTAINS(tp_error_message(tp_aio_error(w.aio)),
+                          "a CPU device");
+    op_fini(&w);
+    tp_message_destroy(m);
+    pair_close(&pr);
+}
+
+// Without a usable runtime, a CUDA tensor is refused with the reason.
+static void
+no_device_refused_with_reason(void)
+{
+    if (!cuda_env_fake()) {
+        tp_test_skip("needs the fake runtime (FAKE_CUDA_DEVICES=0)");
+    }
+    setenv("FAKE_CUDA_DEVICES", "0", 1);
+    TP_CHECK(tp__cuda_testing_use_runtime(TP_FAKE_CUDART));
+    char why[256];
+    TP_CHECK(!tp__cuda_available(why, sizeof(why)));
+    pair pr;
+    TP_CHECK(pair_open(&pr, "basic"));
+    uint8_t byte = 1;
+    tp_message *m = NULL;
+    TP_CHECK_OK(tp_message_create(0, 1, &m), NULL);
+    m->tensors[0] = (tp_msg_buf){&byte, 1, gpu(0), false};
+    op w;
+    write_async(pr.pb, m, &w);
+    op_wait(&w, WAIT_MS);
+    TP_CHECK_EQ(tp_aio_status(w.aio), TP_ENOTSUP);
+    TP_CHECK_STR_CONTAINS(tp_error_message(tp_aio_error(w.aio)),
+                          "tensor 0 on cuda:0: CUDA is not usable here");
+    TP_CHECK_STR_CONTAINS(tp_error_message(tp_aio_error(w.aio)),
+                          "no CUDA-capable device");
+    op_fini(&w);
+    tp_message_destroy(m);
+    pair_close(&pr);
+}
+
+static const tp_test_case cases[] = {
+    TP_TEST_CASE_T(device_matrix_each_channel, 90),
+    TP_TEST_CASE(write_refuses_missing_device),
+    TP_TEST_CASE(read_to_missing_device_fails_only_the_read),
+    TP_TEST_CASE(payload_on_device_refused),
+    TP_TEST_CASE(no_device_refused_with_reason),
+};
+
+TP_TEST_MAIN(cases)

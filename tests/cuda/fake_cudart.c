@@ -1,0 +1,275 @@
+// SPDX-License-Identifier: Apache-2.0
+// fake_cudart.c - a stand-in for libcudart, for tests on machines without
+// a GPU (tests only; core/cuda.c loads it through
+// tp__cuda_testing_use_runtime).
+//
+// It exports the runtime functions core/cuda.c resolves, with the
+// signatures of cuda_runtime_api.h (included, so the compiler checks
+// them). "Device memory" is host memory mapped PROT_NONE and tagged with
+// its device: only this library's cudaMemcpy opens it (under a lock), so
+// code that reads or writes a device pointer directly crashes, and a copy
+// whose kind does not match its pointers fails with
+// cudaErrorInvalidValue, as the real runtime would. Streams are already
+// complete (every copy is synchronous). FAKE_CUDA_DEVICES sets the device
+// count (default 2; 0 makes cudaGetDeviceCount fail like a machine with
+// no GPU).
+//
+// fake_cuda_counters (not a CUDA function) lets tests see what happened:
+// live device and pinned allocations, and copies per kind.
+
+#define _GNU_SOURCE
+#include <cuda_runtime_api.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define FAKE_MAX_ALLOCS 4096
+
+typedef struct fake_alloc {
+    uintptr_t fa_base;
+    size_t fa_len; // mapped bytes
+    int fa_dev;    // -1: pinned host memory
+} fake_alloc;
+
+static pthread_mutex_t fake_mtx = PTHREAD_MUTEX_INITIALIZER;
+static fake_alloc fake_allocs[FAKE_MAX_ALLOCS];
+static _Thread_local int fake_cur_dev;
+static long fake_counts[6]; // live dev, live pinned, h2d, d2h, d2d, streams
+
+static int
+fake_ndev(void)
+{
+    const char *s = getenv("FAKE_CUDA_DEVICES");
+    if (s == NULL || *s == '\0') {
+        return 2;
+    }
+    int n = atoi(s);
+    return n < 0 ? 0 : n > 16 ? 16 : n;
+}
+
+// The device allocation holding [p, p + n), or NULL (lock held).
+static fake_alloc *
+fake_find(const void *p, size_t n)
+{
+    uintptr_t a = (uintptr_t)p;
+    for (int i = 0; i < FAKE_MAX_ALLOCS; i++) {
+        fake_alloc *f = &fake_allocs[i];
+        if (f->fa_len > 0 && f->fa_dev >= 0 && a >= f->fa_base &&
+            a - f->fa_base < f->fa_len && n <= f->fa_len - (a - f->fa_base)) {
+            return f;
+        }
+    }
+    return NULL;
+}
+
+static bool
+fake_is_dev(const void *p)
+{
+    return fake_find(p, 0) != NULL;
+}
+
+static cudaError_t
+fake_add(void **ptr, size_t size, int dev)
+{
+    if (ptr == NULL) {
+        return cudaErrorInvalidValue;
+    }
+    size_t len = size == 0 ? 1 : size;
+    void *p = mmap(NULL, len, dev >= 0 ? PROT_NONE : PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+        return cudaErrorMemoryAllocation;
+    }
+    pthread_mutex_lock(&fake_mtx);
+    for (int i = 0; i < FAKE_MAX_ALLOCS; i++) {
+        if (fake_allocs[i].fa_len == 0) {
+            fake_allocs[i] = (fake_alloc){(uintptr_t)p, len, dev};
+            fake_counts[dev >= 0 ? 0 : 1]++;
+            pthread_mutex_unlock(&fake_mtx);
+            *ptr = p;
+            return cudaSuccess;
+        }
+    }
+    pthread_mutex_unlock(&fake_mtx);
+    munmap(p, len);
+    return cudaErrorMemoryAllocation;
+}
+
+static cudaError_t
+fake_remove(void *p, bool dev)
+{
+    if (p == NULL) {
+        return cudaSuccess;
+    }
+    pthread_mutex_lock(&fake_mtx);
+    for (int i = 0; i < FAKE_MAX_ALLOCS; i++) {
+        fake_alloc *f = &fake_allocs[i];
+        if (f->fa_len > 0 && f->fa_base == (uintptr_t)p &&
+            (f->fa_dev >= 0) == dev) {
+            munmap(p, f->fa_len);
+            f->fa_len = 0;
+            fake_counts[dev ? 0 : 1]--;
+            pthread_mutex_unlock(&fake_mtx);
+            return cudaSuccess;
+        }
+    }
+    pthread_mutex_unlock(&fake_mtx);
+    return cudaErrorInvalidValue;
+}
+
+cudaError_t
+cudaGetDeviceCount(int *count)
+{
+    int n = fake_ndev();
+    *count = n;
+    return n > 0 ? cudaSuccess : cudaErrorNoDevice;
+}
+
+cudaError_t
+cudaSetDevice(int device)
+{
+    if (device < 0 || device >= fake_ndev()) {
+        return cudaErrorInvalidDevice;
+    }
+    fake_cur_dev = device;
+    return cudaSuccess;
+}
+
+cudaError_t
+cudaMalloc(void **devPtr, size_t size)
+{
+    return fake_add(devPtr, size, fake_cur_dev);
+}
+
+cudaError_t
+cudaFree(void *devPtr)
+{
+    return fake_remove(devPtr, true);
+}
+
+cudaError_t
+cudaMallocHost(void **ptr, size_t size)
+{
+    return fake_add(ptr, size, -1);
+}
+
+cudaError_t
+cudaFreeHost(void *ptr)
+{
+    return fake_remove(ptr, false);
+}
+
+static void
+fake_open(void *p, size_t n, int prot)
+{
+    fake_alloc *f = fake_find(p, n);
+    if (f != NULL) {
+        mprotect((void *)f->fa_base, f->fa_len, prot);
+    }
+}
+
+cudaError_t
+cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind)
+{
+    if (count == 0) {
+        return cudaSuccess;
+    }
+    pthread_mutex_lock(&fake_mtx);
+    bool ddev = fake_find(dst, count) != NULL;
+    bool sdev = fake_find(src, count) != NULL;
+    // A pointer inside a device allocation whose range runs past its end.
+    bool bad = (!ddev && fake_is_dev(dst)) || (!sdev && fake_is_dev(src));
+    switch (kind) {
+    case cudaMemcpyHostToDevice:
+        bad = bad || !ddev || sdev;
+        break;
+    case cudaMemcpyDeviceToHost:
+        bad = bad || ddev || !sdev;
+        break;
+    case cudaMemcpyDeviceToDevice:
+        bad = bad || !ddev || !sdev;
+        break;
+    case cudaMemcpyDefault:
+        break;
+    default:
+        bad = bad || ddev || sdev;
+        break;
+    }
+    if (bad) {
+        pthread_mutex_unlock(&fake_mtx);
+        return cudaErrorInvalidValue;
+    }
+    fake_open(dst, count, PROT_READ | PROT_WRITE);
+    fake_open((void *)(uintptr_t)src, count, PROT_READ | PROT_WRITE);
+    memmove(dst, src, count);
+    fake_open(dst, count, PROT_NONE);
+    fake_open((void *)(uintptr_t)src, count, PROT_NONE);
+    fake_counts[ddev && sdev ? 4 : ddev ? 2 : sdev ? 3 : 2]++;
+    pthread_mutex_unlock(&fake_mtx);
+    return cudaSuccess;
+}
+
+const char *
+cudaGetErrorString(cudaError_t error)
+{
+    switch (error) {
+    case cudaSuccess:
+        return "no error (fake runtime)";
+    case cudaErrorInvalidValue:
+        return "invalid argument (fake runtime)";
+    case cudaErrorMemoryAllocation:
+        return "out of memory (fake runtime)";
+    case cudaErrorInvalidDevice:
+        return "invalid device ordinal (fake runtime)";
+    case cudaErrorNoDevice:
+        return "no CUDA-capable device is detected (fake runtime, "
+               "FAKE_CUDA_DEVICES=0)";
+    default:
+        return "unknown error (fake runtime)";
+    }
+}
+
+cudaError_t
+cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned int flags)
+{
+    (void)flags;
+    static char streams[64];
+    pthread_mutex_lock(&fake_mtx);
+    fake_counts[5]++;
+    *pStream = (cudaStream_t)(void *)&streams[fake_cur_dev % 64];
+    pthread_mutex_unlock(&fake_mtx);
+    return cudaSuccess;
+}
+
+cudaError_t
+cudaStreamQuery(cudaStream_t stream)
+{
+    (void)stream;
+    return cudaSuccess; // every copy is synchronous: nothing is queued
+}
+
+cudaError_t
+cudaStreamDestroy(cudaStream_t stream)
+{
+    (void)stream;
+    pthread_mutex_lock(&fake_mtx);
+    fake_counts[5]--;
+    pthread_mutex_unlock(&fake_mtx);
+    return cudaSuccess;
+}
+
+// Tests: live device allocations, live pinned allocations, host-to-device,
+// device-to-host and device-to-device copies, live streams.
+void fake_cuda_counters(long out[6]);
+
+void
+fake_cuda_counters(long out[6])
+{
+    pthread_mutex_lock(&fake_mtx);
+    memcpy(out, fake_counts, sizeof(fake_counts));
+    pthread_mutex_unlock(&fake_mtx);
+}
