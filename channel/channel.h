@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* channel.h - the channel contract: how the bytes of tensors move between
  * the two ends of a pipe. A backend (channel/<name>/: basic, xth, cma, mpt)
- * fills a static const tp_channel_ops listed in channel/registry.c.
+ * fills a const tp_channel_ops declared in its backend.cmake, from which
+ * channel/registry.c's table is generated (docs/backends.md).
  *
  * The pipe owns the control flow. For each message it writes, it calls
  * `send` once per tensor longer than inline_max (basic: none), in tensor
@@ -105,16 +106,14 @@ typedef struct tp_channel_ops {
     void (*destroy)(tp_chan *ch);
 } tp_channel_ops;
 
-extern const tp_channel_ops tp__channel_basic_ops;
-extern const tp_channel_ops tp__channel_xth_ops;
-extern const tp_channel_ops tp__channel_cma_ops;
-extern const tp_channel_ops tp__channel_mpt_ops;
-
 // Completes @op with @err (taken) from @loop's deferred queue (loop
 // thread): for failures found inside send/recv/close.
 void tp__chan_op_fail_later(tp_loop *loop, tp_chan_op *op, tp_error *err);
 
-// The channels compiled in, best first (xth, cma, mpt, basic).
+// The channels compiled in, best first (xth, cma, mpt, basic): each
+// channel/<name>/backend.cmake declares one (docs/backends.md).
 const tp_channel_ops *const *tp__channel_registry(size_t *n_p);
+// The channel called @name, or NULL when it is not built.
+const tp_channel_ops *tp__channel_find(const char *name);
 
 #endif

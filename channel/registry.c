@@ -1,24 +1,34 @@
 // SPDX-License-Identifier: Apache-2.0
-// registry.c - the channels compiled in, best first. xth only matches a
-// peer in the same process and cma one on the same host, so the order is
-// TensorPipe's: same process, then same host, then lanes, then basic.
+// registry.c - the channels compiled in, best first, and the contract's
+// helpers. The table is generated from channel/*/backend.cmake
+// (cmake/TpBackends.cmake) into the build's gen/tp_channel_list.inc. xth
+// only matches a peer in the same process and cma one on the same host, so
+// the order is TensorPipe's: same process, then same host, then lanes,
+// then basic.
 
 #include <string.h>
 
 #include "channel.h"
 
-static const tp_channel_ops *const channel_registry[] = {
-    &tp__channel_xth_ops,
-    &tp__channel_cma_ops,
-    &tp__channel_mpt_ops,
-    &tp__channel_basic_ops,
-};
+#include "tp_channel_list.inc"
 
 const tp_channel_ops *const *
 tp__channel_registry(size_t *n_p)
 {
     *n_p = sizeof(channel_registry) / sizeof(channel_registry[0]);
     return channel_registry;
+}
+
+const tp_channel_ops *
+tp__channel_find(const char *name)
+{
+    for (size_t i = 0;
+         i < sizeof(channel_registry) / sizeof(channel_registry[0]); i++) {
+        if (strcmp(channel_registry[i]->name, name) == 0) {
+            return channel_registry[i];
+        }
+    }
+    return NULL;
 }
 
 static void

@@ -137,14 +137,29 @@ string(REPLACE ";" ", " TP_STATIC_DEPS_DOC "${TP_STATIC_DEPS_DOC}")
 # package, `features` in tpipe.pc.
 set(TP_CONFIG_FEATURES "")
 set(TP_CONFIG_HAVE "")
-# IBV is detected but no transport uses it yet (issue 13).
-foreach(f URING CRYPTO PMIX UCX CUDA NCCL BLAS)
+# The optional backends built (ucx, ...) are features too, from the same
+# list as the registries (cmake/TpBackends.cmake), in the place
+# core/version.c gives them: after pmix.
+get_property(_tp_backend_features GLOBAL PROPERTY TP_BACKEND_FEATURES)
+foreach(f URING CRYPTO PMIX BACKENDS CUDA NCCL BLAS)
+  if(f STREQUAL "BACKENDS")
+    list(APPEND TP_CONFIG_FEATURES ${_tp_backend_features})
+    continue()
+  endif()
   if(NOT DEFINED TP_HAVE_${f})
     continue()
   endif()
   if(TP_HAVE_${f})
     string(TOLOWER ${f} lf)
     list(APPEND TP_CONFIG_FEATURES ${lf})
+    string(APPEND TP_CONFIG_HAVE "set(tpipe_HAVE_${f} 1)\n")
+  else()
+    string(APPEND TP_CONFIG_HAVE "set(tpipe_HAVE_${f} 0)\n")
+  endif()
+endforeach()
+# tpipe_HAVE_UCX stays for packages that test it: the ucx transport.
+foreach(f UCX)
+  if(TP_HAVE_${f})
     string(APPEND TP_CONFIG_HAVE "set(tpipe_HAVE_${f} 1)\n")
   else()
     string(APPEND TP_CONFIG_HAVE "set(tpipe_HAVE_${f} 0)\n")

@@ -3,6 +3,7 @@
 
 #include <tpipe/tpipe.h>
 
+#include "tp_backend_features.h"
 #include "tp_config.h"
 
 const char *
@@ -23,14 +24,6 @@ tp_version_string(void)
 #else
 #define VERSION_F_CRYPTO ""
 #endif
-// libibverbs is detected (TP_HAVE_IBV) but no transport uses it yet
-// (issue 13): it is not a feature until one does. TP_HAVE_UCX builds the
-// ucx transport.
-#if TP_HAVE_UCX
-#define VERSION_F_UCX " ucx"
-#else
-#define VERSION_F_UCX ""
-#endif
 #if TP_HAVE_PMIX
 #define VERSION_F_PMIX " pmix"
 #else
@@ -47,8 +40,11 @@ tp_version_string(void)
 #define VERSION_F_NCCL ""
 #endif
 
+// The optional backends built (ucx, ...) come from the same list as the
+// registries (cmake/TpBackends.cmake): a backend with a build condition is
+// a feature exactly when it is built.
 static const char version_features[] = VERSION_F_URING VERSION_F_CRYPTO
-    VERSION_F_PMIX VERSION_F_UCX VERSION_F_CUDA VERSION_F_NCCL;
+    VERSION_F_PMIX TP_BACKEND_FEATURES VERSION_F_CUDA VERSION_F_NCCL;
 
 const char *
 tp_build_features(void)

@@ -1,21 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
-// registry.c - the transport backends compiled in, best first. Explicit
-// (no constructor attributes: the linker drops them from static archives).
+// registry.c - the transport backends compiled in, best first. The table
+// is generated from transport/*/backend.cmake (cmake/TpBackends.cmake) into
+// the build's gen/tp_transport_list.inc; it is an explicit array, not
+// constructor attributes, because the linker drops those from static
+// archives.
 
 #include <string.h>
 
 #include "tp_config.h"
 #include "transport.h"
 
-static const tp_transport_ops *const transport_registry[] = {
-    &tp__transport_shm_ops,
-    &tp__transport_tcp_ops,
-#if TP_HAVE_UCX
-    // Last: chosen only when asked for by name (TP_CONF_TRANSPORT, bench
-    // --transport ucx, a ucx:// address), never over shm or tcp by default.
-    &tp__transport_ucx_ops,
-#endif
-};
+#include "tp_transport_list.inc"
 
 const tp_transport_ops *const *
 tp__transport_registry(size_t *n_p)

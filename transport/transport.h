@@ -2,8 +2,9 @@
 /* transport.h - the transport contract and its generic layer.
  *
  * A transport moves a reliable, ordered byte stream between two endpoints.
- * A backend (tcp/, shm.c, ...) fills a static const tp_transport_ops and
- * is listed in transport/registry.c. The generic layer (transport.c):
+ * A backend (transport/<name>/) fills a const tp_transport_ops and
+ * declares it in its backend.cmake, from which the registry's table is
+ * generated (docs/backends.md). The generic layer (transport.c):
  *  - owns the public-facing objects tp_transport, tp_listener, tp_conn;
  *  - runs every backend op that touches loop state on the loop thread, so
  *    backends need no locks of their own (posting from other threads);
@@ -133,15 +134,9 @@ struct tp_conn {
     struct tp_conn_fault *c_fault; // loop thread; NULL = no fault (fault.h)
 };
 
-// Backends, listed by transport/registry.c.
-extern const tp_transport_ops tp__transport_tcp_ops;
-extern const tp_transport_ops tp__transport_shm_ops;
-#if TP_HAVE_UCX
-extern const tp_transport_ops tp__transport_ucx_ops;
-#endif
-
 // ---- registry (transport/registry.c) ----
-// The backends compiled in, best first (shm, tcp).
+// The backends compiled in, best first (shm, tcp, then ucx where built):
+// each transport/<name>/backend.cmake declares one (docs/backends.md).
 const tp_transport_ops *const *tp__transport_registry(size_t *n_p);
 const tp_transport_ops *tp__transport_find(const char *name);
 

@@ -230,7 +230,7 @@ raw_brochure(raw *r, const char *cma_domain)
         snprintf(b->b_channels[0].be_domain, sizeof(b->b_channels[0].be_domain),
                  "%s", cma_domain);
     } else {
-        TP_CHECK_OK(tp__channel_cma_ops.domain(
+        TP_CHECK_OK(tp__channel_find("cma")->domain(
                         &r->cfg, b->b_channels[0].be_domain,
                         sizeof(b->b_channels[0].be_domain), &err),
                     err);
@@ -699,7 +699,7 @@ refusal_hides_domains(void)
     tp_config cfg;
     tp__config_defaults(&cfg);
     tp_error *err = NULL;
-    TP_CHECK_OK(tp__channel_cma_ops.domain(&cfg, ours, sizeof(ours), &err),
+    TP_CHECK_OK(tp__channel_find("cma")->domain(&cfg, ours, sizeof(ours), &err),
                 err);
     raw r;
     raw_start(&r, l);

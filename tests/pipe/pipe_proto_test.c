@@ -487,7 +487,7 @@ static void
 test_upgrade_to_shm(void)
 {
     char why[256];
-    if (!tp__transport_shm_ops.is_viable(NULL, why, sizeof(why))) {
+    if (!tp__transport_find("shm")->is_viable(NULL, why, sizeof(why))) {
         tp_test_skip("shm not viable here: %s", why);
     }
     tp_context *a = ctx_new("alice", "shm,tcp", "basic");
