@@ -33,12 +33,12 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "channel/chan_info.h"
 #include "core/config.h"
 #include "core/error.h"
 #include "core/list.h"
 #include "core/loop.h"
 #include "core/pool.h"
-#include "pipe/wire.h"
 #include "transport/transport.h"
 
 #define TP_CHANNEL_ABI_V1 1u

@@ -23,10 +23,13 @@
 
 #include <tpipe/pipe.h>
 
+#include "channel/chan_info.h"
 #include "core/error.h"
 
 #define TP_PIPE_WIRE_VERSION 2u // 2: tensors carry a device index
-#define TP_FRAME_HDR_LEN     16u
+_Static_assert(TP_CHAN_INFO_MAX == 32u,
+               "the descriptor's info bound is 32 bytes");
+#define TP_FRAME_HDR_LEN 16u
 
 enum {
     TP_FRAME_BROCHURE = 1, // connector -> listener, first frame of a pipe
@@ -45,7 +48,8 @@ enum {
 #define TP_WIRE_MAX_BACKENDS  16u    // transports, and channels, per brochure
 #define TP_WIRE_MAX_CONNS     64u    // extra connections in an answer
 #define TP_WIRE_MAX_HANDSHAKE 65536u // body_len of brochure/answer/join
-#define TP_WIRE_MAX_CHAN_INFO 32u    // per-tensor channel info bytes
+#define TP_WIRE_MAX_CHAN_INFO                                                  \
+    TP_CHAN_INFO_MAX // per-tensor channel info bytes (32)
 
 typedef struct tp__frame_hdr {
     uint8_t fh_type;
@@ -145,12 +149,8 @@ typedef struct tp__pipe_limits {
 // The largest descriptor body the limits allow (for the frame check).
 uint64_t tp__desc_max_size(const tp__pipe_limits *lim);
 
-// Per-tensor channel info: bytes the sending channel attaches to a tensor
-// (cma: pid + address; xth: a token; basic/mpt: none).
-typedef struct tp__chan_info {
-    uint8_t ci_len;
-    uint8_t ci_bytes[TP_WIRE_MAX_CHAN_INFO];
-} tp__chan_info;
+// Per-tensor channel info (tp__chan_info, channel/chan_info.h): bytes the
+// sending channel attaches to a tensor, up to TP_WIRE_MAX_CHAN_INFO.
 
 // Bytes of the descriptor of @msg with @infos (one per tensor; NULL means
 // no channel info for any tensor). 0 if @msg cannot be encoded (a channel

@@ -1,27 +1,30 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# layer_check.sh NM OBJDIR - arrows point down only (DESIGN.md, "Layers"):
+# layer_check.sh NM OBJDIR [SRCDIR] - arrows point down only (DESIGN.md,
+# "Layers"):
 # no object of a layer's folder may use a symbol defined in the folder of a
 # higher layer or of a sibling. OBJDIR holds the library's objects by
 # folder (CMakeFiles/tp_objects.dir). Objects outside the listed folders
 # (the build's generated protocol list, gen/) compose layers and are not
-# checked. Lists every offending reference and fails if there is one, or
-# if a listed folder has no objects (the check would be blind).
+# checked. With SRCDIR (the source tree), the same rule holds for the
+# #include "<folder>/..." lines of each folder's .c and .h files: a header
+# of a higher layer or a sibling is an arrow pointing up even when no
+# symbol follows it. Lists every offending reference and fails if there is
+# one, or if a listed folder has no objects (the check would be blind).
 set -euo pipefail
 
 nm=${1:?usage: layer_check.sh NM OBJDIR}
 dir=${2:?usage: layer_check.sh NM OBJDIR}
+src=${3:-}
 
 # folder:rank. A folder may use folders of a lower rank only; equal ranks
 # are siblings (agent and collectives; channel and store).
 layers=(core:0 transport:1 channel:2 store:2 pipe:3 collectives:4 agent:4
         rref:5 autograd:6 optim:7)
 
-# Known upward references, each with the issue that removes it: the cma
-# channel builds the pipe's frame headers (issue 13 gives the channel
-# contract its own types).
-known=("channel/cma/cma.c.o tp__frame_hdr_decode"
-       "channel/cma/cma.c.o tp__frame_hdr_encode")
+# Known upward references, each with the issue that removes it (none
+# today: issue 13 gave the channel contract its own types).
+known=()
 
 declare -A rank_of def_in is_known
 for k in "${known[@]}"; do
@@ -59,6 +62,24 @@ for l in "${layers[@]}"; do
         done < <("$nm" -u "$obj" | awk '{print $2}')
     done < <(find "$dir/$f" -name '*.o' | sort)
 done
+
+if [ -n "$src" ]; then
+    for l in "${layers[@]}"; do
+        f=${l%%:*}
+        r=${rank_of[$f]}
+        [ -d "$src/$f" ] || continue
+        while IFS=: read -r file line inc; do
+            owner=$(sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"\([a-z_]*\)\/.*/\1/p' <<<"$inc")
+            [ -n "$owner" ] && [ "$owner" != "$f" ] || continue
+            [ -n "${rank_of[$owner]:-}" ] || continue
+            if [ "${rank_of[$owner]}" -ge "$r" ]; then
+                bad+=("${file#"$src"/}:$line includes $(sed 's/^[^"]*//' <<<"$inc") from $owner/")
+            fi
+        done < <(find "$src/$f" \( -name '*.c' -o -name '*.h' \) \
+            ! -name '*_test.c' -print0 | sort -z |
+            xargs -0 -r grep -Hn '^[[:space:]]*#[[:space:]]*include[[:space:]]*"')
+    done
+fi
 
 if [ "$checked" -eq 0 ]; then
     echo "layer_check: no objects under $dir" >&2

@@ -1,0 +1,20 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* chan_info.h - the bytes a channel attaches to one tensor: its sending
+ * end fills them (cma: pid + address; xth: a token; basic/mpt: none), the
+ * pipe carries them in the message descriptor (pipe/wire.h, bounded by
+ * TP_CHAN_INFO_MAX there too), and the receiving end reads them. A type of
+ * the channel contract, so channel/ needs nothing of pipe/.
+ */
+#ifndef TP_CHANNEL_CHAN_INFO_H
+#define TP_CHANNEL_CHAN_INFO_H
+
+#include <stdint.h>
+
+#define TP_CHAN_INFO_MAX 32u // per-tensor channel info bytes (wire bound)
+
+typedef struct tp__chan_info {
+    uint8_t ci_len;
+    uint8_t ci_bytes[TP_CHAN_INFO_MAX];
+} tp__chan_info;
+
+#endif
