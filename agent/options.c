@@ -1,8 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-// options.c - the agent's own tunables (caps on what a peer can make it
-// allocate, the faulty mode of tests, the flight recorder): one table,
-// read from the environment by tp_agent_options_init and checked again by
-// tp_rpc_init, which fails naming a malformed variable.
+// options.c - the agent's tunables. tp__agent_tunables declares them all
+// for the listings (core/tunables.h): the thread count and deadlines,
+// loaded into tp_config, and the agent's own options (caps on what a peer
+// can make it allocate, the faulty mode of tests, the flight recorder),
+// whose table ag_opts below reads from the environment in
+// tp_agent_options_init and checks again in tp_rpc_init, which fails
+// naming a malformed variable. A row of ag_opts and its declaration must
+// agree (default, bounds).
 
 #include <errno.h>
 #include <inttypes.h>
@@ -10,6 +14,7 @@
 #include <string.h>
 
 #include "ag_impl.h"
+#include "core/config.h"
 
 #define KIB (1024ull)
 #define GIB (1024ull * 1024 * 1024)
@@ -42,6 +47,79 @@ static const ag_opt ag_opts[] = {
     // job; 1M records would be 112 MiB.
     {"flight_recorder", "TP_RPC_FLIGHT_RECORDER", OPT_INT,
      OPT_OFF(flight_recorder), 64, 0, 1u << 20},
+};
+
+static const tp_tunable agent_tunable_rows[] = {
+    {
+        .tu_name = "num_worker_threads",
+        .tu_env = "TP_NUM_WORKER_THREADS",
+        // PyTorch's TensorPipeRpcBackendOptions default.
+        .tu_def = "16",
+        .tu_doc = "threads of an RPC agent that run handlers and the "
+                  "callbacks of RPC futures",
+        .tu_type = TP_TUNABLE_INT,
+        TP_TUNABLE_CONFIG_FIELD(num_worker_threads),
+        .tu_min = 1,
+        .tu_max = TP_POOL_MAX_THREADS,
+        .tu_unit = "threads",
+    },
+    {
+        .tu_name = "rpc_timeout_ms",
+        .tu_env = "TP_RPC_TIMEOUT_MS",
+        // PyTorch's default rpc_timeout: 60 s.
+        .tu_def = "60000",
+        .tu_doc = "default deadline of an RPC, in ms (0: none)",
+        .tu_type = TP_TUNABLE_MS,
+        TP_TUNABLE_CONFIG_FIELD(rpc_timeout_ms),
+        .tu_min = 0,
+        .tu_max = TP_TUNABLE_DAY_MS,
+    },
+    {
+        .tu_name = "rpc_init_timeout_ms",
+        .tu_env = "TP_RPC_INIT_TIMEOUT_MS",
+        .tu_def = "60000",
+        .tu_doc = "deadline of tp_rpc_init (every worker joins), in ms",
+        .tu_type = TP_TUNABLE_MS,
+        TP_TUNABLE_CONFIG_FIELD(rpc_init_timeout_ms),
+        .tu_min = 1,
+        .tu_max = TP_TUNABLE_DAY_MS,
+    },
+    {
+        .tu_name = "rpc_shutdown_timeout_ms",
+        .tu_env = "TP_RPC_SHUTDOWN_TIMEOUT_MS",
+        .tu_def = "60000",
+        .tu_doc = "deadline of a graceful tp_rpc_shutdown, in ms",
+        .tu_type = TP_TUNABLE_MS,
+        TP_TUNABLE_CONFIG_FIELD(rpc_shutdown_timeout_ms),
+        .tu_min = 1,
+        .tu_max = TP_TUNABLE_DAY_MS,
+    },
+    // The rows of ag_opts above (read by opt_read_env).
+    TP_TUNABLE_EXTERN("rpc_max_message_bytes", "TP_RPC_MAX_MESSAGE_BYTES", "8G",
+                      "4K..16E bytes (K, M, G, T suffixes)",
+                      "largest message an RPC agent accepts from a peer"),
+    TP_TUNABLE_EXTERN("rpc_max_peer_inflight_bytes",
+                      "TP_RPC_MAX_PEER_INFLIGHT_BYTES", "16G",
+                      "4K..16E bytes (K, M, G, T suffixes), at least "
+                      "TP_RPC_MAX_MESSAGE_BYTES",
+                      "bytes an RPC agent holds from one peer, received and "
+                      "not yet handed over"),
+    TP_TUNABLE_EXTERN("rpc_faulty", "TP_RPC_FAULTY", "",
+                      "fail=KINDS:N and delay=KINDS:MS rules, joined by , "
+                      "(docs/rpc.md)",
+                      "tests only: an RPC agent fails or delays its sends "
+                      "(empty: off)"),
+    TP_TUNABLE_EXTERN("rpc_flight_recorder", "TP_RPC_FLIGHT_RECORDER", "64",
+                      "0..1048576 messages",
+                      "messages an RPC agent's flight recorder keeps (0: "
+                      "off)"),
+};
+
+const tp_tunables tp__agent_tunables = {
+    .ts_component = "agent",
+    .ts_rows = agent_tunable_rows,
+    .ts_nrows = TP_ARRAY_LEN(agent_tunable_rows),
+    .ts_store = TP_TUNABLES_IN_CONFIG,
 };
 
 // "123", "64K", "8G", "1T" (binary units, an optional "B" or "iB" after

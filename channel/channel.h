@@ -82,6 +82,9 @@ typedef struct tp_channel_ops {
     // The tensor bytes go on the pipe's own connection, right after the
     // payloads (basic): send/recv are then not called.
     bool inline_data;
+    // Optional (NULL: none): the channel's tunables (core/tunables.h),
+    // listed by `tpipe info --config` and loaded into every tp_config.
+    const tp_tunables *tunables;
     // Optional: tensors up to this many bytes go on the pipe's connection
     // like basic's (small tensors gain nothing from the channel's path).
     // Must be part of the domain descriptor: both ends must agree.

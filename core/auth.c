@@ -21,6 +21,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/platform.h"
+#include "core/tunables.h"
 #include "tp_config.h"
 
 #if TP_HAVE_CRYPTO
@@ -28,6 +29,34 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #endif
+
+// The job secret's variables, read by auth_load_locked and
+// tp__auth_warn_open below (declared here so every listing has them).
+static const tp_tunable auth_tunable_rows[] = {
+    {
+        .tu_name = "job_token",
+        .tu_env = "TP_JOB_TOKEN",
+        .tu_def = "",
+        .tu_doc = "the job secret every connection proves (empty: none; "
+                  "docs/security.md); never shown",
+        .tu_accepted = "16..4095 bytes",
+        .tu_flags = TP_TUNABLE_EXTERNAL | TP_TUNABLE_SECRET,
+    },
+    TP_TUNABLE_EXTERN("job_token_file", "TP_JOB_TOKEN_FILE", "",
+                      "path of a regular file of mode 0600 or stricter",
+                      "a file holding the job secret (instead of "
+                      "TP_JOB_TOKEN)"),
+    TP_TUNABLE_EXTERN("auth_warn", "TP_AUTH_WARN", "1", "0 or 1",
+                      "0: no warning when a listener is open to the network "
+                      "without a job secret"),
+};
+
+const tp_tunables tp__auth_tunables = {
+    .ts_component = "auth",
+    .ts_rows = auth_tunable_rows,
+    .ts_nrows = TP_ARRAY_LEN(auth_tunable_rows),
+    .ts_store = TP_TUNABLES_IN_CONFIG,
+};
 
 #define AUTH_MAX_SECRET 4096u
 

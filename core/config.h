@@ -1,16 +1,22 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* config.h (internal) - the one table of tunables, parsed into tp_config.
+/* config.h (internal) - the tunables of every component, parsed into
+ * tp_config.
  *
- * Every tunable is declared once in core/config.c: name, default, doc,
- * environment variable TP_<NAME>, bounds. Values are read when an object
+ * Each component declares its tunables once, in its own table
+ * (core/tunables.h): name, default, doc, environment variable TP_<NAME>,
+ * bounds, and where the value goes: a field below, or the component's own
+ * struct inside cfg_own (tp__config_own). Values are read when an object
  * that takes a config is created (tp__config_load); fields a caller sets
  * afterwards win over the environment. */
 #ifndef TP_CORE_CONFIG_H
 #define TP_CORE_CONFIG_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <tpipe/config.h>
+
+#include "tunables.h"
 
 typedef enum tp_io_backend {
     TP_IO_BACKEND_AUTO = 0,
@@ -18,14 +24,18 @@ typedef enum tp_io_backend {
     TP_IO_BACKEND_URING = 2,
 } tp_io_backend;
 
+// Bytes of tp_config holding the components' own structs (TP_TUNABLES_OWN
+// tables), each at a max_align_t boundary; config_test checks they fit.
+#define TP_CONFIG_OWN_BYTES 512
+
+// The fields of the tables that store in tp_config (TP_TUNABLES_IN_CONFIG):
+// read by several layers, or set from context options. A component's
+// other tunables live in its own struct, in cfg_own.
 typedef struct tp_config {
     int64_t log_level;            // TP_LOG_LEVEL (0..5)
     int64_t io_backend;           // TP_IO_BACKEND (tp_io_backend)
     char socket_ifname[64];       // TP_SOCKET_IFNAME ("" = choose)
     char socket_addr[128];        // TP_SOCKET_ADDR ("" = from interface)
-    int64_t tcp_sndbuf;           // TP_TCP_SNDBUF bytes, 0 = kernel default
-    int64_t tcp_rcvbuf;           // TP_TCP_RCVBUF
-    int64_t tcp_user_timeout_ms;  // TP_TCP_USER_TIMEOUT_MS, 0 = kernel's
     int64_t connect_timeout_ms;   // TP_CONNECT_TIMEOUT_MS
     int64_t handshake_timeout_ms; // TP_HANDSHAKE_TIMEOUT_MS
     int64_t shm_ring_size;        // TP_SHM_RING_SIZE bytes, power of two
@@ -35,7 +45,6 @@ typedef struct tp_config {
     int64_t mpt_lanes;            // TP_MPT_LANES
     int64_t mpt_split_min;        // TP_MPT_SPLIT_MIN bytes
     int64_t mpt_inline_max;       // TP_MPT_INLINE_MAX bytes
-    int64_t cma_inline_max;       // TP_CMA_INLINE_MAX bytes
     int64_t pipe_max_metadata;    // TP_PIPE_MAX_METADATA bytes
     int64_t pipe_max_payloads;    // TP_PIPE_MAX_PAYLOADS
     int64_t pipe_max_tensors;     // TP_PIPE_MAX_TENSORS
@@ -55,6 +64,9 @@ typedef struct tp_config {
     int64_t coll_timeout_ms;         // TP_COLL_TIMEOUT_MS, 0 = none
     int64_t coll_init_timeout_ms;    // TP_COLL_INIT_TIMEOUT_MS
     int64_t debug_collectives;       // TP_DEBUG_COLLECTIVES (0|1)
+    // The TP_TUNABLES_OWN tables' structs (tcp's, cma's, ...), laid out in
+    // the order of tp__tunables_at. Copying a tp_config copies them.
+    _Alignas(max_align_t) unsigned char cfg_own[TP_CONFIG_OWN_BYTES];
 } tp_config;
 
 typedef enum tp_coll_engine {
@@ -78,9 +90,15 @@ tp_status tp__config_load(tp_config *cfg, tp_error **err_p);
 // Defaults only, no environment.
 void tp__config_defaults(tp_config *cfg);
 // Sets one tunable by name ("shm_ring_size") or env name ("TP_SHM_RING_SIZE")
-// from text, with the same checks as the environment.
+// from text, with the same checks as the environment. A row that its
+// component reads itself (TP_TUNABLE_EXTERNAL) is TP_EINVAL here.
 tp_status tp__config_set(tp_config *cfg, const char *name, const char *value,
                          tp_error **err_p);
+// The struct of the TP_TUNABLES_OWN table @ts inside @cfg: a component
+// reads its tunables with `const tcp_tunables *tt = tp__config_own_const(
+// cfg, &tp__tcp_tunables)`. @ts must be one of tp__tunables_at's.
+void *tp__config_own(tp_config *cfg, const tp_tunables *ts);
+const void *tp__config_own_const(const tp_config *cfg, const tp_tunables *ts);
 const char *tp__io_backend_name(int64_t b);
 
 #endif

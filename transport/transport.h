@@ -55,6 +55,9 @@ typedef struct tp_transport_ops {
     size_t ctx_size;      // private bytes allocated after tp_transport
     size_t listener_size; // bytes of the backend listener (embeds tp_listener)
     size_t conn_size;     // bytes of the backend conn (embeds tp_conn)
+    // Optional (NULL: none): the backend's tunables (core/tunables.h),
+    // listed by `tpipe info --config` and loaded into every tp_config.
+    const tp_tunables *tunables;
 
     // Any thread, may block briefly. false = unusable on this host; @why
     // says why ("memfd_create: operation not permitted").

@@ -125,6 +125,21 @@ cma_is_viable(const tp_config *cfg, char *why, size_t why_len)
 
 // The inline size is part of the domain: both ends must agree on which
 // tensors travel on the pipe's connection.
+// cma's own tunables (TP_TUNABLES_OWN, table at the end), inside every
+// tp_config.
+typedef struct cma_tunables {
+    int64_t ct_inline_max; // TP_CMA_INLINE_MAX bytes
+} cma_tunables;
+
+extern const tp_tunables tp__cma_tunables;
+
+static int64_t
+cma_cfg_inline_max(const tp_config *cfg)
+{
+    const cma_tunables *ct = tp__config_own_const(cfg, &tp__cma_tunables);
+    return ct->ct_inline_max;
+}
+
 static tp_status
 cma_domain(const tp_config *cfg, char *buf, size_t len, tp_error **err_p)
 {
@@ -134,7 +149,7 @@ cma_domain(const tp_config *cfg, char *buf, size_t len, tp_error **err_p)
     }
     size_t n = strlen(buf);
     int m = snprintf(buf + n, len - n, ":inline=%lld",
-                     (long long)cfg->cma_inline_max);
+                     (long long)cma_cfg_inline_max(cfg));
     if (m < 0 || (size_t)m >= len - n) {
         return tp__error_set(err_p, TP_EINTERNAL,
                              "cma: domain descriptor longer than %zu bytes",
@@ -149,7 +164,7 @@ cma_domain(const tp_config *cfg, char *buf, size_t len, tp_error **err_p)
 static uint64_t
 cma_inline_max(const tp_config *cfg)
 {
-    return (uint64_t)cfg->cma_inline_max;
+    return (uint64_t)cma_cfg_inline_max(cfg);
 }
 
 static void cma_read_acks(tp_chan *ch);
@@ -750,9 +765,34 @@ cma_destroy(tp_chan *ch)
     cma_maybe_free(ch);
 }
 
+static const tp_tunable cma_tunable_rows[] = {
+    {
+        .tu_name = "cma_inline_max",
+        .tu_env = "TP_CMA_INLINE_MAX",
+        // 16K: below it a process_vm_readv plus its ack on the ack
+        // connection costs more than copying through the connection.
+        .tu_def = "16K",
+        .tu_doc = "cma tensors up to this size travel on the pipe's own "
+                  "connection instead of being read by the peer",
+        .tu_type = TP_TUNABLE_SIZE,
+        TP_TUNABLE_FIELD(cma_tunables, ct_inline_max),
+        .tu_min = 0,
+        .tu_max = TP_TUNABLE_GIB,
+    },
+};
+
+const tp_tunables tp__cma_tunables = {
+    .ts_component = "cma",
+    .ts_rows = cma_tunable_rows,
+    .ts_nrows = TP_ARRAY_LEN(cma_tunable_rows),
+    .ts_store = TP_TUNABLES_OWN,
+    .ts_size = sizeof(cma_tunables),
+};
+
 const tp_channel_ops tp__channel_cma_ops = {
     .abi_version = TP_CHANNEL_ABI_V1,
     .name = "cma",
+    .tunables = &tp__cma_tunables,
     .nconns = cma_nconns,
     .is_viable = cma_is_viable,
     .domain = cma_domain,

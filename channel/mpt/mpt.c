@@ -191,9 +191,58 @@ mpt_destroy(tp_chan *ch)
     tp__free(ch);
 }
 
+// mpt's tunables: fields of tp_config (context options set mpt_lanes).
+static const tp_tunable mpt_tunable_rows[] = {
+    {
+        .tu_name = "mpt_lanes",
+        .tu_env = "TP_MPT_LANES",
+        .tu_def = "2",
+        .tu_doc = "lanes (tcp connections, each with its own loop thread) "
+                  "of the mpt channel",
+        .tu_type = TP_TUNABLE_INT,
+        TP_TUNABLE_CONFIG_FIELD(mpt_lanes),
+        .tu_min = 1,
+        .tu_max = 64,
+        .tu_unit = "lanes",
+    },
+    {
+        .tu_name = "mpt_split_min",
+        .tu_env = "TP_MPT_SPLIT_MIN",
+        .tu_def = "256K",
+        .tu_doc = "tensors smaller than this travel whole on one mpt lane "
+                  "(round robin); larger ones are striped over all lanes",
+        .tu_type = TP_TUNABLE_SIZE,
+        TP_TUNABLE_CONFIG_FIELD(mpt_split_min),
+        .tu_min = 0,
+        .tu_max = TP_TUNABLE_GIB,
+    },
+    {
+        .tu_name = "mpt_inline_max",
+        .tu_env = "TP_MPT_INLINE_MAX",
+        // 64K: below it a lane's two thread hops cost more than the bytes
+        // (tcp+mpt 4K stream: 0.08 GB/s through a lane, ~1 through the
+        // pipe's connection on this VM).
+        .tu_def = "64K",
+        .tu_doc = "mpt tensors up to this size travel on the pipe's own "
+                  "connection instead of a lane",
+        .tu_type = TP_TUNABLE_SIZE,
+        TP_TUNABLE_CONFIG_FIELD(mpt_inline_max),
+        .tu_min = 0,
+        .tu_max = TP_TUNABLE_GIB,
+    },
+};
+
+static const tp_tunables tp__mpt_tunables = {
+    .ts_component = "mpt",
+    .ts_rows = mpt_tunable_rows,
+    .ts_nrows = TP_ARRAY_LEN(mpt_tunable_rows),
+    .ts_store = TP_TUNABLES_IN_CONFIG,
+};
+
 const tp_channel_ops tp__channel_mpt_ops = {
     .abi_version = TP_CHANNEL_ABI_V1,
     .name = "mpt",
+    .tunables = &tp__mpt_tunables,
     .nconns = mpt_nconns,
     .is_viable = mpt_is_viable,
     .domain = mpt_domain,

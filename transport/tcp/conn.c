@@ -41,8 +41,9 @@ tcp_set_buf(int fd, int opt, int force_opt, int64_t bytes)
 void
 tp__tcp_set_bufs(int fd, const tp_config *cfg)
 {
-    tcp_set_buf(fd, SO_SNDBUF, SO_SNDBUFFORCE, cfg->tcp_sndbuf);
-    tcp_set_buf(fd, SO_RCVBUF, SO_RCVBUFFORCE, cfg->tcp_rcvbuf);
+    const tcp_tunables *tt = tp__tcp_tunables_of(cfg);
+    tcp_set_buf(fd, SO_SNDBUF, SO_SNDBUFFORCE, tt->tt_sndbuf);
+    tcp_set_buf(fd, SO_RCVBUF, SO_RCVBUFFORCE, tt->tt_rcvbuf);
 }
 
 void
@@ -57,15 +58,16 @@ tp__tcp_set_nodelay(int fd)
 
 // Fail fast when the peer host vanishes without a FIN or RST: keepalive
 // probes find an idle dead peer, TCP_USER_TIMEOUT bounds unacknowledged
-// data, both within cfg->tcp_user_timeout_ms (DESIGN: nothing waits for a
+// data, both within TP_TCP_USER_TIMEOUT_MS (DESIGN: nothing waits for a
 // 15-minute kernel timeout).
 void
 tp__tcp_set_liveness(int fd, const tp_config *cfg)
 {
-    if (cfg->tcp_user_timeout_ms <= 0) {
+    int64_t user_timeout_ms = tp__tcp_tunables_of(cfg)->tt_user_timeout_ms;
+    if (user_timeout_ms <= 0) {
         return;
     }
-    int ms = (int)TP_MIN(cfg->tcp_user_timeout_ms, (int64_t)INT32_MAX);
+    int ms = (int)TP_MIN(user_timeout_ms, (int64_t)INT32_MAX);
     int one = 1, cnt = 3;
     int idle = TP_MAX(1, ms / 3000), intvl = TP_MAX(1, ms / 6000);
     if (setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof(ms)) != 0 ||

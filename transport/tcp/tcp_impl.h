@@ -126,6 +126,22 @@ void tp__tcp_conn_write(tp_conn *bc, tp_aio *aio);
 void tp__tcp_conn_close(tp_conn *bc);
 void tp__tcp_conn_fini(tp_conn *bc);
 
+// tcp's own tunables (TP_TUNABLES_OWN), inside every tp_config: read them
+// with tp__tcp_tunables_of(cfg).
+typedef struct tcp_tunables {
+    int64_t tt_sndbuf;          // TP_TCP_SNDBUF bytes, 0 = kernel default
+    int64_t tt_rcvbuf;          // TP_TCP_RCVBUF
+    int64_t tt_user_timeout_ms; // TP_TCP_USER_TIMEOUT_MS, 0 = kernel's
+} tcp_tunables;
+
+extern const tp_tunables tp__tcp_tunables;
+
+static inline const tcp_tunables *
+tp__tcp_tunables_of(const tp_config *cfg)
+{
+    return tp__config_own_const(cfg, &tp__tcp_tunables);
+}
+
 // setup.c
 // "tcp: connect to X" or "tcp: listener tcp://Y: connection from peer X".
 void tp__tcp_setup_prefix(const tcp_conn *c, char *buf, size_t len);

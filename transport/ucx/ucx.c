@@ -198,6 +198,20 @@ ucx_enabled(void)
                          strcmp(s, "yes") == 0 || strcmp(s, "true") == 0);
 }
 
+// Declared for the listings; read by ucx_enabled at each viability check.
+static const tp_tunable ucx_tunable_rows[] = {
+    TP_TUNABLE_EXTERN("ucx", "TP_UCX", "0", "1|on|yes|true, else off",
+                      "1: the ucx transport is viable (opt-in; "
+                      "docs/transport-ucx.md)"),
+};
+
+static const tp_tunables ucx_tunables = {
+    .ts_component = "ucx",
+    .ts_rows = ucx_tunable_rows,
+    .ts_nrows = TP_ARRAY_LEN(ucx_tunable_rows),
+    .ts_store = TP_TUNABLES_IN_CONFIG,
+};
+
 static bool
 ucx_is_viable(const tp_config *cfg, char *why, size_t why_len)
 {
@@ -280,6 +294,7 @@ ucx_ctx_fini(tp_transport *t)
 const tp_transport_ops tp__transport_ucx_ops = {
     .abi_version = TP_TRANSPORT_ABI_V1,
     .name = "ucx",
+    .tunables = &ucx_tunables,
     .ctx_size = sizeof(ucx_ctx),
     .listener_size = sizeof(ucx_listener),
     .conn_size = sizeof(ucx_conn),
