@@ -3,8 +3,7 @@
 // (viability, domain descriptor, default listen address) and channels
 // (viability) through the public lists of tpipe/info.h, the collective
 // engines, the checked TP_TRANSPORTS / TP_CHANNELS / TP_INIT_METHOD and the
-// launcher variables set; `--config`: the table of every tunable with its
-// effective value.
+// launcher variables set; `--config` is info_config.c.
 
 #include <stdlib.h>
 #include <string.h>
@@ -15,7 +14,7 @@
 static void
 info_usage(FILE *f)
 {
-    fputs("usage: tpipe info [--config] [--json]\n"
+    fputs("usage: tpipe info [--config[=COMPONENT]] [--json]\n"
           "       tpipe info --connect URL [--timeout MS] [--transports L] "
           "[--channels L]\n"
           "       tpipe info --listen [URL] [--count N] [--timeout MS] "
@@ -36,9 +35,13 @@ info_usage(FILE *f)
           "\n"
           "               (RANK, WORLD_SIZE, MASTER_*, SLURM_*, OMPI_*, "
           "PMIX_*)\n"
-          "  --config     every tunable: name, environment variable, default,"
+          "  --config     every component's tunables: component, variable,"
           "\n"
-          "               effective value, source (default|env), doc\n"
+          "               effective value, source (default|env), default,"
+          "\n"
+          "               what it accepts, doc (docs/configuration.md)\n"
+          "  --config=COMPONENT  only that component's (core, tcp, pipe, "
+          "agent, ...)\n"
           "  --json       one JSON object instead of text\n"
           "  --connect URL  open a pipe to a listener (another `tpipe info "
           "--listen`,\n"
@@ -63,116 +66,6 @@ info_usage(FILE *f)
           "and the\n"
           "valid values); everything is still printed.\n",
           f);
-}
-
-// ---- info --config ---------------------------------------------------------
-
-typedef struct info_item {
-    char *ii_name, *ii_env, *ii_def, *ii_value, *ii_source, *ii_doc;
-} info_item;
-
-typedef struct info_items {
-    info_item *is_v;
-    size_t is_n, is_cap;
-} info_items;
-
-static char *
-info_dup(const char *s)
-{
-    return strdup(s ? s : "");
-}
-
-static void
-info_collect_cb(const tp_config_item *item, void *arg)
-{
-    info_items *is = arg;
-    if (is->is_n == is->is_cap) {
-        size_t cap = is->is_cap ? 2 * is->is_cap : 32;
-        info_item *nv = realloc(is->is_v, cap * sizeof(*nv));
-        if (nv == NULL) {
-            return;
-        }
-        is->is_v = nv;
-        is->is_cap = cap;
-    }
-    info_item *ii = &is->is_v[is->is_n++];
-    ii->ii_name = info_dup(item->name);
-    ii->ii_env = info_dup(item->env);
-    ii->ii_def = info_dup(item->def);
-    ii->ii_value = info_dup(item->value);
-    ii->ii_source = info_dup(item->source);
-    ii->ii_doc = info_dup(item->doc);
-}
-
-static int
-info_config(bool json)
-{
-    info_items is = {0};
-    tp_error *err = NULL;
-    tp_status st = tp_config_visit(info_collect_cb, &is, &err);
-
-    if (json) {
-        fputs("{\"config\":[", stdout);
-        for (size_t i = 0; i < is.is_n; i++) {
-            info_item *ii = &is.is_v[i];
-            fputs(i ? ",{\"name\":" : "{\"name\":", stdout);
-            tool_json_str(stdout, ii->ii_name);
-            fputs(",\"env\":", stdout);
-            tool_json_str(stdout, ii->ii_env);
-            fputs(",\"default\":", stdout);
-            tool_json_str(stdout, ii->ii_def);
-            fputs(",\"value\":", stdout);
-            tool_json_str(stdout, ii->ii_value);
-            fputs(",\"source\":", stdout);
-            tool_json_str(stdout, ii->ii_source);
-            fputs(",\"doc\":", stdout);
-            tool_json_str(stdout, ii->ii_doc);
-            fputc('}', stdout);
-        }
-        fputs("],\"error\":", stdout);
-        if (st != TP_OK) {
-            tool_json_str(stdout,
-                          err ? tp_error_message(err) : tp_status_name(st));
-        } else {
-            fputs("null", stdout);
-        }
-        fputs("}\n", stdout);
-    } else {
-        tool_table t;
-        tool_table_init(&t, 6);
-        const char *hdr[] = {"NAME",  "ENV",    "DEFAULT",
-                             "VALUE", "SOURCE", "DOC"};
-        tool_table_add(&t, hdr);
-        for (size_t i = 0; i < is.is_n; i++) {
-            info_item *ii = &is.is_v[i];
-            // Empty strings show as "-" so the columns stay readable.
-            const char *row[] = {ii->ii_name,
-                                 ii->ii_env,
-                                 ii->ii_def[0] ? ii->ii_def : "-",
-                                 ii->ii_value[0] ? ii->ii_value : "-",
-                                 ii->ii_source,
-                                 ii->ii_doc};
-            tool_table_add(&t, row);
-        }
-        tool_table_print(&t, stdout);
-        tool_table_fini(&t);
-    }
-    fflush(stdout);
-    if (st != TP_OK) {
-        tool_err("%s", err ? tp_error_message(err) : tp_status_name(st));
-    }
-    tp_error_unref(err);
-    for (size_t i = 0; i < is.is_n; i++) {
-        info_item *ii = &is.is_v[i];
-        free(ii->ii_name);
-        free(ii->ii_env);
-        free(ii->ii_def);
-        free(ii->ii_value);
-        free(ii->ii_source);
-        free(ii->ii_doc);
-    }
-    free(is.is_v);
-    return st == TP_OK ? TOOL_EXIT_OK : TOOL_EXIT_USAGE;
 }
 
 // ---- info ------------------------------------------------------------------
@@ -660,12 +553,9 @@ info_main(bool json)
 int
 tool_info_main(int argc, char **argv)
 {
-    // Probing opens listeners: not a job, so no "without a job secret"
-    // warning (docs/security.md).
-    setenv("TP_AUTH_WARN", "0", 0);
     bool config = false, json = false, listen = false, bad = false;
     const char *connect = NULL, *listen_url = NULL, *v = NULL;
-    const char *transports = NULL, *channels = NULL;
+    const char *transports = NULL, *channels = NULL, *config_only = NULL;
     uint64_t timeout_ms = 10000, count = 1;
     for (int i = 1; i < argc; i++) {
         if (tool_opt_value(argc, argv, &i, "--connect", &connect, &bad) ||
@@ -697,6 +587,9 @@ tool_info_main(int argc, char **argv)
             }
         } else if (strcmp(argv[i], "--config") == 0) {
             config = true;
+        } else if (strncmp(argv[i], "--config=", 9) == 0) {
+            config = true;
+            config_only = argv[i] + 9;
         } else if (strcmp(argv[i], "--json") == 0) {
             json = true;
         } else if (strcmp(argv[i], "-h") == 0 ||
@@ -712,6 +605,14 @@ tool_info_main(int argc, char **argv)
     if (bad) {
         return TOOL_EXIT_USAGE;
     }
+    if (config) {
+        // Before the setenv below: the listing shows the caller's
+        // environment.
+        return tool_info_config(json, config_only);
+    }
+    // Probing opens listeners: not a job, so no "without a job secret"
+    // warning (docs/security.md).
+    setenv("TP_AUTH_WARN", "0", 0);
     if (connect != NULL) {
         return tool_info_connect(connect, (int64_t)timeout_ms, transports,
                                  channels);
@@ -720,5 +621,5 @@ tool_info_main(int argc, char **argv)
         return tool_info_listen(listen_url, (int64_t)timeout_ms, (long)count,
                                 transports, channels);
     }
-    return config ? info_config(json) : info_main(json);
+    return info_main(json);
 }

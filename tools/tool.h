@@ -25,6 +25,8 @@ int tool_bench_rpc_main(int argc, char **argv);
 int tool_bench_collective_main(int argc, char **argv);
 int tool_store_main(int argc, char **argv); // `tpipe store` (store.c)
 int tool_run_main(int argc, char **argv);   // `tpipe run` (run.c)
+// `tpipe info --config[=COMPONENT]` (info_config.c).
+int tool_info_config(bool json, const char *component);
 // `tpipe info --connect URL` / `--listen [URL]` (info_pipe.c).
 int tool_info_connect(const char *url, int64_t timeout_ms,
                       const char *transports, const char *channels);
