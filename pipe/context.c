@@ -217,8 +217,9 @@ ctx_setup_lanes(tp_context *ctx, unsigned nlanes, char *why, size_t why_len)
         tp_error *err = NULL;
         if (tp__loop_create(&ctx->x_cfg, name, &ctx->x_lane_loops[i], &err) !=
                 TP_OK ||
-            tp__transport_create("tcp", ctx->x_lane_loops[i], &ctx->x_cfg,
-                                 &ctx->x_lane_tr[i], &err) != TP_OK) {
+            tp__transport_create(ctx->x_lane_ops->name, ctx->x_lane_loops[i],
+                                 &ctx->x_cfg, &ctx->x_lane_tr[i],
+                                 &err) != TP_OK) {
             snprintf(why, why_len, "lane %u failed to start: %s", i,
                      tp_error_message(err));
             tp_error_unref(err);
@@ -228,6 +229,39 @@ ctx_setup_lanes(tp_context *ctx, unsigned nlanes, char *why, size_t why_len)
         ctx->x_nlanes = i + 1;
     }
     return TP_OK;
+}
+
+// The lane transport: the first transport this context uses (registry
+// order: built, allowed, viable, started) that reaches other hosts. NULL
+// when there is none; @why then says so, naming the built ones that have
+// the property.
+static const tp_transport_ops *
+ctx_lane_transport(tp_context *ctx, char *why, size_t why_len)
+{
+    for (size_t t = 0; t < ctx->x_ntr; t++) {
+        const ctx_backend *b = &ctx->x_tr[t];
+        if (b->cb_used &&
+            (b->cb_transport->t_ops->props & TP_TRANSPORT_PROP_NETWORK)) {
+            return b->cb_transport->t_ops;
+        }
+    }
+    char built[128] = "";
+    size_t n, off = 0;
+    const tp_transport_ops *const *reg = tp__transport_registry(&n);
+    for (size_t i = 0; i < n; i++) {
+        if ((reg[i]->props & TP_TRANSPORT_PROP_NETWORK) &&
+            off < sizeof(built)) {
+            int k = snprintf(built + off, sizeof(built) - off, "%s%s",
+                             off ? ", " : "", reg[i]->name);
+            off += k > 0 ? (size_t)k : 0;
+        }
+    }
+    snprintf(why, why_len,
+             "its lanes need a transport that reaches other hosts (network "
+             "property; built: %s), and this context uses none (not "
+             "allowed, or not viable: see its transports)",
+             built[0] ? built : "none");
+    return NULL;
 }
 
 static void
@@ -260,10 +294,9 @@ ctx_setup_channels(tp_context *ctx, const tp_context_options *o)
         bool lanes = false;
         unsigned nconns = ops->nconns(&ctx->x_cfg, &lanes);
         if (lanes) {
-            if (tp__ctx_transport(ctx, "tcp") == NULL) {
-                snprintf(b->cb_why, sizeof(b->cb_why),
-                         "its lanes need the tcp transport, which this "
-                         "context does not use");
+            ctx->x_lane_ops =
+                ctx_lane_transport(ctx, b->cb_why, sizeof(b->cb_why));
+            if (ctx->x_lane_ops == NULL) {
                 continue;
             }
             if (nconns > TP_CTX_MAX_LANES ||
@@ -271,6 +304,11 @@ ctx_setup_channels(tp_context *ctx, const tp_context_options *o)
                 snprintf(b->cb_why, sizeof(b->cb_why), "%s", why);
                 continue;
             }
+            // Both ends must lane over the same transport: it joins the
+            // domain descriptor, so ends that differ never pair.
+            size_t dl = strlen(b->cb_domain);
+            snprintf(b->cb_domain + dl, sizeof(b->cb_domain) - dl, ":lanes=%s",
+                     ctx->x_lane_ops->name);
         }
         b->cb_used = true;
     }
@@ -279,8 +317,8 @@ ctx_setup_channels(tp_context *ctx, const tp_context_options *o)
 // True if some used transport has a used channel that can run over it:
 // otherwise every pipe's handshake would fail ("no channel both ends can
 // use"), so the context is refused at creation. A lane channel (mpt)
-// needs the tcp transport for its lanes (ctx_setup_channels) and is not
-// chosen over a same-host transport (pipe_hs_accept.c).
+// needs a network transport for its lanes (ctx_setup_channels) and is
+// chosen only over a network transport (pipe_hs_accept.c).
 static bool
 ctx_any_pair(tp_context *ctx)
 {
@@ -293,8 +331,8 @@ ctx_any_pair(tp_context *ctx)
         (void)ch->cb_channel_ops->nconns(&ctx->x_cfg, &lanes);
         for (size_t t = 0; t < ctx->x_ntr; t++) {
             const ctx_backend *tr = &ctx->x_tr[t];
-            if (tr->cb_used &&
-                (!lanes || !tr->cb_transport->t_ops->same_host)) {
+            if (tr->cb_used && (!lanes || (tr->cb_transport->t_ops->props &
+                                           TP_TRANSPORT_PROP_NETWORK))) {
                 return true;
             }
         }
@@ -413,8 +451,8 @@ tp_context_create(const tp_context_options *o_in, tp_context **ctx_p,
         st = tp__error_set(err_p, TP_EINVAL,
                            "context %s: the allow lists leave no transport "
                            "and channel that work together, so no pipe could "
-                           "connect (a lane channel such as mpt needs the "
-                           "tcp transport):\n%s",
+                           "connect (a lane channel such as mpt needs a "
+                           "transport that reaches other hosts):\n%s",
                            ctx->x_name, why ? why : "");
         free(why);
         goto fail;
@@ -549,7 +587,8 @@ tp_context_report(const tp_context *ctx)
         }
     }
     if (ctx->x_nlanes > 0) {
-        tp__report_add(out, cap, "mpt lanes: %u\n", ctx->x_nlanes);
+        tp__report_add(out, cap, "mpt lanes: %u over %s\n", ctx->x_nlanes,
+                       ctx->x_lane_ops->name);
     }
     return out;
 }

@@ -100,7 +100,7 @@ pl_accept_cb(void *arg)
     }
 }
 
-// "tcp://HOST:PORT" -> "tcp://HOST:0".
+// "tcp://HOST:PORT" -> "tcp://HOST:0" (any SCHEME://HOST:PORT).
 static void
 pl_port0(const char *url, char *out, size_t len)
 {
@@ -229,7 +229,7 @@ tp_context_listen(tp_context *ctx, const char *const *urls, size_t nurls,
     TP_LIST_INIT(&pl->pl_accepts, tp_aio, a_node);
     tp__task_init(&pl->pl_destroy_task, pl_free_task, pl);
     tp_status st = TP_OK;
-    const char *tcp_url = NULL;
+    const char *lane_url = NULL;
     for (size_t t = 0; t < ctx->x_ntr; t++) {
         ctx_backend *b = &ctx->x_tr[t];
         if (!b->cb_used) {
@@ -253,14 +253,15 @@ tp_context_listen(tp_context *ctx, const char *const *urls, size_t nurls,
         snprintf(pl->pl_addrs[k], sizeof(pl->pl_addrs[k]), "%s",
                  tp__listener_addr(l));
         snprintf(pl->pl_names[k], sizeof(pl->pl_names[k]), "%s", b->cb_name);
-        if (strcmp(b->cb_name, "tcp") == 0) {
-            tcp_url = pl->pl_addrs[k];
+        if (b->cb_transport->t_ops == ctx->x_lane_ops) {
+            lane_url = pl->pl_addrs[k];
         }
     }
-    // mpt lanes listen on the host of the tcp listener, any port.
-    for (unsigned i = 0; i < ctx->x_nlanes && tcp_url != NULL; i++) {
+    // mpt lanes listen on the host of the lane transport's listener (the
+    // context's first network transport, x_lane_ops), any port.
+    for (unsigned i = 0; i < ctx->x_nlanes && lane_url != NULL; i++) {
         char url[TP_WIRE_MAX_ADDR + 1];
-        pl_port0(tcp_url, url, sizeof(url));
+        pl_port0(lane_url, url, sizeof(url));
         tp_listener *l = NULL;
         if ((st = tp__transport_listen(ctx->x_lane_tr[i], url, &l, err_p)) !=
             TP_OK) {

@@ -89,7 +89,7 @@ tp_info_transports(unsigned flags, tp_backend_info *out, size_t cap,
         tp_backend_info *e = &out[i];
         info_entry(e, reg[i]->name, (unsigned)i);
         e->viable = reg[i]->is_viable(&cfg, e->reason, sizeof(e->reason));
-        e->same_host = reg[i]->same_host;
+        e->same_host = (reg[i]->props & TP_TRANSPORT_PROP_SAME_HOST) != 0;
         if (e->viable) {
             e->reason[0] = '\0';
             any = true;

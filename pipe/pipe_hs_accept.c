@@ -111,10 +111,12 @@ pipe_choose(tp_pipe *p, tp_pipe_listener *pl, const tp__brochure *b,
                            c->cb_name, c->cb_domain, e->be_domain);
             tp__report_add(notes, notes_len, "%s: domains differ; ",
                            c->cb_name);
-        } else if (lanes && p->p_tr->cb_transport->t_ops->same_host) {
+        } else if (lanes && !(p->p_tr->cb_transport->t_ops->props &
+                              TP_TRANSPORT_PROP_NETWORK)) {
             tp__report_add(rep, cap,
-                           "channel %s: not over transport %s (same-host "
-                           "memory beats tcp lanes)\n",
+                           "channel %s: not over transport %s (it does not "
+                           "reach other hosts: same-host memory beats "
+                           "network lanes)\n",
                            c->cb_name, p->p_tr->cb_name);
             tp__report_add(notes, notes_len, "%s: not over %s; ", c->cb_name,
                            p->p_tr->cb_name);

@@ -53,7 +53,10 @@ struct tp_context {
     size_t x_ntr;
     ctx_backend x_ch[TP_CTX_MAX_BACKENDS];
     size_t x_nch;
-    // mpt lanes: one loop + tcp transport each (when mpt is used)
+    // mpt lanes: one loop + lane transport each (when mpt is used); the
+    // lane transport is x_lane_ops, the first used TP_TRANSPORT_PROP_NETWORK
+    // transport of the context (NULL: none)
+    const tp_transport_ops *x_lane_ops;
     unsigned x_nlanes;
     tp_loop *x_lane_loops[TP_CTX_MAX_LANES];
     tp_transport *x_lane_tr[TP_CTX_MAX_LANES];

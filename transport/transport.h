@@ -42,6 +42,15 @@
 #define TP_HELLO_MAGIC "TPIPE\0\x01\x00" // 8 bytes
 #define TP_HELLO_LEN   16u
 
+// Properties of a transport (tp_transport_ops.props): the layers above
+// choose by property, never by name (the mpt channel's lanes take the
+// first transport of a context that is TP_TRANSPORT_PROP_NETWORK).
+// Reaches peers on other hosts (tcp, ucx).
+#define TP_TRANSPORT_PROP_NETWORK (1u << 0)
+// Reaches only peers on this host, through memory (shm): a channel that
+// adds network lanes is pointless over it.
+#define TP_TRANSPORT_PROP_SAME_HOST (1u << 1)
+
 typedef struct tp_transport tp_transport;
 typedef struct tp_listener tp_listener;
 typedef struct tp_conn tp_conn;
@@ -49,9 +58,7 @@ typedef struct tp_conn tp_conn;
 typedef struct tp_transport_ops {
     uint32_t abi_version; // TP_TRANSPORT_ABI_V1
     const char *name;     // "tcp", "shm"
-    // Reaches only peers on the same host through memory (shm): channels
-    // that add network lanes (mpt) are pointless over it.
-    bool same_host;
+    unsigned props;       // TP_TRANSPORT_PROP_* (what it reaches)
     size_t ctx_size;      // private bytes allocated after tp_transport
     size_t listener_size; // bytes of the backend listener (embeds tp_listener)
     size_t conn_size;     // bytes of the backend conn (embeds tp_conn)

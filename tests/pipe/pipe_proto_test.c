@@ -544,6 +544,44 @@ test_mpt_domain_mismatch(void)
     tp_context_destroy(a);
 }
 
+// mpt's lanes take the context's first transport that reaches other
+// hosts (TP_TRANSPORT_PROP_NETWORK), never a name: with tcp, the lanes are
+// tcp and say so; with shm only, mpt is left out and the report says why,
+// and a context that allows only mpt over shm is refused.
+static void
+test_mpt_lanes_by_property(void)
+{
+    char why[256];
+    tp_context *a = ctx_new("alice", "shm,tcp", "mpt,basic");
+    char *rep = tp_context_report(a);
+    TP_CHECK_STR_CONTAINS(rep, "over tcp");
+    TP_CHECK_STR_CONTAINS(rep, ":lanes=tcp");
+    free(rep);
+    tp_context_destroy(a);
+    if (!tp__transport_find("shm")->is_viable(NULL, why, sizeof(why))) {
+        tp_test_skip("shm not viable here: %s", why);
+    }
+    tp_context *b = ctx_new("bob", "shm", "mpt,basic");
+    rep = tp_context_report(b);
+    TP_CHECK_STR_CONTAINS(rep, "channel mpt: its lanes need a transport that "
+                               "reaches other hosts (network property; "
+                               "built: tcp");
+    TP_CHECK(strstr(rep, "mpt lanes") == NULL);
+    free(rep);
+    tp_context_destroy(b);
+    tp_context_options o;
+    tp_context_options_init(&o);
+    o.name = "carol";
+    o.transports = "shm";
+    o.channels = "mpt";
+    tp_context *c = NULL;
+    tp_error *err = NULL;
+    TP_CHECK_EQ(tp_context_create(&o, &c, &err), TP_EINVAL);
+    TP_CHECK_STR_CONTAINS(tp_error_message(err),
+                          "needs a transport that reaches other hosts");
+    tp_error_unref(err);
+}
+
 static const tp_test_case cases[] = {
     TP_TEST_CASE(test_bad_frame_version),
     TP_TEST_CASE(test_unexpected_frame_type),
@@ -557,6 +595,7 @@ static const tp_test_case cases[] = {
     TP_TEST_CASE(test_silent_listener),
     TP_TEST_CASE(test_upgrade_to_shm),
     TP_TEST_CASE(test_mpt_domain_mismatch),
+    TP_TEST_CASE(test_mpt_lanes_by_property),
 };
 
 TP_TEST_MAIN(cases)

@@ -138,6 +138,7 @@ const tp_tunables tp__tcp_tunables = {
 const tp_transport_ops tp__transport_tcp_ops = {
     .abi_version = TP_TRANSPORT_ABI_V1,
     .name = "tcp",
+    .props = TP_TRANSPORT_PROP_NETWORK,
     .ctx_size = 0,
     .listener_size = sizeof(tcp_listener),
     .conn_size = sizeof(tcp_conn),

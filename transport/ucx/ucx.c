@@ -294,6 +294,7 @@ ucx_ctx_fini(tp_transport *t)
 const tp_transport_ops tp__transport_ucx_ops = {
     .abi_version = TP_TRANSPORT_ABI_V1,
     .name = "ucx",
+    .props = TP_TRANSPORT_PROP_NETWORK,
     .tunables = &ucx_tunables,
     .ctx_size = sizeof(ucx_ctx),
     .listener_size = sizeof(ucx_listener),
