@@ -113,6 +113,21 @@ function(tp_backends_collect kind)
   if(NOT built)
     message(FATAL_ERROR "no ${kind} backend is enabled")
   endif()
+  # A context offers them all in one brochure: at most TP_WIRE_MAX_BACKENDS
+  # of each kind (pipe/wire.h, the one constant; tp_context_create checks
+  # it too).
+  file(STRINGS ${PROJECT_SOURCE_DIR}/pipe/wire.h bound_line
+       REGEX "^#define TP_WIRE_MAX_BACKENDS +[0-9]+u")
+  string(REGEX MATCH "[0-9]+" bound "${bound_line}")
+  list(LENGTH built nbuilt)
+  if(NOT bound)
+    message(FATAL_ERROR "TpBackends: TP_WIRE_MAX_BACKENDS not found in "
+            "pipe/wire.h")
+  elseif(nbuilt GREATER bound)
+    message(FATAL_ERROR "${nbuilt} ${kind} backends are enabled, more than "
+            "the ${bound} a pipe's brochure carries (TP_WIRE_MAX_BACKENDS, "
+            "pipe/wire.h)")
+  endif()
   set_property(GLOBAL PROPERTY TP_BACKEND_FEATURES "${features}")
   set_property(GLOBAL PROPERTY TP_${kind}_BACKENDS "${built}")
   string(REPLACE ";" ", " built_s "${built}")

@@ -179,7 +179,7 @@ ctx_setup_transports(tp_context *ctx, const tp_context_options *o)
 {
     size_t n;
     const tp_transport_ops *const *reg = tp__transport_registry(&n);
-    for (size_t i = 0; i < n && ctx->x_ntr < TP_CTX_MAX_BACKENDS; i++) {
+    for (size_t i = 0; i < n && ctx->x_ntr < TP_WIRE_MAX_BACKENDS; i++) {
         ctx_backend *b = &ctx->x_tr[ctx->x_ntr++];
         snprintf(b->cb_name, sizeof(b->cb_name), "%s", reg[i]->name);
         char why[200];
@@ -269,7 +269,7 @@ ctx_setup_channels(tp_context *ctx, const tp_context_options *o)
 {
     size_t n;
     const tp_channel_ops *const *reg = tp__channel_registry(&n);
-    for (size_t i = 0; i < n && ctx->x_nch < TP_CTX_MAX_BACKENDS; i++) {
+    for (size_t i = 0; i < n && ctx->x_nch < TP_WIRE_MAX_BACKENDS; i++) {
         ctx_backend *b = &ctx->x_ch[ctx->x_nch++];
         const tp_channel_ops *ops = reg[i];
         snprintf(b->cb_name, sizeof(b->cb_name), "%s", ops->name);
@@ -365,15 +365,29 @@ tp_context_create(const tp_context_options *o_in, tp_context **ctx_p,
         opts.size = sizeof(opts);
     }
     const tp_context_options *o = &opts;
-    // Check the lists first: a typo is the caller's error, said at once.
     size_t ntr, nch;
     const tp_transport_ops *const *treg = tp__transport_registry(&ntr);
     const tp_channel_ops *const *creg = tp__channel_registry(&nch);
-    const char *tnames[TP_CTX_MAX_BACKENDS], *cnames[TP_CTX_MAX_BACKENDS];
-    for (size_t i = 0; i < ntr && i < TP_CTX_MAX_BACKENDS; i++) {
+    // A context offers every backend it uses in one brochure, which
+    // carries at most TP_WIRE_MAX_BACKENDS of each kind: refuse a build
+    // with more rather than drop some (configure refuses it too).
+    if (ntr > TP_WIRE_MAX_BACKENDS || nch > TP_WIRE_MAX_BACKENDS) {
+        bool tr = ntr > TP_WIRE_MAX_BACKENDS;
+        return tp__error_set(err_p, TP_EINVAL,
+                             "context %s: %zu %s are built, more than the "
+                             "%u a pipe's brochure carries "
+                             "(TP_WIRE_MAX_BACKENDS): the context cannot "
+                             "offer them all; build fewer",
+                             o->name != NULL ? o->name : "(unnamed)",
+                             tr ? ntr : nch, tr ? "transports" : "channels",
+                             TP_WIRE_MAX_BACKENDS);
+    }
+    // Check the lists first: a typo is the caller's error, said at once.
+    const char *tnames[TP_WIRE_MAX_BACKENDS], *cnames[TP_WIRE_MAX_BACKENDS];
+    for (size_t i = 0; i < ntr; i++) {
         tnames[i] = treg[i]->name;
     }
-    for (size_t i = 0; i < nch && i < TP_CTX_MAX_BACKENDS; i++) {
+    for (size_t i = 0; i < nch; i++) {
         cnames[i] = creg[i]->name;
     }
     tp_status st;

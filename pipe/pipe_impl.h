@@ -26,9 +26,8 @@
 #include "pipe/wire.h"
 #include "transport/transport.h"
 
-#define TP_CTX_MAX_BACKENDS 8
-#define TP_CTX_MAX_LANES    64
-#define TP_REPORT_LEN       2048
+#define TP_CTX_MAX_LANES 64
+#define TP_REPORT_LEN    2048
 
 typedef struct tp_pipe_hs tp_pipe_hs;
 
@@ -49,9 +48,9 @@ struct tp_context {
     tp_loop *x_loop;
     tp_pool *x_pool;
     // every registered backend, best first; used ones have cb_used
-    ctx_backend x_tr[TP_CTX_MAX_BACKENDS];
+    ctx_backend x_tr[TP_WIRE_MAX_BACKENDS];
     size_t x_ntr;
-    ctx_backend x_ch[TP_CTX_MAX_BACKENDS];
+    ctx_backend x_ch[TP_WIRE_MAX_BACKENDS];
     size_t x_nch;
     // mpt lanes: one loop + lane transport each (when mpt is used); the
     // lane transport is x_lane_ops, the first used TP_TRANSPORT_PROP_NETWORK
@@ -85,12 +84,12 @@ typedef struct pl_tl {
 struct tp_pipe_listener {
     tp_context *pl_ctx;
     tp_list_node pl_node;
-    pl_tl pl_tls[TP_CTX_MAX_BACKENDS];
+    pl_tl pl_tls[TP_WIRE_MAX_BACKENDS];
     size_t pl_ntls;
     pl_tl pl_lanes[TP_CTX_MAX_LANES];
     size_t pl_nlanes;
-    char pl_addrs[TP_CTX_MAX_BACKENDS][TP_WIRE_MAX_ADDR + 1];
-    char pl_names[TP_CTX_MAX_BACKENDS][TP_WIRE_MAX_NAME + 1];
+    char pl_addrs[TP_WIRE_MAX_BACKENDS][TP_WIRE_MAX_ADDR + 1];
+    char pl_names[TP_WIRE_MAX_BACKENDS][TP_WIRE_MAX_NAME + 1];
     tp_list pl_ready;   // pipes ready to be accepted (p_accept_node)
     tp_list pl_accepts; // waiting accept aios (a_node)
     bool pl_closed;
