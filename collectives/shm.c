@@ -32,7 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "channel/cma/cma_probe.h"
+#include "core/host.h"
 #include "core/alloc.h"
 #include "core/error.h"
 #include "core/platform.h"

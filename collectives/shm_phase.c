@@ -28,7 +28,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "channel/cma/cma_probe.h"
+#include "core/host.h"
 #include "collectives/reduce.h"
 #include "core/error.h"
 

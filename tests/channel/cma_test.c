@@ -201,7 +201,7 @@ viable_or_reason(void)
     char tiny[4];
     TP_CHECK_EQ(tp__cma_viable(tiny, sizeof(tiny)), ok);
     TP_CHECK_EQ(tp__cma_viable(NULL, 0), ok);
-    int scope = tp__cma_ptrace_scope(why, sizeof(why));
+    int scope = tp__host_ptrace_scope(why, sizeof(why));
     printf("yama ptrace scope: %d\n", scope);
     TP_CHECK(scope >= -1 && scope <= 3);
 }

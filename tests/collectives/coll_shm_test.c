@@ -33,7 +33,7 @@
 #include <tpipe/store.h>
 #include <tpipe/tensor.h>
 
-#include "channel/cma/cma_probe.h"
+#include "core/host.h"
 #include "collectives/coll.h"
 #include "collectives/reduce.h"
 #include "collectives/shm.h"

@@ -20,43 +20,9 @@
 
 #include "transport/shm/shm_impl.h"
 
+#include "core/host.h"
+
 // ---- context ---------------------------------------------------------------
-
-static bool
-shm_read_boot_id(char *buf, size_t len, char *why, size_t why_len)
-{
-    const char *path = "/proc/sys/kernel/random/boot_id";
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        snprintf(why, why_len, "open %s: %s", path, strerror(errno));
-        return false;
-    }
-    ssize_t n = read(fd, buf, len - 1);
-    int e = errno;
-    close(fd);
-    if (n <= 0) {
-        snprintf(why, why_len, "read %s: %s", path,
-                 n < 0 ? strerror(e) : "empty");
-        return false;
-    }
-    buf[n] = '\0';
-    buf[strcspn(buf, "\n")] = '\0';
-    return true;
-}
-
-static bool
-shm_ns_inode(const char *ns, uint64_t *ino_p, char *why, size_t why_len)
-{
-    char path[64];
-    snprintf(path, sizeof(path), "/proc/self/ns/%s", ns);
-    struct stat st;
-    if (stat(path, &st) != 0) {
-        snprintf(why, why_len, "stat %s: %s", path, strerror(errno));
-        return false;
-    }
-    *ino_p = (uint64_t)st.st_ino;
-    return true;
-}
 
 // Same host and same network namespace (abstract sockets live there) and
 // same user namespace: "shm:<boot id>:<net ns inode>:<user ns inode>".
@@ -64,10 +30,17 @@ static bool
 shm_domain(char *buf, size_t len, char *why, size_t why_len)
 {
     char boot[64];
-    uint64_t net, user;
-    if (!shm_read_boot_id(boot, sizeof(boot), why, why_len) ||
-        !shm_ns_inode("net", &net, why, why_len) ||
-        !shm_ns_inode("user", &user, why, why_len)) {
+    uint64_t net = 0, user = 0;
+    int e;
+    if ((e = tp__host_boot_id(boot, sizeof(boot))) != 0) {
+        snprintf(why, why_len, "read %s: %s", TP_HOST_BOOT_ID_PATH,
+                 e == ENODATA ? "empty" : strerror(e));
+        return false;
+    }
+    if ((e = tp__host_ns_inode("net", &net)) != 0 ||
+        (e = tp__host_ns_inode("user", &user)) != 0) {
+        snprintf(why, why_len, "stat /proc/self/ns/%s: %s",
+                 net == 0 ? "net" : "user", strerror(e));
         return false;
     }
     snprintf(buf, len, "shm:%s:%" PRIu64 ":%" PRIu64, boot, net, user);
