@@ -3,8 +3,12 @@
 //
 // Keys, under the namespace @ns ("tp.pg/"):
 //   open              generations opened so far (rank 0 adds 1)
-//   g/<G>/info        "<world size> <expiry>" (rank 0; expiry: realtime ms
-//                     of its init deadline, 0 for none)
+//   clean             the oldest generation whose keys may remain (rank 0s
+//                     advance it with compare_set as they remove them)
+//   g/<G>/info        "<world size> <expiry> <hosted> <job>" (rank 0;
+//                     expiry: realtime ms of its init deadline, 0 for none;
+//                     hosted: 1 when rank 0's process hosts the store; job:
+//                     the job's id, "-" for none)
 //   g/<G>/slot/<r>    the process holding rank r ("host pid N #k"),
 //                     claimed with compare_set
 //   g/<G>/failed      "c <realtime ms> <message>" (a conflict) or "a ..."
@@ -12,9 +16,21 @@
 //   g/<G>/done        set once rank 0 finished its init
 // Why generations at all: a file or a standalone server outlives a job,
 // and the next job must not read the last one's addresses.
+// Why job ids: two jobs on one store at once must not join each other's
+// generations. A rank joins only generations of its own job (the same id,
+// or both none), so concurrent jobs with ids are kept apart; a rank that
+// finds its store hosted by another job's rank 0 fails at once.
+// Why "hosted": a store that rank 0's process hosts answers only while that
+// process lives, so a complete generation there is a running job and a
+// second claimant of one of its ranks fails at once. Elsewhere (a file, a
+// standalone server) a complete generation may be a killed job's, whose
+// ranks' processes only this host can see (a second claimant seen alive
+// here fails after JOIN_TAKEN_WAIT_MS; one on another host waits for a
+// newer generation).
 
 #include "store/join.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <signal.h>
@@ -26,6 +42,7 @@
 #include <unistd.h>
 
 #include "core/platform.h"
+#include "store/store_int.h"
 
 // A generation past its opener's init deadline by this much is abandoned.
 #define JOIN_EXPIRY_SLACK_MS 2000
@@ -36,6 +53,80 @@
 // How long a rank that found its slot taken waits for a newer generation
 // before it reports a rank used twice.
 #define JOIN_TAKEN_WAIT_MS 1000
+// Generations a rank looks back over for its own job's newest.
+#define JOIN_SCAN_MAX 32
+// Generations a rank 0 looks at for removal when it opens one.
+#define JOIN_CLEAN_MAX 64
+#define JOIN_JOB_MAX   64
+
+// A generation's record (g/<G>/info).
+typedef struct join_info {
+    int ji_world;
+    long long ji_expiry;
+    int ji_hosted;
+    char ji_job[JOIN_JOB_MAX + 1]; // "" for none
+} join_info;
+
+static bool
+join_parse_info(const char *s, join_info *ji)
+{
+    char job[JOIN_JOB_MAX + 1] = "-";
+    int hosted = 0;
+    memset(ji, 0, sizeof(*ji));
+    int n = sscanf(s, "%d %lld %d %64s", &ji->ji_world, &ji->ji_expiry, &hosted,
+                   job);
+    if (n < 2) {
+        return false;
+    }
+    ji->ji_hosted = n >= 3 && hosted == 1;
+    snprintf(ji->ji_job, sizeof(ji->ji_job), "%s",
+             n >= 4 && strcmp(job, "-") != 0 ? job : "");
+    return true;
+}
+
+// This job's id, the same on every rank: TP_JOB_ID, else the launcher's
+// (Slurm's job id, the PMIx namespace of mpirun or srun --mpi=pmix, Open
+// MPI 4's job id, torchrun's run id), else "" (none). Only [A-Za-z0-9._:+-]
+// are kept (others become '_'), at most JOIN_JOB_MAX characters.
+static void
+join_job_id(char *buf, size_t len)
+{
+    static const struct {
+        const char *var, *tag;
+    } srcs[] = {
+        {"TP_JOB_ID", ""},
+        {"SLURM_JOB_ID", "slurm-"},
+        {"PMIX_NAMESPACE", "pmix-"},
+        {"OMPI_MCA_orte_ess_jobid", "ompi-"},
+        {"TORCHELASTIC_RUN_ID", "torch-"},
+    };
+    char tmp[160] = "";
+    for (size_t i = 0; i < TP_ARRAY_LEN(srcs); i++) {
+        const char *v = getenv(srcs[i].var);
+        // torchrun's default run id is "none".
+        if (v != NULL && *v != '\0' && !(i == 4 && strcmp(v, "none") == 0)) {
+            snprintf(tmp, sizeof(tmp), "%s%s", srcs[i].tag, v);
+            break;
+        }
+    }
+    size_t k = 0;
+    for (size_t i = 0; tmp[i] != '\0' && k + 1 < len && k < JOIN_JOB_MAX; i++) {
+        unsigned char c = (unsigned char)tmp[i];
+        buf[k++] = isalnum(c) || strchr("._:+-", c) != NULL ? (char)c : '_';
+    }
+    buf[k] = '\0';
+}
+
+// "job \"ID\"" or "a job with no id" (for messages).
+static void
+join_job_label(const char *job, char *buf, size_t len)
+{
+    if (job[0] != '\0') {
+        snprintf(buf, len, "job \"%s\"", job);
+    } else {
+        snprintf(buf, len, "a job with no id (TP_JOB_ID)");
+    }
+}
 
 // At most @cap ms of a wait bounded by @deadline. tp__ms_left gives 0 for
 // no deadline, which a store call reads as "no limit": a slice must not.
@@ -197,6 +288,105 @@ join_conflict(tp__store_member *j, int64_t gen, const char *msg,
                          tp_store_addr(j->j_store), msg);
 }
 
+// Removes generation @gen's keys, its record first: a generation without
+// one is gone to every reader (one still being removed must not look open:
+// its record without its "done").
+static void
+join_remove(tp__store_member *j, int64_t gen, int world)
+{
+    char key[96], leaf[32];
+    static const char *const leaves[] = {"info", "failed", "done"};
+    for (size_t i = 0; i < TP_ARRAY_LEN(leaves); i++) {
+        join_key(j, gen, leaves[i], key, sizeof(key));
+        tp_error *e = NULL;
+        (void)tp_store_delete_key(j->j_store, key, TP_TIMEOUT_DEFAULT, NULL,
+                                  &e);
+        tp_error_unref(e);
+    }
+    for (int r = 0; r < world; r++) {
+        for (int k = 0; k < 2; k++) {
+            snprintf(leaf, sizeof(leaf), "%s/%d", k ? "seen" : "slot", r);
+            join_key(j, gen, leaf, key, sizeof(key));
+            tp_error *e = NULL;
+            (void)tp_store_delete_key(j->j_store, key, TP_TIMEOUT_DEFAULT, NULL,
+                                      &e);
+            tp_error_unref(e);
+        }
+    }
+}
+
+// Rank 0, having opened generation @mine: removes the keys of older
+// generations that are over: failed, or past their deadline without
+// completing, or complete and of this job (superseded by this one: a
+// relaunch). A complete generation of another job may be running: it
+// stays. Bounded (JOIN_CLEAN_MAX generations from the "clean" mark, which
+// advances over the leading ones gone) and best effort: a store error
+// leaves the rest for the next rank 0.
+static void
+join_clean(tp__store_member *j, int64_t mine)
+{
+    char key[96], mark_key[64], *mark = NULL;
+    snprintf(mark_key, sizeof(mark_key), "%sclean", j->j_ns);
+    if (join_peek(j, mark_key, &mark, NULL) != TP_OK) {
+        return;
+    }
+    long long low = mark != NULL ? strtoll(mark, NULL, 10) : 0;
+    if (low < 0 || low > mine) {
+        low = 0;
+    }
+    int64_t now = join_realtime_ms();
+    int64_t next = low;
+    bool leading = true;
+    for (int64_t g = low; g < mine && g < low + JOIN_CLEAN_MAX; g++) {
+        char *info = NULL, *done = NULL, *failed = NULL;
+        join_key(j, g, "info", key, sizeof(key));
+        if (join_peek(j, key, &info, NULL) != TP_OK) {
+            break;
+        }
+        join_info ji;
+        bool gone = false;
+        if (info == NULL || !join_parse_info(info, &ji)) {
+            // Removed already, or (just older than ours) its rank 0 is
+            // about to set it.
+            gone = g + 1 < mine;
+        } else {
+            join_key(j, g, "done", key, sizeof(key));
+            (void)join_peek(j, key, &done, NULL);
+            join_key(j, g, "failed", key, sizeof(key));
+            (void)join_peek(j, key, &failed, NULL);
+            bool expired = done == NULL && ji.ji_expiry != 0 &&
+                           now > ji.ji_expiry + JOIN_EXPIRY_SLACK_MS;
+            bool superseded = done != NULL && strcmp(ji.ji_job, j->j_job) == 0;
+            if (failed != NULL || expired || superseded) {
+                join_remove(j, g, ji.ji_world);
+                gone = true;
+            }
+        }
+        free(info);
+        free(done);
+        free(failed);
+        leading = leading && gone;
+        if (leading) {
+            next = g + 1;
+        }
+    }
+    if (next != low) {
+        char nv[32];
+        int n = snprintf(nv, sizeof(nv), "%lld", (long long)next);
+        void *v = NULL;
+        size_t len = 0;
+        tp_error *e = NULL;
+        // Another rank 0 may have moved it: then it did this work too.
+        if (tp_store_compare_set(j->j_store, mark_key, mark ? mark : "",
+                                 mark ? strlen(mark) : 0, nv, (size_t)n,
+                                 TP_TIMEOUT_DEFAULT, &v, &len, &e) == TP_OK) {
+            free(v);
+        }
+        tp_error_unref(e);
+    }
+    free(mark);
+}
+
 static tp_status
 join_open(tp__store_member *j, int64_t init_ms, uint64_t deadline,
           tp_error **err_p)
@@ -221,12 +411,18 @@ join_open(tp__store_member *j, int64_t init_ms, uint64_t deadline,
         return st;
     }
     free(v);
-    char info[64];
+    char info[160];
     int64_t expiry = init_ms > 0 ? join_realtime_ms() + init_ms : 0;
-    int in = snprintf(info, sizeof(info), "%d %" PRId64, j->j_world, expiry);
+    int in = snprintf(info, sizeof(info), "%d %" PRId64 " %d %s", j->j_world,
+                      expiry, tp__store_is_host(j->j_store) ? 1 : 0,
+                      j->j_job[0] != '\0' ? j->j_job : "-");
     join_key(j, j->j_gen, "info", key, sizeof(key));
-    return tp_store_set(j->j_store, key, info, (size_t)in,
-                        tp__ms_left(deadline), err_p);
+    st = tp_store_set(j->j_store, key, info, (size_t)in, tp__ms_left(deadline),
+                      err_p);
+    if (st == TP_OK) {
+        join_clean(j, j->j_gen);
+    }
+    return st;
 }
 
 // Whether a slot holder's token ("<host> pid <pid> #<n>") names a live
@@ -247,40 +443,43 @@ join_holder_alive_here(const char *token)
     return kill((pid_t)pid, 0) == 0 || errno == EPERM;
 }
 
-// Newest generation @gen's state: whether to join it (*@join_p), and if
-// not, why (@why, for the timeout message) or, when its slot is taken, by
-// whom (@holder). Fails on a conflict that is this job's.
+// Whether a slot holder's token names this very process (an earlier
+// membership of it, over since it joins again).
+static bool
+join_holder_is_me(const char *token)
+{
+    char host[256], me[256];
+    int pid = 0;
+    if (sscanf(token, "%255s pid %d", host, &pid) != 2 ||
+        gethostname(me, sizeof(me)) != 0) {
+        return false;
+    }
+    me[sizeof(me) - 1] = '\0';
+    return strncmp(host, me, 64) == 0 && pid == (int)getpid();
+}
+
+// Generation @gen's state, for a rank other than 0: whether to join it
+// (*@joined_p), to look at older generations for this job's (*@skip_p:
+// another job's, or gone), and if not, why (@why, for the timeout
+// message) or, when its slot is taken, by whom (@holder). @wait_ms: how
+// long its record may take to appear (rank 0 adds, then sets it). Fails
+// on a conflict that is this job's, on a second claimant of a rank of a
+// running job on a store its rank 0 hosts, and on a store hosted by
+// another job's rank 0.
 static tp_status
-join_try(tp__store_member *j, int64_t gen, bool opened_since, bool *joined_p,
-         char *holder, size_t holder_len, char *why, size_t why_len,
-         uint64_t deadline, tp_error **err_p)
+join_try(tp__store_member *j, int64_t gen, int64_t wait_ms, bool opened_since,
+         bool *joined_p, bool *skip_p, char *holder, size_t holder_len,
+         char *why, size_t why_len, uint64_t deadline, tp_error **err_p)
 {
     char key[96];
     char *info = NULL, *failed = NULL, *done = NULL;
     *joined_p = false;
-    // Rank 0 adds, then sets the info: wait for it a little.
-    join_key(j, gen, "info", key, sizeof(key));
-    void *v = NULL;
-    size_t len = 0;
-    tp_error *e = NULL;
-    tp_status st =
-        tp_store_get(j->j_store, key, join_slice(deadline, 2000), &v, &len, &e);
-    if (st == TP_ETIMEDOUT) {
-        tp_error_unref(e);
-        snprintf(why, why_len, "generation %" PRId64 " has no world size", gen);
-        return TP_OK;
-    }
-    if (st != TP_OK) {
-        if (err_p != NULL) {
-            *err_p = e;
-        } else {
-            tp_error_unref(e);
-        }
-        return st;
-    }
-    info = v;
+    *skip_p = false;
+    // Its state before its record: a rank 0 removing the generation
+    // (join_remove) takes the record first, so a state read as unset here
+    // is either real or followed by a missing record.
     join_key(j, gen, "failed", key, sizeof(key));
-    st = join_peek(j, key, &failed, err_p);
+    tp_status st = join_peek(j, key, &failed, err_p);
     if (st == TP_OK) {
         join_key(j, gen, "done", key, sizeof(key));
         st = join_peek(j, key, &done, err_p);
@@ -288,35 +487,93 @@ join_try(tp__store_member *j, int64_t gen, bool opened_since, bool *joined_p,
     if (st != TP_OK) {
         goto out;
     }
-    int w0 = 0;
-    long long expiry = 0;
-    if (sscanf(info, "%d %lld", &w0, &expiry) != 2) {
+    join_key(j, gen, "info", key, sizeof(key));
+    void *v = NULL;
+    size_t len = 0;
+    tp_error *e = NULL;
+    st = tp_store_get(j->j_store, key, join_slice(deadline, wait_ms), &v, &len,
+                      &e);
+    if (st == TP_ETIMEDOUT) {
+        tp_error_unref(e);
+        snprintf(why, why_len, "generation %" PRId64 " has no world size", gen);
+        *skip_p = wait_ms <= 1; // an older one: removed
+        st = TP_OK;
+        goto out;
+    }
+    if (st != TP_OK) {
+        if (err_p != NULL) {
+            *err_p = e;
+        } else {
+            tp_error_unref(e);
+        }
+        goto out;
+    }
+    info = v;
+    join_info ji;
+    if (!join_parse_info(info, &ji)) {
         st = tp__error_set(err_p, TP_EPROTO,
                            "rendezvous through %s: malformed record \"%.64s\" "
                            "of generation %" PRId64,
                            tp_store_addr(j->j_store), info, gen);
         goto out;
     }
+    int w0 = ji.ji_world;
     int64_t now = join_realtime_ms();
+    bool expired = done == NULL && ji.ji_expiry != 0 &&
+                   now > ji.ji_expiry + JOIN_EXPIRY_SLACK_MS;
+    char mine[96], theirs[96];
+    join_job_label(j->j_job, mine, sizeof(mine));
+    join_job_label(ji.ji_job, theirs, sizeof(theirs));
+    if (strcmp(ji.ji_job, j->j_job) != 0) {
+        snprintf(why, why_len, "generation %" PRId64 " is %s's", gen, theirs);
+        *skip_p = true;
+        // The store lives in that job's rank 0 (it answers: alive): this
+        // job's rank 0 cannot host it, so no generation of ours comes.
+        if (ji.ji_hosted && failed == NULL && !expired) {
+            st = tp__error_set(
+                err_p, TP_EINVAL,
+                "the rendezvous through %s failed: the store is hosted by "
+                "rank 0 of another job (%s, generation %" PRId64
+                ", world %d, %s), but rank %d is of %s: two jobs given one "
+                "store address (MASTER_ADDR:MASTER_PORT)? Give each job its "
+                "own",
+                tp_store_addr(j->j_store), theirs, gen, w0,
+                done != NULL ? "running" : "in its init", j->j_rank, mine);
+        }
+        goto out;
+    }
     if (done != NULL) {
         snprintf(why, why_len, "generation %" PRId64 " is complete", gen);
-        // A running job holds every slot. If ours is held by a process of
-        // this host that is still alive, this is a second claimant of a
-        // rank in use: taken (the caller reports the conflict unless a
-        // newer generation opens). An ended job's holder is gone: a newer
-        // generation is waited for, as before.
+        // A running job holds every slot. If ours is held by another
+        // process and the job is known to run (its rank 0 hosts this
+        // store), this is a second claimant: fail at once. A holder of
+        // this host that is still alive is one too, unless a newer
+        // generation opens soon (the caller waits JOIN_TAKEN_WAIT_MS: the
+        // same processes may start their next job). Otherwise the job may
+        // have ended: a newer generation is waited for.
         char slot[32];
         snprintf(slot, sizeof(slot), "slot/%d", j->j_rank);
         join_key(j, gen, slot, key, sizeof(key));
         char *hold = NULL;
         if (join_peek(j, key, &hold, NULL) == TP_OK && hold != NULL &&
-            join_holder_alive_here(hold)) {
-            snprintf(holder, holder_len, "%s", hold);
+            !join_holder_is_me(hold)) {
+            if (ji.ji_hosted) {
+                st = tp__error_set(
+                    err_p, TP_EINVAL,
+                    "the rendezvous through %s failed: rank %d is claimed by "
+                    "two processes at once: %.96s holds it in %s (generation "
+                    "%" PRId64 ", world %d, its init complete, its rank 0 "
+                    "hosting the store), and a second process, %s, claims it",
+                    tp_store_addr(j->j_store), j->j_rank, hold, mine, gen, w0,
+                    j->j_token);
+            } else if (join_holder_alive_here(hold)) {
+                snprintf(holder, holder_len, "%s", hold);
+            }
         }
         free(hold);
         goto out;
     }
-    if (expiry != 0 && now > expiry + JOIN_EXPIRY_SLACK_MS) {
+    if (expired) {
         snprintf(why, why_len, "generation %" PRId64 " is past its deadline",
                  gen);
         goto out;
@@ -387,6 +644,7 @@ tp__store_join(tp_store *store, const char *ns, int rank, int world,
     snprintf(j->j_token, sizeof(j->j_token), "%.64s pid %d #%u", host,
              (int)getpid(),
              atomic_fetch_add_explicit(&seq, 1, memory_order_relaxed));
+    join_job_id(j->j_job, sizeof(j->j_job));
     if (rank == 0) {
         return join_open(j, init_ms, deadline, err_p);
     }
@@ -406,17 +664,26 @@ tp__store_join(tp_store *store, const char *ns, int rank, int world,
         if (first < 0) {
             first = n;
         }
-        if (n > 0 && n - 1 != taken_gen) {
-            bool joined = false;
+        // This job's newest generation: the newest one, or, past other
+        // jobs' (and removed ones), an older one.
+        for (int64_t g = n - 1; g >= 0 && g > n - 1 - JOIN_SCAN_MAX; g--) {
+            if (g == taken_gen) {
+                break;
+            }
+            bool joined = false, skip = false;
             holder[0] = '\0';
-            st = join_try(j, n - 1, n > first, &joined, holder, sizeof(holder),
-                          why, sizeof(why), deadline, err_p);
+            st = join_try(j, g, g == n - 1 ? 2000 : 1, n > first, &joined,
+                          &skip, holder, sizeof(holder), why, sizeof(why),
+                          deadline, err_p);
             if (st != TP_OK || joined) {
                 return st;
             }
             if (holder[0] != '\0') {
-                taken_gen = n - 1;
+                taken_gen = g;
                 taken_dl = tp__deadline_after_ms(JOIN_TAKEN_WAIT_MS);
+            }
+            if (!skip) {
+                break;
             }
         }
         uint64_t now = tp__now_ns();
@@ -429,11 +696,13 @@ tp__store_join(tp_store *store, const char *ns, int rank, int world,
             return join_conflict(j, taken_gen, msg, err_p);
         }
         if (now >= deadline) {
+            char mine[96];
+            join_job_label(j->j_job, mine, sizeof(mine));
             return tp__error_set(err_p, TP_ETIMEDOUT,
                                  "rendezvous through %s: timed out waiting "
-                                 "for rank 0 to open a generation (the "
+                                 "for rank 0 of %s to open a generation (the "
                                  "newest found: %s)",
-                                 tp_store_addr(store), why);
+                                 tp_store_addr(store), mine, why);
         }
         // Wait for rank 0 to open generation n.
         char key[96];
@@ -469,7 +738,26 @@ tp__store_join_check(tp__store_member *j, tp_error **err_p)
     }
     char key[96];
     char msg[512];
-    if (n - 1 > j->j_gen) {
+    // The newest generation of this job opened after ours (another job's
+    // do not count; one whose record is not set yet is seen next time).
+    int64_t newer = -1;
+    for (int64_t g = n - 1;
+         g > j->j_gen && g > n - 1 - JOIN_SCAN_MAX && newer < 0; g--) {
+        char *info = NULL;
+        join_info ji;
+        join_key(j, g, "info", key, sizeof(key));
+        st = join_peek(j, key, &info, err_p);
+        if (st != TP_OK) {
+            return st;
+        }
+        if (info != NULL && join_parse_info(info, &ji) &&
+            strcmp(ji.ji_job, j->j_job) == 0) {
+            newer = g;
+        }
+        free(info);
+    }
+    if (newer >= 0) {
+        n = newer + 1;
         if (j->j_rank == 0) {
             // Only rank 0 opens generations: a newer one while this one
             // is being joined is another process as rank 0.

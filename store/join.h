@@ -23,19 +23,25 @@ typedef struct tp__store_member {
     int j_world;
     int64_t j_gen; // the generation joined
     char j_token[96];
+    char j_job[72]; // this job's id (TP_JOB_ID, Slurm, PMIx, torchrun); ""
 } tp__store_member;
 
 /**
  * tp__store_join - join a generation of namespace @ns on @store as @rank of
- * @world, by @deadline (monotonic ns). Rank 0 opens a new generation;
- * another rank claims its slot in the newest open one, waiting for rank 0
- * to open one when there is none. A generation is open while it is not
- * failed, not marked done and not past its opener's init deadline (+2 s),
- * so an abandoned job's generation is not joined. @init_ms is the init
- * timeout (0: none), recorded by rank 0 for that expiry.
+ * @world, by @deadline (monotonic ns). Rank 0 opens a new generation,
+ * recording its world size, the job's id and whether it hosts the store,
+ * and removes the keys of older generations that are over; another rank
+ * claims its slot in the newest open generation of its own job (the same
+ * id: TP_JOB_ID, else the launcher's), waiting for rank 0 to open one when
+ * there is none. A generation is open while it is not failed, not marked
+ * done and not past its opener's init deadline (+2 s), so an abandoned
+ * job's generation is not joined. @init_ms is the init timeout (0: none),
+ * recorded by rank 0 for that expiry.
  * Errors: TP_EINVAL (another world size, the slot taken, a conflict posted
- *   to the generation), TP_ETIMEDOUT (no generation opened), the store's.
- *   A conflict found here is posted to the generation first.
+ *   to the generation; at once: the slot held in a complete generation of
+ *   a store its rank 0 hosts, or the store hosted by another job's rank
+ *   0), TP_ETIMEDOUT (no generation opened), the store's. A conflict found
+ *   here is posted to the generation first.
  */
 tp_status tp__store_join(tp_store *store, const char *ns, int rank, int world,
                          int64_t init_ms, uint64_t deadline,
@@ -43,9 +49,9 @@ tp_status tp__store_join(tp_store *store, const char *ns, int rank, int world,
 
 /**
  * tp__store_join_check - fails if a conflict was posted to @j's generation,
- * or a newer generation was opened while this one is not done (rank 0: a
- * second rank 0, posted to both; another rank: the generation is
- * abandoned). Never waits long (two store calls).
+ * or a newer generation of the same job was opened while this one is not
+ * done (rank 0: a second rank 0, posted to both; another rank: the
+ * generation is abandoned). Never waits long (a few store calls).
  */
 tp_status tp__store_join_check(tp__store_member *j, tp_error **err_p);
 

@@ -320,6 +320,18 @@ tp_store_close(tp_store *s)
     tp__free(s);
 }
 
+bool
+tp__store_is_host(const tp_store *s)
+{
+    if (s == NULL) {
+        return false;
+    }
+    if (s->s_ops == &tp__store_tcp_ops) {
+        return tp__store_tcp_hosts(s->s_impl);
+    }
+    return s->s_ops == &tp__store_mem_ops;
+}
+
 const char *
 tp_store_addr(const tp_store *s)
 {

@@ -134,6 +134,13 @@ tp_status tp__store_server_acquire(const char *addr, tp_store_server **srv_p,
                                    tp_error **err_p);
 void tp__store_server_release(tp_store_server *srv);
 
+// Whether the store lives as long as this process: a tcp store whose
+// server this process hosts (rank 0 of env:// or tcp://), or a mem store.
+// A job's rendezvous records it (store/join.c): such a store answering
+// means its host is alive.
+bool tp__store_is_host(const tp_store *s);
+bool tp__store_tcp_hosts(const void *impl);
+
 // prefix.c: the ops of a view of another store (tp_store_prefix_open).
 extern const tp__store_ops tp__store_prefix_ops;
 

@@ -42,6 +42,12 @@ typedef struct tcp_client {
     char t_broken[256];     // "" while the connection is usable
 } tcp_client;
 
+bool
+tp__store_tcp_hosts(const void *impl)
+{
+    return ((const tcp_client *)impl)->t_srv != NULL;
+}
+
 // ---- connecting ----
 
 static tp_status
