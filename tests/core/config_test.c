@@ -11,9 +11,8 @@
 
 #include <tpipe/log.h>
 
-#include "channel/channel.h"
 #include "config.h"
-#include "transport/transport.h"
+#include "config_rows.h"
 
 static const char *const all_env[] = {
     "TP_LOG_LEVEL",
@@ -53,36 +52,6 @@ static const char *const all_env[] = {
     "TP_COLL_INIT_TIMEOUT_MS",
     "TP_DEBUG_COLLECTIVES",
 };
-
-// The row named @name and its storage in @cfg, whichever table has it.
-static const tp_tunable *
-find_row(const tp_config *cfg, const char *name, const void **base_p)
-{
-    const tp_tunables *ts;
-    for (size_t i = 0; (ts = tp__tunables_at(i)) != NULL; i++) {
-        for (size_t j = 0; j < ts->ts_nrows; j++) {
-            if (strcmp(ts->ts_rows[j].tu_name, name) == 0) {
-                *base_p = ts->ts_store == TP_TUNABLES_OWN
-                              ? tp__config_own_const(cfg, ts)
-                              : (const void *)cfg;
-                return &ts->ts_rows[j];
-            }
-        }
-    }
-    tp_test_fail(__FILE__, __LINE__, "no tunable %s", name);
-}
-
-// The value of an integer tunable, wherever its component stores it.
-static int64_t
-int_of(const tp_config *cfg, const char *name)
-{
-    const void *base;
-    const tp_tunable *t = find_row(cfg, name, &base);
-    TP_CHECK_EQ(t->tu_size, sizeof(int64_t));
-    int64_t v;
-    memcpy(&v, (const char *)base + t->tu_offset, sizeof(v));
-    return v;
-}
 
 // Start every case from a clean environment, whatever ctest inherited.
 static void
@@ -648,115 +617,6 @@ test_visit_external(void)
     tp_error_unref(err);
 }
 
-// The tables themselves: one per component, names unique over all of
-// them, TP_ + upper-cased name, bounds that hold the default, each
-// backend's table reached through its ops in the registries, and the own
-// structs within cfg_own without overlapping.
-static void
-test_tables(void)
-{
-    static const char *const components[] = {
-        "core", "auth", "transport", "tcp",         "shm",      "mpt",
-        "cma",  "pipe", "store",     "collectives", "autograd", "agent",
-    };
-    bool found[sizeof(components) / sizeof(components[0])] = {false};
-    const tp_tunables *ts;
-    size_t own_bytes = 0;
-    tp_config def;
-    tp__config_defaults(&def);
-    for (size_t i = 0; (ts = tp__tunables_at(i)) != NULL; i++) {
-        for (size_t k = 0; k < i; k++) {
-            TP_CHECKF(
-                strcmp(tp__tunables_at(k)->ts_component, ts->ts_component) != 0,
-                "two tables of %s", ts->ts_component);
-        }
-        for (size_t c = 0; c < sizeof(components) / sizeof(components[0]);
-             c++) {
-            found[c] = found[c] || strcmp(components[c], ts->ts_component) == 0;
-        }
-        if (ts->ts_store == TP_TUNABLES_OWN) {
-            TP_CHECK(ts->ts_size > 0);
-            const unsigned char *p = tp__config_own_const(&def, ts);
-            TP_CHECK(p >= def.cfg_own &&
-                     p + ts->ts_size <= def.cfg_own + TP_CONFIG_OWN_BYTES);
-            TP_CHECK(p >= def.cfg_own + own_bytes); // after the previous
-            own_bytes = (size_t)(p - def.cfg_own) + ts->ts_size;
-        }
-        for (size_t j = 0; j < ts->ts_nrows; j++) {
-            const tp_tunable *t = &ts->ts_rows[j];
-            TP_CHECKF(strncmp(t->tu_env, "TP_", 3) == 0, "%s", t->tu_env);
-            TP_CHECKF(t->tu_doc != NULL && t->tu_def != NULL, "%s", t->tu_env);
-            if ((t->tu_flags & TP_TUNABLE_EXTERNAL) != 0) {
-                TP_CHECKF(t->tu_accepted != NULL, "%s", t->tu_env);
-                continue;
-            }
-            TP_CHECKF(t->tu_min <= t->tu_max, "%s", t->tu_env);
-            if (t->tu_type != TP_TUNABLE_STR) {
-                // The default renders back to text the parser accepts
-                // with the same value.
-                const void *base;
-                (void)find_row(&def, t->tu_name, &base);
-                char text[64];
-                tp__tunable_format(t, base, text, sizeof(text));
-                tp_config again = def;
-                TP_CHECK_OK(tp__config_set(&again, t->tu_env, text, NULL),
-                            NULL);
-                TP_CHECKF(memcmp(&again, &def, sizeof(def)) == 0, "%s=%s",
-                          t->tu_env, text);
-            }
-        }
-    }
-    for (size_t c = 0; c < sizeof(components) / sizeof(components[0]); c++) {
-        TP_CHECKF(found[c], "no table of %s", components[c]);
-    }
-    // Backends' tables come through their ops.
-    size_t n;
-    const tp_transport_ops *const *tr = tp__transport_registry(&n);
-    for (size_t i = 0; i < n; i++) {
-        if (strcmp(tr[i]->name, "tcp") == 0 ||
-            strcmp(tr[i]->name, "shm") == 0) {
-            TP_CHECK(tr[i]->tunables != NULL);
-            TP_CHECK(strcmp(tr[i]->tunables->ts_component, tr[i]->name) == 0);
-        }
-    }
-    const tp_channel_ops *const *ch = tp__channel_registry(&n);
-    for (size_t i = 0; i < n; i++) {
-        if (strcmp(ch[i]->name, "mpt") == 0 ||
-            strcmp(ch[i]->name, "cma") == 0) {
-            TP_CHECK(ch[i]->tunables != NULL);
-            TP_CHECK(strcmp(ch[i]->tunables->ts_component, ch[i]->name) == 0);
-        }
-    }
-}
-
-// A component's own struct (tcp's, cma's) lives in tp_config: set, loaded
-// from the environment and copied with it, apart from every other field.
-static void
-test_own_storage(void)
-{
-    clear_env();
-    setenv("TP_CMA_INLINE_MAX", "4K", 1);
-    tp_config cfg;
-    tp_error *err = NULL;
-    TP_CHECK_OK(tp__config_load(&cfg, &err), err);
-    TP_CHECK_EQ(int_of(&cfg, "cma_inline_max"), 4096);
-    TP_CHECK_EQ(int_of(&cfg, "tcp_sndbuf"), 1 << 20);
-
-    tp_config before = cfg;
-    TP_CHECK_OK(tp__config_set(&cfg, "tcp_user_timeout_ms", "2s", &err), err);
-    TP_CHECK_EQ(int_of(&cfg, "tcp_user_timeout_ms"), 2000);
-    TP_CHECK_EQ(int_of(&cfg, "cma_inline_max"), 4096);
-    TP_CHECK_EQ(int_of(&cfg, "tcp_sndbuf"), 1 << 20);
-    // Only those 8 bytes changed.
-    size_t diff = 0;
-    for (size_t i = 0; i < sizeof(cfg); i++) {
-        diff += ((unsigned char *)&cfg)[i] != ((unsigned char *)&before)[i];
-    }
-    TP_CHECK(diff >= 1 && diff <= sizeof(int64_t));
-    tp_config copy = cfg;
-    TP_CHECK_EQ(int_of(&copy, "tcp_user_timeout_ms"), 2000);
-}
-
 // A malformed value: TP_EINVAL, every item still visited, the bad value
 // shown next to the default actually used.
 static void
@@ -795,8 +655,6 @@ static const tp_test_case cases[] = {
     TP_TEST_CASE(test_visit),
     TP_TEST_CASE(test_visit_malformed),
     TP_TEST_CASE(test_visit_external),
-    TP_TEST_CASE(test_tables),
-    TP_TEST_CASE(test_own_storage),
 };
 
 TP_TEST_MAIN(cases)
