@@ -36,6 +36,13 @@ static const tp_tunable store_tunable_rows[] = {
                       "env:// | tcp://HOST:PORT | file:///PATH",
                       "where the workers of a job meet (env://: "
                       "MASTER_ADDR and MASTER_PORT, or the launcher's)"),
+    // Read by join.c when a rank joins its job's rendezvous.
+    TP_TUNABLE_EXTERN(
+        "job_id", "TP_JOB_ID", "",
+        "text, up to 64 characters of [A-Za-z0-9._:+-] (others become _)",
+        "this job's id, the same on every rank, so jobs "
+        "sharing a store stay apart (empty: the launcher's "
+        "job id, if any)"),
     TP_TUNABLE_EXTERN("store_max_conns", "TP_STORE_MAX_CONNS", "1024",
                       "1..1048576", "most clients a tcp store server serves"),
     TP_TUNABLE_EXTERN("store_idle_timeout_ms", "TP_STORE_IDLE_TIMEOUT_MS",
