@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // ucx_test.c - cases of the ucx transport beyond the conformance suite:
 // the opt-in, the domain, address forms, the job-secret exchange over the
-// UCP stream, and a scattered (multi-iov) write and read. CTest runs it
-// with TP_UCX=1 and UCX_TLS=tcp.
+// UCP stream, a scattered (multi-iov) write and read, and the lanes log. CTest
+// runs it with TP_UCX=1 and UCX_TLS=tcp.
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,6 +14,7 @@
 #include "core/auth.h"
 #include "core/config.h"
 #include "core/loop.h"
+#include <tpipe/log.h>
 #include "tp_test.h"
 #include "tp_test_op.h"
 #include "transport/transport.h"
@@ -213,11 +215,66 @@ scattered(void)
     fx_fini(&fx);
 }
 
+// At INFO each connection logs the lanes UCP chose (TP-UCX-LANES), on
+// both sides, naming the peer: with UCX_TLS=tcp (as CTest runs this) the
+// data lane is tcp.
+typedef struct lane_log {
+    pthread_mutex_t mu;
+    int n;
+    char msg[2][512];
+} lane_log;
+
+static void
+lanes_sink(tp_log_level level, const char *id, const char *msg, void *arg)
+{
+    lane_log *ll = arg;
+    (void)level;
+    if (strcmp(id, "TP-UCX-LANES") != 0) {
+        return;
+    }
+    pthread_mutex_lock(&ll->mu);
+    if (ll->n < 2) {
+        snprintf(ll->msg[ll->n], sizeof(ll->msg[0]), "%s", msg);
+    }
+    ll->n++;
+    pthread_mutex_unlock(&ll->mu);
+}
+
+static void
+lanes_logged(void)
+{
+    lane_log ll = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    tp_log_level old = tp_log_get_level();
+    tp_log_set_handler(lanes_sink, &ll);
+    tp_log_set_level(TP_LOG_LEVEL_INFO);
+    fixture fx;
+    fx_init(&fx);
+    tp_conn *c, *s;
+    pair(&fx, &c, &s);
+    tp__conn_unref(c);
+    tp__conn_unref(s);
+    fx_fini(&fx);
+    tp_log_set_level(old);
+    tp_log_set_handler(NULL, NULL);
+    TP_CHECK_EQ(ll.n, 2);
+    const char *tls = getenv("UCX_TLS");
+    for (int i = 0; i < 2; i++) {
+        TP_CHECK_STR_CONTAINS(ll.msg[i], "peer ");
+        TP_CHECK_STR_CONTAINS(ll.msg[i], "lane[0]");
+        if (tls != NULL && strcmp(tls, "tcp") == 0) {
+            TP_CHECK_STR_CONTAINS(ll.msg[i], "tcp/");
+        }
+    }
+    TP_CHECK(strstr(ll.msg[0], "connection to ") != NULL ||
+             strstr(ll.msg[1], "connection to ") != NULL);
+    TP_CHECK(strstr(ll.msg[0], "connection from ") != NULL ||
+             strstr(ll.msg[1], "connection from ") != NULL);
+}
+
 static const tp_test_case cases[] = {
-    TP_TEST_CASE(opt_in),
-    TP_TEST_CASE(domain_and_addresses),
-    TP_TEST_CASE(job_secret),
-    TP_TEST_CASE(scattered),
+    TP_TEST_CASE(opt_in),       TP_TEST_CASE(domain_and_addresses),
+    TP_TEST_CASE(job_secret),   TP_TEST_CASE(scattered),
+    TP_TEST_CASE(lanes_logged),
 };
 
 TP_TEST_MAIN(cases)

@@ -6,6 +6,7 @@
 // A listener hands a connection to an accept only after a valid hello.
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/alloc.h"
@@ -119,11 +120,59 @@ ucx_hello_check(ucx_conn *c)
     return true;
 }
 
+// Logs which lanes UCP chose for @c's endpoint (TP-UCX-LANES, INFO): the
+// lane lines of ucp_ep_print_info, joined. Debian's UCX logs nothing, so
+// this is how a user sees that (for example) UCX 1.13 carries data over
+// tcp when shared-memory transports cannot report a peer's failure.
+static void
+ucx_log_lanes(const ucx_conn *c)
+{
+    if (!tp__log_enabled(TP_LOG_LEVEL_INFO)) {
+        return;
+    }
+    char *text = NULL;
+    size_t text_len = 0;
+    FILE *f = open_memstream(&text, &text_len);
+    if (f == NULL) {
+        return;
+    }
+    ucp_ep_print_info(c->xc_ep, f);
+    fclose(f);
+    char lanes[512] = "";
+    size_t off = 0;
+    for (char *save = NULL, *line = strtok_r(text, "\n", &save); line != NULL;
+         line = strtok_r(NULL, "\n", &save)) {
+        char *lane = strstr(line, "lane[");
+        if (lane == NULL || off + 3 >= sizeof(lanes)) {
+            continue;
+        }
+        if (off > 0 && off + 2 < sizeof(lanes)) {
+            lanes[off++] = ';';
+            lanes[off++] = ' ';
+        }
+        // Copied with runs of blanks squeezed to one.
+        for (const char *p = lane; *p != '\0' && off + 1 < sizeof(lanes); p++) {
+            if (*p != ' ' || (off > 0 && lanes[off - 1] != ' ')) {
+                lanes[off++] = *p;
+            }
+        }
+        while (off > 0 && lanes[off - 1] == ' ') {
+            off--;
+        }
+        lanes[off] = '\0';
+    }
+    free(text);
+    TP_LOG_INFO("TP-UCX-LANES", "ucx: connection %s peer %s: %s",
+                c->xc_lsn != NULL ? "from" : "to", c->xc_base.c_peer,
+                off > 0 ? lanes : "(no lane information)");
+}
+
 static void
 ucx_setup_done(ucx_conn *c)
 {
     tp__timer_stop(c->xc_ctx->x_t->t_loop, &c->xc_timer);
     c->xc_state = UCX_OPEN;
+    ucx_log_lanes(c);
     ucp_ep_attr_t attr;
     memset(&attr, 0, sizeof(attr));
     attr.field_mask = UCP_EP_ATTR_FIELD_LOCAL_SOCKADDR;
