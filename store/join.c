@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// join.c - joining a generation of a rendezvous on a store (join.h).
+// join.c - joining a generation of a rendezvous on a store (join.h);
+// join_gen.c has a generation's record, the job's id and the removal of
+// old generations (join_int.h).
 //
 // Keys, under the namespace @ns ("tp.pg/"):
 //   open              generations opened so far (rank 0 adds 1)
@@ -30,7 +32,6 @@
 
 #include "store/join.h"
 
-#include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <signal.h>
@@ -42,10 +43,9 @@
 #include <unistd.h>
 
 #include "core/platform.h"
+#include "store/join_int.h"
 #include "store/store_int.h"
 
-// A generation past its opener's init deadline by this much is abandoned.
-#define JOIN_EXPIRY_SLACK_MS 2000
 // A conflict posted this recently to the newest generation is this job's,
 // even when this rank arrived after it.
 #define JOIN_CONFLICT_RECENT_MS 5000
@@ -55,78 +55,6 @@
 #define JOIN_TAKEN_WAIT_MS 1000
 // Generations a rank looks back over for its own job's newest.
 #define JOIN_SCAN_MAX 32
-// Generations a rank 0 looks at for removal when it opens one.
-#define JOIN_CLEAN_MAX 64
-#define JOIN_JOB_MAX   64
-
-// A generation's record (g/<G>/info).
-typedef struct join_info {
-    int ji_world;
-    long long ji_expiry;
-    int ji_hosted;
-    char ji_job[JOIN_JOB_MAX + 1]; // "" for none
-} join_info;
-
-static bool
-join_parse_info(const char *s, join_info *ji)
-{
-    char job[JOIN_JOB_MAX + 1] = "-";
-    int hosted = 0;
-    memset(ji, 0, sizeof(*ji));
-    int n = sscanf(s, "%d %lld %d %64s", &ji->ji_world, &ji->ji_expiry, &hosted,
-                   job);
-    if (n < 2) {
-        return false;
-    }
-    ji->ji_hosted = n >= 3 && hosted == 1;
-    snprintf(ji->ji_job, sizeof(ji->ji_job), "%s",
-             n >= 4 && strcmp(job, "-") != 0 ? job : "");
-    return true;
-}
-
-// This job's id, the same on every rank: TP_JOB_ID, else the launcher's
-// (Slurm's job id, the PMIx namespace of mpirun or srun --mpi=pmix, Open
-// MPI 4's job id, torchrun's run id), else "" (none). Only [A-Za-z0-9._:+-]
-// are kept (others become '_'), at most JOIN_JOB_MAX characters.
-static void
-join_job_id(char *buf, size_t len)
-{
-    static const struct {
-        const char *var, *tag;
-    } srcs[] = {
-        {"TP_JOB_ID", ""},
-        {"SLURM_JOB_ID", "slurm-"},
-        {"PMIX_NAMESPACE", "pmix-"},
-        {"OMPI_MCA_orte_ess_jobid", "ompi-"},
-        {"TORCHELASTIC_RUN_ID", "torch-"},
-    };
-    char tmp[160] = "";
-    for (size_t i = 0; i < TP_ARRAY_LEN(srcs); i++) {
-        const char *v = getenv(srcs[i].var);
-        // torchrun's default run id is "none".
-        if (v != NULL && *v != '\0' && !(i == 4 && strcmp(v, "none") == 0)) {
-            snprintf(tmp, sizeof(tmp), "%s%s", srcs[i].tag, v);
-            break;
-        }
-    }
-    size_t k = 0;
-    for (size_t i = 0; tmp[i] != '\0' && k + 1 < len && k < JOIN_JOB_MAX; i++) {
-        unsigned char c = (unsigned char)tmp[i];
-        buf[k++] = isalnum(c) || strchr("._:+-", c) != NULL ? (char)c : '_';
-    }
-    buf[k] = '\0';
-}
-
-// "job \"ID\"" or "a job with no id" (for messages).
-static void
-join_job_label(const char *job, char *buf, size_t len)
-{
-    if (job[0] != '\0') {
-        snprintf(buf, len, "job \"%s\"", job);
-    } else {
-        snprintf(buf, len, "a job with no id (TP_JOB_ID)");
-    }
-}
 
 // At most @cap ms of a wait bounded by @deadline. tp__ms_left gives 0 for
 // no deadline, which a store call reads as "no limit": a slice must not.
@@ -135,47 +63,6 @@ join_slice(uint64_t deadline, int64_t cap)
 {
     int64_t left = tp__ms_left(deadline);
     return left == 0 ? cap : TP_MIN(left, cap);
-}
-
-static int64_t
-join_realtime_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void
-join_key(const tp__store_member *j, int64_t gen, const char *leaf, char *buf,
-         size_t len)
-{
-    snprintf(buf, len, "%sg/%" PRId64 "/%s", j->j_ns, gen, leaf);
-}
-
-// The value of @key now (*@v_p NULL when it is not set). Store errors
-// other than "not set" are returned.
-static tp_status
-join_peek(tp__store_member *j, const char *key, char **v_p, tp_error **err_p)
-{
-    void *v = NULL;
-    size_t len = 0;
-    tp_error *e = NULL;
-    *v_p = NULL;
-    tp_status st = tp_store_get(j->j_store, key, 1, &v, &len, &e);
-    if (st == TP_ETIMEDOUT) {
-        tp_error_unref(e);
-        return TP_OK;
-    }
-    if (st != TP_OK) {
-        if (err_p != NULL) {
-            *err_p = e;
-        } else {
-            tp_error_unref(e);
-        }
-        return st;
-    }
-    *v_p = v;
-    return TP_OK;
 }
 
 // Generations opened so far.
@@ -192,9 +79,9 @@ tp__store_join_fail(tp__store_member *j, bool conflict, const char *msg)
 {
     char key[96];
     char val[768];
-    join_key(j, j->j_gen, "failed", key, sizeof(key));
+    tp__join_key(j, j->j_gen, "failed", key, sizeof(key));
     int n = snprintf(val, sizeof(val), "%c %" PRId64 " %s",
-                     conflict ? 'c' : 'a', join_realtime_ms(), msg);
+                     conflict ? 'c' : 'a', tp__join_realtime_ms(), msg);
     if (n < 0 || (size_t)n >= sizeof(val)) {
         n = (int)strlen(val);
     }
@@ -210,7 +97,7 @@ tp__store_join_fail(tp__store_member *j, bool conflict, const char *msg)
     // Read by rank 0's linger (a store it hosts stays up until then).
     char leaf[32];
     snprintf(leaf, sizeof(leaf), "seen/%d", j->j_rank);
-    join_key(j, j->j_gen, leaf, key, sizeof(key));
+    tp__join_key(j, j->j_gen, leaf, key, sizeof(key));
     (void)tp_store_set(j->j_store, key, "1", 1, TP_TIMEOUT_DEFAULT, &e);
     tp_error_unref(e);
 }
@@ -224,13 +111,13 @@ tp__store_join_linger(tp__store_member *j, int64_t ms)
         char leaf[32];
         char *slot = NULL;
         snprintf(leaf, sizeof(leaf), "slot/%d", r);
-        join_key(j, j->j_gen, leaf, key, sizeof(key));
-        if (join_peek(j, key, &slot, NULL) != TP_OK || slot == NULL) {
+        tp__join_key(j, j->j_gen, leaf, key, sizeof(key));
+        if (tp__join_peek(j, key, &slot, NULL) != TP_OK || slot == NULL) {
             continue; // nobody holds it: nobody to wait for
         }
         free(slot);
         snprintf(leaf, sizeof(leaf), "seen/%d", r);
-        join_key(j, j->j_gen, leaf, key, sizeof(key));
+        tp__join_key(j, j->j_gen, leaf, key, sizeof(key));
         const char *keys[1] = {key};
         tp_error *e = NULL;
         tp_status st =
@@ -246,7 +133,7 @@ void
 tp__store_join_done(tp__store_member *j)
 {
     char key[96];
-    join_key(j, j->j_gen, "done", key, sizeof(key));
+    tp__join_key(j, j->j_gen, "done", key, sizeof(key));
     tp_error *e = NULL;
     (void)tp_store_set(j->j_store, key, "1", 1, TP_TIMEOUT_DEFAULT, &e);
     tp_error_unref(e);
@@ -288,105 +175,6 @@ join_conflict(tp__store_member *j, int64_t gen, const char *msg,
                          tp_store_addr(j->j_store), msg);
 }
 
-// Removes generation @gen's keys, its record first: a generation without
-// one is gone to every reader (one still being removed must not look open:
-// its record without its "done").
-static void
-join_remove(tp__store_member *j, int64_t gen, int world)
-{
-    char key[96], leaf[32];
-    static const char *const leaves[] = {"info", "failed", "done"};
-    for (size_t i = 0; i < TP_ARRAY_LEN(leaves); i++) {
-        join_key(j, gen, leaves[i], key, sizeof(key));
-        tp_error *e = NULL;
-        (void)tp_store_delete_key(j->j_store, key, TP_TIMEOUT_DEFAULT, NULL,
-                                  &e);
-        tp_error_unref(e);
-    }
-    for (int r = 0; r < world; r++) {
-        for (int k = 0; k < 2; k++) {
-            snprintf(leaf, sizeof(leaf), "%s/%d", k ? "seen" : "slot", r);
-            join_key(j, gen, leaf, key, sizeof(key));
-            tp_error *e = NULL;
-            (void)tp_store_delete_key(j->j_store, key, TP_TIMEOUT_DEFAULT, NULL,
-                                      &e);
-            tp_error_unref(e);
-        }
-    }
-}
-
-// Rank 0, having opened generation @mine: removes the keys of older
-// generations that are over: failed, or past their deadline without
-// completing, or complete and of this job (superseded by this one: a
-// relaunch). A complete generation of another job may be running: it
-// stays. Bounded (JOIN_CLEAN_MAX generations from the "clean" mark, which
-// advances over the leading ones gone) and best effort: a store error
-// leaves the rest for the next rank 0.
-static void
-join_clean(tp__store_member *j, int64_t mine)
-{
-    char key[96], mark_key[64], *mark = NULL;
-    snprintf(mark_key, sizeof(mark_key), "%sclean", j->j_ns);
-    if (join_peek(j, mark_key, &mark, NULL) != TP_OK) {
-        return;
-    }
-    long long low = mark != NULL ? strtoll(mark, NULL, 10) : 0;
-    if (low < 0 || low > mine) {
-        low = 0;
-    }
-    int64_t now = join_realtime_ms();
-    int64_t next = low;
-    bool leading = true;
-    for (int64_t g = low; g < mine && g < low + JOIN_CLEAN_MAX; g++) {
-        char *info = NULL, *done = NULL, *failed = NULL;
-        join_key(j, g, "info", key, sizeof(key));
-        if (join_peek(j, key, &info, NULL) != TP_OK) {
-            break;
-        }
-        join_info ji;
-        bool gone = false;
-        if (info == NULL || !join_parse_info(info, &ji)) {
-            // Removed already, or (just older than ours) its rank 0 is
-            // about to set it.
-            gone = g + 1 < mine;
-        } else {
-            join_key(j, g, "done", key, sizeof(key));
-            (void)join_peek(j, key, &done, NULL);
-            join_key(j, g, "failed", key, sizeof(key));
-            (void)join_peek(j, key, &failed, NULL);
-            bool expired = done == NULL && ji.ji_expiry != 0 &&
-                           now > ji.ji_expiry + JOIN_EXPIRY_SLACK_MS;
-            bool superseded = done != NULL && strcmp(ji.ji_job, j->j_job) == 0;
-            if (failed != NULL || expired || superseded) {
-                join_remove(j, g, ji.ji_world);
-                gone = true;
-            }
-        }
-        free(info);
-        free(done);
-        free(failed);
-        leading = leading && gone;
-        if (leading) {
-            next = g + 1;
-        }
-    }
-    if (next != low) {
-        char nv[32];
-        int n = snprintf(nv, sizeof(nv), "%lld", (long long)next);
-        void *v = NULL;
-        size_t len = 0;
-        tp_error *e = NULL;
-        // Another rank 0 may have moved it: then it did this work too.
-        if (tp_store_compare_set(j->j_store, mark_key, mark ? mark : "",
-                                 mark ? strlen(mark) : 0, nv, (size_t)n,
-                                 TP_TIMEOUT_DEFAULT, &v, &len, &e) == TP_OK) {
-            free(v);
-        }
-        tp_error_unref(e);
-    }
-    free(mark);
-}
-
 static tp_status
 join_open(tp__store_member *j, int64_t init_ms, uint64_t deadline,
           tp_error **err_p)
@@ -401,7 +189,7 @@ join_open(tp__store_member *j, int64_t init_ms, uint64_t deadline,
     }
     j->j_gen = n - 1;
     // The slot first: a rank that finds the info finds rank 0 in place.
-    join_key(j, j->j_gen, "slot/0", key, sizeof(key));
+    tp__join_key(j, j->j_gen, "slot/0", key, sizeof(key));
     void *v = NULL;
     size_t len = 0;
     st = tp_store_compare_set(j->j_store, key, "", 0, j->j_token,
@@ -412,15 +200,15 @@ join_open(tp__store_member *j, int64_t init_ms, uint64_t deadline,
     }
     free(v);
     char info[160];
-    int64_t expiry = init_ms > 0 ? join_realtime_ms() + init_ms : 0;
+    int64_t expiry = init_ms > 0 ? tp__join_realtime_ms() + init_ms : 0;
     int in = snprintf(info, sizeof(info), "%d %" PRId64 " %d %s", j->j_world,
                       expiry, tp__store_is_host(j->j_store) ? 1 : 0,
                       j->j_job[0] != '\0' ? j->j_job : "-");
-    join_key(j, j->j_gen, "info", key, sizeof(key));
+    tp__join_key(j, j->j_gen, "info", key, sizeof(key));
     st = tp_store_set(j->j_store, key, info, (size_t)in, tp__ms_left(deadline),
                       err_p);
     if (st == TP_OK) {
-        join_clean(j, j->j_gen);
+        tp__join_clean(j, j->j_gen);
     }
     return st;
 }
@@ -478,16 +266,16 @@ join_try(tp__store_member *j, int64_t gen, int64_t wait_ms, bool opened_since,
     // Its state before its record: a rank 0 removing the generation
     // (join_remove) takes the record first, so a state read as unset here
     // is either real or followed by a missing record.
-    join_key(j, gen, "failed", key, sizeof(key));
-    tp_status st = join_peek(j, key, &failed, err_p);
+    tp__join_key(j, gen, "failed", key, sizeof(key));
+    tp_status st = tp__join_peek(j, key, &failed, err_p);
     if (st == TP_OK) {
-        join_key(j, gen, "done", key, sizeof(key));
-        st = join_peek(j, key, &done, err_p);
+        tp__join_key(j, gen, "done", key, sizeof(key));
+        st = tp__join_peek(j, key, &done, err_p);
     }
     if (st != TP_OK) {
         goto out;
     }
-    join_key(j, gen, "info", key, sizeof(key));
+    tp__join_key(j, gen, "info", key, sizeof(key));
     void *v = NULL;
     size_t len = 0;
     tp_error *e = NULL;
@@ -509,8 +297,8 @@ join_try(tp__store_member *j, int64_t gen, int64_t wait_ms, bool opened_since,
         goto out;
     }
     info = v;
-    join_info ji;
-    if (!join_parse_info(info, &ji)) {
+    tp__join_info ji;
+    if (!tp__join_info_parse(info, &ji)) {
         st = tp__error_set(err_p, TP_EPROTO,
                            "rendezvous through %s: malformed record \"%.64s\" "
                            "of generation %" PRId64,
@@ -518,12 +306,12 @@ join_try(tp__store_member *j, int64_t gen, int64_t wait_ms, bool opened_since,
         goto out;
     }
     int w0 = ji.ji_world;
-    int64_t now = join_realtime_ms();
+    int64_t now = tp__join_realtime_ms();
     bool expired = done == NULL && ji.ji_expiry != 0 &&
                    now > ji.ji_expiry + JOIN_EXPIRY_SLACK_MS;
     char mine[96], theirs[96];
-    join_job_label(j->j_job, mine, sizeof(mine));
-    join_job_label(ji.ji_job, theirs, sizeof(theirs));
+    tp__join_job_label(j->j_job, mine, sizeof(mine));
+    tp__join_job_label(ji.ji_job, theirs, sizeof(theirs));
     if (strcmp(ji.ji_job, j->j_job) != 0) {
         snprintf(why, why_len, "generation %" PRId64 " is %s's", gen, theirs);
         *skip_p = true;
@@ -553,9 +341,9 @@ join_try(tp__store_member *j, int64_t gen, int64_t wait_ms, bool opened_since,
         // have ended: a newer generation is waited for.
         char slot[32];
         snprintf(slot, sizeof(slot), "slot/%d", j->j_rank);
-        join_key(j, gen, slot, key, sizeof(key));
+        tp__join_key(j, gen, slot, key, sizeof(key));
         char *hold = NULL;
-        if (join_peek(j, key, &hold, NULL) == TP_OK && hold != NULL &&
+        if (tp__join_peek(j, key, &hold, NULL) == TP_OK && hold != NULL &&
             !join_holder_is_me(hold)) {
             if (ji.ji_hosted) {
                 st = tp__error_set(
@@ -600,7 +388,7 @@ join_try(tp__store_member *j, int64_t gen, int64_t wait_ms, bool opened_since,
     }
     char slot[32];
     snprintf(slot, sizeof(slot), "slot/%d", j->j_rank);
-    join_key(j, gen, slot, key, sizeof(key));
+    tp__join_key(j, gen, slot, key, sizeof(key));
     v = NULL;
     st = tp_store_compare_set(j->j_store, key, "", 0, j->j_token,
                               strlen(j->j_token), tp__ms_left(deadline), &v,
@@ -644,7 +432,7 @@ tp__store_join(tp_store *store, const char *ns, int rank, int world,
     snprintf(j->j_token, sizeof(j->j_token), "%.64s pid %d #%u", host,
              (int)getpid(),
              atomic_fetch_add_explicit(&seq, 1, memory_order_relaxed));
-    join_job_id(j->j_job, sizeof(j->j_job));
+    tp__join_job_id(j->j_job, sizeof(j->j_job));
     if (rank == 0) {
         return join_open(j, init_ms, deadline, err_p);
     }
@@ -697,7 +485,7 @@ tp__store_join(tp_store *store, const char *ns, int rank, int world,
         }
         if (now >= deadline) {
             char mine[96];
-            join_job_label(j->j_job, mine, sizeof(mine));
+            tp__join_job_label(j->j_job, mine, sizeof(mine));
             return tp__error_set(err_p, TP_ETIMEDOUT,
                                  "rendezvous through %s: timed out waiting "
                                  "for rank 0 of %s to open a generation (the "
@@ -706,7 +494,7 @@ tp__store_join(tp_store *store, const char *ns, int rank, int world,
         }
         // Wait for rank 0 to open generation n.
         char key[96];
-        join_key(j, n, "info", key, sizeof(key));
+        tp__join_key(j, n, "info", key, sizeof(key));
         void *v = NULL;
         size_t len = 0;
         tp_error *e = NULL;
@@ -744,13 +532,13 @@ tp__store_join_check(tp__store_member *j, tp_error **err_p)
     for (int64_t g = n - 1;
          g > j->j_gen && g > n - 1 - JOIN_SCAN_MAX && newer < 0; g--) {
         char *info = NULL;
-        join_info ji;
-        join_key(j, g, "info", key, sizeof(key));
-        st = join_peek(j, key, &info, err_p);
+        tp__join_info ji;
+        tp__join_key(j, g, "info", key, sizeof(key));
+        st = tp__join_peek(j, key, &info, err_p);
         if (st != TP_OK) {
             return st;
         }
-        if (info != NULL && join_parse_info(info, &ji) &&
+        if (info != NULL && tp__join_info_parse(info, &ji) &&
             strcmp(ji.ji_job, j->j_job) == 0) {
             newer = g;
         }
@@ -784,8 +572,8 @@ tp__store_join_check(tp__store_member *j, tp_error **err_p)
                              tp_store_addr(j->j_store), j->j_gen, n - 1);
     }
     char *failed = NULL;
-    join_key(j, j->j_gen, "failed", key, sizeof(key));
-    st = join_peek(j, key, &failed, err_p);
+    tp__join_key(j, j->j_gen, "failed", key, sizeof(key));
+    st = tp__join_peek(j, key, &failed, err_p);
     if (st != TP_OK || failed == NULL) {
         return st;
     }
