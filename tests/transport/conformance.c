@@ -1,7 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// conformance.c - the transport conformance suite. One set of cases,
-// instantiated by CTest for every transport and loop backend through
-// TP_CONF_TRANSPORT (tcp, shm, ucx) and TP_IO_BACKEND (epoll, uring).
+// conformance.c - the transport conformance suite. One set of cases, run
+// for the transport TP_CONF_TRANSPORT names; without it, for every
+// transport of the registry (tp__transport_registry, at run time), each in
+// a child with TP_CONF_TRANSPORT set: one that is not viable here (or
+// opt-in, like ucx without TP_UCX=1) is reported skipped with its reason.
+// CTest runs that once per loop backend (TP_IO_BACKEND: epoll, uring).
 //
 // Each case runs in its own forked process with a deadline (the harness);
 // waits inside a case use aio timeouts so a bug fails the case with a
@@ -26,6 +29,7 @@
 #include "core/loop.h"
 #include "tp_test.h"
 #include "tp_test_op.h"
+#include "tp_test_variants.h"
 #include "transport/fault.h"
 #include "transport/transport.h"
 
@@ -1178,4 +1182,45 @@ static const tp_test_case cases[] = {
     TP_TEST_CASE(fault_env),
 };
 
-TP_TEST_MAIN(cases)
+// Every transport of the registry, each in a child (see the top).
+static int
+conf_over_registry(int argc, char **argv)
+{
+    tp_config cfg;
+    tp_error *err = NULL;
+    if (tp__config_load(&cfg, &err) != TP_OK) {
+        fprintf(stderr, "conformance: configuration: %s\n",
+                tp_error_message(err));
+        tp_error_unref(err);
+        return 1;
+    }
+    size_t n;
+    const tp_transport_ops *const *reg = tp__transport_registry(&n);
+    tp_test_variant *v = calloc(n, sizeof(*v));
+    TP_CHECK(v != NULL);
+    for (size_t i = 0; i < n; i++) {
+        snprintf(v[i].tv_label, sizeof(v[i].tv_label), "%s", reg[i]->name);
+        char why[400];
+        if (!reg[i]->is_viable(&cfg, why, sizeof(why))) {
+            snprintf(v[i].tv_skip, sizeof(v[i].tv_skip),
+                     "transport %s is not viable here: %s", reg[i]->name, why);
+            continue;
+        }
+        tp_test_variant_env(&v[i], "TP_CONF_TRANSPORT", reg[i]->name);
+    }
+    int rc = tp_test_run_variants("conformance", argc, argv, v, n, 600);
+    free(v);
+    return rc;
+}
+
+int
+main(int argc, char **argv)
+{
+    const char *tr = getenv("TP_CONF_TRANSPORT");
+    bool list = argc > 1 && strcmp(argv[1], "--list") == 0;
+    if ((tr != NULL && *tr != '\0') || list) {
+        return tp_test_main(argc, argv, cases,
+                            sizeof(cases) / sizeof(cases[0]));
+    }
+    return conf_over_registry(argc, argv);
+}
