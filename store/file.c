@@ -389,6 +389,36 @@ file_delete(void *impl, const char *key, int64_t timeout_ms,
 }
 
 static tp_status
+file_delete_prefix(void *impl, const char *prefix, int64_t timeout_ms,
+                   uint64_t deadline_ns, int64_t *n_p, tp_error **err_p)
+{
+    TP_UNUSED(timeout_ms);
+    file_store *f = impl;
+    tp_status st = file_begin(f, deadline_ns, err_p);
+    if (st != TP_OK) {
+        return st;
+    }
+    char **keys = NULL;
+    size_t n = 0;
+    int64_t done = 0;
+    st = tp__kv_prefix_keys(&f->f_kv, prefix, &keys, &n);
+    if (st != TP_OK) {
+        st = tp__error_set(err_p, st, "out of memory");
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (st == TP_OK) {
+            st = file_append_locked(f, REC_DEL, keys[i], NULL, 0, err_p);
+            done += st == TP_OK;
+        }
+        tp__free(keys[i]);
+    }
+    tp__free(keys);
+    file_unlock(f);
+    *n_p = done;
+    return st;
+}
+
+static tp_status
 file_num_keys(void *impl, int64_t timeout_ms, uint64_t deadline_ns,
               int64_t *n_p, tp_error **err_p)
 {
@@ -454,6 +484,7 @@ const tp__store_ops tp__store_file_ops = {
     .so_wait = file_wait,
     .so_compare_set = file_compare_set,
     .so_delete = file_delete,
+    .so_delete_prefix = file_delete_prefix,
     .so_num_keys = file_num_keys,
     .so_append = file_append,
     .so_check = file_check,

@@ -12,6 +12,7 @@
 
 #include "core/platform.h"
 #include "store/join_int.h"
+#include "store/store_int.h"
 
 bool
 tp__join_info_parse(const char *s, tp__join_info *ji)
@@ -116,40 +117,43 @@ tp__join_peek(tp__store_member *j, const char *key, char **v_p,
     return TP_OK;
 }
 
-// Removes generation @gen's keys, its record first: a generation without
-// one is gone to every reader (one still being removed must not look open:
-// its record without its "done").
+// Removes generation @gen's join keys, its record first: a generation
+// without one is gone to every reader (one still being removed must not
+// look open: its record without its "done"). With @users, also what its
+// users published under "<ns>w<world>/<gen>/" (tp_pg_init's and
+// tp_rpc_init's addresses, and their later keys): only for a generation
+// that never completed, since a complete one may still be in use (a
+// process may hold two groups of one job at once).
 static void
-join_remove(tp__store_member *j, int64_t gen, int world)
+join_remove(tp__store_member *j, int64_t gen, int world, bool users)
 {
-    char key[96], leaf[32];
-    static const char *const leaves[] = {"info", "failed", "done"};
-    for (size_t i = 0; i < TP_ARRAY_LEN(leaves); i++) {
-        tp__join_key(j, gen, leaves[i], key, sizeof(key));
-        tp_error *e = NULL;
-        (void)tp_store_delete_key(j->j_store, key, TP_TIMEOUT_DEFAULT, NULL,
+    char key[96];
+    tp_error *e = NULL;
+    tp__join_key(j, gen, "info", key, sizeof(key));
+    (void)tp_store_delete_key(j->j_store, key, TP_TIMEOUT_DEFAULT, NULL, &e);
+    tp_error_unref(e);
+    e = NULL;
+    tp__join_key(j, gen, "", key, sizeof(key));
+    (void)tp__store_delete_prefix(j->j_store, key, TP_TIMEOUT_DEFAULT, NULL,
                                   &e);
-        tp_error_unref(e);
-    }
-    for (int r = 0; r < world; r++) {
-        for (int k = 0; k < 2; k++) {
-            snprintf(leaf, sizeof(leaf), "%s/%d", k ? "seen" : "slot", r);
-            tp__join_key(j, gen, leaf, key, sizeof(key));
-            tp_error *e = NULL;
-            (void)tp_store_delete_key(j->j_store, key, TP_TIMEOUT_DEFAULT, NULL,
+    tp_error_unref(e);
+    e = NULL;
+    if (users) {
+        snprintf(key, sizeof(key), "%sw%d/%" PRId64 "/", j->j_ns, world, gen);
+        (void)tp__store_delete_prefix(j->j_store, key, TP_TIMEOUT_DEFAULT, NULL,
                                       &e);
-            tp_error_unref(e);
-        }
+        tp_error_unref(e);
     }
 }
 
-// Rank 0, having opened generation @mine: removes the keys of older
+// Rank 0, having opened generation @mine: removes the join keys of older
 // generations that are over: failed, or past their deadline without
 // completing, or complete and of this job (superseded by this one: a
-// relaunch). A complete generation of another job may be running: it
-// stays. Bounded (JOIN_CLEAN_MAX generations from the "clean" mark, which
-// advances over the leading ones gone) and best effort: a store error
-// leaves the rest for the next rank 0.
+// relaunch), and the users' keys of those that never completed. A
+// complete generation of another job may be running: it stays. Bounded
+// (JOIN_CLEAN_MAX generations from the "clean" mark, which advances over the
+// leading ones gone) and best effort: a store error leaves the rest for the
+// next rank 0.
 void
 tp__join_clean(tp__store_member *j, int64_t mine)
 {
@@ -186,7 +190,8 @@ tp__join_clean(tp__store_member *j, int64_t mine)
                            now > ji.ji_expiry + JOIN_EXPIRY_SLACK_MS;
             bool superseded = done != NULL && strcmp(ji.ji_job, j->j_job) == 0;
             if (failed != NULL || expired || superseded) {
-                join_remove(j, g, ji.ji_world);
+                join_remove(j, g, ji.ji_world,
+                            done == NULL && (failed != NULL || expired));
                 gone = true;
             }
         }

@@ -363,6 +363,58 @@ tp__kv_delete(tp__kv *kv, const char *key, bool *deleted_p)
     return TP_OK;
 }
 
+void
+tp__kv_delete_prefix(tp__kv *kv, const char *prefix, int64_t *n_p)
+{
+    size_t plen = strlen(prefix);
+    int64_t n = 0;
+    tp__mtx_lock(&kv->kv_mtx);
+    for (size_t i = kv->kv_n; i-- > 0;) {
+        tp__kv_entry *e = &kv->kv_ents[i];
+        if (strncmp(e->e_key, prefix, plen) == 0) {
+            kv->kv_bytes -= strlen(e->e_key) + e->e_len;
+            tp__free(e->e_key);
+            tp__free(e->e_val);
+            *e = kv->kv_ents[--kv->kv_n];
+            n++;
+        }
+    }
+    tp__mtx_unlock(&kv->kv_mtx);
+    *n_p = n;
+}
+
+tp_status
+tp__kv_prefix_keys(tp__kv *kv, const char *prefix, char ***keys_p, size_t *n_p)
+{
+    size_t plen = strlen(prefix), n = 0;
+    tp_status st = TP_OK;
+    tp__mtx_lock(&kv->kv_mtx);
+    char **keys = tp__alloc((kv->kv_n + 1) * sizeof(*keys));
+    for (size_t i = 0; keys != NULL && i < kv->kv_n; i++) {
+        const char *k = kv->kv_ents[i].e_key;
+        if (strncmp(k, prefix, plen) != 0) {
+            continue;
+        }
+        keys[n] = (char *)kv_dup(k, strlen(k));
+        if (keys[n] == NULL) {
+            st = TP_ENOMEM;
+            break;
+        }
+        n++;
+    }
+    tp__mtx_unlock(&kv->kv_mtx);
+    if (keys == NULL || st != TP_OK) {
+        for (size_t i = 0; keys != NULL && i < n; i++) {
+            tp__free(keys[i]);
+        }
+        tp__free(keys);
+        return TP_ENOMEM;
+    }
+    *keys_p = keys;
+    *n_p = n;
+    return TP_OK;
+}
+
 int64_t
 tp__kv_num_keys(tp__kv *kv)
 {

@@ -118,6 +118,17 @@ mem_compare_set(void *impl, const char *key, const void *exp, size_t elen,
 }
 
 static tp_status
+mem_delete_prefix(void *impl, const char *prefix, int64_t timeout_ms,
+                  uint64_t deadline_ns, int64_t *n_p, tp_error **err_p)
+{
+    TP_UNUSED(timeout_ms);
+    TP_UNUSED(deadline_ns);
+    TP_UNUSED(err_p);
+    tp__kv_delete_prefix(&((mem_store *)impl)->m_kv, prefix, n_p);
+    return TP_OK;
+}
+
+static tp_status
 mem_delete(void *impl, const char *key, int64_t timeout_ms,
            uint64_t deadline_ns, bool *deleted_p, tp_error **err_p)
 {
@@ -165,6 +176,7 @@ const tp__store_ops tp__store_mem_ops = {
     .so_wait = mem_wait,
     .so_compare_set = mem_compare_set,
     .so_delete = mem_delete,
+    .so_delete_prefix = mem_delete_prefix,
     .so_num_keys = mem_num_keys,
     .so_append = mem_append,
     .so_check = mem_check,

@@ -121,6 +121,15 @@ prefix_delete(void *impl, const char *key, int64_t timeout_ms,
                                     deleted_p, err_p));
 }
 
+static tp_status
+prefix_delete_prefix(void *impl, const char *prefix, int64_t timeout_ms,
+                     uint64_t deadline_ns, int64_t *n_p, tp_error **err_p)
+{
+    PREFIX_CALL(impl, &prefix, 1,
+                b->s_ops->so_delete_prefix(b->s_impl, pk[0], timeout_ms,
+                                           deadline_ns, n_p, err_p));
+}
+
 // The base store's count, as PyTorch's PrefixStore.num_keys.
 static tp_status
 prefix_num_keys(void *impl, int64_t timeout_ms, uint64_t deadline_ns,
@@ -164,6 +173,7 @@ const tp__store_ops tp__store_prefix_ops = {
     .so_wait = prefix_wait,
     .so_compare_set = prefix_compare_set,
     .so_delete = prefix_delete,
+    .so_delete_prefix = prefix_delete_prefix,
     .so_num_keys = prefix_num_keys,
     .so_append = prefix_append,
     .so_check = prefix_check,

@@ -611,6 +611,31 @@ tp_store_delete_key(tp_store *s, const char *key, int64_t timeout_ms,
 }
 
 tp_status
+tp__store_delete_prefix(tp_store *s, const char *prefix, int64_t timeout_ms,
+                        int64_t *n_p, tp_error **err_p)
+{
+    STORE_CHECK_NULL("delete_prefix", s);
+    store_call c;
+    store_call_init(&c, s, "delete_prefix", &prefix, 1, timeout_ms);
+    tp_status st = store_check_key(&c, prefix, err_p);
+    if (st != TP_OK) {
+        return st;
+    }
+    int64_t n = 0;
+    tp__mtx_lock(&s->s_mtx);
+    st = s->s_ops->so_delete_prefix(s->s_impl, prefix, c.c_timeout_ms,
+                                    c.c_deadline_ns, &n, err_p);
+    tp__mtx_unlock(&s->s_mtx);
+    if (st != TP_OK) {
+        return store_call_fail(&c, st, err_p);
+    }
+    if (n_p != NULL) {
+        *n_p = n;
+    }
+    return TP_OK;
+}
+
+tp_status
 tp_store_num_keys(tp_store *s, int64_t timeout_ms, int64_t *n_p,
                   tp_error **err_p)
 {

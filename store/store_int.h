@@ -65,6 +65,12 @@ tp_status tp__kv_compare_set(tp__kv *kv, const char *key, const void *exp,
                              size_t elen, const void *des, size_t dlen,
                              uint8_t **val_p, size_t *len_p, tp_error **err_p);
 tp_status tp__kv_delete(tp__kv *kv, const char *key, bool *deleted_p);
+// Removes every key that starts with @prefix; *@n_p: how many.
+void tp__kv_delete_prefix(tp__kv *kv, const char *prefix, int64_t *n_p);
+// Copies of the keys that start with @prefix (tp__free each and the
+// array); TP_ENOMEM.
+tp_status tp__kv_prefix_keys(tp__kv *kv, const char *prefix, char ***keys_p,
+                             size_t *n_p);
 // Appends @len bytes to @key's value (a missing key counts as empty); a
 // result longer than @max_value (0: no cap) is TP_EINVAL.
 tp_status tp__kv_append(tp__kv *kv, const char *key, const void *val,
@@ -111,6 +117,10 @@ typedef struct tp__store_ops {
     tp_status (*so_check)(void *impl, const char *const *keys, size_t n,
                           int64_t timeout_ms, uint64_t deadline_ns, bool *all_p,
                           tp_error **err_p);
+    // Removes every key that starts with @prefix; *@n_p: how many.
+    tp_status (*so_delete_prefix)(void *impl, const char *prefix,
+                                  int64_t timeout_ms, uint64_t deadline_ns,
+                                  int64_t *n_p, tp_error **err_p);
     // Frees @impl (and stops what it runs). Never NULL.
     void (*so_close)(void *impl);
 } tp__store_ops;
@@ -139,6 +149,12 @@ void tp__store_server_release(tp_store_server *srv);
 // A job's rendezvous records it (store/join.c): such a store answering
 // means its host is alive.
 bool tp__store_is_host(const tp_store *s);
+// Removes every key of @s that starts with @prefix (a rendezvous's keys
+// of a generation that is over); *@n_p (may be NULL): how many. Errors as
+// tp_store_delete_key's.
+tp_status tp__store_delete_prefix(tp_store *s, const char *prefix,
+                                  int64_t timeout_ms, int64_t *n_p,
+                                  tp_error **err_p);
 bool tp__store_tcp_hosts(const void *impl);
 
 // prefix.c: the ops of a view of another store (tp_store_prefix_open).
@@ -204,6 +220,7 @@ enum {
     TP_STORE_OP_NUM_KEYS = 7,
     TP_STORE_OP_APPEND = 8, // key, value; OK reply: nothing
     TP_STORE_OP_CHECK = 9,  // u32 n (1..4096), n keys; OK reply: u8 all set
+    TP_STORE_OP_DELETE_PREFIX = 10, // prefix (as a key); OK reply: u64 removed
 };
 
 // Reply statuses.

@@ -627,6 +627,25 @@ tcp_delete(void *impl, const char *key, int64_t timeout_ms,
 }
 
 static tp_status
+tcp_delete_prefix(void *impl, const char *prefix, int64_t timeout_ms,
+                  uint64_t deadline_ns, int64_t *n_p, tp_error **err_p)
+{
+    tcp_req r = {0};
+    req_hdr(&r, TP_STORE_OP_DELETE_PREFIX, timeout_ms);
+    req_key(&r, prefix);
+    uint64_t rdl;
+    uint8_t d[8];
+    tp_status st = tcp_roundtrip(impl, &r, deadline_ns, &rdl, err_p);
+    if (st == TP_OK) {
+        st = tcp_read_body(impl, d, 8, rdl, err_p);
+    }
+    if (st == TP_OK) {
+        *n_p = (int64_t)tp__get_u64le(d);
+    }
+    return st;
+}
+
+static tp_status
 tcp_num_keys(void *impl, int64_t timeout_ms, uint64_t deadline_ns, int64_t *n_p,
              tp_error **err_p)
 {
@@ -687,6 +706,7 @@ const tp__store_ops tp__store_tcp_ops = {
     .so_wait = tcp_wait,
     .so_compare_set = tcp_compare_set,
     .so_delete = tcp_delete,
+    .so_delete_prefix = tcp_delete_prefix,
     .so_num_keys = tcp_num_keys,
     .so_append = tcp_append,
     .so_check = tcp_check,

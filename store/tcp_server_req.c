@@ -101,6 +101,7 @@ req_parse_body(req_cur *p, int64_t max_value, srv_req *r)
         return rc;
     case TP_STORE_OP_GET:
     case TP_STORE_OP_DELETE:
+    case TP_STORE_OP_DELETE_PREFIX:
         return cur_key(p, &r->r_key, &r->r_klen);
     case TP_STORE_OP_ADD:
         if ((rc = cur_key(p, &r->r_key, &r->r_klen)) == SRV_PARSE_OK &&
@@ -458,6 +459,13 @@ tp__srv_req_run(srv_conn *c, const srv_req *r)
         tp__kv_delete(kv, key, &d);
         b[0] = d ? 1 : 0;
         reply_ok(c, b, 1);
+        break;
+    }
+    case TP_STORE_OP_DELETE_PREFIX: {
+        int64_t n = 0;
+        tp__kv_delete_prefix(kv, key, &n);
+        tp__put_u64le(b, (uint64_t)n);
+        reply_ok(c, b, 8);
         break;
     }
     default: // TP_STORE_OP_NUM_KEYS; the parser refused the others

@@ -12,7 +12,9 @@
 //     at once naming both;
 //   - the keys of generations that are over (complete, failed, expired)
 //     are removed when the job's rank 0 opens a new one: the store does
-//     not grow with each job.
+//     not grow with each job; what a generation's users published goes
+//     too when it never completed (the store's prefix delete, on every
+//     backend).
 // Loopback only; every wait has a deadline.
 
 #include "tp_test.h"
@@ -26,6 +28,7 @@
 
 #include "core/platform.h"
 #include "store/join.h"
+#include "store/store_int.h"
 
 #define NS      "t.join/"
 #define WAIT_MS 5000
@@ -289,12 +292,91 @@ test_old_generations_removed(void)
     unlink(path);
 }
 
+// The store's prefix delete (what removes a generation's keys), on every
+// backend: only the keys that start with the prefix go.
+static void
+test_delete_prefix(void)
+{
+    char path[64], file[128], tcp[64], mem[64];
+    file_url(path, sizeof(path), file, sizeof(file));
+    snprintf(tcp, sizeof(tcp), "tcp://127.0.0.1:%d", tp_test_free_port());
+    snprintf(mem, sizeof(mem), "mem://join%d", (int)getpid());
+    const char *urls[] = {mem, file, tcp};
+    for (size_t u = 0; u < 3; u++) {
+        tp_store *s = open_store(urls[u], 0);
+        tp_error *err = NULL;
+        const char *keys[] = {"p/1/a", "p/1/b", "p/10/c", "p/1", "q"};
+        for (size_t k = 0; k < 5; k++) {
+            TP_CHECK_OK(tp_store_set(s, keys[k], "v", 1, WAIT_MS, &err), err);
+        }
+        int64_t n = -1, left = -1;
+        TP_CHECK_OK(tp__store_delete_prefix(s, "p/1/", WAIT_MS, &n, &err), err);
+        TP_CHECKF(n == 2, "%s: %lld keys removed, want 2", urls[u],
+                  (long long)n);
+        TP_CHECK_OK(tp_store_num_keys(s, WAIT_MS, &left, &err), err);
+        TP_CHECK_EQ(left, 3);
+        void *v = NULL;
+        size_t len = 0;
+        TP_CHECK_EQ(tp_store_get(s, "p/1/a", 1, &v, &len, &err), TP_ETIMEDOUT);
+        tp_error_unref(err);
+        err = NULL;
+        TP_CHECK_OK(tp_store_get(s, "p/10/c", WAIT_MS, &v, &len, &err), err);
+        free(v);
+        TP_CHECK_OK(tp__store_delete_prefix(s, "none/", WAIT_MS, &n, &err),
+                    err);
+        TP_CHECK_EQ(n, 0);
+        tp_store_close(s);
+    }
+    unlink(path);
+}
+
+// What the users of a generation publish under "<ns>w<W>/<G>/" goes with a
+// generation that never completed (failed), and stays with a complete one
+// (it may still be in use).
+static void
+test_failed_generation_users_removed(void)
+{
+    unsetenv("TP_JOB_ID");
+    char path[64], url[128];
+    file_url(path, sizeof(path), url, sizeof(url));
+    tp_store *s0 = open_store(url, 0), *s1 = open_store(url, 1);
+    tp_error *err = NULL;
+    char key[2][128];
+    for (int job = 0; job < 2; job++) {
+        tp__store_member j0, j1;
+        join_ok(s0, 0, &j0);
+        join_ok(s1, 1, &j1);
+        snprintf(key[job], sizeof(key[job]), NS "w2/%lld/addr/0",
+                 (long long)j0.j_gen);
+        TP_CHECK_OK(tp_store_set(s0, key[job], "tcp://x", 7, WAIT_MS, &err),
+                    err);
+        if (job == 0) {
+            tp__store_join_done(&j0);
+        } else {
+            tp__store_join_fail(&j1, false, "rank 1 gave up");
+        }
+    }
+    tp__store_member j;
+    join_ok(s0, 0, &j); // the next job's rank 0 removes what is over
+    void *v = NULL;
+    size_t n = 0;
+    TP_CHECK_OK(tp_store_get(s0, key[0], WAIT_MS, &v, &n, &err), err);
+    free(v);
+    TP_CHECK_EQ(tp_store_get(s0, key[1], 1, &v, &n, &err), TP_ETIMEDOUT);
+    tp_error_unref(err);
+    tp_store_close(s1);
+    tp_store_close(s0);
+    unlink(path);
+}
+
 static const tp_test_case cases[] = {
     TP_TEST_CASE(test_dup_after_init_remote_holder),
     TP_TEST_CASE(test_dup_after_init_local_holder),
     TP_TEST_CASE(test_two_jobs_apart),
     TP_TEST_CASE(test_other_job_hosts_store),
     TP_TEST_CASE(test_old_generations_removed),
+    TP_TEST_CASE(test_delete_prefix),
+    TP_TEST_CASE(test_failed_generation_users_removed),
 };
 
 TP_TEST_MAIN(cases)
