@@ -247,6 +247,8 @@ typedef enum ag_state {
     AG_CLOSED,        // calls fail with TP_ECLOSED
 } ag_state;
 
+typedef struct ag_devmaps ag_devmaps; // devmap.c
+
 struct tp_agent {
     _Atomic long a_refs;
     tp_mtx a_mtx;
@@ -293,6 +295,7 @@ struct tp_agent {
     uint64_t a_timer_until; // what the timer thread sleeps until
     uint64_t a_spin_ns;     // tp_rpc_wait's spin before sleeping
     ag_faulty a_faulty;     // set at init, rules' counts under a_mtx
+    ag_devmaps *a_devmaps;  // device_maps, set at init (NULL: none)
     ag_wslot *a_delayed;    // faulty sends the timer thread owes
     ag_fr a_fr;             // the flight recorder (under a_mtx)
 
@@ -322,6 +325,25 @@ ag_peer *tp__ag_peer_by_name(tp_agent *a, const char *name);
 // options.c: the agent's own tunables (table, environment).
 void tp__ag_options_defaults(tp_agent_options *o);
 tp_status tp__ag_options_check(tp_agent_options *ao, tp_error **err_p);
+
+// devmap.c: PyTorch's device maps (tp_agent_options.device_maps).
+// Parses and checks @maps and @devices against this host's devices;
+// *@d_p NULL when both are empty. Errors: TP_EINVAL with what is wrong.
+tp_status tp__ag_devmaps_parse(const char *maps, const char *devices,
+                               ag_devmaps **d_p, tp_error **err_p);
+void tp__ag_devmaps_free(ag_devmaps *d);
+// After the rendezvous: publishes this worker's CUDA device count in the
+// store, then checks that the mapped workers are in the job and have the
+// devices.
+tp_status tp__ag_devmaps_check_peers(tp_agent *a, uint64_t deadline,
+                                     tp_error **err_p);
+// Where tensor @i of a message to rank @to, on @src here, arrives: @src
+// for the CPU; for a reply (@req: the request), the device the request's
+// tensor on @src came from; else the device map to @to. TP_EINVAL naming
+// the worker and what to do when no map covers it.
+tp_status tp__ag_devmaps_target(const tp_agent *a, int to, const tp_args *req,
+                                size_t i, tp_device src, tp_device *dst_p,
+                                tp_error **err_p);
 
 // rendezvous.c
 tp_status tp__ag_rendezvous(tp_agent *a, uint64_t deadline, tp_error **err_p);

@@ -33,6 +33,8 @@ struct tp_args {
     void *a_owned;     /* freed with the args (a copy of the bytes) */
     tp_message *a_msg; /* a received message whose payload holds a_bytes */
     tp_tensor **a_tensors;
+    tp_device *a_src_devs; /* received: the sender's device of each tensor
+                              (NULL: all CPU) */
     size_t a_ntensors;
     size_t a_cap;
     ag_obj *a_objs; /* referenced; released with the args */

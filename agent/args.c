@@ -68,7 +68,11 @@ tp_args_add_tensor(tp_args *args, tp_tensor *t)
     if (args == NULL || t == NULL || args->a_ntensors >= TP_RPC_MAX_TENSORS) {
         return TP_EINVAL;
     }
-    if (tp_tensor_device(t).type != TP_DEVICE_CPU) {
+    // CUDA tensors travel when a device map covers their device
+    // (checked when sent: devmap.c); a strided one is not copied here.
+    tp_device dev = tp_tensor_device(t);
+    if (dev.type != TP_DEVICE_CPU &&
+        (dev.type != TP_DEVICE_CUDA || !tp_tensor_is_contiguous(t))) {
         return TP_ENOTSUP;
     }
     if (args->a_ntensors == args->a_cap) {
@@ -121,6 +125,7 @@ tp_args_unref(tp_args *args)
     }
     tp__free(args->a_objs);
     tp__free(args->a_tensors);
+    tp__free(args->a_src_devs);
     tp__free(args->a_owned);
     tp_message_destroy(args->a_msg);
     tp__free(args);

@@ -357,20 +357,36 @@ conn_desc_step(ag_conn *c)
     for (uint32_t i = 0; i < msg->ntensors; i++) {
         const ag_tensor_meta *m = &c->c_metas[i];
         tp_tensor *t;
-        st = tp_tensor_empty(m->tm_dtype, m->tm_ndim, m->tm_shape, &t, &err);
+        // On the device the sender's device map chose (devmap.c); the
+        // pipe says where it came from (a reply goes back there).
+        st = tp_tensor_empty_on(m->tm_device, m->tm_dtype, m->tm_ndim,
+                                m->tm_shape, &t, &err);
+        tp_device src = msg->tensors[i].device;
+        if (st == TP_OK && src.type != TP_DEVICE_CPU &&
+            args->a_src_devs == NULL) {
+            args->a_src_devs = tp__zalloc(msg->ntensors * sizeof(tp_device));
+            if (args->a_src_devs == NULL) {
+                tp_tensor_unref(t);
+                st = tp__error_set(&err, TP_ENOMEM, "out of memory");
+            }
+        }
         if (st != TP_OK) {
             tp_args_unref(args);
             conn_release(c);
-            tp_error *e =
-                tp__error_new(st, 0, err, "rpc %s: tensor %u of a message",
-                              ag_name(c->c_agent), i);
+            tp_error *e = tp__error_new(
+                st, 0, err, "rpc %s: tensor %u of a message from %s",
+                ag_name(c->c_agent), i, tp_pipe_peer(c->c_pipe));
             tp_error_unref(err);
             tp__ag_conn_fail(c, e);
             tp_error_unref(e);
             return;
         }
+        if (args->a_src_devs != NULL) {
+            args->a_src_devs[i] = src;
+        }
         tp__ag_args_push_tensor(args, t);
         msg->tensors[i].data = m->tm_nbytes > 0 ? tp_tensor_data(t) : NULL;
+        msg->tensors[i].device = m->tm_device;
     }
     c->c_rargs = args;
     // The header's pointers are into msg's metadata, which stays where it

@@ -112,6 +112,14 @@ options_check(tp_agent *a, const tp_agent_options *o, tp_error **err_p)
         return tp__error_wrap(err_p, st, "rpc init (TP_RPC_FAULTY)");
     }
     ao->faulty = a->a_faulty.f_nrules > 0 ? a->a_faulty.f_spec : NULL;
+    st = tp__ag_devmaps_parse(ao->device_maps, ao->devices, &a->a_devmaps,
+                              err_p);
+    if (st != TP_OK) {
+        return tp__error_wrap(err_p, st, "rpc init");
+    }
+    // The strings are the caller's: the parsed maps are what is used.
+    ao->device_maps = NULL;
+    ao->devices = NULL;
     if (ao->faulty != NULL) {
         TP_LOG_WARN("TP-RPC-FAULTY",
                     "rpc: faulty mode \"%s\": sends fail or wait on purpose",
@@ -284,6 +292,7 @@ agent_free(tp_agent *a)
     tp_aio_destroy(a->a_accept_aio);
     tp__free(a->a_table);
     tp__free(a->a_peers);
+    tp__ag_devmaps_free(a->a_devmaps);
     tp__ag_fr_fini(a);
     tp__cv_fini(&a->a_timer_cv);
     tp__cv_fini(&a->a_idle_cv);
@@ -551,6 +560,12 @@ tp_rpc_init(const char *name, int rank, int world_size,
     }
     a->a_timer_started = true;
     st = tp__ag_rendezvous(a, deadline, err_p);
+    if (st == TP_OK) {
+        st = tp__ag_devmaps_check_peers(a, deadline, err_p);
+        if (st != TP_OK) {
+            tp__error_wrap(err_p, st, "rpc init of %s (rank %d)", name, rank);
+        }
+    }
     if (st != TP_OK) {
         goto fail;
     }

@@ -47,6 +47,10 @@ static const ag_opt ag_opts[] = {
     // job; 1M records would be 112 MiB.
     {"flight_recorder", "TP_RPC_FLIGHT_RECORDER", OPT_INT,
      OPT_OFF(flight_recorder), 64, 0, 1u << 20},
+    // PyTorch's device maps and devices (devmap.c checks them).
+    {"device_maps", "TP_RPC_DEVICE_MAPS", OPT_STR, OPT_OFF(device_maps), 0, 0,
+     0},
+    {"devices", "TP_RPC_DEVICES", OPT_STR, OPT_OFF(devices), 0, 0, 0},
 };
 
 static const tp_tunable agent_tunable_rows[] = {
@@ -113,6 +117,15 @@ static const tp_tunable agent_tunable_rows[] = {
                       "0..1048576 messages",
                       "messages an RPC agent's flight recorder keeps (0: "
                       "off)"),
+    TP_TUNABLE_EXTERN("rpc_device_maps", "TP_RPC_DEVICE_MAPS", "",
+                      "WORKER=L:R[,L:R...][;WORKER=...] CUDA device indexes",
+                      "PyTorch's set_device_map: a CUDA tensor on cuda:L "
+                      "sent to WORKER arrives on its cuda:R (docs/rpc.md)"),
+    TP_TUNABLE_EXTERN("rpc_devices", "TP_RPC_DEVICES", "",
+                      "CUDA device indexes joined by , (empty: those of "
+                      "the device maps)",
+                      "PyTorch's devices: the CUDA devices an RPC agent "
+                      "uses"),
 };
 
 const tp_tunables tp__agent_tunables = {

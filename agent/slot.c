@@ -67,9 +67,11 @@ tp__ag_slot_free(ag_wslot *w)
 }
 
 // Fills @w's message: metadata from @h and @args, payload 0 = the bytes of
-// @args (or @errmsg for an error reply), tensors of @args. Takes @args.
+// @args (or @errmsg for an error reply), tensors of @args, each arriving
+// on @targets[i] (NULL: the CPU). Takes @args.
 static tp_status
-slot_fill(ag_wslot *w, const ag_hdr *h, tp_args *args, const char *errmsg)
+slot_fill(ag_wslot *w, const ag_hdr *h, tp_args *args, const char *errmsg,
+          const tp_device *targets)
 {
     size_t msize = tp__ag_wire_size(h->h_fn_name_len, h->h_ext_len, args);
     if (msize > w->w_meta_cap) {
@@ -94,7 +96,7 @@ slot_fill(ag_wslot *w, const ag_hdr *h, tp_args *args, const char *errmsg)
         w->w_tbufs = tb;
         w->w_tcap = nt;
     }
-    tp__ag_wire_encode(w->w_meta, h, args);
+    tp__ag_wire_encode(w->w_meta, h, args, targets);
     memset(&w->w_msg, 0, sizeof(w->w_msg));
     w->w_msg.metadata = w->w_meta;
     w->w_msg.metadata_len = msize;
@@ -146,16 +148,37 @@ tp__ag_slot_send(ag_wslot *w, ag_hdr *h, bool has_hdr, const void *hdr,
         tp__error_set(err_p, st, "rpc %s: a protocol header of %zu bytes",
                       ag_name(a), hdr_len);
     }
+    // CUDA tensors: the device each arrives on (device maps, devmap.c);
+    // one no map covers is refused here.
+    tp_device *targets = NULL;
+    size_t nt = errmsg == NULL && args != NULL ? args->a_ntensors : 0;
+    for (size_t i = 0; st == TP_OK && i < nt; i++) {
+        tp_device src = tp_tensor_device(args->a_tensors[i]);
+        if (src.type == TP_DEVICE_CPU) {
+            continue;
+        }
+        if (targets == NULL) {
+            targets = tp__zalloc(nt * sizeof(*targets));
+            if (targets == NULL) {
+                st = tp__error_set(err_p, TP_ENOMEM,
+                                   "rpc %s: out of memory for a message",
+                                   ag_name(a));
+                break;
+            }
+        }
+        st = tp__ag_devmaps_target(a, to, req, i, src, &targets[i], err_p);
+    }
     if (st == TP_OK) {
         h->h_ext = ext.x_len > 0 ? ext.x_buf : NULL;
         h->h_ext_len = (uint32_t)ext.x_len;
-        st = slot_fill(w, h, args, errmsg);
+        st = slot_fill(w, h, args, errmsg, targets);
         args = NULL;
         if (st != TP_OK) {
             tp__error_set(err_p, st, "rpc %s: out of memory for a message",
                           ag_name(a));
         }
     }
+    tp__free(targets);
     tp__ext_fini(&ext);
     if (st != TP_OK) {
         tp_args_unref(args);

@@ -50,7 +50,8 @@ tp__ag_wire_size(size_t fn_name_len, size_t ext_len, const tp_args *args)
 }
 
 void
-tp__ag_wire_encode(uint8_t *buf, const ag_hdr *h, const tp_args *args)
+tp__ag_wire_encode(uint8_t *buf, const ag_hdr *h, const tp_args *args,
+                   const tp_device *targets)
 {
     uint32_t nt = args != NULL ? (uint32_t)args->a_ntensors : 0;
 
@@ -80,6 +81,10 @@ tp__ag_wire_encode(uint8_t *buf, const ag_hdr *h, const tp_args *args)
         p[0] = (uint8_t)tp_tensor_dtype(t);
         p[1] = (uint8_t)nd;
         memset(p + 2, 0, 6);
+        if (targets != NULL) { // u8 device type, u8 index (device maps)
+            p[2] = (uint8_t)targets[i].type;
+            p[3] = (uint8_t)targets[i].index;
+        }
         p += AG_TMETA_FIXED;
         for (int d = 0; d < nd; d++) {
             tp__put_u64le(p, (uint64_t)shape[d]);
@@ -260,7 +265,16 @@ tp__ag_wire_decode(const uint8_t *buf, size_t len, uint32_t npayloads,
         ag_tensor_meta *m = &metas[i];
         unsigned dt = buf[off];
         unsigned nd = buf[off + 1];
-        for (unsigned k = 2; k < AG_TMETA_FIXED; k++) {
+        unsigned dtype = buf[off + 2];
+        unsigned didx = buf[off + 3];
+        if (dtype > TP_DEVICE_CUDA || (dtype == TP_DEVICE_CPU && didx != 0)) {
+            return tp__error_set(err_p, TP_EPROTO,
+                                 "rpc tensor %u: target device %u:%u (cpu "
+                                 "is 0:0, cuda 1:index)",
+                                 i, dtype, didx);
+        }
+        m->tm_device = (tp_device){(tp_device_type)dtype, (int)didx};
+        for (unsigned k = 4; k < AG_TMETA_FIXED; k++) {
             if (buf[off + k] != 0) {
                 return tp__error_set(err_p, TP_EPROTO,
                                      "rpc tensor %u: reserved bytes not zero",

@@ -48,7 +48,8 @@ typedef struct ag_tensor_meta {
     tp_dtype tm_dtype;
     int tm_ndim;
     int64_t tm_shape[TP_TENSOR_MAX_DIMS];
-    uint64_t tm_nbytes; /* numel * dtype size, overflow-checked */
+    uint64_t tm_nbytes;  /* numel * dtype size, overflow-checked */
+    tp_device tm_device; /* where it goes on the receiver (device maps) */
 } ag_tensor_meta;
 
 typedef struct ag_hdr {
@@ -79,7 +80,10 @@ ag_kind_is_proto(unsigned kind)
 size_t tp__ag_wire_size(size_t fn_name_len, size_t ext_len,
                         const tp_args *args);
 /* Writes the metadata into @buf (tp__ag_wire_size bytes). */
-void tp__ag_wire_encode(uint8_t *buf, const ag_hdr *h, const tp_args *args);
+/* @targets: per tensor, the device it arrives on at the receiver (NULL:
+ * every one on the CPU). */
+void tp__ag_wire_encode(uint8_t *buf, const ag_hdr *h, const tp_args *args,
+                        const tp_device *targets);
 /*
  * Checks and decodes @len bytes of metadata from a message with @npayloads
  * and @ntensors buffers whose lengths are @tensor_lens. Tensor metadata go

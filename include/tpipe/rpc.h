@@ -144,6 +144,19 @@ typedef struct tp_agent_options {
      * tp_rpc_get_recent_ops and the debug info; 0 = off. At most
      * 1048576. */
     int flight_recorder;
+    /* TP_RPC_DEVICE_MAPS (NULL: none): PyTorch's set_device_map for every
+     * worker, "WORKER=L:R[,L:R...][;WORKER=...]": a CUDA tensor on this
+     * worker's cuda:L sent to WORKER arrives on its cuda:R (set_device_map
+     * ("w1", {0: 1, 1: 0}) is "w1=0:1,1:0"). Its results come back
+     * through the inverse. Without a map covering its device, a CUDA
+     * tensor is refused when sent, naming the worker. tp_rpc_init fails
+     * (TP_EINVAL, naming the worker) on a map that is not one-to-one, a
+     * local device that does not exist or is not in @devices, a worker
+     * not in the job, or a remote device that worker lacks. docs/rpc.md */
+    const char *device_maps;
+    /* TP_RPC_DEVICES (NULL: those of the maps): the CUDA devices this
+     * worker uses, "0,1" (PyTorch's devices) */
+    const char *devices;
 } tp_agent_options;
 
 /** tp_agent_options_init - defaults, then the environment. */

@@ -105,7 +105,11 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     FUZZ_CHECK(esize == size);
     uint8_t *buf = malloc(esize);
     FUZZ_CHECK(buf != NULL);
-    tp__ag_wire_encode(buf, &h, args);
+    tp_device targets[sizeof(metas) / sizeof(metas[0])];
+    for (uint32_t i = 0; i < nt; i++) {
+        targets[i] = metas[i].tm_device;
+    }
+    tp__ag_wire_encode(buf, &h, args, targets);
     FUZZ_CHECK(memcmp(buf, data, size) == 0);
     free(buf);
     tp_args_unref(args);

@@ -249,7 +249,7 @@ gen_rpc(const char *name, const ag_hdr *h, uint32_t nt, uint32_t np)
     for (uint32_t i = 0; i < nt; i++) {
         tp__put_u64le(buf + 2 + 8 * i, 16);
     }
-    tp__ag_wire_encode(buf + 2 + 8u * nt, h, args);
+    tp__ag_wire_encode(buf + 2 + 8u * nt, h, args, NULL);
     gen_write("fuzz_rpc", name, buf, size);
     free(buf);
     tp_args_unref(args);
