@@ -48,8 +48,14 @@ function(tp_backend)
 endfunction()
 
 function(tp_backends_collect kind)
-  file(GLOB files CONFIGURE_DEPENDS
-       ${CMAKE_CURRENT_SOURCE_DIR}/*/backend.cmake)
+  # CONFIGURE_DEPENDS: a new backend folder re-runs configure. (Not in
+  # script mode, where tests/layers/backends_check.sh runs this.)
+  set(dep CONFIGURE_DEPENDS)
+  if(CMAKE_SCRIPT_MODE_FILE)
+    set(dep "")
+  endif()
+  file(GLOB files ${dep} ${CMAKE_CURRENT_SOURCE_DIR}/*/backend.cmake)
+  list(SORT files)
   set(entries "")
   set(names "")
   set(orders "")

@@ -29,6 +29,11 @@ int tp__host_boot_id(char *buf, size_t len);
 // processes of one host = same namespace. Returns 0 or the errno of stat.
 int tp__host_ns_inode(const char *ns, uint64_t *ino_p);
 
+// The Yama ptrace scope (/proc/sys/kernel/yama/ptrace_scope): 0 if Yama is
+// absent, else 0..3; -1 if the file exists but cannot be read (then @why,
+// if @why_len > 0, says why).
+int tp__host_ptrace_scope(char *why, size_t why_len);
+
 // ---- cross-memory attach ---------------------------------------------------
 
 // tp__cma_read moves at most this many bytes per process_vm_readv call.
@@ -58,11 +63,6 @@ bool tp__cma_viable(char *why, size_t why_len);
 // does not inherit the exception, makes its own). Does nothing when Yama is
 // absent or its scope is not 1. Thread safety: any thread.
 void tp__cma_allow_peers(void);
-
-// The Yama ptrace scope (/proc/sys/kernel/yama/ptrace_scope): 0 if Yama is
-// absent, else 0..3; -1 if the file exists but cannot be read (then @why,
-// if @why_len > 0, says why).
-int tp__host_ptrace_scope(char *why, size_t why_len);
 
 // Writes the domain descriptor into @buf (@len bytes, TP_CMA_DOMAIN_MAX is
 // enough): "cma:<boot id>:pidns=<ino>:userns=<ino>:netns=<ino>:uid=<r>/<e>/<s>:
