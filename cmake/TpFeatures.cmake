@@ -70,7 +70,11 @@ set(IBV_FOUND 0)
 if(NOT TP_WITH_IBV STREQUAL "OFF")
   pkg_check_modules(IBV IMPORTED_TARGET libibverbs)
 endif()
-tp_feature(IBV IBV_FOUND "${IBV_VERSION}")
+tp_feature(IBV IBV_FOUND "${IBV_VERSION} (ibv transport)")
+if(TP_HAVE_IBV)
+  # The ibv transport (transport/ibv/) is built exactly when this is set.
+  list(APPEND TP_DEP_TARGETS PkgConfig::IBV)
+endif()
 
 # UCX. Not with ThreadSanitizer: UCX's memory hooks (libucm) make every
 # threaded program of a TSan build crash at its first thread.

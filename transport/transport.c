@@ -150,6 +150,29 @@ tp__transport_destroy(tp_transport *t)
     tp__free(t);
 }
 
+void
+tp__transport_destroy_nested(tp_transport *t)
+{
+    if (t == NULL) {
+        return;
+    }
+    TP_ASSERT(tp__loop_on_thread(t->t_loop));
+    int n = atomic_load_explicit(&t->t_nobjs, memory_order_acquire);
+    if (n > 0) {
+        // Freeing it would leave its objects pointing at freed memory.
+        TP_LOG_WARN("TP-TRANSPORT-WAIT",
+                    "transport %s (nested): %d conns/listeners still "
+                    "referenced at destroy; it is leaked",
+                    t->t_ops->name, n);
+        return;
+    }
+    t->t_ops->ctx_fini(t);
+    tp__free(t->t_fault);
+    tp__cv_fini(&t->t_cv);
+    tp__mtx_fini(&t->t_mtx);
+    tp__free(t);
+}
+
 const char *
 tp__transport_name(const tp_transport *t)
 {

@@ -160,6 +160,10 @@ tp_status tp__transport_create(const char *name, tp_loop *loop,
 // logging TP-TRANSPORT-WAIT every 5 s while it waits; then frees. Not from
 // the loop thread.
 void tp__transport_destroy(tp_transport *t);
+// Loop thread: destroys a transport that a backend created for itself on
+// the same loop (ibv's tcp bootstrap), from that backend's ctx_fini, once
+// every listener and conn of it has been freed (else it logs and leaks it).
+void tp__transport_destroy_nested(tp_transport *t);
 const char *tp__transport_name(const tp_transport *t);
 const char *tp__transport_domain(const tp_transport *t);
 

@@ -3,6 +3,11 @@
 
 #include "tp_test.h"
 
+#include "tp_config.h"
+#if TP_HAVE_IBV
+#include "ibv_fake.h"
+#endif
+
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -114,6 +119,10 @@ tp_test_main(int argc, char **argv, const tp_test_case *cases, size_t n)
     int passed = 0, failed = 0, skipped = 0;
     signal(SIGPIPE, SIG_IGN);
     setvbuf(stdout, NULL, _IOLBF, 0);
+#if TP_HAVE_IBV
+    // TP_IBV_FAKE=1: the ibv transport runs on the in-memory verbs fake.
+    tp__ibv_fake_install_from_env();
+#endif
     for (size_t i = 0; i < n; i++) {
         bool want = argc <= 1;
         for (int a = 1; a < argc; a++) {

@@ -57,6 +57,10 @@ conf_listen_addr(void)
     if (strcmp(conf_transport(), "tcp") == 0) {
         return "tcp://127.0.0.1:0";
     }
+    // ibv bootstraps over tcp: loopback too (on the verbs fake here).
+    if (strcmp(conf_transport(), "ibv") == 0) {
+        return "ibv://127.0.0.1:0";
+    }
     // ucx listens on loopback here: the default interface may be one UCX
     // cannot reach with the UCX_TLS of the test.
     return strcmp(conf_transport(), "ucx") == 0 ? "ucx://127.0.0.1:0" : "";
@@ -824,8 +828,10 @@ static int
 raw_connect(const char *addr)
 {
     int fd = -1;
-    // ucx:// listeners are UCX's connection manager on a TCP socket.
-    if (strncmp(addr, "tcp://", 6) == 0 || strncmp(addr, "ucx://", 6) == 0) {
+    // ucx:// listeners are UCX's connection manager on a TCP socket; ibv://
+    // ones are the tcp bootstrap.
+    if (strncmp(addr, "tcp://", 6) == 0 || strncmp(addr, "ucx://", 6) == 0 ||
+        strncmp(addr, "ibv://", 6) == 0) {
         const char *p = strrchr(addr, ':');
         TP_CHECK(p != NULL);
         struct sockaddr_in sin = {0};
