@@ -105,6 +105,7 @@ ibv_ctx_fini(tp_transport *t)
 const tp_transport_ops tp__transport_ibv_ops = {
     .abi_version = TP_TRANSPORT_ABI_V1,
     .name = "ibv",
+    .props = TP_TRANSPORT_PROP_NETWORK,
     .ctx_size = sizeof(ibv_ctx),
     .listener_size = sizeof(ibv_listener),
     .conn_size = sizeof(ibv_conn),
