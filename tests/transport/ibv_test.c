@@ -132,6 +132,38 @@ proto_credits_exhausted_then_returned(void)
     tp__ibv_proto_fini(&b);
 }
 
+// A write larger than the free space goes out short (what fits), and the
+// rest after the ack; the receiver sees one stream.
+static void
+proto_short_write(void)
+{
+    tp_ibv_proto a, b;
+    TP_CHECK_OK(tp__ibv_proto_init(&a, 100, 100, 8, 100), NULL);
+    TP_CHECK_OK(tp__ibv_proto_init(&b, 100, 100, 8, 100), NULL);
+    uint64_t off;
+    uint32_t len;
+    TP_CHECK(tp__ibv_proto_tx_next(&a, 60, &off, &len));
+    TP_CHECK_EQ(len, 60);
+    tp__ibv_proto_tx_commit(&a, len);
+    deliver(&b, len);
+    // 80 wanted, 40 free: a short write of 40 at offset 60.
+    TP_CHECK(tp__ibv_proto_tx_next(&a, 80, &off, &len));
+    TP_CHECK_EQ(off, 60);
+    TP_CHECK_EQ(len, 40);
+    tp__ibv_proto_tx_commit(&a, len);
+    deliver(&b, len);
+    TP_CHECK(!tp__ibv_proto_tx_next(&a, 40, &off, &len));
+    TP_CHECK_EQ(tp__ibv_proto_rx_avail(&b, &off), 100);
+    tp__ibv_proto_rx_consume(&b, 100);
+    ack(&b, &a);
+    // The remaining 40 at offset 0.
+    TP_CHECK(tp__ibv_proto_tx_next(&a, 40, &off, &len));
+    TP_CHECK_EQ(off, 0);
+    TP_CHECK_EQ(len, 40);
+    tp__ibv_proto_fini(&a);
+    tp__ibv_proto_fini(&b);
+}
+
 // What a peer could not have sent is a protocol error, with a reason.
 static void
 proto_malformed(void)
@@ -424,6 +456,7 @@ real_viability_reason(void)
 static const tp_test_case cases[] = {
     TP_TEST_CASE(proto_wrap_around),
     TP_TEST_CASE(proto_credits_exhausted_then_returned),
+    TP_TEST_CASE(proto_short_write),
     TP_TEST_CASE(proto_malformed),
     TP_TEST_CASE(mr_cache_reuses),
     TP_TEST_CASE(conn_rings_wrap),
