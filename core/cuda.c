@@ -28,6 +28,7 @@ typedef const char *(*cuda_error_string_fn)(cudaError_t);
 typedef cudaError_t (*cuda_stream_create_fn)(cudaStream_t *, unsigned int);
 typedef cudaError_t (*cuda_stream_fn)(cudaStream_t);
 typedef cudaError_t (*cuda_malloc_host_fn)(void **, size_t);
+typedef cudaError_t (*cuda_sync_fn)(void);
 typedef cudaError_t (*cuda_free_host_fn)(void *);
 
 static struct {
@@ -43,6 +44,7 @@ static struct {
     cuda_stream_fn stream_destroy;
     cuda_malloc_host_fn malloc_host;
     cuda_free_host_fn free_host;
+    cuda_sync_fn device_sync;
     int ndev;
     char why[256];
 } cuda;
@@ -104,6 +106,7 @@ cuda_load(void)
     CUDA_SYM(stream_destroy, "cudaStreamDestroy");
     CUDA_SYM(malloc_host, "cudaMallocHost");
     CUDA_SYM(free_host, "cudaFreeHost");
+    CUDA_SYM(device_sync, "cudaDeviceSynchronize");
 #undef CUDA_SYM
     if (cuda.why[0] != '\0') {
         return;
@@ -269,6 +272,22 @@ tp__cuda_stream_destroy(void *stream)
 }
 
 tp_status
+tp__cuda_device_sync(int device, tp_error **err_p)
+{
+    tp_status st = cuda_check(device, err_p, "synchronize");
+    if (st != TP_OK) {
+        return st;
+    }
+    cudaError_t e = cuda.device_sync();
+    if (e != cudaSuccess) {
+        return tp__error_set(err_p, TP_EDEVICE,
+                             "cuda: cudaDeviceSynchronize (device %d): %s",
+                             device, cuda.error_string(e));
+    }
+    return TP_OK;
+}
+
+tp_status
 tp__cuda_host_alloc(size_t nbytes, void **ptr_p, tp_error **err_p)
 {
     char why[256];
@@ -372,6 +391,14 @@ void
 tp__cuda_stream_destroy(void *stream)
 {
     (void)stream;
+}
+
+tp_status
+tp__cuda_device_sync(int device, tp_error **err_p)
+{
+    (void)device;
+    return tp__error_set(err_p, TP_ENOTSUP,
+                         "cuda: built without CUDA (TP_WITH_CUDA)");
 }
 
 tp_status

@@ -44,6 +44,12 @@ tp_status tp__cuda_stream_query(void *stream, bool *done_p, tp_error **err_p);
 // NULL is fine.
 void tp__cuda_stream_destroy(void *stream);
 
+// Waits until every stream of @device has finished its work
+// (cudaDeviceSynchronize): a tensor written by a kernel on any stream,
+// blocking or not, is complete after it. Errors: TP_ENOTSUP, TP_EINVAL,
+// TP_EDEVICE (with the runtime's message).
+tp_status tp__cuda_device_sync(int device, tp_error **err_p);
+
 // Page-locked host memory of @nbytes (cudaMallocHost), for staging copies
 // between a device and the network. Errors: TP_ENOTSUP (unavailable, with
 // the reason), TP_ENOMEM.

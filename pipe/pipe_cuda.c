@@ -9,9 +9,12 @@
 // may be the CPU, so every device pair (CPU/CUDA both ways, CUDA/CUDA)
 // works with any CPU channel. Every CUDA call goes through core/cuda.c.
 //
-// The copies are synchronous (cudaMemcpy on the legacy default stream,
-// which waits for work queued on blocking streams) and run on the
-// context's loop thread. Loop thread only.
+// Before staging, the writer synchronises each source device
+// (cudaDeviceSynchronize), so a tensor still being written by work on any
+// stream is complete before it is read; the reader's host-to-device copy
+// has returned before the read completes, so its user never sees a
+// tensor still being written either. The copies are synchronous
+// (cudaMemcpy) and run on the context's loop thread. Loop thread only.
 
 #include <inttypes.h>
 
@@ -77,10 +80,23 @@ tp__pipe_cuda_stage_out(const tp_message *m, tp__cuda_stage **stage_p,
 {
     *stage_p = NULL;
     tp__cuda_stage *stage = NULL;
+    uint64_t synced = 0; // devices below 64 already synchronised
     for (uint32_t i = 0; i < m->ntensors; i++) {
         const tp_msg_buf *b = &m->tensors[i];
         if (b->device.type != TP_DEVICE_CUDA || b->len == 0) {
             continue;
+        }
+        // Work queued on any stream of the device (a kernel still writing
+        // the tensor, on a non-blocking stream too) finishes first.
+        int dev = b->device.index;
+        if (dev >= 64 || (synced & (UINT64_C(1) << dev)) == 0) {
+            tp_status sst = tp__cuda_device_sync(dev, err_p);
+            if (sst != TP_OK) {
+                tp__pipe_cuda_free_stage(stage, m->ntensors);
+                return tp__error_wrap(
+                    err_p, sst, "write: tensor %" PRIu32 " on cuda:%d", i, dev);
+            }
+            synced |= dev < 64 ? UINT64_C(1) << dev : 0;
         }
         if (stage == NULL) {
             stage = tp__zalloc(m->ntensors * sizeof(*stage));

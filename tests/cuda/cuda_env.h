@@ -38,9 +38,9 @@ cuda_env_setup(void)
 
 // The fake runtime's counters (fake_cuda_counters); false with the real
 // one. [0] live device allocations, [1] live pinned ones, [2] h2d,
-// [3] d2h, [4] d2d copies, [5] live streams.
+// [3] d2h, [4] d2d copies, [5] live streams, [6] device syncs.
 static inline bool
-cuda_env_counters(long out[6])
+cuda_env_counters(long out[7])
 {
     if (!cuda_env_fake()) {
         return false;

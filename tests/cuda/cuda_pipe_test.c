@@ -6,7 +6,9 @@
 // the fake runtime by default (cuda_env.h), against the real one with
 // TP_TEST_CUDA=real (the *_gpu test).
 
+#include <sys/wait.h>
 #include <tpipe/pipe.h>
+#include <unistd.h>
 
 #include "core/alloc.h"
 #include "core/cuda.h"
@@ -238,7 +240,7 @@ send_pair(pair *pr, tp_device src, tp_device dst)
 static void
 check_fake_leaks(long dev_before)
 {
-    long c[6];
+    long c[7];
     if (cuda_env_counters(c)) {
         TP_CHECK_EQ(c[0], dev_before);
         TP_CHECK_EQ(c[1], 0);
@@ -269,10 +271,12 @@ device_matrix_each_channel(void)
     }
     TP_CHECK(ran > 0);
     check_fake_leaks(0);
-    long cnt[6];
+    long cnt[7];
     if (cuda_env_counters(cnt)) {
-        // Staged both ways, never device to device.
+        // Staged both ways, never device to device; each staging after
+        // the source device was synchronised.
         TP_CHECK(cnt[2] > 0 && cnt[3] > 0);
+        TP_CHECK(cnt[6] > 0);
     }
 }
 
@@ -392,12 +396,104 @@ no_device_refused_with_reason(void)
     pair_close(&pr);
 }
 
+// Across processes (the channels a real job uses: shm with cma where the
+// host allows it): the writer, a forked child with its own runtime and
+// context, sends from its cuda:1; the reader receives on its cuda:0.
+static void
+cross_process(void)
+{
+    int fds[2];
+    TP_CHECK(pipe(fds) == 0);
+    static const size_t n = (3 << 20) + 5;
+    pid_t pid = fork();
+    TP_CHECK(pid >= 0);
+    if (pid == 0) {
+        close(fds[1]);
+        char url[256] = "";
+        ssize_t k = read(fds[0], url, sizeof(url) - 1);
+        if (k <= 0) {
+            _exit(3);
+        }
+        url[k] = '\0';
+        cuda_env_setup();
+        tp_context_options o;
+        tp_context_options_init(&o);
+        o.name = "writer";
+        tp_context *ctx = NULL;
+        tp_error *err = NULL;
+        TP_CHECK_OK(tp_context_create(&o, &ctx, &err), err);
+        tp_pipe *p = NULL;
+        TP_CHECK_OK(tp_context_connect(ctx, url, &p, &err), err);
+        tp_message *m = NULL;
+        TP_CHECK_OK(tp_message_create(0, 2, &m), NULL);
+        int last = tp__cuda_device_count() - 1;
+        m->tensors[0] =
+            (tp_msg_buf){make_buf(gpu(last), n, 5), n, gpu(last), false};
+        m->tensors[1] = (tp_msg_buf){make_buf(gpu(0), 3, 6), 3, gpu(0), false};
+        op w;
+        write_async(p, m, &w);
+        op_wait(&w, WAIT_MS);
+        TP_CHECK_OK(tp_aio_status(w.aio), tp_aio_error(w.aio));
+        op_fini(&w);
+        free_buf(gpu(last), m->tensors[0].data);
+        free_buf(gpu(0), m->tensors[1].data);
+        tp_message_destroy(m);
+        tp_pipe_unref(p);
+        tp_context_destroy(ctx);
+        check_fake_leaks(0);
+        _exit(0);
+    }
+    close(fds[0]);
+    tp_context_options o;
+    tp_context_options_init(&o);
+    o.name = "reader";
+    tp_context *ctx = NULL;
+    tp_error *err = NULL;
+    TP_CHECK_OK(tp_context_create(&o, &ctx, &err), err);
+    tp_pipe_listener *l = NULL;
+    const char *lo = "tcp://127.0.0.1:0"; // loopback; shm as it is
+    TP_CHECK_OK(tp_context_listen(ctx, &lo, 1, &l, &err), err);
+    const char *url = tp_pipe_listener_addr(l, NULL);
+    TP_CHECK(write(fds[1], url, strlen(url)) == (ssize_t)strlen(url));
+    close(fds[1]);
+    cuda_env_setup();
+    op acc;
+    op_init(&acc, WAIT_MS);
+    tp_pipe_listener_accept(l, acc.aio);
+    op_wait(&acc, WAIT_MS);
+    TP_CHECK_OK(tp_aio_status(acc.aio), tp_aio_error(acc.aio));
+    tp_pipe *p = tp_aio_get_output(acc.aio, 0);
+    op_fini(&acc);
+    tp_message *r = read_desc(p);
+    TP_CHECK_EQ(r->ntensors, 2);
+    int last = tp__cuda_device_count() - 1;
+    TP_CHECK_EQ(r->tensors[0].device.type, TP_DEVICE_CUDA);
+    TP_CHECK_EQ(r->tensors[0].device.index, last);
+    r->tensors[0].device = gpu(0);
+    r->tensors[1].device = cpu;
+    TP_CHECK_OK(read_data(p, r, &err), err);
+    TP_CHECK(buf_ok(gpu(0), r->tensors[0].data, n, 5));
+    TP_CHECK(buf_ok(cpu, r->tensors[1].data, 3, 6));
+    fprintf(stderr, "cross-process: %s + %s\n", tp_pipe_transport(p),
+            tp_pipe_channel(p));
+    tp_message_destroy(r);
+    int status = 0;
+    TP_CHECK(waitpid(pid, &status, 0) == pid);
+    TP_CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+              "the writer process failed (status 0x%x)", status);
+    tp_pipe_unref(p);
+    tp_pipe_listener_destroy(l);
+    tp_context_destroy(ctx);
+    check_fake_leaks(0);
+}
+
 static const tp_test_case cases[] = {
     TP_TEST_CASE_T(device_matrix_each_channel, 90),
     TP_TEST_CASE(write_refuses_missing_device),
     TP_TEST_CASE(read_to_missing_device_fails_only_the_read),
     TP_TEST_CASE(payload_on_device_refused),
     TP_TEST_CASE(no_device_refused_with_reason),
+    TP_TEST_CASE_T(cross_process, 60),
 };
 
 TP_TEST_MAIN(cases)

@@ -38,7 +38,8 @@ typedef struct fake_alloc {
 static pthread_mutex_t fake_mtx = PTHREAD_MUTEX_INITIALIZER;
 static fake_alloc fake_allocs[FAKE_MAX_ALLOCS];
 static _Thread_local int fake_cur_dev;
-static long fake_counts[6]; // live dev, live pinned, h2d, d2h, d2d, streams
+// live dev, live pinned, h2d, d2h, d2d, streams, device syncs
+static long fake_counts[7];
 
 static int
 fake_ndev(void)
@@ -234,6 +235,15 @@ cudaGetErrorString(cudaError_t error)
 }
 
 cudaError_t
+cudaDeviceSynchronize(void)
+{
+    pthread_mutex_lock(&fake_mtx);
+    fake_counts[6]++;
+    pthread_mutex_unlock(&fake_mtx);
+    return cudaSuccess; // every copy is synchronous: nothing is queued
+}
+
+cudaError_t
 cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned int flags)
 {
     (void)flags;
@@ -263,11 +273,12 @@ cudaStreamDestroy(cudaStream_t stream)
 }
 
 // Tests: live device allocations, live pinned allocations, host-to-device,
-// device-to-host and device-to-device copies, live streams.
-void fake_cuda_counters(long out[6]);
+// device-to-host and device-to-device copies, live streams, calls of
+// cudaDeviceSynchronize.
+void fake_cuda_counters(long out[7]);
 
 void
-fake_cuda_counters(long out[6])
+fake_cuda_counters(long out[7])
 {
     pthread_mutex_lock(&fake_mtx);
     memcpy(out, fake_counts, sizeof(fake_counts));
