@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -484,6 +485,13 @@ fake_post_write_imm(tp_ibv_qp *p, uint64_t wr_id, const void *laddr,
         const uint8_t *lb = lmr->mr_addr;
         if (l < lb || l + len > lb + lmr->mr_len) {
             fake_send_fail(p, wr_id, W_LPROT);
+            return TP_OK;
+        }
+        // A QP that is gone takes no writes (its ring may serve another
+        // QP by now): the write is retried until it fails, as on RC.
+        struct pollfd pf = {.fd = p->p_peer_cq, .events = 0, .revents = 0};
+        if (poll(&pf, 1, 0) == 1 && (pf.revents & (POLLERR | POLLHUP))) {
+            fake_send_fail(p, wr_id, W_RETRY);
             return TP_OK;
         }
         if (!fake_map_peer(p, rkey)) {

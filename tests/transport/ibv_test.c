@@ -396,6 +396,48 @@ conn_peer_closes_mid_message(void)
     fx_fini(&fx);
 }
 
+// A second pair on the same transport takes the registered rings of the
+// first (closed) pair: no new registration, and the data is right.
+static void
+conn_rings_reused(void)
+{
+    fixture fx;
+    fx_init(&fx);
+    tp__conn_unref(fx.c);
+    tp__conn_unref(fx.s);
+    usleep(50000); // the conns are freed on the loop
+    tp_ibv_fake_stats s0, s1;
+    tp__ibv_fake_stats(&s0);
+    op acc, con;
+    op_init(&acc, 5000);
+    op_init(&con, 5000);
+    tp__listener_accept(fx.l, acc.aio);
+    tp__transport_connect(fx.t, tp__listener_addr(fx.l), con.aio);
+    op_wait(&con, 10000);
+    op_wait(&acc, 10000);
+    TP_CHECK_OK(tp_aio_status(con.aio), tp_aio_error(con.aio));
+    TP_CHECK_OK(tp_aio_status(acc.aio), tp_aio_error(acc.aio));
+    fx.c = tp_aio_get_output(con.aio, 0);
+    fx.s = tp_aio_get_output(acc.aio, 0);
+    op_fini(&acc);
+    op_fini(&con);
+    tp__ibv_fake_stats(&s1);
+    TP_CHECK_EQ(s1.fs_reg_mr - s0.fs_reg_mr, 0);
+    char out[32] = "reused rings carry new data", in[32] = {0};
+    op w, r;
+    op_init(&w, 5000);
+    op_init(&r, 5000);
+    start(fx.c, true, &w, out, sizeof(out));
+    start(fx.s, false, &r, in, sizeof(in));
+    op_wait(&w, 10000);
+    op_wait(&r, 10000);
+    TP_CHECK_OK(tp_aio_status(r.aio), tp_aio_error(r.aio));
+    TP_CHECK(memcmp(out, in, sizeof(in)) == 0);
+    op_fini(&w);
+    op_fini(&r);
+    fx_fini(&fx);
+}
+
 // A peer that writes a segment longer than the free ring closes that
 // connection with TP_EPROTO naming the peer; the transport goes on.
 static void
@@ -460,6 +502,7 @@ static const tp_test_case cases[] = {
     TP_TEST_CASE(proto_malformed),
     TP_TEST_CASE(mr_cache_reuses),
     TP_TEST_CASE(conn_rings_wrap),
+    TP_TEST_CASE(conn_rings_reused),
     TP_TEST_CASE(conn_peer_closes_mid_message),
     TP_TEST_CASE(conn_bad_segment_from_peer),
     TP_TEST_CASE(real_viability_reason),

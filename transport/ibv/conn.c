@@ -60,17 +60,25 @@ tp__ibv_conn_verbs_init(ibv_conn *c, tp_error **err_p)
         return tp__error_set(err_p, st, "ibv: ring state: out of memory");
     }
     c->ic_buf_len = 2 * IBV_RING_SIZE;
-    void *buf = NULL;
-    st = v->buf_alloc(x->x_dev, c->ic_buf_len, &buf, err_p);
-    if (st != TP_OK) {
-        c->ic_buf_len = 0;
-        return st;
-    }
-    c->ic_buf = buf;
-    st = tp__ibv_mr_get(&x->x_mrc, c->ic_buf, c->ic_buf_len, true, &c->ic_mr,
-                        err_p);
-    if (st != TP_OK) {
-        return st;
+    if (x->x_npool > 0) {
+        // A ring pair of a closed conn, still registered. Its QP was
+        // destroyed before it came here, so no stale write can land.
+        ibv_ring *r = &x->x_pool[--x->x_npool];
+        c->ic_buf = r->r_buf;
+        c->ic_mr = r->r_mr;
+    } else {
+        void *buf = NULL;
+        st = v->buf_alloc(x->x_dev, c->ic_buf_len, &buf, err_p);
+        if (st != TP_OK) {
+            c->ic_buf_len = 0;
+            return st;
+        }
+        c->ic_buf = buf;
+        st = tp__ibv_mr_get(&x->x_mrc, c->ic_buf, c->ic_buf_len, true,
+                            &c->ic_mr, err_p);
+        if (st != TP_OK) {
+            return st;
+        }
     }
     st = v->cq_create(x->x_dev, (int)(2 * IBV_QUEUE_DEPTH), &c->ic_cq,
                       &c->ic_cq_fd, err_p);
@@ -137,9 +145,35 @@ tp__ibv_conn_release(ibv_conn *c)
 }
 
 static void
+ibv_ring_free(ibv_ctx *x, uint8_t *buf, const tp_ibv_mr *mr)
+{
+    tp__ibv_mr_put(&x->x_mrc, mr);
+    x->x_v->buf_free(x->x_dev, buf, 2 * IBV_RING_SIZE);
+}
+
+void
+tp__ibv_pool_drain(ibv_ctx *x)
+{
+    while (x->x_npool > 0) {
+        ibv_ring *r = &x->x_pool[--x->x_npool];
+        ibv_ring_free(x, r->r_buf, r->r_mr);
+    }
+}
+
+// Called once the QP is destroyed (tp__ibv_conn_release).
+static void
 ibv_conn_free_buf(ibv_conn *c)
 {
     ibv_ctx *x = c->ic_x;
+    TP_ASSERT(c->ic_qp == NULL);
+    if (c->ic_buf != NULL && c->ic_mr != NULL && x->x_npool < IBV_POOL_MAX) {
+        x->x_pool[x->x_npool].r_buf = c->ic_buf;
+        x->x_pool[x->x_npool].r_mr = c->ic_mr;
+        x->x_npool++;
+        c->ic_buf = NULL;
+        c->ic_mr = NULL;
+        return;
+    }
     if (c->ic_mr != NULL) {
         tp__ibv_mr_put(&x->x_mrc, c->ic_mr);
         c->ic_mr = NULL;

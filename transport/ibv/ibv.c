@@ -98,6 +98,7 @@ ibv_ctx_fini(tp_transport *t)
     tp__ibv_accepts_free(x);
     tp__transport_destroy_nested(x->x_tcp);
     x->x_tcp = NULL;
+    tp__ibv_pool_drain(x);
     tp__ibv_mr_cache_fini(&x->x_mrc);
     x->x_v->dev_close(x->x_dev);
 }

@@ -36,6 +36,7 @@
 #define IBV_QUEUE_DEPTH (2u * IBV_MAX_SEGS) // send and receive queues
 #define IBV_MAX_PENDING 128                 // per listener: handshaking + ready
 #define IBV_PFX_LEN     640
+#define IBV_POOL_MAX    8 // registered ring pairs kept for new conns
 
 // The setup record each side sends over the bootstrap connection once the
 // tcp hellos (and job secret) are through: magic, version, max segments,
@@ -55,6 +56,13 @@ enum ibv_state {
     IBV_DEAD,  // failed or closed
 };
 
+// A registered ring pair (inbox + outbox) of a closed conn, kept for the
+// next one: registering pins pages and costs milliseconds.
+typedef struct ibv_ring {
+    uint8_t *r_buf;
+    const tp_ibv_mr *r_mr;
+} ibv_ring;
+
 typedef struct ibv_ctx {
     tp_transport *x_t;
     const tp_ibv_verbs *x_v;
@@ -62,6 +70,8 @@ typedef struct ibv_ctx {
     tp_transport *x_tcp; // the bootstrap transport, on the same loop
     tp_ibv_mr_cache x_mrc;
     tp_list x_dead_accepts; // accept states of closed listeners (setup.c)
+    ibv_ring x_pool[IBV_POOL_MAX];
+    unsigned x_npool;
 } ibv_ctx;
 
 typedef struct ibv_listener ibv_listener;
@@ -169,6 +179,8 @@ ibv_listener_of(tp_listener *l)
 
 // conn.c
 ibv_conn *tp__ibv_conn_new(tp_transport *t);
+// ctx_fini: deregisters and frees the pooled rings.
+void tp__ibv_pool_drain(ibv_ctx *x);
 // Buffers, registration, CQ, QP and receives for a new conn.
 tp_status tp__ibv_conn_verbs_init(ibv_conn *c, tp_error **err_p);
 // The conn is set up: watch the completion channel and the bootstrap.
