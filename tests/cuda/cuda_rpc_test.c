@@ -235,6 +235,13 @@ unmapped_worker(int rank, int world, const char *url, void *arg)
                                                      "map for w1");
         tp_error_unref(err);
         err = NULL;
+        // A call to self copies its arguments on the host: a CUDA tensor
+        // there is refused with the reason, nothing crashes.
+        TP_CHECK_EQ(tp_rpc_sync(a, "w0", "plus_one", in, 0, &out, &err),
+                    TP_ENOTSUP);
+        TP_CHECK_STR_CONTAINS(tp_error_message(err), "cuda");
+        tp_error_unref(err);
+        err = NULL;
         // The agent goes on: a CPU call works.
         tp_args_unref(in);
         TP_CHECK_EQ(tp_args_create(NULL, 0, &in), TP_OK);
