@@ -228,9 +228,10 @@ gen_handshake_all(void)
 // ---- RPC agent messages (fuzz_rpc) ----
 
 // Writes the fuzz_rpc input of a message @h with @nt f32 tensors of 4
-// elements and @np payloads.
+// elements (arriving on @targets, NULL: the CPU) and @np payloads.
 static void
-gen_rpc(const char *name, const ag_hdr *h, uint32_t nt, uint32_t np)
+gen_rpc_on(const char *name, const ag_hdr *h, uint32_t nt, uint32_t np,
+           const tp_device *targets)
 {
     tp_args *args = NULL;
     FUZZ_CHECK(tp__ag_args_create_empty(nt, &args) == TP_OK);
@@ -249,10 +250,16 @@ gen_rpc(const char *name, const ag_hdr *h, uint32_t nt, uint32_t np)
     for (uint32_t i = 0; i < nt; i++) {
         tp__put_u64le(buf + 2 + 8 * i, 16);
     }
-    tp__ag_wire_encode(buf + 2 + 8u * nt, h, args, NULL);
+    tp__ag_wire_encode(buf + 2 + 8u * nt, h, args, targets);
     gen_write("fuzz_rpc", name, buf, size);
     free(buf);
     tp_args_unref(args);
+}
+
+static void
+gen_rpc(const char *name, const ag_hdr *h, uint32_t nt, uint32_t np)
+{
+    gen_rpc_on(name, h, nt, np, NULL);
 }
 
 // Appends section @id of @n bytes to @ext at *@off.
@@ -279,6 +286,9 @@ gen_rpc_all(void)
     gen_rpc("request-noop", &h, 0, 0);
     h.h_fn_name = "tp.echo";
     gen_rpc("request-echo-2t", &h, 2, 1);
+    // Device maps: one tensor to the receiver's cuda:3, one to its CPU.
+    const tp_device targets[2] = {{TP_DEVICE_CUDA, 3}, {TP_DEVICE_CPU, 0}};
+    gen_rpc_on("request-echo-cuda-target", &h, 2, 1, targets);
     // A request carrying two RRefs in the rref protocol's section.
     rr_desc d[2] = {
         {.d_id = {1, 5}, .d_fork = {0, 9}, .d_owner = 1},
