@@ -376,6 +376,14 @@ conn_desc_step(ag_conn *c)
             tp_error *e = tp__error_new(
                 st, 0, err, "rpc %s: tensor %u of a message from %s",
                 ag_name(c->c_agent), i, tp_pipe_peer(c->c_pipe));
+            if (m->tm_device.type == TP_DEVICE_CUDA) {
+                // A device map to a device this worker lacks (not checked
+                // at init when this worker set no CUDA options).
+                TP_LOG_WARN("TP-RPC-DEVICE",
+                            "%s (its device map sends it to cuda:%d); "
+                            "closing that pipe",
+                            tp_error_message(e), m->tm_device.index);
+            }
             tp_error_unref(err);
             tp__ag_conn_fail(c, e);
             tp_error_unref(e);

@@ -10,9 +10,11 @@
 // are in the job and remote devices that exist there (each worker
 // publishes its CUDA device count in the store right after the
 // rendezvous, under the job's generation, and reads those of the workers
-// its maps name, waiting for them until the init deadline). A reply's tensors
-// go back through the inverse of the request's pairs (the device each request
-// tensor came from), else through this worker's own map to the caller.
+// its maps name, waiting for them until the init deadline). A worker with
+// neither device_maps nor devices publishes "-" without loading the CUDA
+// runtime; a map to it is then checked when a tensor arrives there. A reply's
+// tensors go back through the inverse of the request's pairs (the device each
+// request tensor came from), else through this worker's own map to the caller.
 
 #include <errno.h>
 #include <stdio.h>
@@ -261,10 +263,16 @@ static tp_status
 dm_publish(tp_agent *a, uint64_t deadline, tp_error **err_p)
 {
     char key[96];
-    char val[16];
+    char val[16] = "-";
     dm_key(a, a->a_rank, key, sizeof(key));
-    int n = snprintf(val, sizeof(val), "%d",
+    // Only a worker configured for CUDA loads the runtime here: on a GPU
+    // host that initialises the driver (slow, and a process that forks
+    // afterwards cannot use CUDA in its children). "-": not known.
+    int n = 1;
+    if (a->a_devmaps != NULL) {
+        n = snprintf(val, sizeof(val), "%d",
                      tp__cuda_available(NULL, 0) ? tp__cuda_device_count() : 0);
+    }
     return tp_store_set(a->a_store, key, val, (size_t)n, tp__ms_left(deadline),
                         err_p);
 }
@@ -301,6 +309,11 @@ tp__ag_devmaps_check_peers(tp_agent *a, uint64_t deadline, tp_error **err_p)
         char buf[16] = "";
         memcpy(buf, v, vlen < sizeof(buf) - 1 ? vlen : sizeof(buf) - 1);
         tp_free(v);
+        if (strcmp(buf, "-") == 0) {
+            // Not configured for CUDA: its devices are checked when a
+            // tensor arrives there.
+            continue;
+        }
         bool ok = true;
         int rn = dm_int(buf, strlen(buf), &ok);
         if (!ok) {

@@ -338,11 +338,52 @@ maps_checked_against_the_job(void)
     }
 }
 
+// w1 has one device and no CUDA options (it never loads the runtime at
+// init): w0's map to its cuda:1 passes init, and the call fails when the
+// tensor arrives, without hanging either worker.
+static void
+unconfigured_peer_worker(int rank, int world, const char *url, void *arg)
+{
+    (void)world;
+    (void)arg;
+    worker_runtime(rank == 0 ? 2 : 1);
+    tp_error *err = NULL;
+    TP_CHECK_OK(tp_rpc_register("plus_one", plus_one, NULL, &err), err);
+    tp_agent *a = NULL;
+    TP_CHECK_OK(join(rank, url, rank == 0 ? "w1=0:1" : NULL, &a, &err), err);
+    if (rank == 0) {
+        tp_args *in = NULL;
+        TP_CHECK_EQ(tp_args_create(NULL, 0, &in), TP_OK);
+        tp_tensor *t = ramp(gpu(0), 16, 0);
+        TP_CHECK_EQ(tp_args_add_tensor(in, t), TP_OK);
+        tp_tensor_unref(t);
+        tp_args *out = NULL;
+        tp_status st = tp_rpc_sync(a, "w1", "plus_one", in, 0, &out, &err);
+        TP_CHECK(st != TP_OK);
+        fprintf(stderr, "w0 sees: %s\n", tp_error_message(err));
+        TP_CHECK_STR_CONTAINS(tp_error_message(err), "w1");
+        tp_error_unref(err);
+        tp_args_unref(in);
+    }
+    tp_job_rpc_leave(a, rank);
+}
+
+static void
+map_to_unconfigured_peer_fails_on_arrival(void)
+{
+    need_cuda();
+    tp_job j;
+    tp_job_tcp(&j, 2, unconfigured_peer_worker, NULL);
+    j.names = names;
+    tp_job_run(&j);
+}
+
 static const tp_test_case test_cases[] = {
     TP_TEST_CASE_T(device_map_moves_args_and_results, 60),
     TP_TEST_CASE_T(cuda_tensor_without_map_refused, 60),
     TP_TEST_CASE(bad_maps_refused_at_init),
     TP_TEST_CASE_T(maps_checked_against_the_job, 90),
+    TP_TEST_CASE_T(map_to_unconfigured_peer_fails_on_arrival, 60),
 };
 
 TP_TEST_MAIN(test_cases)
