@@ -252,14 +252,16 @@ agent_listen(tp_agent *a, tp_error **err_p)
         return tp__error_wrap(err_p, st, "rpc init of %s (rank %d): listen",
                               ag_name(a), a->a_rank);
     }
-    // Published in connect order: tcp first (moves to shm on one host
-    // when both allow it), then the others.
-    static const char *const order[] = {"tcp", "shm", "ibv", "ucx"};
+    // Published in connect order: the first network transport (tcp: moves
+    // to shm on one host when both allow it), then the others.
+    const char *addrs[AG_MAX_URLS];
+    size_t naddrs =
+        TP_MIN(tp_pipe_listener_addrs(a->a_listener, addrs, AG_MAX_URLS),
+               (size_t)AG_MAX_URLS);
     ag_peer *me = a->a_self;
-    for (size_t i = 0; i < TP_ARRAY_LEN(order); i++) {
-        const char *u = tp_pipe_listener_addr(a->a_listener, order[i]);
-        if (u != NULL && strlen(u) < AG_MAX_URL && me->p_nurls < AG_MAX_URLS) {
-            snprintf(me->p_urls[me->p_nurls++], AG_MAX_URL, "%s", u);
+    for (size_t i = 0; i < naddrs; i++) {
+        if (strlen(addrs[i]) < AG_MAX_URL && me->p_nurls < AG_MAX_URLS) {
+            snprintf(me->p_urls[me->p_nurls++], AG_MAX_URL, "%s", addrs[i]);
         }
     }
     if (me->p_nurls == 0) {

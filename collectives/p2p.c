@@ -462,11 +462,13 @@ tp__p2p_create(const tp_context_options *co, bool loopback, int rank, int world,
     if (st != TP_OK) {
         goto fail;
     }
-    static const char *const order[] = {"tcp", "shm", "ibv", "ucx"};
+    // In connect order: the first network transport, then the others.
+    const char *addrs[P2P_MAX_ADDRS];
+    size_t naddrs = tp_pipe_listener_addrs(p->p_listener, addrs, P2P_MAX_ADDRS);
     size_t off = 0;
-    for (size_t i = 0; i < sizeof(order) / sizeof(order[0]); i++) {
-        const char *u = tp_pipe_listener_addr(p->p_listener, order[i]);
-        if (u != NULL && off + strlen(u) + 2 < sizeof(p->p_urls)) {
+    for (size_t i = 0; i < naddrs && i < P2P_MAX_ADDRS; i++) {
+        const char *u = addrs[i];
+        if (off + strlen(u) + 2 < sizeof(p->p_urls)) {
             off += (size_t)snprintf(p->p_urls + off, sizeof(p->p_urls) - off,
                                     "%s%s", off > 0 ? "\n" : "", u);
         }

@@ -32,6 +32,7 @@
 #define P2P_KIND_QUERY     4 // tag: the query's id (not 0)
 #define P2P_KIND_ANSWER    5 // tag: the query's id; payload: tp__p2p_answer
 #define P2P_MAX_URLS       512
+#define P2P_MAX_ADDRS      16 // listener addresses published (one per transport)
 #define P2P_CANCEL_WAIT_MS 5000
 
 typedef struct p2p_in p2p_in;

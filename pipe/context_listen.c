@@ -309,6 +309,40 @@ tp_pipe_listener_addr(const tp_pipe_listener *l, const char *transport)
     return NULL;
 }
 
+size_t
+tp_pipe_listener_addrs(const tp_pipe_listener *l, const char **addrs,
+                       size_t max)
+{
+    if (l == NULL) {
+        return 0;
+    }
+    // The first transport with the network property leads; the others
+    // follow in the context's order (best first).
+    size_t lead = l->pl_ntls;
+    for (size_t i = 0; i < l->pl_ntls && lead == l->pl_ntls; i++) {
+        const tp_transport_ops *ops = tp__transport_find(l->pl_names[i]);
+        if (ops != NULL && (ops->props & TP_TRANSPORT_PROP_NETWORK) != 0) {
+            lead = i;
+        }
+    }
+    size_t n = 0;
+    if (lead < l->pl_ntls) {
+        if (n < max) {
+            addrs[n] = l->pl_addrs[lead];
+        }
+        n++;
+    }
+    for (size_t i = 0; i < l->pl_ntls; i++) {
+        if (i != lead) {
+            if (n < max) {
+                addrs[n] = l->pl_addrs[i];
+            }
+            n++;
+        }
+    }
+    return n;
+}
+
 // Mpt lane listener addresses, for the answer (in lane order).
 const char *
 tp__listener_lane_addr(const tp_pipe_listener *l, unsigned i)

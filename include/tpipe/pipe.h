@@ -176,6 +176,18 @@ TP_API tp_status tp_context_listen(tp_context *ctx, const char *const *urls,
 TP_API const char *tp_pipe_listener_addr(const tp_pipe_listener *l,
                                          const char *transport);
 /**
+ * tp_pipe_listener_addrs - the bound URLs of every transport @l listens
+ * on, in the order a peer should try them: first the best transport that
+ * reaches other hosts (tcp: a pipe it opens moves to shared memory when
+ * both ends are on one host and allow it), then the others, best first.
+ * This is the order to publish in a rendezvous. Fills @addrs with at most
+ * @max of them (valid until the listener is destroyed) and returns how
+ * many there are in all (0 if @l is NULL; @addrs may be NULL when @max
+ * is 0). Thread-safety: any thread.
+ */
+TP_API size_t tp_pipe_listener_addrs(const tp_pipe_listener *l,
+                                     const char **addrs, size_t max);
+/**
  * tp_pipe_listener_accept - output 0 of @aio: a new tp_pipe * (the caller
  * owns one reference) once its handshake has finished.
  * Completion: @aio's callback runs once, on the loop thread, never inside
