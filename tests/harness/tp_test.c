@@ -113,16 +113,22 @@ run_case(const tp_test_case *tc)
     }
 }
 
+void
+tp_test_install_fakes(void)
+{
+#if TP_HAVE_IBV
+    // TP_IBV_FAKE=1: the ibv transport runs on the in-memory verbs fake.
+    tp__ibv_fake_install_from_env();
+#endif
+}
+
 int
 tp_test_main(int argc, char **argv, const tp_test_case *cases, size_t n)
 {
     int passed = 0, failed = 0, skipped = 0;
     signal(SIGPIPE, SIG_IGN);
     setvbuf(stdout, NULL, _IOLBF, 0);
-#if TP_HAVE_IBV
-    // TP_IBV_FAKE=1: the ibv transport runs on the in-memory verbs fake.
-    tp__ibv_fake_install_from_env();
-#endif
+    tp_test_install_fakes();
     for (size_t i = 0; i < n; i++) {
         bool want = argc <= 1;
         for (int a = 1; a < argc; a++) {

@@ -32,6 +32,10 @@ typedef struct tp_test_case {
     }
 
 int tp_test_main(int argc, char **argv, const tp_test_case *cases, size_t n);
+// Installs the fakes the environment asks for (TP_IBV_FAKE=1: the ibv
+// transport on the in-memory verbs fake). tp_test_main calls it; a test
+// that looks at the registries before (is_viable) calls it first.
+void tp_test_install_fakes(void);
 #define TP_TEST_MAIN(cases)                                                    \
     int main(int argc, char **argv)                                            \
     {                                                                          \

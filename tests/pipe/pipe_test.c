@@ -953,6 +953,7 @@ main(int argc, char **argv)
     const char *t = getenv("TP_PIPE_TRANSPORT");
     const char *c = getenv("TP_PIPE_CHANNEL");
     bool list = argc > 1 && strcmp(argv[1], "--list") == 0;
+    tp_test_install_fakes(); // before the registry's is_viable
     if ((t != NULL && *t && c != NULL && *c) || list) {
         return tp_test_main(argc, argv, cases,
                             sizeof(cases) / sizeof(cases[0]));
