@@ -16,26 +16,10 @@
 set -u
 
 tpipe=${1:?usage: netns_bench_launched_test.sh TPIPE}
-T0=$SECONDS
-dir=""
-skip() {
-    echo "skipped: $*"
-    exit 77
-}
-fail() {
-    echo "netns_bench_launched_test: FAIL: $*" >&2
-    for f in ${dir:+"$dir"/*.txt}; do
-        [ -f "$f" ] && sed "s|^|$(basename "$f"): |" "$f" >&2
-    done
-    exit 1
-}
-say() { echo "netns_bench_launched_test: $* ($((SECONDS - T0)) s)"; }
-
-[ "$(id -u)" = 0 ] || skip "network namespaces need root"
-command -v ip >/dev/null || skip "no ip command (iproute2)"
+. "$(dirname "$0")/netns_lib.sh"
+netns_init "netns_bench_launched_test" "*.txt"
 [ -x "$tpipe" ] || fail "no tpipe program $tpipe"
 
-. "$(dirname "$0")/netns_lib.sh"
 netns_pair "benchl" l 10.202.2
 say "namespaces $ns0 (10.202.2.1) and $ns1 (10.202.2.2)"
 unset RANK WORLD_SIZE LOCAL_RANK MASTER_ADDR MASTER_PORT TP_INIT_METHOD

@@ -1,7 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
 # netns_lib.sh - sourced by the netns tests: two network namespaces joined
 # by a veth pair, addresses that exist only inside them, and their cleanup.
-# The caller defines skip() (exit 77 with the reason) and fail() first.
+#
+#   netns_init TAG GLOB
+#
+# starts the clock and skips (exit 77, with the reason) unless this runs
+# as root with ip; then skip MSG exits 77, fail MSG prints "TAG: FAIL: MSG"
+# and every $dir/GLOB file (each line prefixed by the file's name) and
+# exits 1, say MSG prints "TAG: MSG (N s)".
 #
 #   netns_pair NAME LETTER SUBNET
 #
@@ -9,6 +15,29 @@
 # in each with SUBNET.1/24 and SUBNET.2/24, a scratch directory $dir and an
 # array $pids of processes the cleanup kills; an EXIT trap removes all of
 # it. LETTER makes the veth names unique per test (at most 15 characters).
+
+skip() {
+    echo "skipped: $*"
+    exit 77
+}
+fail() {
+    echo "$netns_tag: FAIL: $*" >&2
+    # shellcheck disable=SC2086 # $netns_logs is a glob
+    for f in ${dir:+"$dir"/$netns_logs}; do
+        [ -f "$f" ] && sed "s|^|$(basename "$f"): |" "$f" >&2
+    done
+    exit 1
+}
+say() { echo "$netns_tag: $* ($((SECONDS - T0)) s)"; }
+
+netns_init() {
+    netns_tag=$1
+    netns_logs=$2
+    T0=$SECONDS
+    dir=""
+    [ "$(id -u)" = 0 ] || skip "network namespaces need root"
+    command -v ip >/dev/null || skip "no ip command (iproute2)"
+}
 
 netns_cleanup() {
     for p in "${pids[@]}"; do

@@ -18,31 +18,14 @@ set -u
 
 scenario=${1:?usage: netns_rpc_test.sh loss|linkdown|blackhole WORKER}
 worker=${2:?usage: netns_rpc_test.sh SCENARIO WORKER}
-T0=$SECONDS
-dir=""
-
-skip() {
-    echo "skipped: $*"
-    exit 77
-}
-fail() {
-    echo "netns_rpc_test $scenario: FAIL: $*" >&2
-    for f in ${dir:+"$dir"/rank*.log}; do
-        [ -f "$f" ] && sed "s|^|$(basename "$f"): |" "$f" >&2
-    done
-    exit 1
-}
-say() { echo "netns_rpc_test $scenario: $* ($((SECONDS - T0)) s)"; }
-
-[ "$(id -u)" = 0 ] || skip "network namespaces need root"
-command -v ip >/dev/null || skip "no ip command (iproute2)"
+. "$(dirname "$0")/netns_lib.sh"
+netns_init "netns_rpc_test $scenario" "rank*.log"
 if [ "$scenario" != linkdown ]; then
     command -v iptables >/dev/null ||
         skip "no iptables (apt-get install iptables)"
 fi
 [ -x "$worker" ] || fail "no worker program $worker"
 
-. "$(dirname "$0")/netns_lib.sh"
 netns_pair "$scenario" v 10.201.1
 ip -n "$ns0" route get 10.201.1.2 >/dev/null 2>&1 ||
     fail "no route to 10.201.1.2 in $ns0"
