@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // run.c - `tpipe run -n N [--] PROGRAM ARGS...`: the launcher of one node.
 // Starts N processes with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
-// NODE_RANK, MASTER_ADDR and MASTER_PORT set (RANK = node rank x N + local
-// rank with --nnodes), re-emits their output line by line with a "[rank] "
-// prefix (and into --log-dir), and when one fails says which and how, stops
+// NODE_RANK, MASTER_ADDR, MASTER_PORT and TP_JOB_ID set (RANK = node rank x N +
+// local rank with --nnodes), re-emits their output line by line with a "[rank]
+// " prefix (and into --log-dir), and when one fails says which and how, stops
 // the others (SIGTERM, then SIGKILL after a grace period) and exits with the
 // failing status.
 //
@@ -83,6 +83,13 @@ run_usage(FILE *f)
           "required\n"
           "                      with --nnodes)\n"
           "  --rdzv-endpoint A:P both of the above at once\n"
+          "  --rdzv-id ID        TP_JOB_ID, the job's id (keeps jobs sharing "
+          "a store\n"
+          "                      apart; default: TP_JOB_ID if set, else "
+          "random, or\n"
+          "                      with --nnodes derived from the endpoint, "
+          "-n and\n"
+          "                      --nnodes)\n"
           "  --log-dir DIR       also write each rank's output to "
           "DIR/rank-RANK.log\n"
           "  --output-ranks L    re-emit only these ranks' output (\"0,2-3\", "
@@ -222,7 +229,7 @@ tool_run_main(int argc, char **argv)
     const char *n_s = NULL, *addr = NULL, *port_s = NULL;
     const char *grace_s = NULL, *timeout_s = NULL, *nnodes_s = NULL;
     const char *node_rank_s = NULL, *rdzv_s = NULL, *log_dir = NULL;
-    const char *out_ranks_s = NULL;
+    const char *out_ranks_s = NULL, *rdzv_id = NULL;
     bool bad = false, no_token = false;
     int i = 1;
     for (; i < argc && !bad; i++) {
@@ -251,6 +258,7 @@ tool_run_main(int argc, char **argv)
             tool_opt_value(argc, argv, &i, "--master-addr", &addr, &bad) ||
             tool_opt_value(argc, argv, &i, "--master-port", &port_s, &bad) ||
             tool_opt_value(argc, argv, &i, "--rdzv-endpoint", &rdzv_s, &bad) ||
+            tool_opt_value(argc, argv, &i, "--rdzv-id", &rdzv_id, &bad) ||
             tool_opt_value(argc, argv, &i, "--log-dir", &log_dir, &bad) ||
             tool_opt_value(argc, argv, &i, "--output-ranks", &out_ranks_s,
                            &bad) ||
@@ -347,6 +355,9 @@ tool_run_main(int argc, char **argv)
         return TOOL_EXIT_USAGE;
     }
     int trc = run_job_token(no_token, nnodes);
+    if (trc == TOOL_EXIT_OK) {
+        trc = run_job_id(rdzv_id, nnodes, n64, addr, (unsigned)port);
+    }
     if (trc != TOOL_EXIT_OK) {
         return trc;
     }

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* run_impl.h (private to `tpipe run`) - what run.c (options, the launcher's
- * loop, signals, the failure summary), run_spawn.c (job secret, master
+ * loop, signals, the failure summary), run_spawn.c (job secret, job id, master
  * port, starting and stopping ranks, how they ended) and run_output.c
  * (output forwarding, --log-dir) share.
  */
@@ -44,6 +44,8 @@ typedef struct run_rank {
 
 // ---- run_spawn.c ----
 int run_job_token(bool none, uint64_t nnodes);
+int run_job_id(const char *rdzv_id, uint64_t nnodes, uint64_t nproc,
+               const char *addr, unsigned port);
 unsigned run_free_port(const char *addr);
 int run_exit_code(int status);
 const char *run_sig_name(int sig, char *buf, size_t len);

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// run_spawn.c - `tpipe run`: the ranks' job secret and master port, the
+// run_spawn.c - `tpipe run`: the ranks' job secret, job id and master port, the
 // child's side of starting a rank (see the top of run.c on signals and
 // fork), signalling the ranks, and how a reaped rank ended.
 
@@ -19,6 +19,33 @@
 #include "run_impl.h"
 #include "tool.h"
 #include "tp_config.h"
+
+// Fills @hex with 2 x @nbytes random hex digits (and a NUL); @what names
+// them in the error. False after reporting.
+static bool
+run_random_hex(char *hex, size_t nbytes, const char *what)
+{
+    unsigned char rnd[32];
+    size_t got = 0;
+    if (nbytes > sizeof(rnd)) {
+        nbytes = sizeof(rnd); // callers ask for at most 32
+    }
+    while (got < nbytes) {
+        ssize_t r = getrandom(rnd + got, nbytes - got, 0);
+        if (r < 0 && errno == EINTR) {
+            continue;
+        }
+        if (r < 0) {
+            tool_err("run: getrandom for %s: %s", what, strerror(errno));
+            return false;
+        }
+        got += (size_t)r;
+    }
+    for (size_t k = 0; k < nbytes; k++) {
+        snprintf(hex + 2 * k, 3, "%02x", rnd[k]);
+    }
+    return true;
+}
 
 // Gives the ranks a job secret: a fresh random TP_JOB_TOKEN (64 hex
 // digits), unless the user set TP_JOB_TOKEN or TP_JOB_TOKEN_FILE (several
@@ -50,26 +77,74 @@ run_job_token(bool none, uint64_t nnodes)
                  (unsigned long long)nnodes);
         return TOOL_EXIT_USAGE;
     }
-    unsigned char rnd[32];
-    size_t got = 0;
-    while (got < sizeof(rnd)) {
-        ssize_t r = getrandom(rnd + got, sizeof(rnd) - got, 0);
-        if (r < 0 && errno == EINTR) {
-            continue;
-        }
-        if (r < 0) {
-            tool_err("run: getrandom for the job secret: %s", strerror(errno));
-            return TOOL_EXIT_FAIL;
-        }
-        got += (size_t)r;
-    }
-    char hex[2 * sizeof(rnd) + 1];
-    for (size_t k = 0; k < sizeof(rnd); k++) {
-        snprintf(hex + 2 * k, 3, "%02x", rnd[k]);
+    char hex[2 * 32 + 1];
+    if (!run_random_hex(hex, 32, "the job secret")) {
+        return TOOL_EXIT_FAIL;
     }
     setenv("TP_JOB_TOKEN", hex, 1);
     return TOOL_EXIT_OK;
 #endif
+}
+
+// Longest job id the store's join keeps (JOIN_JOB_MAX in store/join.h).
+#define RUN_JOB_ID_MAX 64
+
+// Gives the ranks a job id every rank of the job agrees on, in TP_JOB_ID:
+// the store's join keeps concurrent jobs on one store apart by it
+// (docs/store.md). @rdzv_id (--rdzv-id) wins; else an inherited TP_JOB_ID
+// is passed on; else with one node a fresh random "run-<16 hex>"; else
+// (@nnodes > 1, the launchers cannot share a random one) one derived from
+// what every node is given alike: "run-<addr>:<port>-<M>x<N>", or
+// "run-<16 hex of its FNV-1a hash>" when that is too long. Returns
+// TOOL_EXIT_OK, or the exit status after reporting.
+int
+run_job_id(const char *rdzv_id, uint64_t nnodes, uint64_t nproc,
+           const char *addr, unsigned port)
+{
+    if (rdzv_id != NULL) {
+        size_t len = strlen(rdzv_id);
+        bool ok = len > 0 && len <= RUN_JOB_ID_MAX;
+        for (size_t k = 0; ok && k < len; k++) {
+            unsigned char c = (unsigned char)rdzv_id[k];
+            ok = c > ' ' && c < 0x7f;
+        }
+        if (!ok) {
+            tool_err("run: --rdzv-id needs 1..%d printable characters "
+                     "without spaces (the same on every node), not \"%s\"",
+                     RUN_JOB_ID_MAX, rdzv_id);
+            return TOOL_EXIT_USAGE;
+        }
+        setenv("TP_JOB_ID", rdzv_id, 1);
+        return TOOL_EXIT_OK;
+    }
+    const char *inherited = getenv("TP_JOB_ID");
+    if (inherited != NULL && inherited[0] != '\0') {
+        return TOOL_EXIT_OK; // the user's (or an outer launcher's)
+    }
+    char id[RUN_JOB_ID_MAX + 1];
+    if (nnodes <= 1) {
+        char hex[2 * 8 + 1];
+        if (!run_random_hex(hex, 8, "the job id")) {
+            return TOOL_EXIT_FAIL;
+        }
+        snprintf(id, sizeof(id), "run-%s", hex);
+    } else {
+        char full[512];
+        int fl =
+            snprintf(full, sizeof(full), "run-%s:%u-%llux%llu", addr, port,
+                     (unsigned long long)nnodes, (unsigned long long)nproc);
+        if (fl > 0 && (size_t)fl < sizeof(id)) {
+            memcpy(id, full, (size_t)fl + 1);
+        } else {
+            uint64_t h = UINT64_C(14695981039346656037); // FNV-1a
+            for (const char *c = full; *c != '\0'; c++) {
+                h = (h ^ (unsigned char)*c) * UINT64_C(1099511628211);
+            }
+            snprintf(id, sizeof(id), "run-%016llx", (unsigned long long)h);
+        }
+    }
+    setenv("TP_JOB_ID", id, 1);
+    return TOOL_EXIT_OK;
 }
 
 // Finds a free tcp port by binding port 0 on @addr. Returns the port, or
