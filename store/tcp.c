@@ -554,6 +554,24 @@ tcp_get(void *impl, const char *key, int64_t timeout_ms, uint64_t deadline_ns,
     return st != TP_OK ? st : tcp_read_value(impl, rdl, val_p, len_p, err_p);
 }
 
+// Sends @r and reads the answer's body, one signed 64-bit value (add,
+// delete_prefix, num_keys).
+static tp_status
+tcp_roundtrip_i64(void *impl, tcp_req *r, uint64_t deadline_ns, int64_t *v_p,
+                  tp_error **err_p)
+{
+    uint64_t rdl;
+    uint8_t d[8];
+    tp_status st = tcp_roundtrip(impl, r, deadline_ns, &rdl, err_p);
+    if (st == TP_OK) {
+        st = tcp_read_body(impl, d, 8, rdl, err_p);
+    }
+    if (st == TP_OK) {
+        *v_p = (int64_t)tp__get_u64le(d);
+    }
+    return st;
+}
+
 static tp_status
 tcp_add(void *impl, const char *key, int64_t delta, int64_t timeout_ms,
         uint64_t deadline_ns, int64_t *value_p, tp_error **err_p)
@@ -564,15 +582,7 @@ tcp_add(void *impl, const char *key, int64_t delta, int64_t timeout_ms,
     uint8_t d[8];
     tp__put_u64le(d, (uint64_t)delta);
     req_put(&r, d, 8);
-    uint64_t rdl;
-    tp_status st = tcp_roundtrip(impl, &r, deadline_ns, &rdl, err_p);
-    if (st == TP_OK) {
-        st = tcp_read_body(impl, d, 8, rdl, err_p);
-    }
-    if (st == TP_OK) {
-        *value_p = (int64_t)tp__get_u64le(d);
-    }
-    return st;
+    return tcp_roundtrip_i64(impl, &r, deadline_ns, value_p, err_p);
 }
 
 static tp_status
@@ -633,16 +643,7 @@ tcp_delete_prefix(void *impl, const char *prefix, int64_t timeout_ms,
     tcp_req r = {0};
     req_hdr(&r, TP_STORE_OP_DELETE_PREFIX, timeout_ms);
     req_key(&r, prefix);
-    uint64_t rdl;
-    uint8_t d[8];
-    tp_status st = tcp_roundtrip(impl, &r, deadline_ns, &rdl, err_p);
-    if (st == TP_OK) {
-        st = tcp_read_body(impl, d, 8, rdl, err_p);
-    }
-    if (st == TP_OK) {
-        *n_p = (int64_t)tp__get_u64le(d);
-    }
-    return st;
+    return tcp_roundtrip_i64(impl, &r, deadline_ns, n_p, err_p);
 }
 
 static tp_status
@@ -651,16 +652,7 @@ tcp_num_keys(void *impl, int64_t timeout_ms, uint64_t deadline_ns, int64_t *n_p,
 {
     tcp_req r = {0};
     req_hdr(&r, TP_STORE_OP_NUM_KEYS, timeout_ms);
-    uint64_t rdl;
-    uint8_t d[8];
-    tp_status st = tcp_roundtrip(impl, &r, deadline_ns, &rdl, err_p);
-    if (st == TP_OK) {
-        st = tcp_read_body(impl, d, 8, rdl, err_p);
-    }
-    if (st == TP_OK) {
-        *n_p = (int64_t)tp__get_u64le(d);
-    }
-    return st;
+    return tcp_roundtrip_i64(impl, &r, deadline_ns, n_p, err_p);
 }
 
 static tp_status
