@@ -21,7 +21,20 @@
 #define FAKE_HDR 4096u // the memfd's first page: the region's address
 
 struct tp_ibv_dev {
-    int d_unused;
+    char d_name[TP_IBV_NAME_LEN];
+    unsigned d_port;
+};
+
+// The fake's devices and their ports' states, as ibv_devinfo would list
+// them: fake_1's port 2 is down, so the ACTIVE check has a case.
+typedef struct fake_devinfo {
+    const char *fd_name;
+    unsigned fd_nports;
+    unsigned fd_down; // a port that is not ACTIVE (0: none)
+} fake_devinfo;
+static const fake_devinfo fake_devs[] = {
+    {"fake_0", 1, 0},
+    {"fake_1", 2, 2},
 };
 
 typedef struct fake_region {
@@ -93,12 +106,61 @@ tp__ibv_fake_corrupt_next_imm(uint32_t imm)
     atomic_store(&fake_corrupt_armed, true);
 }
 
+// The device choice of verbs_real.c, on the fake's table: TP_IBV_DEVICE
+// (or the first device), TP_IBV_PORT (or the first ACTIVE port).
+static tp_status
+fake_choose(const tp_config *cfg, tp_ibv_dev *d, tp_error **err_p)
+{
+    char want[TP_IBV_NAME_LEN];
+    unsigned port = 0;
+    tp_status st = tp__ibv_want_device(cfg, want, sizeof(want), &port, err_p);
+    if (st != TP_OK) {
+        return st;
+    }
+    const fake_devinfo *di = want[0] == '\0' ? &fake_devs[0] : NULL;
+    char names[128] = "";
+    for (size_t i = 0; i < TP_ARRAY_LEN(fake_devs); i++) {
+        size_t l = strlen(names);
+        snprintf(names + l, sizeof(names) - l, "%s%s", l ? "; " : "",
+                 fake_devs[i].fd_name);
+        if (di == NULL && strcmp(fake_devs[i].fd_name, want) == 0) {
+            di = &fake_devs[i];
+        }
+    }
+    if (di == NULL) {
+        return tp__error_set(err_p, TP_ENOTSUP,
+                             "ibv: TP_IBV_DEVICE=%s: no such device (the "
+                             "devices here: %s)",
+                             tp__ibv_tunables_of(cfg)->it_device, names);
+    }
+    if (port > di->fd_nports) {
+        return tp__error_set(err_p, TP_ENOTSUP,
+                             "ibv: no usable device (%s has ports 1..%u, not "
+                             "port %u)",
+                             di->fd_name, di->fd_nports, port);
+    }
+    if (port != 0 && port == di->fd_down) {
+        return tp__error_set(err_p, TP_ENOTSUP,
+                             "ibv: no usable device (%s port %u is DOWN, not "
+                             "ACTIVE (ibstat %s shows why))",
+                             di->fd_name, port, di->fd_name);
+    }
+    snprintf(d->d_name, sizeof(d->d_name), "%s", di->fd_name);
+    d->d_port = port != 0 ? port : 1;
+    return TP_OK;
+}
+
 static bool
 fake_probe(const tp_config *cfg, char *why, size_t why_len)
 {
-    TP_UNUSED(cfg);
-    TP_UNUSED(why);
-    TP_UNUSED(why_len);
+    tp_ibv_dev d;
+    tp_error *err = NULL;
+    if (fake_choose(cfg, &d, &err) != TP_OK) {
+        const char *m = tp_error_message(err);
+        snprintf(why, why_len, "%s", strncmp(m, "ibv: ", 5) == 0 ? m + 5 : m);
+        tp_error_unref(err);
+        return false;
+    }
     return true;
 }
 
@@ -106,14 +168,26 @@ static tp_status
 fake_dev_open(const tp_config *cfg, tp_ibv_dev **dev_p, char *domain,
               size_t domain_len, tp_error **err_p)
 {
-    TP_UNUSED(cfg);
     tp_ibv_dev *d = tp__zalloc(sizeof(*d));
     if (d == NULL) {
         return tp__error_set(err_p, TP_ENOMEM, "ibv fake: out of memory");
     }
+    tp_status st = fake_choose(cfg, d, err_p);
+    if (st != TP_OK) {
+        tp__free(d);
+        return st;
+    }
+    // One fabric: every fake device reaches every other.
     snprintf(domain, domain_len, "ibv:fake");
     *dev_p = d;
     return TP_OK;
+}
+
+// The device and port this transport's verbs opened (tests).
+void
+tp__ibv_fake_dev_name(const tp_ibv_dev *d, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s:%u", d->d_name, d->d_port);
 }
 
 static void

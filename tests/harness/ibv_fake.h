@@ -32,6 +32,11 @@ typedef struct tp_ibv_fake_stats {
 } tp_ibv_fake_stats;
 void tp__ibv_fake_stats(tp_ibv_fake_stats *st);
 
+// The fake's devices: "fake_0" (port 1) and "fake_1" (port 1, and port 2
+// DOWN); TP_IBV_DEVICE and TP_IBV_PORT choose among them as on real verbs.
+// "name:port" of the device @d opened.
+void tp__ibv_fake_dev_name(const tp_ibv_dev *d, char *buf, size_t len);
+
 // The next data write posted in this process carries @imm instead of its
 // length (a peer gone wrong: tests of protocol errors).
 void tp__ibv_fake_corrupt_next_imm(uint32_t imm);

@@ -3,8 +3,9 @@
 // (transport/ibv/proto.c) on its own, the registration cache, and
 // connections on the in-memory verbs fake (TP_IBV_FAKE=1, set by CTest):
 // rings wrapping many times, a peer closing mid-message, a peer writing an
-// out-of-range segment. The conformance suite runs on the fake too
-// (conformance_ibv_fake).
+// out-of-range segment; the tunables (device choice by name, ring size on
+// the wire and mismatched between ends, the ring pool's bound). The conformance
+// suite runs on the fake too (conformance_ibv_fake).
 
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +17,7 @@
 #include "ibv_fake.h"
 #include "tp_test.h"
 #include "tp_test_op.h"
+#include "transport/ibv/ibv_impl.h"
 #include "transport/ibv/proto.h"
 #include "transport/ibv/verbs.h"
 #include "transport/transport.h"
@@ -245,19 +247,45 @@ typedef struct fixture {
 } fixture;
 
 static void
-fx_init(fixture *fx)
+need_fake(void)
 {
-    tp_error *err = NULL;
-    memset(fx, 0, sizeof(*fx));
     if (tp__ibv_verbs() != &tp__ibv_verbs_fake) {
         tp_test_skip("needs TP_IBV_FAKE=1 (the in-memory verbs fake)");
     }
+}
+
+static void fx_pair(fixture *fx);
+
+// A connected pair on one transport; @sets: tunable name, value, ...,
+// NULL, applied over the environment's.
+static void
+fx_init_with(fixture *fx, const char *const *sets)
+{
+    tp_error *err = NULL;
+    memset(fx, 0, sizeof(*fx));
+    need_fake();
     TP_CHECK_OK(tp__config_load(&fx->cfg, &err), err);
+    for (size_t i = 0; sets != NULL && sets[i] != NULL; i += 2) {
+        TP_CHECK_OK(tp__config_set(&fx->cfg, sets[i], sets[i + 1], &err), err);
+    }
     TP_CHECK_OK(tp__loop_create(&fx->cfg, "ibvt", &fx->loop, &err), err);
     TP_CHECK_OK(tp__transport_create("ibv", fx->loop, &fx->cfg, &fx->t, &err),
                 err);
     TP_CHECK_OK(tp__transport_listen(fx->t, "ibv://127.0.0.1:0", &fx->l, &err),
                 err);
+    fx_pair(fx);
+}
+
+static void
+fx_init(fixture *fx)
+{
+    fx_init_with(fx, NULL);
+}
+
+// A new connected pair (fx->c, fx->s) on fx->l.
+static void
+fx_pair(fixture *fx)
+{
     op acc, con;
     op_init(&acc, 5000);
     op_init(&con, 5000);
@@ -473,6 +501,219 @@ conn_bad_segment_from_peer(void)
     fx_fini(&fx);
 }
 
+// ---- tunables on the fake --------------------------------------------------
+
+// @n bytes from @a to @b, both sides' ops in flight together.
+static void
+send_check(tp_conn *a, tp_conn *b, size_t n)
+{
+    uint8_t *out = malloc(n), *in = calloc(1, n);
+    TP_CHECK(out != NULL && in != NULL);
+    for (size_t i = 0; i < n; i++) {
+        out[i] = (uint8_t)(i * 7 + (i >> 13));
+    }
+    op w, r;
+    op_init(&w, 10000);
+    op_init(&r, 10000);
+    start(a, true, &w, out, n);
+    start(b, false, &r, in, n);
+    op_wait(&w, 15000);
+    op_wait(&r, 15000);
+    TP_CHECK_OK(tp_aio_status(w.aio), tp_aio_error(w.aio));
+    TP_CHECK_OK(tp_aio_status(r.aio), tp_aio_error(r.aio));
+    TP_CHECK(memcmp(out, in, n) == 0);
+    op_fini(&w);
+    op_fini(&r);
+    free(out);
+    free(in);
+}
+
+static const char *
+dev_of(tp_transport *t)
+{
+    static char buf[TP_IBV_NAME_LEN + 8];
+    ibv_ctx *x = tp_transport_ctx(t);
+    tp__ibv_fake_dev_name(x->x_dev, buf, sizeof(buf));
+    return buf;
+}
+
+// The device and port come from TP_IBV_DEVICE ("name" or "name:port") and
+// TP_IBV_PORT; by default the first device's first active port.
+static void
+tunables_device_by_name(void)
+{
+    fixture fx;
+    fx_init(&fx);
+    TP_CHECKF(strcmp(dev_of(fx.t), "fake_0:1") == 0, "got %s", dev_of(fx.t));
+    fx_fini(&fx);
+    const char *const by_name[] = {"ibv_device", "fake_1", NULL};
+    fx_init_with(&fx, by_name);
+    TP_CHECKF(strcmp(dev_of(fx.t), "fake_1:1") == 0, "got %s", dev_of(fx.t));
+    send_check(fx.c, fx.s, 1000);
+    fx_fini(&fx);
+    const char *const with_port[] = {"TP_IBV_DEVICE", "fake_1:1", NULL};
+    fx_init_with(&fx, with_port);
+    TP_CHECKF(strcmp(dev_of(fx.t), "fake_1:1") == 0, "got %s", dev_of(fx.t));
+    fx_fini(&fx);
+}
+
+// Transport creation on @sets fails; the message has each of @want.
+static void
+create_fails(const char *const *sets, tp_status st, const char *const *want)
+{
+    tp_config cfg;
+    tp_loop *loop = NULL;
+    tp_transport *t = NULL;
+    tp_error *err = NULL;
+    TP_CHECK_OK(tp__config_load(&cfg, &err), err);
+    for (size_t i = 0; sets[i] != NULL; i += 2) {
+        TP_CHECK_OK(tp__config_set(&cfg, sets[i], sets[i + 1], &err), err);
+    }
+    TP_CHECK_OK(tp__loop_create(&cfg, "ibvt", &loop, &err), err);
+    tp_status got = tp__transport_create("ibv", loop, &cfg, &t, &err);
+    const char *msg = tp_error_message(err);
+    TP_CHECKF(got == st, "got %s: %s", tp_status_name(got), msg);
+    for (size_t i = 0; want[i] != NULL; i++) {
+        TP_CHECK_STR_CONTAINS(msg, want[i]);
+    }
+    tp_error_unref(err);
+    tp__loop_destroy(loop);
+}
+
+// A device that is not there is refused with the list of those that are;
+// a port that is down or missing, and a malformed port, are refused naming
+// device, port and variable.
+static void
+tunables_device_refused(void)
+{
+    need_fake();
+    const char *const unknown[] = {"ibv_device", "mlx5_0", NULL};
+    const char *const unknown_msg[] = {"TP_IBV_DEVICE=mlx5_0", "no such device",
+                                       "fake_0", "fake_1", NULL};
+    create_fails(unknown, TP_ENOTSUP, unknown_msg);
+    const char *const down[] = {"ibv_device", "fake_1", "ibv_port", "2", NULL};
+    const char *const down_msg[] = {"fake_1 port 2", "not ACTIVE", NULL};
+    create_fails(down, TP_ENOTSUP, down_msg);
+    const char *const missing[] = {"ibv_device", "fake_0:3", NULL};
+    const char *const missing_msg[] = {"fake_0 has ports 1..1", "port 3", NULL};
+    create_fails(missing, TP_ENOTSUP, missing_msg);
+    const char *const bad[] = {"ibv_device", "fake_0:x", NULL};
+    const char *const bad_msg[] = {"TP_IBV_DEVICE=fake_0:x", NULL};
+    create_fails(bad, TP_ENOTSUP, bad_msg); // "not viable", with why
+    // Values out of bounds are refused by the table, naming the variable.
+    tp_config cfg;
+    tp_error *err = NULL;
+    tp__config_defaults(&cfg);
+    TP_CHECK_EQ(tp__config_set(&cfg, "TP_IBV_RING_SIZE", "100K", &err),
+                TP_EINVAL);
+    TP_CHECK_STR_CONTAINS(tp_error_message(err), "TP_IBV_RING_SIZE");
+    tp_error_unref(err);
+    err = NULL;
+    TP_CHECK_EQ(tp__config_set(&cfg, "TP_IBV_POOL_MAX", "65", &err), TP_EINVAL);
+    TP_CHECK_STR_CONTAINS(tp_error_message(err), "TP_IBV_POOL_MAX");
+    tp_error_unref(err);
+    err = NULL;
+    TP_CHECK_EQ(tp__config_set(&cfg, "TP_IBV_GID_INDEX", "-2", &err),
+                TP_EINVAL);
+    TP_CHECK_STR_CONTAINS(tp_error_message(err), "TP_IBV_GID_INDEX");
+    tp_error_unref(err);
+    err = NULL;
+    TP_CHECK_EQ(tp__config_set(&cfg, "TP_IBV_MTU", "1500", &err), TP_EINVAL);
+    TP_CHECK_STR_CONTAINS(tp_error_message(err), "TP_IBV_MTU");
+    tp_error_unref(err);
+}
+
+// TP_IBV_RING_SIZE sets the rings on the wire: a 64 KiB ring carries 1 MiB
+// both ways in writes of at most 64 KiB.
+static void
+tunables_ring_size_used(void)
+{
+    fixture fx;
+    const char *const sets[] = {"ibv_ring_size", "64K", NULL};
+    fx_init_with(&fx, sets);
+    ibv_ctx *x = tp_transport_ctx(fx.t);
+    TP_CHECK_EQ(x->x_ring_size, 64u << 10);
+    TP_CHECK_EQ(ibv_conn_of(fx.c)->ic_buf_len, 128u << 10);
+    TP_CHECK_EQ(ibv_conn_of(fx.c)->ic_p.p_tx_cap, 64u << 10);
+    tp_ibv_fake_stats s0, s1;
+    tp__ibv_fake_stats(&s0);
+    size_t n = 1u << 20;
+    send_check(fx.c, fx.s, n);
+    send_check(fx.s, fx.c, n);
+    tp__ibv_fake_stats(&s1);
+    TP_CHECK(s1.fs_writes - s0.fs_writes >= 2 * n / (64u << 10));
+    fx_fini(&fx);
+}
+
+// Two ends with different ring sizes refuse the connection, naming both
+// sizes and the variable.
+static void
+tunables_ring_size_mismatch(void)
+{
+    fixture fx;
+    const char *const sets[] = {"ibv_ring_size", "128K", NULL};
+    fx_init_with(&fx, sets);
+    tp_config cfg2 = fx.cfg;
+    tp_error *err = NULL;
+    TP_CHECK_OK(tp__config_set(&cfg2, "ibv_ring_size", "64K", &err), err);
+    tp_transport *t2 = NULL;
+    TP_CHECK_OK(tp__transport_create("ibv", fx.loop, &cfg2, &t2, &err), err);
+    op con;
+    op_init(&con, 5000);
+    tp__transport_connect(t2, tp__listener_addr(fx.l), con.aio);
+    op_wait(&con, 10000);
+    tp_status st = tp_aio_status(con.aio);
+    const char *msg = tp_error_message(tp_aio_error(con.aio));
+    TP_CHECKF(st == TP_EPROTO, "got %s: %s", tp_status_name(st), msg);
+    TP_CHECK_STR_CONTAINS(msg, "TP_IBV_RING_SIZE");
+    TP_CHECK_STR_CONTAINS(msg, "131072");
+    TP_CHECK_STR_CONTAINS(msg, "65536");
+    op_fini(&con);
+    // The listener goes on: a peer that agrees still connects.
+    tp__conn_unref(fx.c);
+    tp__conn_unref(fx.s);
+    fx_pair(&fx);
+    send_check(fx.c, fx.s, 300000);
+    tp__transport_destroy(t2);
+    fx_fini(&fx);
+}
+
+// TP_IBV_POOL_MAX bounds the registered rings kept: with 1, of a closed
+// pair's two ring pairs one is kept and one released; with 0 none.
+static void
+tunables_pool_max(void)
+{
+    fixture fx;
+    const char *const one[] = {"ibv_pool_max", "1", NULL};
+    fx_init_with(&fx, one);
+    ibv_ctx *x = tp_transport_ctx(fx.t);
+    tp_ibv_fake_stats s0, s1;
+    tp__ibv_fake_stats(&s0);
+    tp__conn_unref(fx.c);
+    tp__conn_unref(fx.s);
+    usleep(50000); // the conns are freed on the loop
+    tp__ibv_fake_stats(&s1);
+    TP_CHECK_EQ(x->x_npool, 1);
+    TP_CHECK_EQ(s1.fs_dereg_mr - s0.fs_dereg_mr, 1);
+    fx_pair(&fx); // one ring pair from the pool, one registered
+    tp__ibv_fake_stats(&s0);
+    TP_CHECK_EQ(s0.fs_reg_mr - s1.fs_reg_mr, 1);
+    TP_CHECK_EQ(x->x_npool, 0);
+    fx_fini(&fx);
+    const char *const none[] = {"ibv_pool_max", "0", NULL};
+    fx_init_with(&fx, none);
+    x = tp_transport_ctx(fx.t);
+    tp__conn_unref(fx.c);
+    tp__conn_unref(fx.s);
+    usleep(50000);
+    TP_CHECK_EQ(x->x_npool, 0);
+    tp__ibv_fake_stats(&s0);
+    fx_pair(&fx);
+    tp__ibv_fake_stats(&s1);
+    TP_CHECK_EQ(s1.fs_reg_mr - s0.fs_reg_mr, 2);
+    fx_fini(&fx);
+}
+
 // Without the fake, viability asks the real device; here there is none,
 // and the reason says what is missing.
 static void
@@ -505,6 +746,11 @@ static const tp_test_case cases[] = {
     TP_TEST_CASE(conn_rings_reused),
     TP_TEST_CASE(conn_peer_closes_mid_message),
     TP_TEST_CASE(conn_bad_segment_from_peer),
+    TP_TEST_CASE(tunables_device_by_name),
+    TP_TEST_CASE(tunables_device_refused),
+    TP_TEST_CASE(tunables_ring_size_used),
+    TP_TEST_CASE(tunables_ring_size_mismatch),
+    TP_TEST_CASE(tunables_pool_max),
     TP_TEST_CASE(real_viability_reason),
 };
 

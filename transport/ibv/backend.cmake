@@ -6,4 +6,5 @@
 # default; without a device it is not viable and says why.
 tp_backend(NAME ibv ORDER 30 OPS tp__transport_ibv_ops
            SOURCES ibv.c conn.c setup.c proto.c mr_cache.c verbs_real.c
+                   tunables.c
            CONDITION TP_HAVE_IBV)

@@ -54,12 +54,12 @@ tp__ibv_conn_verbs_init(ibv_conn *c, tp_error **err_p)
 {
     ibv_ctx *x = c->ic_x;
     const tp_ibv_verbs *v = x->x_v;
-    tp_status st = tp__ibv_proto_init(&c->ic_p, IBV_RING_SIZE, IBV_RING_SIZE,
+    tp_status st = tp__ibv_proto_init(&c->ic_p, x->x_ring_size, x->x_ring_size,
                                       IBV_MAX_SEGS, IBV_SEG_MAX);
     if (st != TP_OK) {
         return tp__error_set(err_p, st, "ibv: ring state: out of memory");
     }
-    c->ic_buf_len = 2 * IBV_RING_SIZE;
+    c->ic_buf_len = 2 * x->x_ring_size;
     if (x->x_npool > 0) {
         // A ring pair of a closed conn, still registered. Its QP was
         // destroyed before it came here, so no stale write can land.
@@ -148,7 +148,7 @@ static void
 ibv_ring_free(ibv_ctx *x, uint8_t *buf, const tp_ibv_mr *mr)
 {
     tp__ibv_mr_put(&x->x_mrc, mr);
-    x->x_v->buf_free(x->x_dev, buf, 2 * IBV_RING_SIZE);
+    x->x_v->buf_free(x->x_dev, buf, 2 * x->x_ring_size);
 }
 
 void
@@ -166,7 +166,7 @@ ibv_conn_free_buf(ibv_conn *c)
 {
     ibv_ctx *x = c->ic_x;
     TP_ASSERT(c->ic_qp == NULL);
-    if (c->ic_buf != NULL && c->ic_mr != NULL && x->x_npool < IBV_POOL_MAX) {
+    if (c->ic_buf != NULL && c->ic_mr != NULL && x->x_npool < x->x_pool_max) {
         x->x_pool[x->x_npool].r_buf = c->ic_buf;
         x->x_pool[x->x_npool].r_mr = c->ic_mr;
         x->x_npool++;
@@ -321,7 +321,7 @@ static void
 ibv_pump_writes(ibv_conn *c)
 {
     const tp_ibv_verbs *v = c->ic_x->x_v;
-    uint8_t *outbox = c->ic_buf + IBV_RING_SIZE;
+    uint8_t *outbox = c->ic_buf + c->ic_x->x_ring_size;
     tp_aio *aio;
     while (c->ic_state == IBV_OPEN &&
            (aio = tp__list_first(&c->ic_writeq)) != NULL) {

@@ -68,6 +68,9 @@ ibv_ctx_init(tp_transport *t, tp_error **err_p)
     x->x_t = t;
     x->x_v = tp__ibv_verbs();
     TP_LIST_INIT(&x->x_dead_accepts, ibv_accept_state, as_node);
+    const tp_ibv_tunables *it = tp__ibv_tunables_of(&t->t_cfg);
+    x->x_ring_size = (uint64_t)it->it_ring_size;
+    x->x_pool_max = (unsigned)it->it_pool_max;
     char domain[200] = "";
     tp_status st =
         x->x_v->dev_open(&t->t_cfg, &x->x_dev, domain, sizeof(domain), err_p);
@@ -110,6 +113,7 @@ const tp_transport_ops tp__transport_ibv_ops = {
     .ctx_size = sizeof(ibv_ctx),
     .listener_size = sizeof(ibv_listener),
     .conn_size = sizeof(ibv_conn),
+    .tunables = &tp__ibv_tunables,
     .is_viable = ibv_is_viable,
     .ctx_init = ibv_ctx_init,
     .ctx_fini = ibv_ctx_fini,

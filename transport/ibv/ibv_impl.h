@@ -12,6 +12,7 @@
  *               own hello and job-secret exchange, then our setup record:
  *               QP address, ring address and rkey), connect, listen, accept
  *   ibv.c       viability, the device, the domain, the ops table
+ *   tunables.c  the tunables table (TP_IBV_*), the device name's parser
  *   verbs_real.c / verbs.h  the verbs calls behind a table of pointers
  *
  * Everything runs on the loop thread (transport.c guarantees it; listen
@@ -29,14 +30,14 @@
 #include "transport/ibv/verbs.h"
 #include "transport/transport.h"
 
-// Tunables (compile-time; docs/transport-ibv.md).
-#define IBV_RING_SIZE   (UINT64_C(1) << 21) // each side's inbox, bytes
+// Constants of the protocol (docs/transport-ibv.md); the ring size and the
+// pool's bound are tunables (TP_IBV_RING_SIZE, TP_IBV_POOL_MAX: x_ring_size,
+// x_pool_max).
 #define IBV_MAX_SEGS    64u                 // unacked writes per direction
 #define IBV_SEG_MAX     (256u << 10)        // bytes per RDMA write
 #define IBV_QUEUE_DEPTH (2u * IBV_MAX_SEGS) // send and receive queues
 #define IBV_MAX_PENDING 128                 // per listener: handshaking + ready
 #define IBV_PFX_LEN     640
-#define IBV_POOL_MAX    8 // registered ring pairs kept for new conns
 
 // The setup record each side sends over the bootstrap connection once the
 // tcp hellos (and job secret) are through: magic, version, max segments,
@@ -70,7 +71,9 @@ typedef struct ibv_ctx {
     tp_transport *x_tcp; // the bootstrap transport, on the same loop
     tp_ibv_mr_cache x_mrc;
     tp_list x_dead_accepts; // accept states of closed listeners (setup.c)
-    ibv_ring x_pool[IBV_POOL_MAX];
+    uint64_t x_ring_size;   // TP_IBV_RING_SIZE: each conn's inbox (and outbox)
+    unsigned x_pool_max;    // TP_IBV_POOL_MAX
+    ibv_ring x_pool[TP_IBV_POOL_CAP];
     unsigned x_npool;
 } ibv_ctx;
 
@@ -109,7 +112,7 @@ typedef struct ibv_conn {
     ibv_boot *ic_boot;
     bool ic_sent_rec, ic_got_rec, ic_sent_ready, ic_got_ready;
     // Verbs.
-    uint8_t *ic_buf; // inbox [0, IBV_RING_SIZE), outbox after it
+    uint8_t *ic_buf; // inbox [0, x_ring_size), outbox after it
     size_t ic_buf_len;
     const tp_ibv_mr *ic_mr;
     tp_ibv_cq *ic_cq;

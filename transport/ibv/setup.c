@@ -181,7 +181,7 @@ ibv_exchange_begin(ibv_conn *c)
     memcpy(r, IBV_SETUP_MAGIC, 8);
     tp__put_u32le(r + 8, IBV_SETUP_VERSION);
     tp__put_u32le(r + 12, IBV_MAX_SEGS);
-    tp__put_u64le(r + 16, IBV_RING_SIZE);
+    tp__put_u64le(r + 16, c->ic_x->x_ring_size);
     tp__put_u64le(r + 24, (uint64_t)(uintptr_t)c->ic_buf);
     tp__put_u32le(r + 32, c->ic_mr->mr_rkey);
     tp__put_u32le(r + 36, 0);
@@ -211,11 +211,20 @@ ibv_record_take(ibv_conn *c)
     }
     uint32_t segs = tp__get_u32le(r + 12);
     uint64_t ring = tp__get_u64le(r + 16);
-    if (segs != IBV_MAX_SEGS || ring != IBV_RING_SIZE) {
+    if (ring != c->ic_x->x_ring_size) {
+        // Each side's outbox mirrors the peer's inbox, sized before the
+        // records cross: the two ends must agree.
         snprintf(what, sizeof(what),
-                 "bad setup record: ring of %" PRIu64 " bytes and %" PRIu32
-                 " segments (this side uses %" PRIu64 " and %u)",
-                 ring, segs, (uint64_t)IBV_RING_SIZE, IBV_MAX_SEGS);
+                 "ring size mismatch: the peer's TP_IBV_RING_SIZE is %" PRIu64
+                 " bytes, this side's %" PRIu64 " (set the same on both ends)",
+                 ring, c->ic_x->x_ring_size);
+        goto bad;
+    }
+    if (segs != IBV_MAX_SEGS) {
+        snprintf(what, sizeof(what),
+                 "bad setup record: %" PRIu32
+                 " segments in flight (this side uses %u)",
+                 segs, IBV_MAX_SEGS);
         goto bad;
     }
     c->ic_peer_addr = tp__get_u64le(r + 24);

@@ -22,6 +22,42 @@
 
 #include "core/config.h"
 #include "core/error.h"
+#include "core/tunables.h"
+
+// ---- tunables (tunables.c; docs/transport-ibv.md) ----
+// The ibv transport's own tunables (TP_TUNABLES_OWN), inside every
+// tp_config: read them with tp__ibv_tunables_of(cfg). The verbs table reads
+// the device, port, GID and link rows in dev_open; the transport reads the
+// ring and pool rows when its context starts.
+#define TP_IBV_NAME_LEN 64
+#define TP_IBV_POOL_CAP 64 // TP_IBV_POOL_MAX's bound
+typedef struct tp_ibv_tunables {
+    char it_device[TP_IBV_NAME_LEN]; // TP_IBV_DEVICE: "" | name | name:port
+    int64_t it_port;                 // TP_IBV_PORT, 0 = first active
+    int64_t it_gid_index;            // TP_IBV_GID_INDEX, -1 = choose
+    int64_t it_mtu;                  // TP_IBV_MTU: cap on the path MTU
+    int64_t it_ring_size;            // TP_IBV_RING_SIZE: each side's inbox
+    int64_t it_pool_max;             // TP_IBV_POOL_MAX: ring pairs kept
+    int64_t it_timeout;              // TP_IBV_TIMEOUT: 4.096 us * 2^n
+    int64_t it_retry_cnt;            // TP_IBV_RETRY_CNT
+    int64_t it_sl;                   // TP_IBV_SL: service level
+    int64_t it_tc;                   // TP_IBV_TC: traffic class (RoCE)
+} tp_ibv_tunables;
+
+extern const tp_tunables tp__ibv_tunables;
+
+static inline const tp_ibv_tunables *
+tp__ibv_tunables_of(const tp_config *cfg)
+{
+    return tp__config_own_const(cfg, &tp__ibv_tunables);
+}
+
+// The device and port asked for: TP_IBV_DEVICE is "" (any), "mlx5_0" or
+// "mlx5_0:1"; a port in it wins over TP_IBV_PORT. *port_p = 0: the first
+// active port. TP_EINVAL naming TP_IBV_DEVICE when the port part is not a
+// number in 1..255.
+tp_status tp__ibv_want_device(const tp_config *cfg, char *name, size_t name_len,
+                              unsigned *port_p, tp_error **err_p);
 
 typedef struct tp_ibv_dev tp_ibv_dev; // device + protection domain
 typedef struct tp_ibv_cq tp_ibv_cq;   // completion queue + its channel

@@ -1,15 +1,19 @@
 // SPDX-License-Identifier: Apache-2.0
 // verbs_real.c - the verbs table (verbs.h) over libibverbs: the only file
 // of the ibv transport that includes <infiniband/verbs.h>. Reliable-
-// connected QPs on the first device with an active port; GID index 0
-// (a global route header on RoCE); RNR and transport retries at their
-// maximum (7).
+// connected QPs on TP_IBV_DEVICE (or the first device with an ACTIVE
+// port), its TP_IBV_PORT (or first ACTIVE port), on RoCE the GID at
+// TP_IBV_GID_INDEX (or a RoCE v2 IPv4-mapped one, as NCCL picks), the
+// path MTU capped by TP_IBV_MTU; ACK timeout, retries, SL and traffic
+// class from TP_IBV_TIMEOUT, _RETRY_CNT, _SL, _TC; RNR retries at 7
+// (infinite).
 //
 // Untested here: this machine has no RDMA device (docs/transport-ibv.md).
 
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,7 +33,10 @@ struct tp_ibv_dev {
     uint8_t d_port;
     struct ibv_port_attr d_pattr;
     union ibv_gid d_gid;
-    char d_name[64];
+    uint8_t d_gid_index;
+    uint8_t d_mtu; // enum ibv_mtu we offer: min(port's active, TP_IBV_MTU)
+    uint8_t d_timeout, d_retry_cnt, d_sl, d_tc;
+    char d_name[TP_IBV_NAME_LEN];
 };
 
 struct tp_ibv_cq {
@@ -72,11 +79,168 @@ real_no_device_why(int list_errno, char *why, size_t why_len)
                     "/sys/module/ib_core; soft-RoCE cannot load either)");
 }
 
+// The tried list of an error: "; "-separated reasons.
+static void real_note(char *buf, size_t len, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void
+real_note(char *buf, size_t len, const char *fmt, ...)
+{
+    size_t l = strlen(buf);
+    if (l + 3 >= len) {
+        return;
+    }
+    if (l > 0) {
+        memcpy(buf + l, "; ", 3);
+        l += 2;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf + l, len - l, fmt, ap);
+    va_end(ap);
+}
+
+// A RoCE v2 GID that maps an IPv4 address (::ffff:a.b.c.d), the one NCCL
+// prefers: it routes over IPv4 and needs no IPv6 on the fabric.
+static bool
+real_gid_is_v4(const union ibv_gid *g)
+{
+    static const uint8_t pfx[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    return memcmp(g->raw, pfx, sizeof(pfx)) == 0;
+}
+
+// The GID of @port: on InfiniBand index 0 (no GRH is used); on RoCE
+// TP_IBV_GID_INDEX, or (-1) the first RoCE v2 IPv4-mapped GID, else the
+// first RoCE v2 one, else index 0. False with @why on failure.
+static bool
+real_gid_pick(tp_ibv_dev *d, const char *name, int64_t want, char *why,
+              size_t why_len)
+{
+    bool eth = d->d_pattr.link_layer == IBV_LINK_LAYER_ETHERNET;
+    int idx = want >= 0 && eth ? (int)want : 0;
+    if (eth && want < 0) {
+        int v2 = -1, v2_v4 = -1;
+        for (int i = 0; i < d->d_pattr.gid_tbl_len && v2_v4 < 0; i++) {
+            struct ibv_gid_entry e;
+            if (ibv_query_gid_ex(d->d_ctx, d->d_port, (uint32_t)i, &e, 0) !=
+                    0 ||
+                e.gid_type != IBV_GID_TYPE_ROCE_V2) {
+                continue;
+            }
+            if (v2 < 0) {
+                v2 = i;
+            }
+            if (real_gid_is_v4(&e.gid)) {
+                v2_v4 = i;
+            }
+        }
+        idx = v2_v4 >= 0 ? v2_v4 : v2 >= 0 ? v2 : 0;
+    }
+    if (idx >= d->d_pattr.gid_tbl_len ||
+        ibv_query_gid(d->d_ctx, d->d_port, idx, &d->d_gid) != 0) {
+        snprintf(why, why_len,
+                 "%s port %u: GID index %d cannot be read (the port has %d; "
+                 "TP_IBV_GID_INDEX)",
+                 name, d->d_port, idx, d->d_pattr.gid_tbl_len);
+        return false;
+    }
+    static const uint8_t zero[16];
+    if (eth && memcmp(d->d_gid.raw, zero, sizeof(zero)) == 0) {
+        snprintf(why, why_len,
+                 "%s port %u: GID index %d is empty (no address on the "
+                 "port's netdev?; TP_IBV_GID_INDEX)",
+                 name, d->d_port, idx);
+        return false;
+    }
+    d->d_gid_index = (uint8_t)idx;
+    return true;
+}
+
+// Takes port @port of @ctx (@name) into @d if it is ACTIVE and has a GID;
+// else notes why in @tried.
+static bool
+real_port_take(tp_ibv_dev *d, struct ibv_context *ctx, const char *name,
+               uint8_t port, const tp_ibv_tunables *it, char *tried,
+               size_t tried_len)
+{
+    struct ibv_port_attr pa;
+    int rv = ibv_query_port(ctx, port, &pa);
+    if (rv != 0) {
+        real_note(tried, tried_len, "%s port %u: ibv_query_port: %s", name,
+                  port, strerror(rv));
+        return false;
+    }
+    if (pa.state != IBV_PORT_ACTIVE) {
+        real_note(tried, tried_len,
+                  "%s port %u is %s, not ACTIVE (ibstat %s shows why)", name,
+                  port, ibv_port_state_str(pa.state), name);
+        return false;
+    }
+    d->d_ctx = ctx;
+    d->d_port = port;
+    d->d_pattr = pa;
+    char why[256];
+    if (!real_gid_pick(d, name, it->it_gid_index, why, sizeof(why))) {
+        real_note(tried, tried_len, "%s", why);
+        d->d_ctx = NULL;
+        return false;
+    }
+    // The MTU we offer: the port's, capped by TP_IBV_MTU (256 = code 1).
+    int cap = 1;
+    while ((INT64_C(256) << cap) <= it->it_mtu) {
+        cap++;
+    }
+    d->d_mtu = (uint8_t)TP_MIN((int)pa.active_mtu, cap);
+    snprintf(d->d_name, sizeof(d->d_name), "%s", name);
+    return true;
+}
+
+// Opens @dev and takes its port @want (0: the first ACTIVE one).
+static bool
+real_dev_take(tp_ibv_dev *d, struct ibv_device *dev, unsigned want,
+              const tp_ibv_tunables *it, char *tried, size_t tried_len)
+{
+    const char *name = ibv_get_device_name(dev);
+    struct ibv_context *ctx = ibv_open_device(dev);
+    if (ctx == NULL) {
+        real_note(tried, tried_len, "%s: cannot open (%s)", name,
+                  strerror(errno));
+        return false;
+    }
+    struct ibv_device_attr da;
+    int rv = ibv_query_device(ctx, &da);
+    if (rv != 0) {
+        real_note(tried, tried_len, "%s: ibv_query_device: %s", name,
+                  strerror(rv));
+        ibv_close_device(ctx);
+        return false;
+    }
+    if (want > da.phys_port_cnt) {
+        real_note(tried, tried_len, "%s has ports 1..%u, not port %u", name,
+                  da.phys_port_cnt, want);
+        ibv_close_device(ctx);
+        return false;
+    }
+    for (unsigned p = want ? want : 1; p <= (want ? want : da.phys_port_cnt);
+         p++) {
+        if (real_port_take(d, ctx, name, (uint8_t)p, it, tried, tried_len)) {
+            return true;
+        }
+    }
+    ibv_close_device(ctx);
+    return false;
+}
+
 static tp_status
 real_dev_open(const tp_config *cfg, tp_ibv_dev **dev_p, char *domain,
               size_t domain_len, tp_error **err_p)
 {
-    TP_UNUSED(cfg);
+    const tp_ibv_tunables *it = tp__ibv_tunables_of(cfg);
+    char want[TP_IBV_NAME_LEN];
+    unsigned port = 0;
+    tp_status st = tp__ibv_want_device(cfg, want, sizeof(want), &port, err_p);
+    if (st != TP_OK) {
+        return st;
+    }
     int n = 0;
     errno = 0;
     struct ibv_device **list = ibv_get_device_list(&n);
@@ -93,41 +257,32 @@ real_dev_open(const tp_config *cfg, tp_ibv_dev **dev_p, char *domain,
         ibv_free_device_list(list);
         return tp__error_set(err_p, TP_ENOMEM, "ibv: out of memory");
     }
-    char tried[256] = "";
+    d->d_timeout = (uint8_t)it->it_timeout;
+    d->d_retry_cnt = (uint8_t)it->it_retry_cnt;
+    d->d_sl = (uint8_t)it->it_sl;
+    d->d_tc = (uint8_t)it->it_tc;
+    char tried[512] = "";
+    char names[256] = "";
+    bool found = want[0] == '\0';
     for (int i = 0; i < n && d->d_ctx == NULL; i++) {
         const char *name = ibv_get_device_name(list[i]);
-        struct ibv_context *ctx = ibv_open_device(list[i]);
-        if (ctx == NULL) {
-            size_t l = strlen(tried);
-            snprintf(tried + l, sizeof(tried) - l, "%s%s: cannot open (%s)",
-                     l ? "; " : "", name, strerror(errno));
-            continue;
-        }
-        struct ibv_device_attr da;
-        if (ibv_query_device(ctx, &da) != 0) {
-            ibv_close_device(ctx);
-            continue;
-        }
-        for (uint8_t p = 1; p <= da.phys_port_cnt; p++) {
-            struct ibv_port_attr pa;
-            if (ibv_query_port(ctx, p, &pa) == 0 &&
-                pa.state == IBV_PORT_ACTIVE &&
-                ibv_query_gid(ctx, p, 0, &d->d_gid) == 0) {
-                d->d_ctx = ctx;
-                d->d_port = p;
-                d->d_pattr = pa;
-                snprintf(d->d_name, sizeof(d->d_name), "%s", name);
-                break;
+        real_note(names, sizeof(names), "%s", name);
+        if (want[0] != '\0') {
+            if (strcmp(name, want) != 0) {
+                continue;
             }
+            found = true;
         }
-        if (d->d_ctx == NULL) {
-            size_t l = strlen(tried);
-            snprintf(tried + l, sizeof(tried) - l, "%s%s: no active port",
-                     l ? "; " : "", name);
-            ibv_close_device(ctx);
-        }
+        (void)real_dev_take(d, list[i], port, it, tried, sizeof(tried));
     }
     ibv_free_device_list(list);
+    if (!found) { // the loop saw every device: names is complete
+        tp__free(d);
+        return tp__error_set(err_p, TP_ENOTSUP,
+                             "ibv: TP_IBV_DEVICE=%s: no such device (the "
+                             "devices here: %s)",
+                             it->it_device, names);
+    }
     if (d->d_ctx == NULL) {
         tp__free(d);
         return tp__error_set(err_p, TP_ENOTSUP, "ibv: no usable device (%s)",
@@ -138,8 +293,7 @@ real_dev_open(const tp_config *cfg, tp_ibv_dev **dev_p, char *domain,
         int e = errno;
         ibv_close_device(d->d_ctx);
         tp__free(d);
-        return tp__error_errno(err_p, e, "ibv: ibv_alloc_pd on %s",
-                               tried[0] ? tried : "the device");
+        return tp__error_errno(err_p, e, "ibv: ibv_alloc_pd on %s", d->d_name);
     }
     // One fabric: the same link layer and GID subnet prefix.
     const uint8_t *g = d->d_gid.raw;
@@ -378,7 +532,7 @@ real_qp_create(tp_ibv_dev *d, tp_ibv_cq *q, int send_depth, int recv_depth,
     b[QA_LID] = (uint8_t)(d->d_pattr.lid & 0xff);
     b[QA_LID + 1] = (uint8_t)(d->d_pattr.lid >> 8);
     b[QA_LL] = d->d_pattr.link_layer;
-    tp__put_u32le(b + QA_MTU, (uint32_t)d->d_pattr.active_mtu);
+    tp__put_u32le(b + QA_MTU, d->d_mtu);
     tp__put_u32le(b + QA_QPN, p->p_qp->qp_num);
     tp__put_u32le(b + QA_PSN, p->p_psn);
     memcpy(b + QA_GID, d->d_gid.raw, 16);
@@ -399,18 +553,20 @@ real_qp_connect(tp_ibv_qp *p, const tp_ibv_qp_addr *remote, tp_error **err_p)
     struct ibv_qp_attr a;
     memset(&a, 0, sizeof(a));
     a.qp_state = IBV_QPS_RTR;
-    a.path_mtu = (enum ibv_mtu)TP_MIN(mtu, (uint32_t)d->d_pattr.active_mtu);
+    a.path_mtu = (enum ibv_mtu)TP_MIN(mtu, (uint32_t)d->d_mtu);
     a.dest_qp_num = tp__get_u32le(b + QA_QPN);
     a.rq_psn = tp__get_u32le(b + QA_PSN) & 0xffffffu;
     a.max_dest_rd_atomic = 1;
     a.min_rnr_timer = 12;
     a.ah_attr.dlid = (uint16_t)(b[QA_LID] | (b[QA_LID + 1] << 8));
     a.ah_attr.port_num = d->d_port;
+    a.ah_attr.sl = d->d_sl;
     if (d->d_pattr.link_layer == IBV_LINK_LAYER_ETHERNET) {
         a.ah_attr.is_global = 1;
         memcpy(a.ah_attr.grh.dgid.raw, b + QA_GID, 16);
-        a.ah_attr.grh.sgid_index = 0;
+        a.ah_attr.grh.sgid_index = d->d_gid_index;
         a.ah_attr.grh.hop_limit = 1;
+        a.ah_attr.grh.traffic_class = d->d_tc;
     }
     int rv = ibv_modify_qp(
         p->p_qp, &a,
@@ -421,8 +577,8 @@ real_qp_connect(tp_ibv_qp *p, const tp_ibv_qp_addr *remote, tp_error **err_p)
     }
     memset(&a, 0, sizeof(a));
     a.qp_state = IBV_QPS_RTS;
-    a.timeout = 14;
-    a.retry_cnt = 7;
+    a.timeout = d->d_timeout;
+    a.retry_cnt = d->d_retry_cnt;
     a.rnr_retry = 7;
     a.sq_psn = p->p_psn;
     a.max_rd_atomic = 1;
