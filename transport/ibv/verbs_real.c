@@ -170,9 +170,13 @@ real_port_take(tp_ibv_dev *d, struct ibv_context *ctx, const char *name,
         return false;
     }
     if (pa.state != IBV_PORT_ACTIVE) {
+        const char *st = ibv_port_state_str(pa.state); // "PORT_DOWN"
+        if (strncmp(st, "PORT_", 5) == 0) {
+            st += 5;
+        }
         real_note(tried, tried_len,
                   "%s port %u is %s, not ACTIVE (ibstat %s shows why)", name,
-                  port, ibv_port_state_str(pa.state), name);
+                  port, st, name);
         return false;
     }
     d->d_ctx = ctx;
