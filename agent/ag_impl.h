@@ -263,6 +263,7 @@ struct tp_agent {
     ag_peer *a_self;
     tp_store *a_store;
     char a_prefix[48]; // "tp.rpc/<generation>/": this job's store keys
+    int64_t a_gen;     // the store generation joined (-1 before)
     tp_context *a_ctx;
     tp_pipe_listener *a_listener;
     tp_aio *a_accept_aio;

@@ -514,6 +514,7 @@ tp_rpc_init(const char *name, int rank, int world_size,
     }
     a->a_rank = rank;
     a->a_world = world_size;
+    a->a_gen = -1;
     a->a_peers = tp__zalloc((size_t)world_size * sizeof(ag_peer));
     a->a_table_size = 64;
     a->a_table = tp__zalloc(a->a_table_size * sizeof(ag_call *));

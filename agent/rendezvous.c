@@ -129,6 +129,7 @@ rendezvous_exchange(tp_agent *a, tp__store_member *j, uint64_t deadline,
     ag_peer *me = a->a_self;
     snprintf(a->a_prefix, sizeof(a->a_prefix), AG_KEY_PREFIX "w%d/%lld/",
              a->a_world, (long long)j->j_gen);
+    a->a_gen = j->j_gen;
     int n = snprintf(val, sizeof(val), "%s\n%d\n", me->p_info.name, a->a_world);
     for (int i = 0; i < me->p_nurls; i++) {
         n += snprintf(val + n, sizeof(val) - (size_t)n, "%s\n", me->p_urls[i]);
@@ -402,16 +403,25 @@ tp__ag_rendezvous_exit(tp_agent *a, uint64_t deadline)
     if (tp_store_set(a->a_store, key, "1", 1, tp__ms_left(deadline), &e) ==
             TP_OK &&
         a->a_rank == 0) {
+        // Every worker left: the job is over, its keys go (a store that
+        // outlives it, a file or a standalone server, keeps none of them).
+        bool all_left = true;
         for (int r = 1; r < a->a_world; r++) {
             if (a->a_peers[r].p_sd_missing) {
+                all_left = false;
                 continue;
             }
             snprintf(key, sizeof(key), "%sexit/%d", a->a_prefix, r);
             const char *keys[1] = {key};
             if (tp_store_wait(a->a_store, keys, 1, tp__ms_left(deadline), &e) !=
                 TP_OK) {
+                all_left = false;
                 break;
             }
+        }
+        if (all_left) {
+            tp__store_job_end(a->a_store, AG_KEY_PREFIX, a->a_world, a->a_gen,
+                              tp__ms_left(deadline));
         }
     }
     if (e != NULL) {

@@ -24,6 +24,7 @@
 #include "core/error.h"
 #include "core/hash.h"
 #include "core/log.h"
+#include "store/join.h"
 
 // ---- options
 // --------------------------------------------------------------------
@@ -558,6 +559,19 @@ tp_pg_destroy(tp_pg *pg)
     if (pg == w) {
         tp__p2p_destroy(w->w_p2p);
         w->w_p2p = NULL;
+        // The group's keys go with its last member, on a store that
+        // outlives the job (a file, a standalone server); one that rank
+        // 0's process hosts goes with it anyway, and may be gone already.
+        if (w->w_gen >= 0 && !w->w_gen_hosted) {
+            tp_error *le = NULL;
+            if (tp__store_job_leave(w->w_store, PG_KEY_PREFIX, w->g_size,
+                                    w->w_gen, PG_LEAVE_TIMEOUT_MS,
+                                    &le) != TP_OK) {
+                TP_LOG_DEBUG("TP-PG-DESTROY", "%s: leaving the store: %s",
+                             w->g_what, tp_error_message(le));
+            }
+            tp_error_unref(le);
+        }
         tp_store_close(w->w_store);
         w->w_store = NULL;
     }

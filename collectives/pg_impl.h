@@ -47,6 +47,8 @@
 #define PG_KEY_PREFIX      "tp.pg/"
 #define PG_DESC_BYTES      32
 #define PG_FINISH_GRACE_MS 5000
+// tp_pg_destroy's bound on telling the store it left (tp__store_job_leave).
+#define PG_LEAVE_TIMEOUT_MS 2000
 // Flight recorder: entries kept per group (TP_PG_FLIGHT_RECORDER).
 #define PG_FR_DEFAULT 64
 #define PG_FR_MAX     65536
@@ -206,6 +208,8 @@ struct tp_pg {
     int w_nsub;
     int w_ngroups_made;
     char w_prefix[64];
+    int64_t w_gen;     // the store generation joined (-1 before)
+    bool w_gen_hosted; // its store lives in rank 0's process
     struct pg_set {
         uint64_t hash;
         int count;

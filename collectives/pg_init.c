@@ -160,6 +160,7 @@ tp_pg_init(const char *init_method, int rank, int world_size,
     }
     w->g_world = w;
     w->w_store = store;
+    w->w_gen = -1;
     w->g_rank = rank;
     for (int i = 0; i < world_size; i++) {
         w->g_wranks[i] = i;
@@ -217,6 +218,8 @@ tp_pg_init(const char *init_method, int rank, int world_size,
         joined = true;
         snprintf(w->w_prefix, sizeof(w->w_prefix),
                  PG_KEY_PREFIX "w%d/%" PRId64 "/", world_size, join.j_gen);
+        w->w_gen = join.j_gen;
+        w->w_gen_hosted = join.j_hosted;
         snprintf(w->g_prefix, sizeof(w->g_prefix), "%sworld/", w->w_prefix);
         tp_error *xe = NULL;
         st = tp__pg_store_exchange(w, &join, w->w_prefix, "addr/", world_size,

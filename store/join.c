@@ -201,9 +201,10 @@ join_open(tp__store_member *j, int64_t init_ms, uint64_t deadline,
     free(v);
     char info[160];
     int64_t expiry = init_ms > 0 ? tp__join_realtime_ms() + init_ms : 0;
-    int in = snprintf(info, sizeof(info), "%d %" PRId64 " %d %s", j->j_world,
-                      expiry, tp__store_is_host(j->j_store) ? 1 : 0,
-                      j->j_job[0] != '\0' ? j->j_job : "-");
+    j->j_hosted = tp__store_is_host(j->j_store);
+    int in =
+        snprintf(info, sizeof(info), "%d %" PRId64 " %d %s", j->j_world, expiry,
+                 j->j_hosted ? 1 : 0, j->j_job[0] != '\0' ? j->j_job : "-");
     tp__join_key(j, j->j_gen, "info", key, sizeof(key));
     st = tp_store_set(j->j_store, key, info, (size_t)in, tp__ms_left(deadline),
                       err_p);
@@ -405,6 +406,7 @@ join_try(tp__store_member *j, int64_t gen, int64_t wait_ms, bool opened_since,
     }
     free(v);
     j->j_gen = gen;
+    j->j_hosted = ji.ji_hosted;
     *joined_p = true;
 out:
     free(info);

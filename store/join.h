@@ -24,6 +24,7 @@ typedef struct tp__store_member {
     int64_t j_gen; // the generation joined
     char j_token[96];
     char j_job[72]; // this job's id (TP_JOB_ID, Slurm, PMIx, torchrun); ""
+    bool j_hosted;  // rank 0's process hosts the store (its record says)
 } tp__store_member;
 
 /**
@@ -78,5 +79,29 @@ void tp__store_join_linger(tp__store_member *j, int64_t ms);
 /** tp__store_join_done - marks @j's generation complete: a later rank
  * that finds it waits for a newer one. */
 void tp__store_join_done(tp__store_member *j);
+
+/**
+ * tp__store_job_end - the end of a job: removes generation @gen of
+ * namespace @ns (world size @world) from @store: its join keys (the
+ * record first) and what its users published under "<ns>w<world>/<gen>/".
+ * Call it when no member uses them any more (the RPC agent's rank 0 after
+ * every worker said it left in a graceful shutdown). Best effort: each
+ * removal is bounded by @timeout_ms, errors are ignored (a later rank 0
+ * removes what is left of an over generation of its job).
+ */
+void tp__store_job_end(tp_store *store, const char *ns, int world, int64_t gen,
+                       int64_t timeout_ms);
+
+/**
+ * tp__store_job_leave - a member of generation @gen leaves for good (a
+ * process group destroyed): counts it in "<ns>w<world>/<gen>/left"; the
+ * last of the @world members to leave removes the generation
+ * (tp__store_job_end). Needs no other member: nobody waits. Errors: the
+ * store's (e.g. a store its rank 0 hosted is gone with it), within
+ * @timeout_ms; nothing is removed then.
+ */
+tp_status tp__store_job_leave(tp_store *store, const char *ns, int world,
+                              int64_t gen, int64_t timeout_ms,
+                              tp_error **err_p);
 
 #endif

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // join_gen.c - a rendezvous generation's record (g/<G>/info), the job's
-// id, the generation's keys, and the removal of old generations by the
-// rank 0 that opens a new one (join_int.h; the keys are listed in join.c).
+// id, the generation's keys, the removal of old generations by the rank 0
+// that opens a new one (join_int.h; the keys are listed in join.c), and of
+// a job's own generation when it ends (join.h).
 
 #include <ctype.h>
 #include <inttypes.h>
@@ -125,25 +126,30 @@ tp__join_peek(tp__store_member *j, const char *key, char **v_p,
 // that never completed, since a complete one may still be in use (a
 // process may hold two groups of one job at once).
 static void
-join_remove(tp__store_member *j, int64_t gen, int world, bool users)
+join_remove_within(tp__store_member *j, int64_t gen, int world, bool users,
+                   int64_t timeout_ms)
 {
     char key[96];
     tp_error *e = NULL;
     tp__join_key(j, gen, "info", key, sizeof(key));
-    (void)tp_store_delete_key(j->j_store, key, TP_TIMEOUT_DEFAULT, NULL, &e);
+    (void)tp_store_delete_key(j->j_store, key, timeout_ms, NULL, &e);
     tp_error_unref(e);
     e = NULL;
     tp__join_key(j, gen, "", key, sizeof(key));
-    (void)tp__store_delete_prefix(j->j_store, key, TP_TIMEOUT_DEFAULT, NULL,
-                                  &e);
+    (void)tp__store_delete_prefix(j->j_store, key, timeout_ms, NULL, &e);
     tp_error_unref(e);
     e = NULL;
     if (users) {
         snprintf(key, sizeof(key), "%sw%d/%" PRId64 "/", j->j_ns, world, gen);
-        (void)tp__store_delete_prefix(j->j_store, key, TP_TIMEOUT_DEFAULT, NULL,
-                                      &e);
+        (void)tp__store_delete_prefix(j->j_store, key, timeout_ms, NULL, &e);
         tp_error_unref(e);
     }
+}
+
+static void
+join_remove(tp__store_member *j, int64_t gen, int world, bool users)
+{
+    join_remove_within(j, gen, world, users, TP_TIMEOUT_DEFAULT);
 }
 
 // Rank 0, having opened generation @mine: removes the join keys of older
@@ -218,4 +224,39 @@ tp__join_clean(tp__store_member *j, int64_t mine)
         tp_error_unref(e);
     }
     free(mark);
+}
+
+// The end of a job: removes generation @gen of namespace @ns (world size
+// @world), its join keys and what its users published. Best effort, each
+// removal bounded by @timeout_ms.
+void
+tp__store_job_end(tp_store *store, const char *ns, int world, int64_t gen,
+                  int64_t timeout_ms)
+{
+    if (store == NULL || gen < 0) {
+        return;
+    }
+    tp__store_member j = {.j_store = store, .j_world = world, .j_gen = gen};
+    snprintf(j.j_ns, sizeof(j.j_ns), "%s", ns);
+    join_remove_within(&j, gen, world, true, timeout_ms);
+}
+
+tp_status
+tp__store_job_leave(tp_store *store, const char *ns, int world, int64_t gen,
+                    int64_t timeout_ms, tp_error **err_p)
+{
+    if (store == NULL || gen < 0 || world < 1) {
+        return TP_OK;
+    }
+    char key[96];
+    snprintf(key, sizeof(key), "%sw%d/%" PRId64 "/left", ns, world, gen);
+    int64_t left = 0;
+    tp_status st = tp_store_add(store, key, 1, timeout_ms, &left, err_p);
+    if (st != TP_OK) {
+        return st;
+    }
+    if (left == world) {
+        tp__store_job_end(store, ns, world, gen, timeout_ms);
+    }
+    return TP_OK;
 }

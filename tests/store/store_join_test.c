@@ -14,7 +14,10 @@
 //     are removed when the job's rank 0 opens a new one: the store does
 //     not grow with each job; what a generation's users published goes
 //     too when it never completed (the store's prefix delete, on every
-//     backend).
+//     backend);
+//   - the end of a job removes its own generation: tp__store_job_end, and
+//     tp__store_job_leave by the last member to leave (no waiting), on a
+//     file store and a mem store.
 // Loopback only; every wait has a deadline.
 
 #include "tp_test.h"
@@ -369,7 +372,74 @@ test_failed_generation_users_removed(void)
     unlink(path);
 }
 
+// The end of a job: each member leaves (tp__store_job_leave); the last one
+// removes the generation's join keys and its users' keys, and nothing
+// else; tp__store_job_end removes a generation outright.
+static void
+test_job_end_removes_its_keys(void)
+{
+    unsetenv("TP_JOB_ID");
+    char path[64], file[128], mem[64];
+    file_url(path, sizeof(path), file, sizeof(file));
+    snprintf(mem, sizeof(mem), "mem://jobend%d", (int)getpid());
+    const char *urls[] = {file, mem};
+    for (size_t u = 0; u < 2; u++) {
+        tp_store *s0 = open_store(urls[u], 0), *s1 = open_store(urls[u], 1);
+        tp_error *err = NULL;
+        TP_CHECK_OK(tp_store_set(s0, "other", "v", 1, WAIT_MS, &err), err);
+        int64_t before = -1;
+        TP_CHECK_OK(tp_store_num_keys(s0, WAIT_MS, &before, &err), err);
+        tp__store_member j0, j1;
+        join_ok(s0, 0, &j0);
+        join_ok(s1, 1, &j1);
+        tp__store_join_done(&j0);
+        char key[128];
+        snprintf(key, sizeof(key), NS "w2/%lld/addr/1", (long long)j0.j_gen);
+        TP_CHECK_OK(tp_store_set(s1, key, "tcp://x", 7, WAIT_MS, &err), err);
+        int64_t n = -1;
+        TP_CHECK_OK(tp__store_job_leave(s1, NS, 2, j1.j_gen, WAIT_MS, &err),
+                    err);
+        TP_CHECK_OK(tp_store_num_keys(s0, WAIT_MS, &n, &err), err);
+        TP_CHECKF(n > before + 1,
+                  "%s: the first to leave removed keys (%lld "
+                  "left, %lld before the job)",
+                  urls[u], (long long)n, (long long)before);
+        TP_CHECK_OK(tp__store_job_leave(s0, NS, 2, j0.j_gen, WAIT_MS, &err),
+                    err);
+        // Left: "other" and the namespace's generation counter.
+        TP_CHECK_OK(tp_store_num_keys(s0, WAIT_MS, &n, &err), err);
+        TP_CHECKF(n == before + 1,
+                  "%s: %lld keys after the last left, want "
+                  "%lld",
+                  urls[u], (long long)n, (long long)before + 1);
+        void *v = NULL;
+        size_t len = 0;
+        TP_CHECK_OK(tp_store_get(s0, "other", WAIT_MS, &v, &len, &err), err);
+        free(v);
+        TP_CHECK_OK(tp_store_get(s0, NS "open", WAIT_MS, &v, &len, &err), err);
+        free(v);
+        // tp__store_job_end: a second job's generation goes at once.
+        join_ok(s0, 0, &j0);
+        join_ok(s1, 1, &j1);
+        tp__store_join_done(&j0);
+        tp__store_job_end(s0, NS, 2, j0.j_gen, WAIT_MS);
+        TP_CHECK_OK(tp_store_num_keys(s0, WAIT_MS, &n, &err), err);
+        TP_CHECKF(n == before + 1,
+                  "%s: %lld keys after tp__store_job_end, "
+                  "want %lld",
+                  urls[u], (long long)n, (long long)before + 1);
+        // A later job on the same store joins as usual.
+        join_ok(s0, 0, &j0);
+        join_ok(s1, 1, &j1);
+        TP_CHECK_EQ(j0.j_gen, j1.j_gen);
+        tp_store_close(s1);
+        tp_store_close(s0);
+    }
+    unlink(path);
+}
+
 static const tp_test_case cases[] = {
+    TP_TEST_CASE(test_job_end_removes_its_keys),
     TP_TEST_CASE(test_dup_after_init_remote_holder),
     TP_TEST_CASE(test_dup_after_init_local_holder),
     TP_TEST_CASE(test_two_jobs_apart),
