@@ -1,9 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* bench_pipe.h (internal) - what the files of `tpipe bench pipe` share:
- * bench_pipe.c (options, main), bench_pipe_server.c (the echo and sink
- * server, in a forked child or in this process), bench_pipe_client.c (the
- * client that measures, one combination and repetition) and
- * bench_pipe_plot.c (the ceilings, the rows and the SVG). */
+ * bench_pipe.c (main, the modes across hosts), bench_pipe_opts.c (the
+ * options), bench_pipe_server.c (the echo and sink server, in a forked
+ * child or in this process), bench_pipe_client.c (the client that
+ * measures, one combination and repetition), bench_pipe_msgrate.c (--test
+ * msgrate's pairs) and bench_pipe_plot.c (the ceilings, the rows and the
+ * SVG). */
 #ifndef TP_TOOLS_BENCH_PIPE_H
 #define TP_TOOLS_BENCH_PIPE_H
 
@@ -145,6 +147,17 @@ bp_outcome bp_run_rep(bp_run *r, bench_cell *cells);
 // Measures one repetition against the server at @url (another tpipe
 // process, --connect or launched): no fork.
 bp_outcome bp_run_remote(bp_run *r, const char *url, bench_cell *cells);
+
+// --test msgrate (bench_pipe_msgrate.c): o->bo_pairs forked pairs at once;
+// the stream cells get the sums of their GB/s. BP_SKIP or BP_FAIL with
+// r->pr_err set.
+bp_outcome bp_msgrate(bp_run *r, bench_cell *cells);
+
+// ---- options (bench_pipe_opts.c) -------------------------------------------
+
+// Parses and checks the options into @o. Returns -1 to continue, else the
+// exit status (after printing the usage or the error).
+int bp_parse_args(int argc, char **argv, bp_opts *o);
 
 // ---- output (bench_pipe_plot.c) --------------------------------------------
 
