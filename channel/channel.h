@@ -26,12 +26,23 @@
  * Errors the channel detects (bad info from the peer, a lane died) go to
  * ce_fail, which closes the pipe; the pipe then calls close, after which
  * every pending op must complete (with the error given to close).
+ *
+ * Devices: each op says where its buffer is on this end (co_device), and
+ * each channel declares the device pairs it can move bytes between
+ * (devices, TP_CHAN_DEV_*). The pipe's channel is chosen among those
+ * carrying TP_CHAN_DEV_CPU_CPU; a tensor on a CUDA device is staged
+ * through host memory (pipe/pipe_cuda.c) and handed to that channel as a
+ * CPU buffer, and the pipe never gives a channel an op on a device kind
+ * its mask lacks (docs/cuda.md). A channel that moves device memory
+ * itself (cuda_ipc, not built yet) would declare TP_CHAN_DEV_CUDA_CUDA.
  */
 #ifndef TP_CHANNEL_CHANNEL_H
 #define TP_CHANNEL_CHANNEL_H
 
 #include <stdbool.h>
 #include <stdint.h>
+
+#include <tpipe/tensor.h>
 
 #include "channel/chan_info.h"
 #include "core/config.h"
@@ -43,6 +54,13 @@
 
 #define TP_CHANNEL_ABI_V1 1u
 
+// Device pairs a channel moves bytes between (tp_channel_ops.devices).
+enum {
+    TP_CHAN_DEV_CPU_CPU = 1u << 0,   // host memory on both ends
+    TP_CHAN_DEV_CUDA_CUDA = 1u << 1, // CUDA device memory on both ends
+    TP_CHAN_DEV_CPU_CUDA = 1u << 2,  // host on one end, CUDA on the other
+};
+
 typedef struct tp_chan tp_chan;
 typedef struct tp_chan_op tp_chan_op;
 
@@ -50,8 +68,9 @@ struct tp_chan_op {
     // set by the pipe
     void *co_buf;
     uint64_t co_len;
-    uint64_t co_seq;   // message sequence number (per direction, from 0)
-    uint32_t co_index; // tensor index in the message
+    uint64_t co_seq;     // message sequence number (per direction, from 0)
+    uint32_t co_index;   // tensor index in the message
+    tp_device co_device; // where co_buf is on this end (cpu: host memory)
     tp__chan_info co_info;
     void (*co_done)(tp_chan_op *op, tp_error *err);
     void *co_arg;
@@ -79,6 +98,8 @@ typedef struct tp_chan_env {
 typedef struct tp_channel_ops {
     uint32_t abi_version; // TP_CHANNEL_ABI_V1
     const char *name;     // "basic", "xth", "cma", "mpt"
+    // The device pairs it carries (TP_CHAN_DEV_*, at least one).
+    uint32_t devices;
     // The tensor bytes go on the pipe's own connection, right after the
     // payloads (basic): send/recv are then not called.
     bool inline_data;

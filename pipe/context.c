@@ -283,6 +283,13 @@ ctx_setup_channels(tp_context *ctx, const tp_context_options *o)
             snprintf(b->cb_why, sizeof(b->cb_why), "not viable here: %s", why);
             continue;
         }
+        if ((ops->devices & (TP_CHAN_DEV_CPU_CPU | TP_CHAN_DEV_CUDA_CUDA |
+                             TP_CHAN_DEV_CPU_CUDA)) == 0) {
+            snprintf(b->cb_why, sizeof(b->cb_why),
+                     "declares no device pair it carries (devices 0x%x)",
+                     (unsigned)ops->devices);
+            continue;
+        }
         tp_error *err = NULL;
         if (ops->domain(&ctx->x_cfg, b->cb_domain, sizeof(b->cb_domain),
                         &err) != TP_OK) {

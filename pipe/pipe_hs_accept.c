@@ -92,6 +92,13 @@ pipe_choose(tp_pipe *p, tp_pipe_listener *pl, const tp__brochure *b,
         }
         if (!c->cb_used) {
             tp__report_add(rep, cap, "channel %s: %s\n", c->cb_name, c->cb_why);
+        } else if (!(c->cb_channel_ops->devices & TP_CHAN_DEV_CPU_CPU)) {
+            // The pipe's channel carries host buffers (CUDA tensors are
+            // staged through host memory, pipe_cuda.c).
+            tp__report_add(rep, cap,
+                           "channel %s: carries no cpu-cpu tensors (device "
+                           "channel, not the pipe's)\n",
+                           c->cb_name);
         } else if (p->p_ch != NULL) {
             tp__report_add(rep, cap,
                            "channel %s: usable, lower priority than "

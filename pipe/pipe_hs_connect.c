@@ -373,6 +373,15 @@ hs_step(tp_pipe *p)
             hs_fail(p, TP_EPROTO, NULL, what);
             return;
         }
+        if (!(p->p_ch->cb_channel_ops->devices & TP_CHAN_DEV_CPU_CPU)) {
+            char what[160];
+            snprintf(what, sizeof(what),
+                     "protocol error: the peer chose channel \"%s\" for "
+                     "the pipe, which carries no cpu-cpu tensors",
+                     a->a_channel);
+            hs_fail(p, TP_EPROTO, NULL, what);
+            return;
+        }
         p->p_chops = p->p_ch->cb_channel_ops;
         hs_connector_report(p);
         if (a->a_transport_reg_id == 0) {

@@ -435,6 +435,10 @@ pipe_read_start(void *obj, tp_aio *aio)
         op->co_len = m->tensors[i].len;
         op->co_seq = r->r_seq;
         op->co_index = i;
+        // A tensor bound for a CUDA device is received into host staging.
+        op->co_device = op->co_buf == m->tensors[i].data
+                            ? m->tensors[i].device
+                            : (tp_device){TP_DEVICE_CPU, 0};
         op->co_info = r->r_infos[i];
         op->co_done = rop_chan_done;
         op->co_arg = r;

@@ -210,6 +210,10 @@ wop_start(tp_pipe *p, pipe_wop *w, tp_error **err_p)
         op->co_len = m->tensors[i].len;
         op->co_seq = w->w_seq;
         op->co_index = i;
+        // A staged CUDA tensor is sent from its host copy.
+        op->co_device = op->co_buf == m->tensors[i].data
+                            ? m->tensors[i].device
+                            : (tp_device){TP_DEVICE_CPU, 0};
         op->co_done = wop_chan_done;
         op->co_arg = w;
         w->w_ops_pending++;

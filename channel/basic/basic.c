@@ -36,6 +36,7 @@ basic_domain(const tp_config *cfg, char *buf, size_t len, tp_error **err_p)
 const tp_channel_ops tp__channel_basic_ops = {
     .abi_version = TP_CHANNEL_ABI_V1,
     .name = "basic",
+    .devices = TP_CHAN_DEV_CPU_CPU,
     .inline_data = true,
     .nconns = basic_nconns,
     .is_viable = basic_is_viable,

@@ -792,6 +792,7 @@ const tp_tunables tp__cma_tunables = {
 const tp_channel_ops tp__channel_cma_ops = {
     .abi_version = TP_CHANNEL_ABI_V1,
     .name = "cma",
+    .devices = TP_CHAN_DEV_CPU_CPU,
     .tunables = &tp__cma_tunables,
     .nconns = cma_nconns,
     .is_viable = cma_is_viable,

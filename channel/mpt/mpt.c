@@ -242,6 +242,7 @@ static const tp_tunables tp__mpt_tunables = {
 const tp_channel_ops tp__channel_mpt_ops = {
     .abi_version = TP_CHANNEL_ABI_V1,
     .name = "mpt",
+    .devices = TP_CHAN_DEV_CPU_CPU,
     .tunables = &tp__mpt_tunables,
     .nconns = mpt_nconns,
     .is_viable = mpt_is_viable,

@@ -273,6 +273,7 @@ xth_destroy(tp_chan *ch)
 const tp_channel_ops tp__channel_xth_ops = {
     .abi_version = TP_CHANNEL_ABI_V1,
     .name = "xth",
+    .devices = TP_CHAN_DEV_CPU_CPU,
     .nconns = xth_nconns,
     .is_viable = xth_is_viable,
     .domain = xth_domain,

@@ -888,6 +888,11 @@ pair_skip(const tp_config *cfg, const tp_transport_ops *t,
     bool lanes = false;
     if (!t->is_viable(cfg, why, sizeof(why))) {
         snprintf(out, len, "transport %s is not viable here: %s", t->name, why);
+    } else if (!(c->devices & TP_CHAN_DEV_CPU_CPU)) {
+        snprintf(out, len,
+                 "channel %s carries no cpu-cpu tensors (a device channel, "
+                 "never the pipe's)",
+                 c->name);
     } else if (!c->is_viable(cfg, why, sizeof(why))) {
         snprintf(out, len, "channel %s is not viable here: %s", c->name, why);
     } else if ((void)c->nconns(cfg, &lanes),
