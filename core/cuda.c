@@ -30,6 +30,17 @@ typedef cudaError_t (*cuda_stream_fn)(cudaStream_t);
 typedef cudaError_t (*cuda_malloc_host_fn)(void **, size_t);
 typedef cudaError_t (*cuda_sync_fn)(void);
 typedef cudaError_t (*cuda_free_host_fn)(void *);
+typedef cudaError_t (*cuda_ipc_get_mem_fn)(cudaIpcMemHandle_t *, void *);
+typedef cudaError_t (*cuda_ipc_open_mem_fn)(void **, cudaIpcMemHandle_t,
+                                            unsigned int);
+typedef cudaError_t (*cuda_ipc_close_mem_fn)(void *);
+typedef cudaError_t (*cuda_event_create_fn)(cudaEvent_t *, unsigned int);
+typedef cudaError_t (*cuda_event_record_fn)(cudaEvent_t, cudaStream_t);
+typedef cudaError_t (*cuda_event_fn)(cudaEvent_t);
+typedef cudaError_t (*cuda_ipc_get_event_fn)(cudaIpcEventHandle_t *,
+                                             cudaEvent_t);
+typedef cudaError_t (*cuda_ipc_open_event_fn)(cudaEvent_t *,
+                                              cudaIpcEventHandle_t);
 
 static struct {
     void *lib;
@@ -45,6 +56,17 @@ static struct {
     cuda_malloc_host_fn malloc_host;
     cuda_free_host_fn free_host;
     cuda_sync_fn device_sync;
+    // Optional (NULL: absent, why in ipc_why).
+    cuda_ipc_get_mem_fn ipc_get_mem;
+    cuda_ipc_open_mem_fn ipc_open_mem;
+    cuda_ipc_close_mem_fn ipc_close_mem;
+    cuda_event_create_fn event_create;
+    cuda_event_record_fn event_record;
+    cuda_event_fn event_sync;
+    cuda_event_fn event_destroy;
+    cuda_ipc_get_event_fn ipc_get_event;
+    cuda_ipc_open_event_fn ipc_open_event;
+    char ipc_why[128];
     int ndev;
     char why[256];
 } cuda;
@@ -107,6 +129,26 @@ cuda_load(void)
     CUDA_SYM(malloc_host, "cudaMallocHost");
     CUDA_SYM(free_host, "cudaFreeHost");
     CUDA_SYM(device_sync, "cudaDeviceSynchronize");
+    // Optional: without them only the cuda_ipc path is refused.
+#define CUDA_OPT(field, name)                                                  \
+    do {                                                                       \
+        void *p_ = dlsym(cuda.lib, name);                                      \
+        memcpy(&cuda.field, &p_, sizeof(p_));                                  \
+        if (p_ == NULL && cuda.ipc_why[0] == '\0') {                           \
+            snprintf(cuda.ipc_why, sizeof(cuda.ipc_why),                       \
+                     "libcudart has no %s", name);                             \
+        }                                                                      \
+    } while (0)
+    CUDA_OPT(ipc_get_mem, "cudaIpcGetMemHandle");
+    CUDA_OPT(ipc_open_mem, "cudaIpcOpenMemHandle");
+    CUDA_OPT(ipc_close_mem, "cudaIpcCloseMemHandle");
+    CUDA_OPT(event_create, "cudaEventCreateWithFlags");
+    CUDA_OPT(event_record, "cudaEventRecord");
+    CUDA_OPT(event_sync, "cudaEventSynchronize");
+    CUDA_OPT(event_destroy, "cudaEventDestroy");
+    CUDA_OPT(ipc_get_event, "cudaIpcGetEventHandle");
+    CUDA_OPT(ipc_open_event, "cudaIpcOpenEventHandle");
+#undef CUDA_OPT
 #undef CUDA_SYM
     if (cuda.why[0] != '\0') {
         return;
@@ -314,6 +356,172 @@ tp__cuda_host_free(void *ptr)
     }
 }
 
+// TP_OK when the runtime loaded with its IPC functions and @device
+// exists (made current; -1: no device to check).
+static tp_status
+cuda_ipc_check(int device, tp_error **err_p, const char *what)
+{
+    char why[256];
+    if (!tp__cuda_available(why, sizeof(why))) {
+        return tp__error_set(err_p, TP_ENOTSUP, "cuda: %s: %s", what, why);
+    }
+    if (cuda.ipc_why[0] != '\0') {
+        return tp__error_set(err_p, TP_ENOTSUP,
+                             "cuda: %s: interprocess sharing is not "
+                             "available: %s",
+                             what, cuda.ipc_why);
+    }
+    return device < 0 ? TP_OK : cuda_check(device, err_p, what);
+}
+
+#define CUDA_IPC_FAIL(err_p, e, ...)                                           \
+    tp__error_set(err_p, TP_EDEVICE, __VA_ARGS__, cuda.error_string(e))
+
+tp_status
+tp__cuda_ipc_mem_export(int device, void *base,
+                        uint8_t handle[TP_CUDA_IPC_HANDLE_LEN],
+                        tp_error **err_p)
+{
+    _Static_assert(sizeof(cudaIpcMemHandle_t) == TP_CUDA_IPC_HANDLE_LEN,
+                   "cudaIpcMemHandle_t is 64 bytes");
+    tp_status st = cuda_ipc_check(device, err_p, "ipc export");
+    if (st != TP_OK) {
+        return st;
+    }
+    cudaIpcMemHandle_t h;
+    cudaError_t e = cuda.ipc_get_mem(&h, base);
+    if (e != cudaSuccess) {
+        return CUDA_IPC_FAIL(err_p, e,
+                             "cuda: cudaIpcGetMemHandle(%p) on device %d: %s",
+                             base, device);
+    }
+    memcpy(handle, &h, sizeof(h));
+    return TP_OK;
+}
+
+tp_status
+tp__cuda_ipc_mem_open(int device, const uint8_t handle[TP_CUDA_IPC_HANDLE_LEN],
+                      void **base_p, tp_error **err_p)
+{
+    tp_status st = cuda_ipc_check(device, err_p, "ipc open");
+    if (st != TP_OK) {
+        return st;
+    }
+    cudaIpcMemHandle_t h;
+    memcpy(&h, handle, sizeof(h));
+    void *p = NULL;
+    cudaError_t e = cuda.ipc_open_mem(&p, h, cudaIpcMemLazyEnablePeerAccess);
+    if (e != cudaSuccess) {
+        return CUDA_IPC_FAIL(
+            err_p, e, "cuda: cudaIpcOpenMemHandle on device %d: %s", device);
+    }
+    *base_p = p;
+    return TP_OK;
+}
+
+void
+tp__cuda_ipc_mem_close(int device, void *base)
+{
+    if (base == NULL || cuda_ipc_check(device, NULL, "ipc close") != TP_OK) {
+        return;
+    }
+    cuda.ipc_close_mem(base);
+}
+
+tp_status
+tp__cuda_event_create_ipc(int device, void **event_p, tp_error **err_p)
+{
+    tp_status st = cuda_ipc_check(device, err_p, "event");
+    if (st != TP_OK) {
+        return st;
+    }
+    cudaEvent_t ev = NULL;
+    cudaError_t e =
+        cuda.event_create(&ev, cudaEventDisableTiming | cudaEventInterprocess);
+    if (e != cudaSuccess) {
+        return CUDA_IPC_FAIL(err_p, e,
+                             "cuda: cudaEventCreateWithFlags on device %d: %s",
+                             device);
+    }
+    *event_p = (void *)ev;
+    return TP_OK;
+}
+
+tp_status
+tp__cuda_event_record(void *event, tp_error **err_p)
+{
+    tp_status st = cuda_ipc_check(-1, err_p, "event record");
+    if (st != TP_OK) {
+        return st;
+    }
+    cudaError_t e = cuda.event_record((cudaEvent_t)event, (cudaStream_t)0);
+    if (e != cudaSuccess) {
+        return CUDA_IPC_FAIL(err_p, e, "cuda: cudaEventRecord: %s");
+    }
+    return TP_OK;
+}
+
+tp_status
+tp__cuda_event_export(void *event, uint8_t handle[TP_CUDA_IPC_HANDLE_LEN],
+                      tp_error **err_p)
+{
+    _Static_assert(sizeof(cudaIpcEventHandle_t) == TP_CUDA_IPC_HANDLE_LEN,
+                   "cudaIpcEventHandle_t is 64 bytes");
+    tp_status st = cuda_ipc_check(-1, err_p, "event export");
+    if (st != TP_OK) {
+        return st;
+    }
+    cudaIpcEventHandle_t h;
+    cudaError_t e = cuda.ipc_get_event(&h, (cudaEvent_t)event);
+    if (e != cudaSuccess) {
+        return CUDA_IPC_FAIL(err_p, e, "cuda: cudaIpcGetEventHandle: %s");
+    }
+    memcpy(handle, &h, sizeof(h));
+    return TP_OK;
+}
+
+tp_status
+tp__cuda_event_open(int device, const uint8_t handle[TP_CUDA_IPC_HANDLE_LEN],
+                    void **event_p, tp_error **err_p)
+{
+    tp_status st = cuda_ipc_check(device, err_p, "event open");
+    if (st != TP_OK) {
+        return st;
+    }
+    cudaIpcEventHandle_t h;
+    memcpy(&h, handle, sizeof(h));
+    cudaEvent_t ev = NULL;
+    cudaError_t e = cuda.ipc_open_event(&ev, h);
+    if (e != cudaSuccess) {
+        return CUDA_IPC_FAIL(
+            err_p, e, "cuda: cudaIpcOpenEventHandle on device %d: %s", device);
+    }
+    *event_p = (void *)ev;
+    return TP_OK;
+}
+
+tp_status
+tp__cuda_event_sync(void *event, tp_error **err_p)
+{
+    tp_status st = cuda_ipc_check(-1, err_p, "event wait");
+    if (st != TP_OK) {
+        return st;
+    }
+    cudaError_t e = cuda.event_sync((cudaEvent_t)event);
+    if (e != cudaSuccess) {
+        return CUDA_IPC_FAIL(err_p, e, "cuda: cudaEventSynchronize: %s");
+    }
+    return TP_OK;
+}
+
+void
+tp__cuda_event_destroy(void *event)
+{
+    if (event != NULL && cuda.event_destroy != NULL) {
+        cuda.event_destroy((cudaEvent_t)event);
+    }
+}
+
 bool
 tp__cuda_testing_use_runtime(const char *path)
 {
@@ -414,6 +622,85 @@ void
 tp__cuda_host_free(void *ptr)
 {
     (void)ptr;
+}
+
+#define CUDA_NO(what)                                                          \
+    tp__error_set(err_p, TP_ENOTSUP,                                           \
+                  "cuda: " what ": built without CUDA (TP_WITH_CUDA)")
+
+tp_status
+tp__cuda_ipc_mem_export(int device, void *base,
+                        uint8_t handle[TP_CUDA_IPC_HANDLE_LEN],
+                        tp_error **err_p)
+{
+    (void)device;
+    (void)base;
+    (void)handle;
+    return CUDA_NO("ipc export");
+}
+
+tp_status
+tp__cuda_ipc_mem_open(int device, const uint8_t handle[TP_CUDA_IPC_HANDLE_LEN],
+                      void **base_p, tp_error **err_p)
+{
+    (void)device;
+    (void)handle;
+    (void)base_p;
+    return CUDA_NO("ipc open");
+}
+
+void
+tp__cuda_ipc_mem_close(int device, void *base)
+{
+    (void)device;
+    (void)base;
+}
+
+tp_status
+tp__cuda_event_create_ipc(int device, void **event_p, tp_error **err_p)
+{
+    (void)device;
+    (void)event_p;
+    return CUDA_NO("event");
+}
+
+tp_status
+tp__cuda_event_record(void *event, tp_error **err_p)
+{
+    (void)event;
+    return CUDA_NO("event record");
+}
+
+tp_status
+tp__cuda_event_export(void *event, uint8_t handle[TP_CUDA_IPC_HANDLE_LEN],
+                      tp_error **err_p)
+{
+    (void)event;
+    (void)handle;
+    return CUDA_NO("event export");
+}
+
+tp_status
+tp__cuda_event_open(int device, const uint8_t handle[TP_CUDA_IPC_HANDLE_LEN],
+                    void **event_p, tp_error **err_p)
+{
+    (void)device;
+    (void)handle;
+    (void)event_p;
+    return CUDA_NO("event open");
+}
+
+tp_status
+tp__cuda_event_sync(void *event, tp_error **err_p)
+{
+    (void)event;
+    return CUDA_NO("event wait");
+}
+
+void
+tp__cuda_event_destroy(void *event)
+{
+    (void)event;
 }
 
 bool

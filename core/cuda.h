@@ -10,6 +10,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "error.h"
 
@@ -56,6 +57,41 @@ tp_status tp__cuda_device_sync(int device, tp_error **err_p);
 tp_status tp__cuda_host_alloc(size_t nbytes, void **ptr_p, tp_error **err_p);
 // Frees what tp__cuda_host_alloc returned. NULL is fine.
 void tp__cuda_host_free(void *ptr);
+
+// Same-host sharing between processes (cudaIpc*), for a cuda_ipc channel.
+// A handle is the runtime's 64 opaque bytes; it names a whole cudaMalloc
+// allocation (open maps its base) or an interprocess event. Functions the
+// loaded runtime lacks fail with TP_ENOTSUP and the reason. Errors also:
+// TP_EINVAL (bad device), TP_EDEVICE (with the runtime's message).
+#define TP_CUDA_IPC_HANDLE_LEN 64u
+// The handle of the allocation starting at @base on @device.
+tp_status tp__cuda_ipc_mem_export(int device, void *base,
+                                  uint8_t handle[TP_CUDA_IPC_HANDLE_LEN],
+                                  tp_error **err_p);
+// Maps the peer's allocation named by @handle on @device (made current):
+// *@base_p is its base here, valid until tp__cuda_ipc_mem_close.
+tp_status tp__cuda_ipc_mem_open(int device,
+                                const uint8_t handle[TP_CUDA_IPC_HANDLE_LEN],
+                                void **base_p, tp_error **err_p);
+// Unmaps what tp__cuda_ipc_mem_open returned. NULL is fine.
+void tp__cuda_ipc_mem_close(int device, void *base);
+// A new interprocess event on @device (timing disabled).
+tp_status tp__cuda_event_create_ipc(int device, void **event_p,
+                                    tp_error **err_p);
+// Records @event on the legacy default stream of its device (after the
+// work queued there, where tp__cuda_copy runs).
+tp_status tp__cuda_event_record(void *event, tp_error **err_p);
+tp_status tp__cuda_event_export(void *event,
+                                uint8_t handle[TP_CUDA_IPC_HANDLE_LEN],
+                                tp_error **err_p);
+// The peer's event named by @handle, opened on @device.
+tp_status tp__cuda_event_open(int device,
+                              const uint8_t handle[TP_CUDA_IPC_HANDLE_LEN],
+                              void **event_p, tp_error **err_p);
+// Waits until the work before @event's last record has finished.
+tp_status tp__cuda_event_sync(void *event, tp_error **err_p);
+// NULL is fine.
+void tp__cuda_event_destroy(void *event);
 
 // Tests only: load the runtime from @path (a fake libcudart, see
 // tests/cuda/fake_cudart.c) instead of the system's. Must run before

@@ -14,6 +14,14 @@
 // count (default 2; 0 makes cudaGetDeviceCount fail like a machine with
 // no GPU).
 //
+// IPC across processes: device memory is a POSIX shared memory object
+// ("/tpfakecuda.<pid>.<n>", removed by cudaFree), and a memory handle
+// carries its name, size and device, so cudaIpcOpenMemHandle in another
+// process maps the same bytes (PROT_NONE too: only cudaMemcpy opens
+// them). A process cannot open its own handle (like the real runtime).
+// Events are already complete; an event handle names an interprocess
+// event, and a handle not made by cudaIpcGetEventHandle is refused.
+//
 // fake_cuda_counters (not a CUDA function) lets tests see what happened:
 // live device and pinned allocations, and copies per kind.
 
@@ -24,16 +32,39 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define FAKE_MAX_ALLOCS 4096
 
 typedef struct fake_alloc {
     uintptr_t fa_base;
-    size_t fa_len; // mapped bytes
-    int fa_dev;    // -1: pinned host memory
+    size_t fa_len;    // mapped bytes
+    int fa_dev;       // -1: pinned host memory
+    bool fa_opened;   // mapped by cudaIpcOpenMemHandle (not ours)
+    char fa_name[48]; // device memory: its shared memory object
 } fake_alloc;
+
+#define FAKE_IPC_MAGIC "TPFKIPC1"
+#define FAKE_EV_MAGIC  "TPFKEVT1"
+
+// A memory handle: magic, u64 size, i32 device, the object's name.
+typedef struct fake_mem_handle {
+    char mh_magic[8];
+    uint64_t mh_len;
+    int32_t mh_dev;
+    char mh_name[44];
+} fake_mem_handle;
+_Static_assert(sizeof(fake_mem_handle) <= sizeof(cudaIpcMemHandle_t),
+               "fits a cudaIpcMemHandle_t");
+
+struct CUevent_st {
+    char ev_magic[8];
+    bool ev_ipc;
+};
 
 static pthread_mutex_t fake_mtx = PTHREAD_MUTEX_INITIALIZER;
 static fake_alloc fake_allocs[FAKE_MAX_ALLOCS];
@@ -80,15 +111,35 @@ fake_add(void **ptr, size_t size, int dev)
         return cudaErrorInvalidValue;
     }
     size_t len = size == 0 ? 1 : size;
-    void *p = mmap(NULL, len, dev >= 0 ? PROT_NONE : PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    static _Atomic unsigned long seq;
+    char name[48] = "";
+    void *p = MAP_FAILED;
+    if (dev >= 0) {
+        snprintf(name, sizeof(name), "/tpfakecuda.%d.%lu", (int)getpid(),
+                 seq++);
+        int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+        if (fd < 0) {
+            return cudaErrorMemoryAllocation;
+        }
+        if (ftruncate(fd, (off_t)len) == 0) {
+            p = mmap(NULL, len, PROT_NONE, MAP_SHARED, fd, 0);
+        }
+        close(fd);
+        if (p == MAP_FAILED) {
+            shm_unlink(name);
+        }
+    } else {
+        p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                 -1, 0);
+    }
     if (p == MAP_FAILED) {
         return cudaErrorMemoryAllocation;
     }
     pthread_mutex_lock(&fake_mtx);
     for (int i = 0; i < FAKE_MAX_ALLOCS; i++) {
         if (fake_allocs[i].fa_len == 0) {
-            fake_allocs[i] = (fake_alloc){(uintptr_t)p, len, dev};
+            fake_allocs[i] = (fake_alloc){(uintptr_t)p, len, dev, false, ""};
+            memcpy(fake_allocs[i].fa_name, name, sizeof(name));
             fake_counts[dev >= 0 ? 0 : 1]++;
             pthread_mutex_unlock(&fake_mtx);
             *ptr = p;
@@ -97,11 +148,15 @@ fake_add(void **ptr, size_t size, int dev)
     }
     pthread_mutex_unlock(&fake_mtx);
     munmap(p, len);
+    if (name[0] != '\0') {
+        shm_unlink(name);
+    }
     return cudaErrorMemoryAllocation;
 }
 
+// Frees a device or pinned allocation, or (@opened) unmaps an opened one.
 static cudaError_t
-fake_remove(void *p, bool dev)
+fake_remove_as(void *p, bool dev, bool opened)
 {
     if (p == NULL) {
         return cudaSuccess;
@@ -110,16 +165,25 @@ fake_remove(void *p, bool dev)
     for (int i = 0; i < FAKE_MAX_ALLOCS; i++) {
         fake_alloc *f = &fake_allocs[i];
         if (f->fa_len > 0 && f->fa_base == (uintptr_t)p &&
-            (f->fa_dev >= 0) == dev) {
+            (f->fa_dev >= 0) == dev && f->fa_opened == opened) {
             munmap(p, f->fa_len);
             f->fa_len = 0;
-            fake_counts[dev ? 0 : 1]--;
+            if (!opened && f->fa_name[0] != '\0') {
+                shm_unlink(f->fa_name);
+            }
+            fake_counts[dev ? 0 : 1] -= !opened;
             pthread_mutex_unlock(&fake_mtx);
             return cudaSuccess;
         }
     }
     pthread_mutex_unlock(&fake_mtx);
     return cudaErrorInvalidValue;
+}
+
+static cudaError_t
+fake_remove(void *p, bool dev)
+{
+    return fake_remove_as(p, dev, false);
 }
 
 cudaError_t
@@ -283,4 +347,128 @@ fake_cuda_counters(long out[7])
     pthread_mutex_lock(&fake_mtx);
     memcpy(out, fake_counts, sizeof(fake_counts));
     pthread_mutex_unlock(&fake_mtx);
+}
+
+cudaError_t
+cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *devPtr)
+{
+    fake_mem_handle h;
+    memset(&h, 0, sizeof(h));
+    pthread_mutex_lock(&fake_mtx);
+    fake_alloc *f = fake_find(devPtr, 0);
+    if (f == NULL || f->fa_opened || f->fa_base != (uintptr_t)devPtr) {
+        pthread_mutex_unlock(&fake_mtx);
+        return cudaErrorInvalidValue; // the fake wants an allocation's base
+    }
+    memcpy(h.mh_magic, FAKE_IPC_MAGIC, 8);
+    h.mh_len = f->fa_len;
+    h.mh_dev = f->fa_dev;
+    snprintf(h.mh_name, sizeof(h.mh_name), "%s", f->fa_name);
+    pthread_mutex_unlock(&fake_mtx);
+    memset(handle, 0, sizeof(*handle));
+    memcpy(handle, &h, sizeof(h));
+    return cudaSuccess;
+}
+
+cudaError_t
+cudaIpcOpenMemHandle(void **devPtr, cudaIpcMemHandle_t handle,
+                     unsigned int flags)
+{
+    (void)flags;
+    fake_mem_handle h;
+    memcpy(&h, &handle, sizeof(h));
+    char own[32];
+    snprintf(own, sizeof(own), "/tpfakecuda.%d.", (int)getpid());
+    if (memcmp(h.mh_magic, FAKE_IPC_MAGIC, 8) != 0 ||
+        memchr(h.mh_name, '\0', sizeof(h.mh_name)) == NULL ||
+        strncmp(h.mh_name, "/tpfakecuda.", 12) != 0 ||
+        strncmp(h.mh_name, own, strlen(own)) == 0 || h.mh_len == 0) {
+        return cudaErrorInvalidValue;
+    }
+    int fd = shm_open(h.mh_name, O_RDWR, 0);
+    if (fd < 0) {
+        return cudaErrorInvalidValue;
+    }
+    struct stat sb;
+    void *p = MAP_FAILED;
+    if (fstat(fd, &sb) == 0 && (uint64_t)sb.st_size == h.mh_len) {
+        p = mmap(NULL, (size_t)h.mh_len, PROT_NONE, MAP_SHARED, fd, 0);
+    }
+    close(fd);
+    if (p == MAP_FAILED) {
+        return cudaErrorInvalidValue;
+    }
+    pthread_mutex_lock(&fake_mtx);
+    for (int i = 0; i < FAKE_MAX_ALLOCS; i++) {
+        if (fake_allocs[i].fa_len == 0) {
+            fake_allocs[i] = (fake_alloc){(uintptr_t)p, (size_t)h.mh_len,
+                                          fake_cur_dev, true, ""};
+            pthread_mutex_unlock(&fake_mtx);
+            *devPtr = p;
+            return cudaSuccess;
+        }
+    }
+    pthread_mutex_unlock(&fake_mtx);
+    munmap(p, (size_t)h.mh_len);
+    return cudaErrorMemoryAllocation;
+}
+
+cudaError_t
+cudaIpcCloseMemHandle(void *devPtr)
+{
+    return fake_remove_as(devPtr, true, true);
+}
+
+cudaError_t
+cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags)
+{
+    struct CUevent_st *ev = calloc(1, sizeof(*ev));
+    if (ev == NULL) {
+        return cudaErrorMemoryAllocation;
+    }
+    memcpy(ev->ev_magic, FAKE_EV_MAGIC, 8);
+    ev->ev_ipc = (flags & cudaEventInterprocess) != 0;
+    *event = ev;
+    return cudaSuccess;
+}
+
+cudaError_t
+cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
+{
+    (void)stream;
+    return event != NULL ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+cudaError_t
+cudaEventSynchronize(cudaEvent_t event)
+{
+    // every copy is synchronous: recorded work has finished
+    return event != NULL ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+cudaError_t
+cudaEventDestroy(cudaEvent_t event)
+{
+    free(event);
+    return cudaSuccess;
+}
+
+cudaError_t
+cudaIpcGetEventHandle(cudaIpcEventHandle_t *handle, cudaEvent_t event)
+{
+    if (event == NULL || !event->ev_ipc) {
+        return cudaErrorInvalidValue; // needs cudaEventInterprocess
+    }
+    memset(handle, 0, sizeof(*handle));
+    memcpy(handle, FAKE_EV_MAGIC, 8);
+    return cudaSuccess;
+}
+
+cudaError_t
+cudaIpcOpenEventHandle(cudaEvent_t *event, cudaIpcEventHandle_t handle)
+{
+    if (memcmp(&handle, FAKE_EV_MAGIC, 8) != 0) {
+        return cudaErrorInvalidValue;
+    }
+    return cudaEventCreateWithFlags(event, cudaEventInterprocess);
 }
