@@ -47,6 +47,19 @@
 
 #define BP_STORE_KEY "tpipe/bench_pipe/url"
 
+// The key of the URL that pair @pair's server publishes: one pair but
+// for a launched msgrate run (OSU's osu_mbw_mr: pair p is ranks p and
+// p + P).
+static void
+bp_url_key(const bp_opts *o, int pair, char *key, size_t len)
+{
+    if (o->bo_msgrate) {
+        snprintf(key, len, BP_STORE_KEY "/%d", pair);
+    } else {
+        snprintf(key, len, "%s", BP_STORE_KEY);
+    }
+}
+
 static int64_t
 bp_wait_ms(const bp_opts *o)
 {
@@ -61,8 +74,8 @@ bp_store_open(const bp_opts *o)
     const char *im = getenv("TP_INIT_METHOD");
     tp_store *st = NULL;
     tp_error *err = NULL;
-    if (tp_store_open(im && *im ? im : "env://", o->bo_rank, 2, bp_wait_ms(o),
-                      &st, &err) != TP_OK) {
+    if (tp_store_open(im && *im ? im : "env://", o->bo_rank, o->bo_world,
+                      bp_wait_ms(o), &st, &err) != TP_OK) {
         tool_err("bench pipe: rank %d: store: %s", o->bo_rank,
                  tp_error_message(err));
         tp_error_unref(err);
@@ -93,15 +106,17 @@ bp_serve(const bp_opts *o)
     }
     if (st != NULL) {
         tp_error *err = NULL;
-        if (tp_store_set(st, BP_STORE_KEY, url, strlen(url), bp_wait_ms(o),
-                         &err) != TP_OK) {
-            tool_err("bench pipe: rank 1: publishing %s: %s", url,
+        char key[64];
+        bp_url_key(o, o->bo_rank - o->bo_world / 2, key, sizeof(key));
+        if (tp_store_set(st, key, url, strlen(url), bp_wait_ms(o), &err) !=
+            TP_OK) {
+            tool_err("bench pipe: rank %d: publishing %s: %s", o->bo_rank, url,
                      tp_error_message(err));
             tp_error_unref(err);
             goto done;
         }
         tool_verbose(o->bo_com.bo_verbose, "bench pipe",
-                     "rank 1: serving %s on %s", c->bc_label, url);
+                     "rank %d: serving %s on %s", o->bo_rank, c->bc_label, url);
     } else {
         printf("%s\n", url);
         fflush(stdout);
@@ -141,17 +156,19 @@ bp_client_url(const bp_opts *o, tp_store **st_p, char *url, size_t len)
     void *val = NULL;
     size_t n = 0;
     tp_error *err = NULL;
-    if (tp_store_get(*st_p, BP_STORE_KEY, bp_wait_ms(o), &val, &n, &err) !=
-        TP_OK) {
-        tool_err("bench pipe: rank 0: waiting for rank 1's URL: %s",
+    char key[64];
+    bp_url_key(o, o->bo_rank, key, sizeof(key));
+    if (tp_store_get(*st_p, key, bp_wait_ms(o), &val, &n, &err) != TP_OK) {
+        tool_err("bench pipe: rank %d: waiting for rank %d's URL: %s",
+                 o->bo_rank, o->bo_rank + o->bo_world / 2,
                  tp_error_message(err));
         tp_error_unref(err);
         return false;
     }
     snprintf(url, len, "%.*s", (int)n, (const char *)val);
     tp_free(val);
-    tool_verbose(o->bo_com.bo_verbose, "bench pipe", "rank 0: server at %s",
-                 url);
+    tool_verbose(o->bo_com.bo_verbose, "bench pipe", "rank %d: server at %s",
+                 o->bo_rank, url);
     return true;
 }
 
@@ -186,7 +203,9 @@ tool_bench_pipe_main(int argc, char **argv)
     }
     // A write to a dead peer must be an error, not a signal.
     signal(SIGPIPE, SIG_IGN);
-    if (o.bo_listen || (o.bo_launched && o.bo_rank == 1)) {
+    // Launched: ranks 0..P-1 measure against P..2P-1 (P = 1 but for
+    // msgrate), rank 0 prints the rows.
+    if (o.bo_listen || (o.bo_launched && o.bo_rank >= o.bo_world / 2)) {
         return bp_serve(&o);
     }
     static char remote_url[1024];
@@ -195,6 +214,13 @@ tool_bench_pipe_main(int argc, char **argv)
     if (remote && !bp_client_url(&o, &store, remote_url, sizeof(remote_url))) {
         tp_store_close(store);
         return TOOL_EXIT_FAIL;
+    }
+    if (o.bo_launched && o.bo_msgrate && o.bo_rank > 0) {
+        // A pair of the job but the first: measures, hands its rates to
+        // rank 0 through the store.
+        rc = bp_msgrate_pair(&o, store, remote_url);
+        tp_store_close(store);
+        return rc;
     }
 
     size_t ncells = 2 * o.bo_com.bo_nsizes;
@@ -240,7 +266,9 @@ tool_bench_pipe_main(int argc, char **argv)
         o.bo_com.bo_done_fn = bp_done_cb;
         o.bo_com.bo_done_arg = &done;
         bp_outcome out = BP_OK;
-        if (o.bo_msgrate) {
+        if (o.bo_msgrate && o.bo_launched) {
+            out = bp_msgrate_launched(&r, store, remote_url, cells);
+        } else if (o.bo_msgrate) {
             out = bp_msgrate(&r, cells);
         }
         for (unsigned rep = 0;

@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include <tpipe/pipe.h>
+#include <tpipe/store.h>
 
 #include "bench_common.h"
 #include "bench_out.h"
@@ -58,6 +59,7 @@ typedef struct bp_opts {
     const char *bo_bind; // the server's tcp host; NULL = the library's
     bool bo_launched;
     int bo_rank;
+    int bo_world; // launched: WORLD_SIZE (2, or 2 x pairs for msgrate)
     // --test msgrate: bo_pairs pairs stream at once (bo_com.bo_stream).
     bool bo_msgrate;
     unsigned bo_pairs;
@@ -152,6 +154,14 @@ bp_outcome bp_run_remote(bp_run *r, const char *url, bench_cell *cells);
 // the stream cells get the sums of their GB/s. BP_SKIP or BP_FAIL with
 // r->pr_err set.
 bp_outcome bp_msgrate(bp_run *r, bench_cell *cells);
+// Launched msgrate, rank 0 (bench_pipe_msgrate.c): measures its pair
+// against @url once every pair is ready, then adds the rates the other
+// measuring ranks put in @st; the stream cells get the sums.
+bp_outcome bp_msgrate_launched(bp_run *r, tp_store *st, const char *url,
+                               bench_cell *cells);
+// Launched msgrate, a measuring rank but rank 0: measures against @url,
+// hands its rates (or its failure) to rank 0 through @st. The exit status.
+int bp_msgrate_pair(const bp_opts *o, tp_store *st, const char *url);
 
 // ---- options (bench_pipe_opts.c) -------------------------------------------
 

@@ -189,9 +189,10 @@ bp_remote_opts(bp_opts *o, const char *transports, const char *channels)
         o->bo_launched = true;
     }
     int modes = o->bo_listen + (o->bo_connect != NULL) + o->bo_launched;
-    if (modes > 0 && o->bo_msgrate) {
-        tool_err("bench pipe: --test msgrate runs its pairs on this host "
-                 "(not with --listen, --connect or a launched job)");
+    if ((o->bo_listen || o->bo_connect != NULL) && o->bo_msgrate) {
+        tool_err("bench pipe: --test msgrate needs its pairs on this host or "
+                 "as the ranks of a launched job (not --listen or "
+                 "--connect)");
         return TOOL_EXIT_USAGE;
     }
     if (modes == 0) {
@@ -208,16 +209,32 @@ bp_remote_opts(bp_opts *o, const char *transports, const char *channels)
         return TOOL_EXIT_USAGE;
     }
     if (o->bo_launched) {
-        char *end = NULL;
+        char *end = NULL, *wend = NULL;
         long r = rank ? strtol(rank, &end, 10) : -1;
-        if (rank == NULL || world == NULL || *rank == '\0' || *end != '\0' ||
-            r < 0 || r > 1 || strcmp(world, "2") != 0) {
+        long w = world ? strtol(world, &wend, 10) : -1;
+        bool wbad = world == NULL || *world == '\0' || *wend != '\0';
+        bool rbad = rank == NULL || *rank == '\0' || *end != '\0' || r < 0;
+        if (o->bo_msgrate && (rbad || wbad || w < 2 || w > 2 * BP_MAX_PAIRS ||
+                              w % 2 != 0 || r >= w)) {
+            // OSU's osu_mbw_mr: ranks 0..P-1 stream to P..2P-1.
+            tool_err("bench pipe: a launched msgrate run needs an even "
+                     "WORLD_SIZE of 2..%d (ranks 0..P-1 send to P..2P-1) and "
+                     "a RANK below it (RANK=%s WORLD_SIZE=%s)",
+                     2 * BP_MAX_PAIRS, rank ? rank : "(unset)",
+                     world ? world : "(unset)");
+            return TOOL_EXIT_USAGE;
+        }
+        if (!o->bo_msgrate && (rbad || wbad || r > 1 || w != 2)) {
             tool_err("bench pipe: a launched run needs RANK 0 or 1 and "
                      "WORLD_SIZE=2 (RANK=%s WORLD_SIZE=%s)",
                      rank ? rank : "(unset)", world ? world : "(unset)");
             return TOOL_EXIT_USAGE;
         }
         o->bo_rank = (int)r;
+        o->bo_world = (int)w;
+        if (o->bo_msgrate) {
+            o->bo_pairs = (unsigned)(w / 2); // the job's pairs
+        }
     }
     if (o->bo_com.bo_reps != 1 || o->bo_plot != NULL) {
         tool_err("bench pipe: --reps and --plot are for local runs (the "
@@ -284,7 +301,7 @@ bp_parse_args(int argc, char **argv, bp_opts *o)
          "they meet through env://"},
         {"--pairs", NULL, BENCH_OPT_U64, &pairs, 1, BP_MAX_PAIRS, "N",
          "msgrate: pairs of processes streaming at once\n(default 2, max "
-         "64)"},
+         "64; launched: WORLD_SIZE / 2)"},
     };
     size_t n = 11 + bench_opts_table(&o->bo_com, opts + 11);
     for (size_t i = 0; i < n; i++) {

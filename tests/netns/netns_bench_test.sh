@@ -11,6 +11,8 @@
 #   2. a launched job, `tpipe run --nnodes 2` (one rank per namespace,
 #      MASTER_ADDR 10.202.1.1): rank 1 (ns1) serves on its default
 #      address and publishes the URL in the env:// store, rank 0 measures.
+#   3. --test msgrate as a launched job of 2 ranks per namespace: ranks 0
+#      and 1 (ns0) stream to 2 and 3 (ns1) at once; rank 0 prints the sums.
 # Exit 77 with the reason when namespaces cannot be made (not root, no ip).
 set -u
 
@@ -108,3 +110,24 @@ cat "$dir/node0.txt"
 n=$(grep -c ' remote ' "$dir/node0.txt")
 [ "$n" = 6 ] || fail "the launched job printed $n rows, want 6"
 say "launched job across the namespaces: ok"
+
+# 3. --test msgrate launched: two ranks per namespace (world 4), ranks 0
+# and 1 (ns0) streaming to 2 and 3 (ns1) at once, across the veth.
+port=$((29600 + RANDOM % 1000))
+for r in 0 1; do
+    ns=$ns0
+    [ $r = 1 ] && ns=$ns1
+    timeout -k 5 90 ip netns exec "$ns" "$tpipe" run -n 2 --nnodes 2 \
+        --node-rank $r --master-addr 10.202.1.1 --master-port $port -- \
+        "$tpipe" bench pipe --test msgrate --sizes 64,4K --budget 0.2 \
+        --stall-timeout 10 --json >"$dir/mr$r.txt" 2>&1 &
+    pids+=($!)
+done
+wait "${pids[-2]}" || fail "msgrate: node 0 exited $?"
+wait "${pids[-1]}" || fail "msgrate: node 1 exited $?"
+cat "$dir/mr0.txt"
+n=$(grep -c '^\[0\] {.*"test":"msgrate".*"pairs":2,' "$dir/mr0.txt")
+[ "$n" = 2 ] || fail "msgrate launched printed $n rows of 2 pairs, want 2"
+grep -q '^\[[1-3]\] {' "$dir/mr0.txt" "$dir/mr1.txt" &&
+    fail "msgrate launched: a rank other than 0 printed a row"
+say "bench pipe --test msgrate launched (2 pairs) across the namespaces: ok"

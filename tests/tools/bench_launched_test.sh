@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # bench_launched_test.sh TPIPE [PYTHON3] - `tpipe bench transport|rpc|
-# collective` as ranks of a launched job on this host (`tpipe run -n N`,
+# collective` and `bench pipe --test msgrate` (2 and 4 ranks: 1 and 2
+# pairs) as ranks of a launched job on this host (`tpipe run -n N`,
 # env:// over loopback): rank 0 prints a row with numbers per size or
 # test, the other ranks nothing, every rank exits 0; a rank whose rank 0
 # never comes fails within its deadline naming the store; bad launcher
@@ -87,6 +88,21 @@ for o in map(json.loads, open(sys.argv[1])):
 PYEOF
 echo "bench_launched_test: bench collective launched (3 ranks): ok"
 
+# bench pipe --test msgrate (OSU's osu_mbw_mr) as a launched job: ranks
+# 0..P-1 stream to P..2P-1 at once, rank 0 prints the sums of the pairs.
+run msgrate2 2 pipe --test msgrate --sizes 64,4K "${args[@]}"
+check msgrate2 msgs_per_s msgrate:64 msgrate:4096
+run msgrate4 4 pipe --test msgrate --sizes 64,1K "${args[@]}"
+check msgrate4 msgs_per_s msgrate:64 msgrate:1024
+"$PY" - "$TMP/msgrate2.jsonl" "$TMP/msgrate4.jsonl" <<'PYEOF' || { cat "$TMP"/msgrate*.out >&2; fail "msgrate pairs"; }
+import json, sys
+for path, pairs in ((sys.argv[1], 1), (sys.argv[2], 2)):
+    for o in map(json.loads, open(path)):
+        assert o["pairs"] == pairs and o["mode"] == "remote", o
+        assert o["transport"] == "tcp" and o["iters"] > 0 and o["gbps"] > 0, o
+PYEOF
+echo "bench_launched_test: bench pipe --test msgrate launched (2 and 4 ranks): ok"
+
 # A rank whose rank 0 never comes: a clear error within its deadline.
 port=$("$TPIPE" run -n 1 --no-job-token sh -c 'echo $MASTER_PORT' |
   sed 's/^\[0\] //')
@@ -122,4 +138,7 @@ expect2 'not with --world or --store' RANK=0 WORLD_SIZE=2 "$TPIPE" bench \
 expect2 'one transport' RANK=0 WORLD_SIZE=2 "$TPIPE" bench rpc --transport all
 expect2 'needs a third rank' RANK=0 WORLD_SIZE=2 "$TPIPE" bench rpc --test rref_fork
 expect2 'a launched run needs' "$TPIPE" bench collective --launched
+expect2 'a launched msgrate run needs an even WORLD_SIZE' RANK=0 WORLD_SIZE=3 \
+  "$TPIPE" bench pipe --test msgrate
+expect2 'not --listen or --connect' "$TPIPE" bench pipe --test msgrate --listen
 echo "bench_launched_test: ok"
