@@ -121,6 +121,27 @@ for cmd in "rpc --stall-timeout 2" "collective --timeout 2" \
 done
 echo "bench_launched_test: a rank without its rank 0 fails in time: ok"
 
+# Launched msgrate with its rank 3 missing: rank 1 (no server URL) and
+# rank 0 (rank 1 never ready) fail within their deadlines, saying so.
+pids=()
+for r in 0 1 2; do
+  RANK=$r WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+    timeout -k 5 60 "$TPIPE" bench pipe --test msgrate --sizes 64 \
+    --budget 0.05 --stall-timeout 1 >"$TMP/mr$r.txt" 2>&1 &
+  pids+=($!)
+done
+t0=$SECONDS
+for r in 0 1 2; do
+  st=0
+  wait "${pids[$r]}" || st=$?
+  [ $st -eq 1 ] || { cat "$TMP"/mr?.txt >&2; fail "msgrate without rank 3: rank $r exit $st, want 1"; }
+done
+[ $((SECONDS - t0)) -le 15 ] || fail "msgrate without rank 3: took $((SECONDS - t0)) s"
+grep -q "rank 1: waiting for rank 3's URL: .*timed out" "$TMP/mr1.txt" &&
+  grep -q "rank 0: waiting for the other 1 measuring rank(s) to be ready: .*timed out" "$TMP/mr0.txt" ||
+  { cat "$TMP"/mr?.txt >&2; fail "msgrate without rank 3: the errors"; }
+echo "bench_launched_test: msgrate with a rank missing fails in time: ok"
+
 # Usage errors: exit 2 with the reason.
 expect2() {
   local want=$1
