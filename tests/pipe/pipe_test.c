@@ -759,15 +759,6 @@ test_peer_killed(void)
     if (in_process_only()) {
         tp_test_skip("channel xth works only within one process");
     }
-    if (strcmp(tr_name(), "ucx") == 0 &&
-        (strcmp(ch_name(), "basic") == 0 || strcmp(ch_name(), "mpt") == 0)) {
-        // docs/transport-ucx.md: the peer's UCX takes unread data without
-        // a bound, so the 64 MiB write (on the pipe's stream, or on mpt's
-        // ucx lanes) completes before the kill.
-        tp_test_skip("ucx+%s: the UCX stream has no backpressure, so the "
-                     "write to a peer that stops reading completes",
-                     ch_name());
-    }
     int fd, fd2;
     pid_t pid = spawn_child(child_read_then_hang, &fd);
     pid_t pid2 = spawn_child(child_echo, &fd2);

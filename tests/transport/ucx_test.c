@@ -1,12 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 // ucx_test.c - cases of the ucx transport beyond the conformance suite:
 // the opt-in, the domain, address forms, the job-secret exchange over the
-// UCP stream, a scattered (multi-iov) write and read, and the lanes log. CTest
-// runs it with TP_UCX=1 and UCX_TLS=tcp.
+// UCP stream, a scattered (multi-iov) write and read, the lanes log, and
+// flow control (the window, forged credits). CTest runs it with TP_UCX=1
+// and UCX_TLS=tcp.
 
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <ucp/api/ucp.h>
 
@@ -18,6 +20,7 @@
 #include "tp_test.h"
 #include "tp_test_op.h"
 #include "transport/transport.h"
+#include "transport/ucx/ucx_impl.h"
 
 typedef struct fixture {
     tp_config cfg;
@@ -271,10 +274,148 @@ lanes_logged(void)
              strstr(ll.msg[1], "connection from ") != NULL);
 }
 
+// Flow control: with TP_UCX_WINDOW=256K, writes to a peer that never
+// reads complete up to the window and no further (the one that crosses
+// it is held in part, those behind it whole); a held write canceled
+// leaves the conn usable; reading releases the rest, intact and in order.
+static void
+window_holds_writes(void)
+{
+    setenv("TP_UCX_WINDOW", "256K", 1);
+    fixture fx;
+    fx_init(&fx);
+    unsetenv("TP_UCX_WINDOW");
+    tp_conn *c, *s;
+    pair(&fx, &c, &s);
+    // 96K writes: two fit the window, the third crosses it (its first
+    // part spans both of its iovs).
+    enum { NW = 12, WLEN = 96 * 1024, BIG = 4 << 20 };
+    const size_t total = (size_t)NW * WLEN + BIG;
+    uint8_t *out = malloc(total), *in = malloc(total), extra[4096];
+    TP_CHECK(out != NULL && in != NULL);
+    for (size_t i = 0; i < total; i++) {
+        out[i] = (uint8_t)(i * 13u + (i >> 10));
+    }
+    op w[NW + 1], x;
+    for (int i = 0; i <= NW; i++) {
+        op_init(&w[i], 0);
+        uint8_t *p = out + (size_t)i * WLEN;
+        tp_iov iov[2] = {{p, 1000}, {p + 1000, (i < NW ? WLEN : BIG) - 1000}};
+        TP_CHECK_OK(tp_aio_set_iov(w[i].aio, 2, iov), NULL);
+        tp__conn_write(c, w[i].aio);
+    }
+    op_init(&x, 0);
+    tp_iov xi = {extra, sizeof(extra)};
+    TP_CHECK_OK(tp_aio_set_iov(x.aio, 1, &xi), NULL);
+    tp__conn_write(c, x.aio);
+    op_wait(&w[1], 5000);
+    usleep(300000);
+    int ndone = 0;
+    for (int i = 0; i <= NW; i++) {
+        ndone += atomic_load(&w[i].done);
+    }
+    TP_CHECKF(ndone == 2,
+              "%d writes of 96K completed with a 256K window and "
+              "no reader (want 2)",
+              ndone);
+    TP_CHECK_OK(tp_aio_status(w[0].aio), tp_aio_error(w[0].aio));
+    TP_CHECK_OK(tp_aio_status(w[1].aio), tp_aio_error(w[1].aio));
+    // A write held whole cancels cleanly: its bytes never went out.
+    tp_aio_cancel(x.aio);
+    op_wait(&x, 5000);
+    TP_CHECK_EQ(tp_aio_status(x.aio), TP_ECANCELED);
+    // Reading releases the rest (read with other boundaries).
+    tp_iov r[3] = {{in, 5}, {in + 5, 300000}, {in + 300005, total - 300005}};
+    xfer_iov(s, false, r, 3);
+    for (int i = 0; i <= NW; i++) {
+        op_wait(&w[i], 5000);
+        TP_CHECKF(tp_aio_status(w[i].aio) == TP_OK, "write %d: %s", i,
+                  tp_error_message(tp_aio_error(w[i].aio)));
+        op_fini(&w[i]);
+    }
+    op_fini(&x);
+    TP_CHECK(memcmp(out, in, total) == 0);
+    // Still usable both ways.
+    char hi[8] = "after", back[8];
+    tp_iov hw = {hi, sizeof(hi)}, hr = {back, sizeof(back)};
+    xfer_iov(s, true, &hw, 1);
+    xfer_iov(c, false, &hr, 1);
+    TP_CHECK(memcmp(hi, back, sizeof(hi)) == 0);
+    free(out);
+    free(in);
+    tp__conn_unref(c);
+    tp__conn_unref(s);
+    fx_fini(&fx);
+}
+
+typedef struct forge {
+    tp_conn *f_conn;
+    uint64_t f_consumed;
+    size_t f_len; // 8: a credit; else a message of that many bytes
+} forge;
+
+// Loop thread: sends a credit from f_conn to its peer.
+static void
+forge_task(void *arg)
+{
+    forge *f = arg;
+    ucx_conn *c = ucx_conn_of(f->f_conn);
+    if (f->f_len == UCX_CREDIT_LEN) {
+        TP_CHECK_EQ(tp__ucx_credit_send(c, f->f_consumed), UCS_OK);
+    } else {
+        uint8_t b[4] = {1, 2, 3, 4};
+        TP_CHECK_EQ(tp__ucx_send_bytes(c, b, f->f_len, UCX_AM_CREDIT), UCS_OK);
+    }
+}
+
+// A credit past the bytes sent, or of the wrong length, closes the conn
+// that gets it with TP_EPROTO naming its peer; pending and later ops fail.
+static void
+forged_credit(void)
+{
+    for (int k = 0; k < 2; k++) {
+        fixture fx;
+        fx_init(&fx);
+        tp_conn *c, *s;
+        pair(&fx, &c, &s);
+        char msg[8] = "1234567", got[8];
+        tp_iov wi = {msg, sizeof(msg)}, ri = {got, sizeof(got)};
+        xfer_iov(c, true, &wi, 1);
+        xfer_iov(s, false, &ri, 1);
+        op rd;
+        op_init(&rd, 0);
+        tp_iov bi = {got, sizeof(got)};
+        TP_CHECK_OK(tp_aio_set_iov(rd.aio, 1, &bi), NULL);
+        tp__conn_read(c, rd.aio);
+        // c sent 8 bytes: s claims 1 MiB consumed, or sends 4 bytes.
+        forge f = {s, 1u << 20, k == 0 ? UCX_CREDIT_LEN : 4};
+        tp__loop_call(fx.loop, forge_task, &f);
+        op_wait(&rd, 5000);
+        const char *m = tp_error_message(tp_aio_error(rd.aio));
+        TP_CHECKF(tp_aio_status(rd.aio) == TP_EPROTO, "read: %s", m);
+        TP_CHECK_STR_CONTAINS(m, "protocol error");
+        TP_CHECK_STR_CONTAINS(m, tp__conn_peer(c));
+        TP_CHECK_STR_CONTAINS(m, k == 0 ? "1048576 bytes consumed, but 8"
+                                        : "credit of 4 bytes");
+        op_fini(&rd);
+        op w;
+        op_init(&w, 0);
+        TP_CHECK_OK(tp_aio_set_iov(w.aio, 1, &wi), NULL);
+        tp__conn_write(c, w.aio);
+        op_wait(&w, 5000);
+        TP_CHECK_EQ(tp_aio_status(w.aio), TP_EPROTO);
+        op_fini(&w);
+        tp__conn_unref(c);
+        tp__conn_unref(s);
+        fx_fini(&fx);
+    }
+}
+
 static const tp_test_case cases[] = {
-    TP_TEST_CASE(opt_in),       TP_TEST_CASE(domain_and_addresses),
-    TP_TEST_CASE(job_secret),   TP_TEST_CASE(scattered),
-    TP_TEST_CASE(lanes_logged),
+    TP_TEST_CASE(opt_in),        TP_TEST_CASE(domain_and_addresses),
+    TP_TEST_CASE(job_secret),    TP_TEST_CASE(scattered),
+    TP_TEST_CASE(lanes_logged),  TP_TEST_CASE(window_holds_writes),
+    TP_TEST_CASE(forged_credit),
 };
 
 TP_TEST_MAIN(cases)

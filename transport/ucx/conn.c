@@ -35,6 +35,9 @@ tp__ucx_conn_new(tp_transport *t)
     memcpy(c->xc_hello_out, TP_HELLO_MAGIC, UCX_HELLO_MAGIC_LEN);
     tp__put_u32le(c->xc_hello_out + 8, UCX_HELLO_VERSION);
     tp__put_u32le(c->xc_hello_out + 12, 0); // flags
+    // What the peer may send ahead of our reads (flow.c).
+    c->xc_rx_window = c->xc_ctx->x_window;
+    tp__put_u64le(c->xc_hello_out + TP_HELLO_LEN, c->xc_rx_window);
     tp__list_append(&c->xc_ctx->x_conns, c);
     return c;
 }
@@ -134,14 +137,14 @@ tp__ucx_consume(ucx_conn *c, uint8_t *dst, uint64_t n, ucs_status_t *st_p)
 
 // ---- sends -----------------------------------------------------------------
 
-static void
-ucx_op_free(ucx_op *o)
+void
+tp__ucx_op_free(ucx_op *o)
 {
     tp_error_unref(o->o_err);
     tp__free(o);
 }
 
-// An op the conn let go of (set-up bytes, or a write whose conn failed
+// An op the conn let go of (bytes of our own, or a write whose conn failed
 // while UCP still held its buffer) is finished here, when UCP is done.
 static void
 ucx_op_orphan_done(ucx_op *o)
@@ -153,92 +156,155 @@ ucx_op_orphan_done(ucx_op *o)
                                                          "connection closed");
         tp__aio_finish(o->o_aio, err, 0);
     }
-    ucx_op_free(o);
+    tp__ucx_op_free(o);
+}
+
+static void
+ucx_send_release(ucx_send *s)
+{
+    if (s->s_embedded) {
+        s->s_op->o_first_busy = false;
+    } else {
+        tp__free(s);
+    }
 }
 
 static void
 ucx_send_cb(void *request, ucs_status_t status, void *user_data)
 {
-    ucx_op *o = user_data;
+    ucx_send *s = user_data;
+    ucx_op *o = s->s_op;
     ucp_request_free(request);
-    o->o_done = true;
-    o->o_status = status;
-    if (o->o_conn == NULL) {
+    ucx_send_release(s);
+    TP_ASSERT(o->o_inflight > 0);
+    o->o_inflight--;
+    if (status != UCS_OK && o->o_status == UCS_OK) {
+        o->o_status = status;
+    }
+    if (o->o_conn == NULL && o->o_inflight == 0) {
         ucx_op_orphan_done(o);
     }
     // else tp__ucx_conn_dispatch completes it in order, after progress.
 }
 
-static void
-ucx_op_send(ucx_conn *c, ucx_op *o, const tp_iov *iov, unsigned niov)
+void
+tp__ucx_op_submit(ucx_conn *c, ucx_op *o, uint64_t n, unsigned am_id)
 {
+    TP_ASSERT(n > 0 && o->o_submitted + n <= o->o_len);
+    ucx_send *s = &o->o_first;
+    if (o->o_first_busy) {
+        s = tp__alloc(sizeof(*s));
+        if (s == NULL) {
+            if (o->o_status == UCS_OK) {
+                o->o_status = UCS_ERR_NO_MEMORY;
+            }
+            return;
+        }
+        s->s_embedded = false;
+    } else {
+        o->o_first_busy = true;
+        s->s_embedded = true;
+    }
+    s->s_op = o;
+    // The parts of the iovs that hold [o_submitted, o_submitted + n).
+    uint64_t skip = o->o_submitted, left = n;
+    unsigned i = 0, k = 0;
+    while (skip >= o->o_iov[i].iov_len) {
+        skip -= o->o_iov[i].iov_len;
+        i++;
+    }
+    for (; left > 0; i++) {
+        uint64_t take = TP_MIN(left, o->o_iov[i].iov_len - skip);
+        s->s_iov[k].buffer = (uint8_t *)o->o_iov[i].iov_base + skip;
+        s->s_iov[k].length = (size_t)take;
+        k++;
+        left -= take;
+        skip = 0;
+    }
+    o->o_submitted += n;
     ucp_request_param_t p;
     memset(&p, 0, sizeof(p));
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
                      UCP_OP_ATTR_FIELD_DATATYPE;
     p.cb.send = ucx_send_cb;
-    p.user_data = o;
-    const void *buf;
-    size_t count;
-    if (niov == 1) {
+    p.user_data = s;
+    ucs_status_ptr_t r;
+    if (am_id != 0) {
+        // The bytes are the header, with no data; REPLY makes UCP tell the
+        // receiver which of its endpoints the message came on.
+        TP_ASSERT(k == 1);
+        p.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+        p.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
         p.datatype = ucp_dt_make_contig(1);
-        buf = iov[0].iov_base;
-        count = (size_t)iov[0].iov_len;
+        r = ucp_am_send_nbx(c->xc_ep, am_id, s->s_iov[0].buffer,
+                            s->s_iov[0].length, NULL, 0, &p);
+    } else if (k == 1) {
+        p.datatype = ucp_dt_make_contig(1);
+        r = ucp_stream_send_nbx(c->xc_ep, s->s_iov[0].buffer,
+                                s->s_iov[0].length, &p);
     } else {
         p.datatype = ucp_dt_make_iov();
-        for (unsigned i = 0; i < niov; i++) {
-            o->o_iov[i].buffer = iov[i].iov_base;
-            o->o_iov[i].length = (size_t)iov[i].iov_len;
-        }
-        buf = o->o_iov;
-        count = niov;
+        r = ucp_stream_send_nbx(c->xc_ep, s->s_iov, k, &p);
     }
-    ucs_status_ptr_t r = ucp_stream_send_nbx(c->xc_ep, buf, count, &p);
-    if (r == NULL) {
-        o->o_done = true;
-        o->o_status = UCS_OK;
-    } else if (UCS_PTR_IS_ERR(r)) {
-        o->o_done = true;
+    if (r != NULL && !UCS_PTR_IS_ERR(r)) {
+        o->o_inflight++;
+        return;
+    }
+    ucx_send_release(s);
+    if (UCS_PTR_IS_ERR(r) && o->o_status == UCS_OK) {
         o->o_status = UCS_PTR_STATUS(r);
     }
 }
 
 ucs_status_t
-tp__ucx_send_bytes(ucx_conn *c, const uint8_t *p, size_t n)
+tp__ucx_send_bytes(ucx_conn *c, const uint8_t *p, size_t n, unsigned am_id)
 {
     ucx_op *o = tp__zalloc(sizeof(*o));
     if (o == NULL) {
         return UCS_ERR_NO_MEMORY;
     }
-    TP_ASSERT(n <= sizeof(o->o_bytes));
+    TP_ASSERT(n > 0 && n <= sizeof(o->o_bytes));
     memcpy(o->o_bytes, p, n);
-    tp_iov iov = {o->o_bytes, n};
-    ucx_op_send(c, o, &iov, 1);
-    // Set-up bytes are orphans from the start: nobody waits for them (a
-    // failure shows as an endpoint error).
-    if (o->o_done) {
+    o->o_iov[0].iov_base = o->o_bytes;
+    o->o_iov[0].iov_len = n;
+    o->o_niov = 1;
+    o->o_len = n;
+    tp__ucx_op_submit(c, o, n, am_id);
+    // Bytes of our own are orphans from the start: nobody waits for them
+    // (a failure shows as an endpoint error), ucx_send_cb frees them.
+    if (o->o_inflight == 0) {
         ucs_status_t st = o->o_status;
-        ucx_op_free(o);
+        tp__ucx_op_free(o);
         return st;
     }
     return UCS_OK;
 }
 
+// Takes @a off the write queue, keeping xc_tx_next on the queue.
+static void
+ucx_writeq_remove(ucx_conn *c, tp_aio *a)
+{
+    if (c->xc_tx_next == a) {
+        c->xc_tx_next = tp__list_next(&c->xc_writeq, a);
+    }
+    tp__list_remove(&c->xc_writeq, a);
+}
+
 // Completes the writes at the head of the queue that UCP has finished, in
 // order; a failed one fails the conn.
-static void
-ucx_writes_settle(ucx_conn *c)
+void
+tp__ucx_writes_settle(ucx_conn *c)
 {
     tp_aio *a;
     while (c->xc_state == UCX_OPEN &&
            (a = tp__list_first(&c->xc_writeq)) != NULL) {
         ucx_op *o = a->a_prov_data[0];
-        if (!o->o_done) {
+        if (!ucx_op_done(o)) {
             return;
         }
-        tp__list_remove(&c->xc_writeq, a);
+        ucx_writeq_remove(c, a);
         ucs_status_t st = o->o_status;
-        ucx_op_free(o);
+        tp__ucx_op_free(o);
         if (st == UCS_OK) {
             tp__aio_finish(a, NULL, a->a_prov_u64[1]);
             continue;
@@ -283,14 +349,16 @@ tp__ucx_conn_fail(ucx_conn *c, tp_error *err)
     while ((a = tp__list_pop_first(&c->xc_readq)) != NULL) {
         tp__aio_finish(a, tp_error_ref(c->xc_err), a->a_prov_u64[0]);
     }
+    // Held writes (past the peer's window) fail here with the rest.
+    c->xc_tx_next = NULL;
     while ((a = tp__list_pop_first(&c->xc_writeq)) != NULL) {
         ucx_op *o = a->a_prov_data[0];
-        if (o->o_done) {
-            ucx_op_free(o);
+        if (o->o_inflight == 0) {
+            tp__ucx_op_free(o);
             tp__aio_finish(a, tp_error_ref(c->xc_err), 0);
         } else {
             // UCP still reads the caller's buffer: the aio fails when UCP
-            // lets go of it (the force close below cancels the send).
+            // lets go of it (the force close below cancels the sends).
             o->o_conn = NULL;
             o->o_err = tp_error_ref(c->xc_err);
         }
@@ -333,6 +401,7 @@ tp__ucx_read_pump(ucx_conn *c)
             break;
         }
         a->a_prov_u64[0] += (uint64_t)got;
+        tp__ucx_rx_consumed(c, (uint64_t)got);
     }
     // The peer is gone and what it sent before is consumed: a read still
     // waiting fails (a conn with no read pending keeps the received data
@@ -350,14 +419,14 @@ tp__ucx_read_pump(ucx_conn *c)
 void
 tp__ucx_conn_dispatch(ucx_conn *c)
 {
+    if (c->xc_state == UCX_DEAD || !tp__ucx_credit_check(c)) {
+        return;
+    }
     if (c->xc_state == UCX_SETUP) {
         tp__ucx_setup_pump(c);
         return;
     }
-    if (c->xc_state != UCX_OPEN) {
-        return;
-    }
-    ucx_writes_settle(c);
+    tp__ucx_tx_pump(c); // credits may have arrived; settles too
     tp__ucx_read_pump(c);
 }
 
@@ -370,18 +439,21 @@ ucx_op_cancel(tp_aio *aio, void *arg, tp_status reason)
     bool is_read = aio->a_prov_data[1] == &c->xc_readq;
     const char *what = is_read ? "read from" : "write to";
     uint64_t done = is_read ? aio->a_prov_u64[0] : 0;
+    uint64_t handed =
+        is_read ? 0 : ((ucx_op *)aio->a_prov_data[0])->o_submitted;
     ucx_op *o = is_read ? NULL : aio->a_prov_data[0];
     // A write UCP has started may have moved bytes: the stream is then
-    // unframeable, as for a read with bytes moved.
-    bool moved = is_read ? done > 0 : true;
+    // unframeable, as for a read with bytes moved. One still held whole
+    // (behind the peer's window) has moved nothing.
+    bool moved = is_read ? done > 0 : o->o_submitted > 0;
     char detail[200] = "";
     if (moved) {
         snprintf(detail, sizeof(detail),
                  is_read ? " with %llu of %llu bytes moved; the stream is "
                            "unusable and the connection closed"
-                         : " while UCX was sending it; the stream is "
-                           "unusable and the connection closed",
-                 (unsigned long long)done,
+                         : " with %llu of %llu bytes handed to UCX; the "
+                           "stream is unusable and the connection closed",
+                 (unsigned long long)(is_read ? done : handed),
                  (unsigned long long)aio->a_prov_u64[1]);
     }
     tp_error *err;
@@ -394,17 +466,24 @@ ucx_op_cancel(tp_aio *aio, void *arg, tp_status reason)
             reason, 0, NULL, "ucx: %s peer %s %s%s", what, c->xc_base.c_peer,
             reason == TP_ECLOSED ? "closed" : "canceled", detail);
     }
-    tp__list_remove(is_read ? &c->xc_readq : &c->xc_writeq, aio);
+    if (is_read) {
+        tp__list_remove(&c->xc_readq, aio);
+    } else {
+        ucx_writeq_remove(c, aio);
+    }
     if (!moved) {
+        if (o != NULL) {
+            tp__ucx_op_free(o);
+        }
         tp__aio_finish(aio, err, 0);
         return;
     }
-    if (o != NULL && !o->o_done) {
+    if (o != NULL && o->o_inflight > 0) {
         o->o_conn = NULL; // finished by ucx_send_cb with @err
         o->o_err = tp_error_ref(err);
     } else {
         if (o != NULL) {
-            ucx_op_free(o);
+            tp__ucx_op_free(o);
         }
         tp__aio_finish(aio, tp_error_ref(err), done);
     }
@@ -466,21 +545,18 @@ tp__ucx_conn_write(tp_conn *bc, tp_aio *aio)
     }
     o->o_aio = aio;
     o->o_conn = c;
-    if (aio->a_prov_u64[1] == 0) {
-        o->o_done = true;
-        o->o_status = UCS_OK;
-    } else {
-        // Skip empty iovs: UCP's iov datatype wants none.
-        tp_iov iov[TP_AIO_MAX_IOV];
-        unsigned n = 0;
-        for (unsigned i = 0; i < aio->a_niov; i++) {
-            if (aio->a_iov[i].iov_len > 0) {
-                iov[n++] = aio->a_iov[i];
-            }
+    o->o_len = aio->a_prov_u64[1];
+    // Skip empty iovs: UCP's iov datatype wants none.
+    for (unsigned i = 0; i < aio->a_niov; i++) {
+        if (aio->a_iov[i].iov_len > 0) {
+            o->o_iov[o->o_niov++] = aio->a_iov[i];
         }
-        ucx_op_send(c, o, iov, n);
     }
-    ucx_writes_settle(c);
+    // Every write before it is wholly with UCP when xc_tx_next is NULL.
+    if (c->xc_tx_next == NULL && o->o_len > 0) {
+        c->xc_tx_next = aio;
+    }
+    tp__ucx_tx_pump(c); // as far as the peer's window allows; settles
 }
 
 // ---- close / fini ----------------------------------------------------------

@@ -105,7 +105,7 @@ ucx_hello_check(ucx_conn *c)
                                             pfx, hex));
         return false;
     }
-    if (n == TP_HELLO_LEN) {
+    if (n >= TP_HELLO_LEN) {
         uint32_t version = tp__get_u32le(c->xc_hello_in + 8);
         if (version != UCX_HELLO_VERSION) {
             ucx_setup_prefix(c, pfx, sizeof(pfx));
@@ -116,6 +116,21 @@ ucx_hello_check(ucx_conn *c)
                                              pfx, version, UCX_HELLO_VERSION));
             return false;
         }
+    }
+    if (n == UCX_HELLO_LEN) {
+        // The peer's window: how much it takes ahead of its reads.
+        uint64_t w = tp__get_u64le(c->xc_hello_in + TP_HELLO_LEN);
+        if (w < UCX_WINDOW_MIN || w > UCX_WINDOW_MAX) {
+            ucx_setup_prefix(c, pfx, sizeof(pfx));
+            tp__ucx_setup_fail(c,
+                               tp__error_new(TP_EPROTO, 0, NULL,
+                                             "%s: bad hello: window %llu "
+                                             "bytes (not %d..%d)",
+                                             pfx, (unsigned long long)w,
+                                             UCX_WINDOW_MIN, UCX_WINDOW_MAX));
+            return false;
+        }
+        c->xc_tx_window = w;
     }
     return true;
 }
@@ -208,7 +223,7 @@ ucx_auth_send(ucx_conn *c)
     const uint8_t *op;
     size_t n;
     while ((n = tp__auth_out(&c->xc_auth, &op)) > 0) {
-        ucs_status_t st = tp__ucx_send_bytes(c, op, n);
+        ucs_status_t st = tp__ucx_send_bytes(c, op, n, 0);
         if (st != UCS_OK) {
             ucx_setup_failf(c, TP_ECONNRESET, "sending the job-secret proof",
                             st);
@@ -238,7 +253,8 @@ tp__ucx_setup_pump(ucx_conn *c)
             return;
         }
         tp__put_u32le(c->xc_hello_out + 12, on ? TP_AUTH_HELLO_FLAG : 0);
-        ucs_status_t st = tp__ucx_send_bytes(c, c->xc_hello_out, TP_HELLO_LEN);
+        ucs_status_t st =
+            tp__ucx_send_bytes(c, c->xc_hello_out, UCX_HELLO_LEN, 0);
         if (st != UCS_OK) {
             ucx_setup_failf(c, TP_ECONNREFUSED, "sending the hello", st);
             return;
@@ -254,9 +270,13 @@ tp__ucx_setup_pump(ucx_conn *c)
         }
     }
     ucs_status_t st = UCS_OK;
-    while (c->xc_hello_rcvd < TP_HELLO_LEN) {
+    while (c->xc_hello_rcvd < UCX_HELLO_LEN) {
+        // The tpipe hello first, so a peer of another version is told so
+        // before we wait for bytes it may never send.
+        unsigned want =
+            c->xc_hello_rcvd < TP_HELLO_LEN ? TP_HELLO_LEN : UCX_HELLO_LEN;
         int64_t got = tp__ucx_consume(c, c->xc_hello_in + c->xc_hello_rcvd,
-                                      TP_HELLO_LEN - c->xc_hello_rcvd, &st);
+                                      want - c->xc_hello_rcvd, &st);
         if (got <= 0) {
             break;
         }
@@ -265,7 +285,7 @@ tp__ucx_setup_pump(ucx_conn *c)
             return;
         }
     }
-    if (c->xc_hello_rcvd == TP_HELLO_LEN && c->xc_auth_state == 0) {
+    if (c->xc_hello_rcvd == UCX_HELLO_LEN && c->xc_auth_state == 0) {
         tp_error *err = NULL;
         ucx_setup_prefix(c, pfx, sizeof(pfx));
         int r = tp__auth_decide(tp__get_u32le(c->xc_hello_out + 12),
@@ -343,7 +363,7 @@ tp__ucx_setup_timer_cb(tp_timer *t, void *arg)
                                             "%s: no valid hello within %lld ms "
                                             "(got %u of %u bytes)",
                                             pfx, (long long)c->xc_timer_ms,
-                                            c->xc_hello_rcvd, TP_HELLO_LEN));
+                                            c->xc_hello_rcvd, UCX_HELLO_LEN));
     } else {
         tp__ucx_setup_fail(c, tp__error_new(TP_ETIMEDOUT, 0, NULL,
                                             "%s: timed out after %lld ms", pfx,

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/config.h"
 #include "core/log.h"
 #include "transport/ucx/ucx_impl.h"
 
@@ -176,7 +177,8 @@ ucx_init_context(ucp_context_h *ctx_p, char *why, size_t why_len)
     ucp_params_t p;
     memset(&p, 0, sizeof(p));
     p.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
-    p.features = UCP_FEATURE_STREAM | UCP_FEATURE_WAKEUP;
+    // Active messages carry the credits of flow control (flow.c).
+    p.features = UCP_FEATURE_STREAM | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
     p.name = "tpipe";
     st = ucp_init(&p, uc, ctx_p);
     ucp_config_release(uc);
@@ -198,18 +200,33 @@ ucx_enabled(void)
                          strcmp(s, "yes") == 0 || strcmp(s, "true") == 0);
 }
 
-// Declared for the listings; read by ucx_enabled at each viability check.
 static const tp_tunable ucx_tunable_rows[] = {
+    // Declared for the listings; read by ucx_enabled at each viability
+    // check.
     TP_TUNABLE_EXTERN("ucx", "TP_UCX", "0", "1|on|yes|true, else off",
                       "1: the ucx transport is viable (opt-in; "
                       "docs/transport-ucx.md)"),
+    {
+        .tu_name = "ucx_window",
+        .tu_env = "TP_UCX_WINDOW",
+        // 8M: a 64 MiB stream over tcp/lo runs as fast as with no window
+        // (docs/transport-ucx.md); a conn nobody reads holds at most this.
+        .tu_def = "8M",
+        .tu_doc = "bytes a ucx connection's peer may send ahead of this "
+                  "side's reads (its writes past it wait for credits)",
+        .tu_type = TP_TUNABLE_SIZE,
+        TP_TUNABLE_FIELD(ucx_tunables, ut_window),
+        .tu_min = UCX_WINDOW_MIN,
+        .tu_max = UCX_WINDOW_MAX,
+    },
 };
 
-static const tp_tunables ucx_tunables = {
+const tp_tunables tp__ucx_tunables = {
     .ts_component = "ucx",
     .ts_rows = ucx_tunable_rows,
     .ts_nrows = TP_ARRAY_LEN(ucx_tunable_rows),
-    .ts_store = TP_TUNABLES_IN_CONFIG,
+    .ts_store = TP_TUNABLES_OWN,
+    .ts_size = sizeof(ucx_tunables),
 };
 
 static bool
@@ -260,6 +277,14 @@ ucx_ctx_init(tp_transport *t, tp_error **err_p)
         return tp__error_set(err_p, TP_ENOTSUP, "ucx: ucp_worker_get_efd: %s",
                              ucs_status_string(st));
     }
+    rc = tp__ucx_flow_init(x, err_p);
+    if (rc != TP_OK) {
+        ucp_worker_destroy(x->x_worker);
+        ucp_cleanup(x->x_ucp);
+        return rc;
+    }
+    const ucx_tunables *ut = tp__config_own_const(&t->t_cfg, &tp__ucx_tunables);
+    x->x_window = (uint64_t)ut->ut_window;
     // Two ends with the same UCX major.minor can connect; UCX picks the
     // fabric (UCX_TLS) itself.
     unsigned major, minor, release;
@@ -295,7 +320,7 @@ const tp_transport_ops tp__transport_ucx_ops = {
     .abi_version = TP_TRANSPORT_ABI_V1,
     .name = "ucx",
     .props = TP_TRANSPORT_PROP_NETWORK,
-    .tunables = &ucx_tunables,
+    .tunables = &tp__ucx_tunables,
     .ctx_size = sizeof(ucx_ctx),
     .listener_size = sizeof(ucx_listener),
     .conn_size = sizeof(ucx_conn),

@@ -8,9 +8,12 @@
  *             ucp_stream_recv_data_nb and copied into the caller's iovs),
  *             writes (ucp_stream_send_nbx from the caller's iovs), failure
  *             with one first error, close
+ *   flow.c    flow control: writes hold past the peer's window, credits
+ *             (active messages carrying the reader's consumed-bytes
+ *             count) release them
  *   setup.c   listening (ucp_listener on a sockaddr), connect (ucp_ep on a
- *             sockaddr), the 16-byte hello and the job-secret exchange over
- *             the stream, accept queues
+ *             sockaddr), the 24-byte hello (with the window) and the
+ *             job-secret exchange over the stream, accept queues
  *
  * Everything runs on the loop thread (transport.c guarantees it; listen
  * hops there with tp__loop_call), so the worker is single-threaded and
@@ -31,11 +34,19 @@
 #include "core/loop.h"
 #include "transport/transport.h"
 
-#define UCX_HELLO_VERSION   1u
+// 2: the hello carries the sender's window; credits (flow.c) follow.
+#define UCX_HELLO_VERSION   2u
 #define UCX_HELLO_MAGIC_LEN 8u
-#define UCX_MAX_PENDING     128 // per listener: handshaking + ready
-#define UCX_PFX_LEN         640
-#define UCX_CLOSE_WAIT_MS   2000 // ctx_fini waits this long for ep closes
+// The tpipe hello (magic, version, flags) + u64le window.
+#define UCX_HELLO_LEN (TP_HELLO_LEN + 8u)
+// The active message id of credits and their length (u64le consumed).
+#define UCX_AM_CREDIT     0x7470u
+#define UCX_CREDIT_LEN    8u
+#define UCX_WINDOW_MIN    (64 * 1024)
+#define UCX_WINDOW_MAX    (1024 * 1024 * 1024)
+#define UCX_MAX_PENDING   128 // per listener: handshaking + ready
+#define UCX_PFX_LEN       640
+#define UCX_CLOSE_WAIT_MS 2000 // ctx_fini waits this long for ep closes
 
 _Static_assert(sizeof(TP_HELLO_MAGIC) - 1 == UCX_HELLO_MAGIC_LEN,
                "hello magic is 8 bytes");
@@ -60,20 +71,45 @@ typedef struct ucx_ctx {
     tp_list x_conns;    // every live ucx_conn (xc_node)
     tp_list x_lsns;     // every open ucx_listener (xl_node)
     unsigned x_closing; // ep close requests in flight
+    uint64_t x_window;  // TP_UCX_WINDOW: what each conn lets its peer send
 } ucx_ctx;
 
 typedef struct ucx_listener ucx_listener;
+typedef struct ucx_op ucx_op;
 
-// One send handed to UCP: a write aio's, or set-up bytes of our own.
-typedef struct ucx_op {
-    tp_aio *o_aio;           // NULL: set-up bytes
+// One UCP send request: a part of an op's bytes (a write larger than the
+// window goes out in several). Its iov array lives until UCP is done.
+typedef struct ucx_send {
+    ucx_op *s_op;
+    bool s_embedded; // the op's own s_first (not allocated)
+    ucp_dt_iov_t s_iov[TP_AIO_MAX_IOV];
+} ucx_send;
+
+// A write aio's bytes, or bytes of our own (hello, job-secret proof,
+// credit), handed to UCP in one or more sends.
+struct ucx_op {
+    tp_aio *o_aio;           // NULL: bytes of our own
     struct ucx_conn *o_conn; // NULL once the conn let go of it (orphan)
-    bool o_done;             // UCP has finished with the buffer
-    ucs_status_t o_status;
-    tp_error *o_err; // an orphan's aio fails with this
-    ucp_dt_iov_t o_iov[TP_AIO_MAX_IOV];
-    uint8_t o_bytes[TP_AUTH_NONCE_LEN + TP_AUTH_MAC_LEN + TP_HELLO_LEN];
-} ucx_op;
+    uint64_t o_len;          // bytes in o_iov
+    uint64_t o_submitted;    // handed to UCP so far
+    unsigned o_inflight;     // sends UCP still holds
+    ucs_status_t o_status;   // the first failed send's
+    tp_error *o_err;         // an orphan's aio fails with this
+    unsigned o_niov;
+    tp_iov o_iov[TP_AIO_MAX_IOV]; // the non-empty iovs
+    bool o_first_busy;            // s_first is with UCP
+    ucx_send o_first;
+    uint8_t o_bytes[TP_AUTH_NONCE_LEN + TP_AUTH_MAC_LEN + UCX_HELLO_LEN];
+};
+
+// Whether UCP is done with every byte of @o it will get: all submitted
+// (or a send failed, so no more will be) and none in flight.
+static inline bool
+ucx_op_done(const ucx_op *o)
+{
+    return o->o_inflight == 0 &&
+           (o->o_submitted == o->o_len || o->o_status != UCS_OK);
+}
 
 typedef struct ucx_conn {
     tp_conn xc_base; // the generic part; must be first
@@ -84,6 +120,24 @@ typedef struct ucx_conn {
     tp_list xc_readq;     // tp_aio, in order
     tp_list xc_writeq;    // tp_aio, in order (a_prov_data[0]: its ucx_op)
     tp_error *xc_err;     // the first fatal error
+    // Flow control (flow.c). Writer: user bytes handed to UCP, the peer's
+    // consumed count from its latest credit, the peer's window (from its
+    // hello), the first write not wholly handed to UCP.
+    uint64_t xc_tx_sent;
+    uint64_t xc_tx_acked;
+    uint64_t xc_tx_window;
+    tp_aio *xc_tx_next;
+    // Reader: user bytes our reads took, the count last credited to the
+    // peer, our window (sent in our hello).
+    uint64_t xc_rx_consumed;
+    uint64_t xc_rx_credited;
+    uint64_t xc_rx_window;
+    // A credit the peer had no right to send, recorded by the active
+    // message handler (inside progress) for tp__ucx_credit_check: its
+    // header length and value.
+    bool xc_credit_bad;
+    size_t xc_credit_bad_len;
+    uint64_t xc_credit_bad_val;
     // The endpoint error handler ran with this status (UCS_OK: not yet).
     ucs_status_t xc_ep_status;
     // Received data held from ucp_stream_recv_data_nb, partly consumed.
@@ -99,8 +153,8 @@ typedef struct ucx_conn {
     size_t xc_nheld;
     size_t xc_held_next;
     // Set-up.
-    uint8_t xc_hello_out[TP_HELLO_LEN];
-    uint8_t xc_hello_in[TP_HELLO_LEN];
+    uint8_t xc_hello_out[UCX_HELLO_LEN];
+    uint8_t xc_hello_in[UCX_HELLO_LEN];
     bool xc_hello_sent;
     unsigned xc_hello_rcvd;
     int xc_auth_state; // 0: hellos, 1: job-secret exchange, 2: done
@@ -130,6 +184,13 @@ struct ucx_listener {
     tp_error *xl_err;
     char xl_why[512];
 };
+
+// ucx's own tunables (TP_TUNABLES_OWN), inside every tp_config.
+typedef struct ucx_tunables {
+    int64_t ut_window; // TP_UCX_WINDOW bytes
+} ucx_tunables;
+
+extern const tp_tunables tp__ucx_tunables;
 
 static inline ucx_ctx *
 ucx_ctx_of(tp_transport *t)
@@ -168,8 +229,16 @@ void tp__ucx_ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status);
 // the endpoint failed (the status in *st_p).
 int64_t tp__ucx_consume(ucx_conn *c, uint8_t *dst, uint64_t n,
                         ucs_status_t *st_p);
-// Sends @n bytes (copied) ahead of any later send.
-ucs_status_t tp__ucx_send_bytes(ucx_conn *c, const uint8_t *p, size_t n);
+// Sends @n bytes (copied) ahead of any later send: on the stream, or as
+// the header of an active message with id @am_id when nonzero.
+ucs_status_t tp__ucx_send_bytes(ucx_conn *c, const uint8_t *p, size_t n,
+                                unsigned am_id);
+// Hands bytes [o_submitted, o_submitted + @n) of @o to UCP: one stream
+// send (an active message with @am_id when nonzero, the bytes as its
+// header). Failures are recorded in o_status.
+void tp__ucx_op_submit(ucx_conn *c, ucx_op *o, uint64_t n, unsigned am_id);
+void tp__ucx_op_free(ucx_op *o);
+void tp__ucx_writes_settle(ucx_conn *c);
 void tp__ucx_conn_release(ucx_conn *c, bool force);
 void tp__ucx_conn_fail(ucx_conn *c, tp_error *err);
 void tp__ucx_read_pump(ucx_conn *c);
@@ -178,6 +247,18 @@ void tp__ucx_conn_read(tp_conn *bc, tp_aio *aio);
 void tp__ucx_conn_write(tp_conn *bc, tp_aio *aio);
 void tp__ucx_conn_close(tp_conn *bc);
 void tp__ucx_conn_fini(tp_conn *bc);
+
+// flow.c
+// Registers the credit handler on the worker.
+tp_status tp__ucx_flow_init(ucx_ctx *x, tp_error **err_p);
+// Hands queued writes to UCP as far as the peer's window allows.
+void tp__ucx_tx_pump(ucx_conn *c);
+// Counts @n bytes taken by reads; credits the peer past the threshold.
+void tp__ucx_rx_consumed(ucx_conn *c, uint64_t n);
+// Sends a credit for @consumed bytes (the tests forge one with it).
+ucs_status_t tp__ucx_credit_send(ucx_conn *c, uint64_t consumed);
+// Fails @c if the peer sent a credit it had no right to (false then).
+bool tp__ucx_credit_check(ucx_conn *c);
 
 // setup.c
 void tp__ucx_setup_pump(ucx_conn *c);
