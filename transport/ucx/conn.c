@@ -4,8 +4,9 @@
 // copy it into the caller's iovs, so an exact-length read is ours to
 // track: its bytes moved are known, and a timeout or cancel before any
 // byte moved leaves the stream usable. Writes hand the caller's iovs to
-// ucp_stream_send_nbx and complete in submission order once UCP is done
-// with the buffer. A connection error is recorded once in xc_err; every
+// ucp_stream_send_nbx, as far as the peer's window allows (flow.c: the
+// rest waits for credits, possibly in several sends), and complete in
+// submission order once UCP is done with every byte. A connection error is recorded once in xc_err; every
 // pending and later op fails with a reference to it.
 
 #include <stdio.h>

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // setup.c - UCX connection set-up: listeners (a ucp_listener on a
 // sockaddr; UCP's connection manager takes connections as they come),
-// connect (a ucp_ep on a sockaddr), then the 16-byte tpipe hello and, with
-// a job secret, the exchange of core/auth.h, both over the UCP stream.
+// connect (a ucp_ep on a sockaddr), then the hello (the 16-byte tpipe
+// hello + the u64le window of flow.c) and, with a job secret, the
+// exchange of core/auth.h, both over the UCP stream.
 // A listener hands a connection to an accept only after a valid hello.
 
 #include <stdio.h>
