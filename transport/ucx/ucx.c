@@ -174,6 +174,18 @@ ucx_init_context(ucp_context_h *ctx_p, char *why, size_t why_len)
         snprintf(why, why_len, "ucp_config_read: %s", ucs_status_string(st));
         return tp__ucx_status_tp(st);
     }
+    // No rendezvous rails unless the user asks: the data goes on the
+    // stream (no rendezvous) and our active messages are 8-byte eager
+    // credits, but for UCP_FEATURE_AM UCX 1.13 adds rma_bw lanes on every
+    // device (tcp: lo and eth0), and polling the extra interface on each
+    // progress cost ~1 us of a 64 B round trip (docs/transport-ucx.md).
+    if (getenv("UCX_MAX_RNDV_RAILS") == NULL) {
+        st = ucp_config_modify(uc, "MAX_RNDV_RAILS", "0");
+        if (st != UCS_OK) {
+            TP_LOG_DEBUG("TP-UCX-CONFIG", "ucx: MAX_RNDV_RAILS=0: %s",
+                         ucs_status_string(st));
+        }
+    }
     ucp_params_t p;
     memset(&p, 0, sizeof(p));
     p.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
