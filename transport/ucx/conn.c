@@ -6,8 +6,9 @@
 // byte moved leaves the stream usable. Writes hand the caller's iovs to
 // ucp_stream_send_nbx, as far as the peer's window allows (flow.c: the
 // rest waits for credits, possibly in several sends), and complete in
-// submission order once UCP is done with every byte. A connection error is recorded once in xc_err; every
-// pending and later op fails with a reference to it.
+// submission order once UCP is done with every byte. A connection error is
+// recorded once in xc_err; every pending and later op fails with a reference to
+// it.
 
 #include <stdio.h>
 #include <string.h>
