@@ -28,6 +28,9 @@
 #define T_MS 1500
 
 static tp_job_latch g_latch = {{-1, -1}};
+// absent_rank with a stop: rank 3's pid send has completed, so rank 0's
+// SIGSTOP cannot catch that send in flight (it would time out).
+static tp_job_latch g_sent = {{-1, -1}};
 
 static void
 job_run(tp_job *j, const char *engine)
@@ -257,6 +260,7 @@ absent_rank(int rank, int world, const char *url, void *arg)
         if (stop) {
             *(int64_t *)tp_tensor_data(pid) = (int64_t)getpid();
             TP_CHECK_OK(tp_pg_send(pg, pid, 0, 1, NULL, &err), err);
+            tp_job_latch_post(&g_sent);
         }
         // User code, away from the group, until the callers reported.
         TP_CHECK_EQ(tp_job_latch_wait(&g_latch, 3, 30000), 3);
@@ -265,6 +269,7 @@ absent_rank(int rank, int world, const char *url, void *arg)
         if (stop && rank == 0) {
             TP_CHECK_OK(tp_pg_recv(pg, pid, 3, 1, NULL, &err), err);
             p3 = (pid_t) * (int64_t *)tp_tensor_data(pid);
+            TP_CHECK_EQ(tp_job_latch_wait(&g_sent, 1, 20000), 1);
             TP_CHECK(kill(p3, SIGSTOP) == 0);
         }
         int64_t t0 = tp_job_now_ms();
@@ -323,8 +328,10 @@ test_absent_rank_stopped(void)
 {
     static int stop = 1;
     tp_job_latch_init(&g_latch);
+    tp_job_latch_init(&g_sent);
     tp_job j = {.world = 4, .fn = absent_rank, .arg = &stop};
     job_run(&j, "TP_COLL_ENGINE=pipe");
+    tp_job_latch_fini(&g_sent);
     tp_job_latch_fini(&g_latch);
 }
 
