@@ -232,79 +232,71 @@ tp_pg_all_gather(tp_pg *pg, tp_tensor *out, tp_tensor *in, tp_work **w_p,
     return tp__pg_coll_finish(pg, wk, w_p, st, err_p);
 }
 
+// gather and scatter: every rank has a block (gather's in, scatter's out);
+// the root also has the concatenation of the blocks (gather's out,
+// scatter's in), checked against the block.
+static tp_status
+pg_rooted(tp_pg *pg, tp__coll_kind kind, const char *name, bool gather,
+          tp_tensor *out, tp_tensor *in, int root, tp_work **w_p,
+          tp_error **err_p)
+{
+    tp_work *wk = NULL;
+    tp_work local;
+    tp_status st =
+        tp__pg_coll_begin(pg, kind, w_p == NULL ? &local : NULL, &wk, err_p);
+    if (st != TP_OK) {
+        return st;
+    }
+    tp_tensor *block = gather ? in : out;
+    tp_tensor *all = gather ? out : in;
+    const char *block_name = gather ? "in" : "out";
+    const char *all_name = gather ? "out" : "in";
+    st = tp__pg_check_root(pg, name, root, err_p);
+    if (st == TP_OK) {
+        st = tp__pg_check_tensor(pg, name, block_name, block, err_p);
+    }
+    bool is_root = st == TP_OK && pg->g_rank == root;
+    if (is_root) {
+        char what[32];
+        snprintf(what, sizeof(what), "%s (on the root)", all_name);
+        st = tp__pg_check_tensor(pg, name, what, all, err_p);
+        if (st == TP_OK) {
+            st = tp__pg_check_blocks(pg, name, all, all_name, block, block_name,
+                                     err_p);
+        }
+    }
+    if (st == TP_OK) {
+        st = is_root  ? tp__pg_stage2(wk, &out, &in, err_p)
+             : gather ? tp__pg_stage(wk, &in, false, err_p)
+                      : tp__pg_stage(wk, &out, true, err_p);
+    }
+    if (st == TP_OK) {
+        block = gather ? in : out;
+        tp__pg_work_hold(wk, gather && !is_root ? NULL : out,
+                         !gather && !is_root ? NULL : in);
+        wk->wk_args.dtype = tp_tensor_dtype(block);
+        wk->wk_args.root = root;
+        wk->wk_args.in = gather || is_root ? tp_tensor_data(in) : NULL;
+        wk->wk_args.out = !gather || is_root ? tp_tensor_data(out) : NULL;
+        wk->wk_args.count = tp__pg_numel(block);
+    }
+    return tp__pg_coll_finish(pg, wk, w_p, st, err_p);
+}
+
 tp_status
 tp_pg_gather(tp_pg *pg, tp_tensor *out, tp_tensor *in, int root, tp_work **w_p,
              tp_error **err_p)
 {
-    tp_work *wk = NULL;
-    tp_work local;
-    tp_status st = tp__pg_coll_begin(pg, TP__COLL_GATHER,
-                                     w_p == NULL ? &local : NULL, &wk, err_p);
-    if (st != TP_OK) {
-        return st;
-    }
-    st = tp__pg_check_root(pg, "gather", root, err_p);
-    if (st == TP_OK) {
-        st = tp__pg_check_tensor(pg, "gather", "in", in, err_p);
-    }
-    bool is_root = st == TP_OK && pg->g_rank == root;
-    if (is_root) {
-        st = tp__pg_check_tensor(pg, "gather", "out (on the root)", out, err_p);
-        if (st == TP_OK) {
-            st = tp__pg_check_blocks(pg, "gather", out, "out", in, "in", err_p);
-        }
-    }
-    if (st == TP_OK) {
-        st = is_root ? tp__pg_stage2(wk, &out, &in, err_p)
-                     : tp__pg_stage(wk, &in, false, err_p);
-    }
-    if (st == TP_OK) {
-        tp__pg_work_hold(wk, is_root ? out : NULL, in);
-        wk->wk_args.dtype = tp_tensor_dtype(in);
-        wk->wk_args.root = root;
-        wk->wk_args.in = tp_tensor_data(in);
-        wk->wk_args.out = is_root ? tp_tensor_data(out) : NULL;
-        wk->wk_args.count = tp__pg_numel(in);
-    }
-    return tp__pg_coll_finish(pg, wk, w_p, st, err_p);
+    return pg_rooted(pg, TP__COLL_GATHER, "gather", true, out, in, root, w_p,
+                     err_p);
 }
 
 tp_status
 tp_pg_scatter(tp_pg *pg, tp_tensor *out, tp_tensor *in, int root, tp_work **w_p,
               tp_error **err_p)
 {
-    tp_work *wk = NULL;
-    tp_work local;
-    tp_status st = tp__pg_coll_begin(pg, TP__COLL_SCATTER,
-                                     w_p == NULL ? &local : NULL, &wk, err_p);
-    if (st != TP_OK) {
-        return st;
-    }
-    st = tp__pg_check_root(pg, "scatter", root, err_p);
-    if (st == TP_OK) {
-        st = tp__pg_check_tensor(pg, "scatter", "out", out, err_p);
-    }
-    bool is_root = st == TP_OK && pg->g_rank == root;
-    if (is_root) {
-        st = tp__pg_check_tensor(pg, "scatter", "in (on the root)", in, err_p);
-        if (st == TP_OK) {
-            st =
-                tp__pg_check_blocks(pg, "scatter", in, "in", out, "out", err_p);
-        }
-    }
-    if (st == TP_OK) {
-        st = is_root ? tp__pg_stage2(wk, &out, &in, err_p)
-                     : tp__pg_stage(wk, &out, true, err_p);
-    }
-    if (st == TP_OK) {
-        tp__pg_work_hold(wk, out, is_root ? in : NULL);
-        wk->wk_args.dtype = tp_tensor_dtype(out);
-        wk->wk_args.root = root;
-        wk->wk_args.in = is_root ? tp_tensor_data(in) : NULL;
-        wk->wk_args.out = tp_tensor_data(out);
-        wk->wk_args.count = tp__pg_numel(out);
-    }
-    return tp__pg_coll_finish(pg, wk, w_p, st, err_p);
+    return pg_rooted(pg, TP__COLL_SCATTER, "scatter", false, out, in, root, w_p,
+                     err_p);
 }
 
 tp_status
