@@ -27,86 +27,7 @@
 // that exits right after its read has sent the ack, and the sender's write
 // completes.
 
-#include <inttypes.h>
-#include <stdio.h>
-#include <string.h>
-#include <sys/types.h>
-#include <unistd.h>
-
-#include "channel/channel.h"
-#include "channel/cma/cma_probe.h"
-#include "core/alloc.h"
-#include "core/log.h"
-#include "core/wire.h"
-
-// An ack on the channel's connection: the reader copied tensor `index` of
-// message `seq`. 24 bytes, laid out like a pipe frame (docs/channel-cma.md)
-// but the cma channel's own format: u8 type 5, u8 version 2, u16 zero,
-// u32 index, u64 body length 8, u64 seq.
-#define CMA_ACK_TYPE    5u
-#define CMA_ACK_VERSION 2u
-#define CMA_ACK_HDR_LEN 16u
-#define CMA_ACK_BODY    8u
-#define CMA_ACK_FRAME   (CMA_ACK_HDR_LEN + CMA_ACK_BODY)
-// The first bytes each end sends on the channel's connection: magic, the
-// side socket's name, its token; then "ready" once it has connected to the
-// peer's side socket and presented the peer's token.
-#define CMA_HELLO_MAGIC "TPCMAHI\x01" // 8 bytes
-#define CMA_READY_MAGIC "TPCMARDY"
-#define CMA_MAGIC_LEN   8u
-#define CMA_HELLO_LEN                                                          \
-    (CMA_MAGIC_LEN + TP_CMA_SIDE_NAME_LEN + TP_CMA_SIDE_TOKEN_LEN)
-#define CMA_RBUF_LEN TP_MAX(CMA_HELLO_LEN, CMA_ACK_FRAME)
-_Static_assert(sizeof(CMA_HELLO_MAGIC) - 1 == CMA_MAGIC_LEN, "hello magic");
-_Static_assert(sizeof(CMA_READY_MAGIC) - 1 == CMA_MAGIC_LEN, "ready magic");
-// Copies up to this size run on the loop: a pool thread's wake-up (~40 us
-// on this VM) costs more than the copy (64 B round trip: 60 us through the
-// pool, 5 us inline). Larger ones are split in CMA_SPLIT parts copied in
-// parallel: the first on the loop while it is at most CMA_LOOP_PART (so a
-// large tensor does not stall the context's other pipes for long), the
-// others on the copy pool.
-#define CMA_INLINE_COPY (256u * 1024u)
-#define CMA_LOOP_PART   (4u * 1024u * 1024u)
-#define CMA_SPLIT       2u
-
-typedef struct cma_copy {
-    tp_chan *cc_ch;
-    tp_chan_op *cc_op;
-    pid_t cc_pid;
-    uint64_t cc_addr;
-    uint64_t cc_off, cc_len; // the part of the tensor this copy moves
-    tp_task cc_task;
-    tp_error *cc_err;
-} cma_copy;
-
-struct tp_chan {
-    tp_chan_env c_env;
-    tp_conn *c_conn;
-    tp_list c_sends; // ops waiting for their ack (co_node)
-    // Who the peer is, from the kernel (see the top of this file).
-    enum { CMA_HS_HELLO, CMA_HS_READY, CMA_HS_DONE } c_hs;
-    tp__cma_side c_side;
-    tp__cma_peer c_peer; // valid once c_hs is CMA_HS_DONE
-    tp_list c_recvs;     // receives waiting for c_peer (co_node)
-    tp_list c_acking;    // copied receives whose ack is queued (co_node)
-    tp_list c_acked;     // copied receives whose ack is being written
-    tp_error *c_err;     // the channel broke while no op depended on it
-    // reader: the peer's hello, its ready, then acks
-    tp_aio c_raio;
-    uint8_t c_rbuf[CMA_RBUF_LEN];
-    bool c_rbusy;
-    // ack writer: acks queued while one write is in flight
-    tp_aio c_waio;
-    uint8_t *c_wq; // queued frames
-    size_t c_wq_len, c_wq_cap;
-    uint8_t *c_wbuf; // frames being written
-    size_t c_wbuf_cap;
-    bool c_wbusy;
-    bool c_closed;
-    bool c_destroy_req;
-    int c_copies; // copies on the pool
-    tp_task c_free_task;
-};
+#include "channel/cma/cma_impl.h"
 
 static unsigned
 cma_nconns(const tp_config *cfg, bool *lanes_p)
@@ -168,12 +89,10 @@ cma_inline_max(const tp_config *cfg)
 }
 
 static void cma_read_acks(tp_chan *ch);
-static void cma_recv_start(tp_chan *ch, tp_chan_op *op);
 static bool cma_queue(tp_chan *ch, const void *bytes, size_t len);
-static void cma_flush_acks(tp_chan *ch);
 
-static void
-cma_maybe_free(tp_chan *ch)
+void
+tp__cma_chan_maybe_free(tp_chan *ch)
 {
     if (ch->c_destroy_req && !ch->c_rbusy && !ch->c_wbusy &&
         ch->c_copies == 0) {
@@ -195,8 +114,8 @@ cma_free_task(void *arg)
     tp__free(ch);
 }
 
-static void
-cma_fail(tp_chan *ch, tp_error *err)
+void
+tp__cma_chan_fail(tp_chan *ch, tp_error *err)
 {
     if (!ch->c_closed) {
         ch->c_env.ce_fail(ch->c_env.ce_pipe, err);
@@ -218,7 +137,7 @@ cma_broken(tp_chan *ch, tp_error *err)
     }
     if (tp_error_status(err) == TP_EPROTO || !tp__list_empty(&ch->c_sends) ||
         !tp__list_empty(&ch->c_recvs)) {
-        cma_fail(ch, err);
+        tp__cma_chan_fail(ch, err);
         return;
     }
     TP_LOG_DEBUG("TP-CMA-DOWN",
@@ -240,10 +159,10 @@ static void
 cma_got_hello(tp_chan *ch)
 {
     if (memcmp(ch->c_rbuf, CMA_HELLO_MAGIC, CMA_MAGIC_LEN) != 0) {
-        cma_fail(ch, tp__error_new(TP_EPROTO, 0, NULL,
-                                   "cma: pipe to %s: protocol error: "
-                                   "expected the cma hello",
-                                   ch->c_env.ce_peer));
+        tp__cma_chan_fail(ch, tp__error_new(TP_EPROTO, 0, NULL,
+                                            "cma: pipe to %s: protocol error: "
+                                            "expected the cma hello",
+                                            ch->c_env.ce_peer));
         return;
     }
     tp_error *err = NULL;
@@ -257,12 +176,12 @@ cma_got_hello(tp_chan *ch)
         return;
     }
     if (!cma_queue(ch, CMA_READY_MAGIC, CMA_MAGIC_LEN)) {
-        cma_fail(ch, tp__error_new(TP_ENOMEM, 0, NULL,
-                                   "cma: pipe to %s: out of memory",
-                                   ch->c_env.ce_peer));
+        tp__cma_chan_fail(ch, tp__error_new(TP_ENOMEM, 0, NULL,
+                                            "cma: pipe to %s: out of memory",
+                                            ch->c_env.ce_peer));
         return;
     }
-    cma_flush_acks(ch);
+    tp__cma_chan_flush_acks(ch);
     ch->c_hs = CMA_HS_READY;
     cma_read_acks(ch);
 }
@@ -274,10 +193,10 @@ cma_got_ready(tp_chan *ch)
 {
     const char *peer = ch->c_env.ce_peer;
     if (memcmp(ch->c_rbuf, CMA_READY_MAGIC, CMA_MAGIC_LEN) != 0) {
-        cma_fail(ch, tp__error_new(TP_EPROTO, 0, NULL,
-                                   "cma: pipe to %s: protocol error: "
-                                   "expected the cma ready",
-                                   peer));
+        tp__cma_chan_fail(ch, tp__error_new(TP_EPROTO, 0, NULL,
+                                            "cma: pipe to %s: protocol error: "
+                                            "expected the cma ready",
+                                            peer));
         return;
     }
     tp_error *err = NULL;
@@ -297,12 +216,13 @@ cma_got_ready(tp_chan *ch)
                     peer, (int)ch->c_peer.cp_pid, (unsigned)ch->c_peer.cp_uid,
                     (unsigned)ch->c_peer.cp_gid, (unsigned)getuid(),
                     (unsigned)getgid());
-        cma_fail(ch, tp__error_new(TP_EPROTO, 0, NULL,
-                                   "cma: pipe to %s: protocol error: the "
-                                   "peer's process runs as another user or "
-                                   "group than this one (its domain said "
-                                   "otherwise; see TP-CMA-PEER in the log)",
-                                   peer));
+        tp__cma_chan_fail(
+            ch, tp__error_new(TP_EPROTO, 0, NULL,
+                              "cma: pipe to %s: protocol error: the "
+                              "peer's process runs as another user or "
+                              "group than this one (its domain said "
+                              "otherwise; see TP-CMA-PEER in the log)",
+                              peer));
         return;
     }
     TP_LOG_DEBUG("TP-CMA-PEER", "cma: pipe to %s: the peer is pid %d", peer,
@@ -310,7 +230,7 @@ cma_got_ready(tp_chan *ch)
     ch->c_hs = CMA_HS_DONE;
     tp_chan_op *op;
     while ((op = tp__list_pop_first(&ch->c_recvs)) != NULL) {
-        cma_recv_start(ch, op);
+        tp__cma_chan_recv_start(ch, op);
     }
     cma_read_acks(ch);
 }
@@ -342,7 +262,7 @@ cma_raio_cb(void *arg)
     tp_chan *ch = arg;
     ch->c_rbusy = false;
     if (ch->c_closed) {
-        cma_maybe_free(ch);
+        tp__cma_chan_maybe_free(ch);
         return;
     }
     if (tp_aio_status(&ch->c_raio) != TP_OK) {
@@ -368,10 +288,10 @@ cma_raio_cb(void *arg)
     uint32_t idx;
     char why[96];
     if (!cma_ack_decode(ch->c_rbuf, &seq, &idx, why, sizeof(why))) {
-        cma_fail(ch, tp__error_new(TP_EPROTO, 0, NULL,
-                                   "cma: pipe to %s: protocol error: "
-                                   "expected an ack frame: %s",
-                                   ch->c_env.ce_peer, why));
+        tp__cma_chan_fail(ch, tp__error_new(TP_EPROTO, 0, NULL,
+                                            "cma: pipe to %s: protocol error: "
+                                            "expected an ack frame: %s",
+                                            ch->c_env.ce_peer, why));
         return;
     }
     tp_chan_op *found = NULL;
@@ -383,11 +303,12 @@ cma_raio_cb(void *arg)
         }
     }
     if (found == NULL) {
-        cma_fail(ch, tp__error_new(TP_EPROTO, 0, NULL,
-                                   "cma: pipe to %s: protocol error: ack of "
-                                   "message %" PRIu64 " tensor %u, which is "
-                                   "not waiting for one",
-                                   ch->c_env.ce_peer, seq, idx));
+        tp__cma_chan_fail(
+            ch, tp__error_new(TP_EPROTO, 0, NULL,
+                              "cma: pipe to %s: protocol error: ack of "
+                              "message %" PRIu64 " tensor %u, which is "
+                              "not waiting for one",
+                              ch->c_env.ce_peer, seq, idx));
         return;
     }
     tp__list_remove(&ch->c_sends, found);
@@ -421,7 +342,7 @@ cma_waio_cb(void *arg)
     tp_chan *ch = arg;
     ch->c_wbusy = false;
     if (ch->c_closed) {
-        cma_maybe_free(ch);
+        tp__cma_chan_maybe_free(ch);
         return;
     }
     // The receives acked in this write are done: their bytes are here
@@ -440,11 +361,11 @@ cma_waio_cb(void *arg)
         }
         return;
     }
-    cma_flush_acks(ch);
+    tp__cma_chan_flush_acks(ch);
 }
 
-static void
-cma_flush_acks(tp_chan *ch)
+void
+tp__cma_chan_flush_acks(tp_chan *ch)
 {
     if (ch->c_wbusy || ch->c_wq_len == 0 || ch->c_closed || ch->c_err != NULL) {
         return;
@@ -467,7 +388,7 @@ cma_flush_acks(tp_chan *ch)
     tp__conn_write(ch->c_conn, &ch->c_waio);
 }
 
-// Queues @len bytes (hello, ready or ack frames) for cma_flush_acks.
+// Queues @len bytes (hello, ready or ack frames) for tp__cma_chan_flush_acks.
 static bool
 cma_queue(tp_chan *ch, const void *bytes, size_t len)
 {
@@ -492,8 +413,8 @@ cma_queue(tp_chan *ch, const void *bytes, size_t len)
     return true;
 }
 
-static bool
-cma_queue_ack(tp_chan *ch, uint64_t seq, uint32_t idx)
+bool
+tp__cma_chan_queue_ack(tp_chan *ch, uint64_t seq, uint32_t idx)
 {
     uint8_t f[CMA_ACK_FRAME];
     f[0] = CMA_ACK_TYPE;
@@ -543,197 +464,10 @@ cma_create(const tp_chan_env *env, tp_chan **ch_p, tp_error **err_p)
     tp__task_init(&ch->c_free_task, cma_free_task, ch);
     // Peers must be allowed to read us (Yama scope 1).
     tp__cma_allow_peers();
-    cma_flush_acks(ch);
+    tp__cma_chan_flush_acks(ch);
     cma_read_acks(ch);
     *ch_p = ch;
     return TP_OK;
-}
-
-// Why @op cannot go: the channel broke earlier (c_err).
-static tp_error *
-cma_down_err(tp_chan *ch, const tp_chan_op *op)
-{
-    return tp__error_new(tp_error_status(ch->c_err), 0, ch->c_err,
-                         "cma: pipe to %s: tensor %u of message %" PRIu64
-                         ": the cma channel is down",
-                         ch->c_env.ce_peer, op->co_index, op->co_seq);
-}
-
-static void
-cma_send(tp_chan *ch, tp_chan_op *op)
-{
-    op->co_info.ci_len = 12;
-    tp__put_u32le(op->co_info.ci_bytes, (uint32_t)getpid());
-    tp__put_u64le(op->co_info.ci_bytes + 4, (uint64_t)(uintptr_t)op->co_buf);
-    if (ch->c_err != NULL) {
-        tp__chan_op_fail_later(ch->c_env.ce_loop, op, cma_down_err(ch, op));
-        return;
-    }
-    tp__list_append(&ch->c_sends, op);
-}
-
-static void
-cma_copied_task(void *arg)
-{
-    cma_copy *cc = arg;
-    tp_chan *ch = cc->cc_ch;
-    tp_chan_op *op = cc->cc_op;
-    ch->c_copies--;
-    if (cc->cc_err != NULL && op->co_err == NULL) {
-        op->co_err = cc->cc_err;
-    } else {
-        tp_error_unref(cc->cc_err);
-    }
-    tp__free(cc);
-    if (--op->co_parts > 0) {
-        return;
-    }
-    tp_error *err = op->co_err;
-    op->co_err = NULL;
-    if (err == NULL && !ch->c_closed && ch->c_err == NULL) {
-        // Done once the ack is written (cma_waio_cb).
-        if (cma_queue_ack(ch, op->co_seq, op->co_index)) {
-            tp__list_append(&ch->c_acking, op);
-            cma_flush_acks(ch);
-            return;
-        }
-        err = tp__error_new(TP_ENOMEM, 0, NULL, "cma: ack: out of memory");
-    }
-    if (err != NULL) {
-        cma_fail(ch, tp_error_ref(err));
-    }
-    op->co_done(op, err);
-    cma_maybe_free(ch);
-}
-
-static void
-cma_copy_run(cma_copy *cc)
-{
-    tp_chan_op *op = cc->cc_op;
-    tp_error *err = NULL;
-    tp_status st =
-        tp__cma_read(cc->cc_pid, cc->cc_addr + cc->cc_off,
-                     (uint8_t *)op->co_buf + cc->cc_off, cc->cc_len, &err);
-    // Alive after the read: the pid was the peer's all along (it cannot be
-    // reused while the peer lives). Gone: the bytes may come from whoever
-    // got the pid next.
-    if (st == TP_OK && !tp__cma_peer_alive(&cc->cc_ch->c_peer)) {
-        st = tp__error_set(&err, TP_ECONNRESET,
-                           "cma: read from pid %d: process gone during the "
-                           "read",
-                           (int)cc->cc_pid);
-    }
-    if (st != TP_OK) {
-        cc->cc_err =
-            tp__error_new(tp_error_status(err), 0, err,
-                          "cma: pipe to %s: tensor %u of message "
-                          "%" PRIu64,
-                          cc->cc_ch->c_env.ce_peer, op->co_index, op->co_seq);
-        tp_error_unref(err);
-    }
-    tp__task_init(&cc->cc_task, cma_copied_task, cc);
-}
-
-// Pool thread.
-static void
-cma_copy_task(void *arg)
-{
-    cma_copy *cc = arg;
-    cma_copy_run(cc);
-    tp__loop_post(cc->cc_ch->c_env.ce_loop, &cc->cc_task);
-}
-
-static void
-cma_recv(tp_chan *ch, tp_chan_op *op)
-{
-    if (ch->c_err != NULL) {
-        tp__chan_op_fail_later(ch->c_env.ce_loop, op, cma_down_err(ch, op));
-        return;
-    }
-    if (ch->c_hs != CMA_HS_DONE) {
-        tp__list_append(&ch->c_recvs, op); // until the kernel names the peer
-        return;
-    }
-    cma_recv_start(ch, op);
-}
-
-static void
-cma_recv_start(tp_chan *ch, tp_chan_op *op)
-{
-    if (op->co_info.ci_len != 12) {
-        tp__chan_op_fail_later(
-            ch->c_env.ce_loop, op,
-            tp__error_new(TP_EPROTO, 0, NULL,
-                          "cma: pipe to %s: protocol error: tensor "
-                          "%u carries %u info bytes, expected 12",
-                          ch->c_env.ce_peer, op->co_index, op->co_info.ci_len));
-        return;
-    }
-    pid_t pid = (pid_t)tp__get_u32le(op->co_info.ci_bytes);
-    uint64_t addr = tp__get_u64le(op->co_info.ci_bytes + 4);
-    // The peer may only offer its own memory: the pid must be the one the
-    // kernel gave for the side connection.
-    if (pid != ch->c_peer.cp_pid) {
-        tp__chan_op_fail_later(
-            ch->c_env.ce_loop, op,
-            tp__error_new(TP_EPROTO, 0, NULL,
-                          "cma: pipe to %s: protocol error: tensor %u of "
-                          "message %" PRIu64 " names pid %d, but the peer's "
-                          "process is pid %d (SO_PEERCRED); refused",
-                          ch->c_env.ce_peer, op->co_index, op->co_seq, (int)pid,
-                          (int)ch->c_peer.cp_pid));
-        return;
-    }
-    // Small: one copy on the loop. Large: CMA_SPLIT parts in parallel on
-    // the copy pool (the sender's cores are idle meanwhile).
-    unsigned nparts = op->co_len <= CMA_INLINE_COPY ? 1 : CMA_SPLIT;
-    uint64_t part = (op->co_len + nparts - 1) / nparts;
-    part = (part + 4095) & ~(uint64_t)4095;
-    op->co_parts = (int)nparts;
-    op->co_err = NULL;
-    cma_copy *inline_cc = NULL;
-    for (unsigned i = 0; i < nparts; i++) {
-        uint64_t off = (uint64_t)i * part;
-        cma_copy *cc = tp__zalloc(sizeof(*cc));
-        if (cc == NULL) {
-            // Count the missing parts as failed ones.
-            if (op->co_err == NULL) {
-                op->co_err =
-                    tp__error_new(TP_ENOMEM, 0, NULL, "cma: out of memory");
-            }
-            if (--op->co_parts == 0) {
-                tp_error *err = op->co_err;
-                op->co_err = NULL;
-                tp__chan_op_fail_later(ch->c_env.ce_loop, op, err);
-            }
-            continue;
-        }
-        cc->cc_ch = ch;
-        cc->cc_op = op;
-        cc->cc_pid = pid;
-        cc->cc_addr = addr;
-        cc->cc_off = off < op->co_len ? off : op->co_len;
-        cc->cc_len = off < op->co_len
-                         ? (op->co_len - off < part ? op->co_len - off : part)
-                         : 0;
-        ch->c_copies++;
-        if (i == 0 && cc->cc_len <= CMA_LOOP_PART) {
-            inline_cc = cc; // copied below, once the others are running
-            continue;
-        }
-        tp__task_init(&cc->cc_task, cma_copy_task, cc);
-        if (tp__pool_submit(ch->c_env.ce_pool, &cc->cc_task) != TP_OK) {
-            cc->cc_err = tp__error_new(TP_ECLOSED, 0, NULL,
-                                       "cma: pipe to %s: copy pool closed",
-                                       ch->c_env.ce_peer);
-            tp__task_init(&cc->cc_task, cma_copied_task, cc);
-            tp__loop_defer(ch->c_env.ce_loop, &cc->cc_task);
-        }
-    }
-    if (inline_cc != NULL) {
-        cma_copy_run(inline_cc);
-        tp__loop_defer(ch->c_env.ce_loop, &inline_cc->cc_task);
-    }
 }
 
 static void
@@ -762,7 +496,7 @@ static void
 cma_destroy(tp_chan *ch)
 {
     ch->c_destroy_req = true;
-    cma_maybe_free(ch);
+    tp__cma_chan_maybe_free(ch);
 }
 
 static const tp_tunable cma_tunable_rows[] = {
@@ -799,8 +533,8 @@ const tp_channel_ops tp__channel_cma_ops = {
     .domain = cma_domain,
     .inline_max = cma_inline_max,
     .create = cma_create,
-    .send = cma_send,
-    .recv = cma_recv,
+    .send = tp__cma_chan_send,
+    .recv = tp__cma_chan_recv,
     .close = cma_close,
     .destroy = cma_destroy,
 };
