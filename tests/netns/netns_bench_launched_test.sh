@@ -25,24 +25,12 @@ say "namespaces $ns0 (10.202.2.1) and $ns1 (10.202.2.2)"
 unset RANK WORLD_SIZE LOCAL_RANK MASTER_ADDR MASTER_PORT TP_INIT_METHOD
 export TP_JOB_TOKEN=netns-bench-launched-test-$id
 
-# two_nodes NAME ARGS...: `tpipe bench ARGS` as a 2-node job, node R in
-# namespace R; node 0's output in $dir/NAME0.txt, node 1's in NAME1.txt.
+# two_nodes NAME ARGS...: `tpipe bench ARGS` as a 2-node job, one rank per
+# node; prints node 0's output.
 two_nodes() {
-    local name=$1 r ns
+    local name=$1
     shift
-    local port=$((29600 + RANDOM % 1000))
-    local p=()
-    for r in 0 1; do
-        ns=$ns0
-        [ $r = 1 ] && ns=$ns1
-        timeout -k 5 150 ip netns exec "$ns" "$tpipe" run -n 1 --nnodes 2 \
-            --node-rank $r --master-addr 10.202.2.1 --master-port $port -- \
-            "$tpipe" bench "$@" >"$dir/$name$r.txt" 2>&1 &
-        p+=($!)
-        pids+=($!)
-    done
-    wait "${p[0]}" || fail "$name: node 0 exited $?"
-    wait "${p[1]}" || fail "$name: node 1 exited $?"
+    netns_two_nodes "$name" 1 "$tpipe" bench "$@"
     cat "$dir/${name}0.txt"
 }
 

@@ -95,17 +95,7 @@ n=$(grep -c '^tcp ' "$dir/transport.txt")
 say "bench transport --listen/--connect across the namespaces: ok"
 
 # 2. A launched job of two nodes, one rank in each namespace.
-port=$((29600 + RANDOM % 1000))
-for r in 0 1; do
-    ns=$ns0
-    [ $r = 1 ] && ns=$ns1
-    timeout -k 5 90 ip netns exec "$ns" "$tpipe" run -n 1 --nnodes 2 \
-        --node-rank $r --master-addr 10.202.1.1 --master-port $port -- \
-        "$tpipe" bench pipe "${args[@]}" >"$dir/node$r.txt" 2>&1 &
-    pids+=($!)
-done
-wait "${pids[-2]}" || fail "node 0 of the launched job exited $?"
-wait "${pids[-1]}" || fail "node 1 of the launched job exited $?"
+netns_two_nodes node 1 "$tpipe" bench pipe "${args[@]}"
 cat "$dir/node0.txt"
 n=$(grep -c ' remote ' "$dir/node0.txt")
 [ "$n" = 6 ] || fail "the launched job printed $n rows, want 6"
@@ -113,18 +103,8 @@ say "launched job across the namespaces: ok"
 
 # 3. --test msgrate launched: two ranks per namespace (world 4), ranks 0
 # and 1 (ns0) streaming to 2 and 3 (ns1) at once, across the veth.
-port=$((29600 + RANDOM % 1000))
-for r in 0 1; do
-    ns=$ns0
-    [ $r = 1 ] && ns=$ns1
-    timeout -k 5 90 ip netns exec "$ns" "$tpipe" run -n 2 --nnodes 2 \
-        --node-rank $r --master-addr 10.202.1.1 --master-port $port -- \
-        "$tpipe" bench pipe --test msgrate --sizes 64,4K --budget 0.2 \
-        --stall-timeout 10 --json >"$dir/mr$r.txt" 2>&1 &
-    pids+=($!)
-done
-wait "${pids[-2]}" || fail "msgrate: node 0 exited $?"
-wait "${pids[-1]}" || fail "msgrate: node 1 exited $?"
+netns_two_nodes mr 2 "$tpipe" bench pipe --test msgrate --sizes 64,4K \
+    --budget 0.2 --stall-timeout 10 --json
 cat "$dir/mr0.txt"
 n=$(grep -c '^\[0\] {.*"test":"msgrate".*"pairs":2,' "$dir/mr0.txt")
 [ "$n" = 2 ] || fail "msgrate launched printed $n rows of 2 pairs, want 2"

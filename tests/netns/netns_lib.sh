@@ -15,6 +15,13 @@
 # in each with SUBNET.1/24 and SUBNET.2/24, a scratch directory $dir and an
 # array $pids of processes the cleanup kills; an EXIT trap removes all of
 # it. LETTER makes the veth names unique per test (at most 15 characters).
+#
+#   netns_two_nodes NAME NPROC TPIPE ARGS...
+#
+# runs `TPIPE ARGS` as a job of two nodes under `TPIPE run -n NPROC
+# --nnodes 2` (node R in namespace R, rank 0's node at SUBNET.1, a random
+# port), node R's output in $dir/NAME<R>.txt; fails naming a node that
+# exits non-zero.
 
 skip() {
     echo "skipped: $*"
@@ -52,6 +59,7 @@ netns_cleanup() {
 
 netns_pair() {
     local name=$1 letter=$2 subnet=$3
+    netns_subnet=$subnet
     id=$$-$RANDOM
     ns0=tp-$name-0-$id
     ns1=tp-$name-1-$id
@@ -75,4 +83,22 @@ netns_pair() {
         ip -n "$ns0" link set lo up && ip -n "$ns1" link set lo up &&
         ip -n "$ns0" link set eth0 up && ip -n "$ns1" link set eth0 up ||
         fail "setting up the veth pair"
+}
+
+netns_two_nodes() {
+    local name=$1 nproc=$2 tp=$3 r ns
+    shift 3
+    local port=$((29600 + RANDOM % 1000))
+    local p=()
+    for r in 0 1; do
+        ns=$ns0
+        [ $r = 1 ] && ns=$ns1
+        timeout -k 5 150 ip netns exec "$ns" "$tp" run -n "$nproc" \
+            --nnodes 2 --node-rank $r --master-addr "$netns_subnet.1" \
+            --master-port $port -- "$tp" "$@" >"$dir/$name$r.txt" 2>&1 &
+        p+=($!)
+        pids+=($!)
+    done
+    wait "${p[0]}" || fail "$name: node 0 exited $?"
+    wait "${p[1]}" || fail "$name: node 1 exited $?"
 }
