@@ -375,19 +375,6 @@ listen_lo(tp_context *ctx)
     return l;
 }
 
-static tp_pipe *
-accept_one(tp_pipe_listener *l)
-{
-    op acc;
-    op_init(&acc, WAIT_MS);
-    tp_pipe_listener_accept(l, acc.aio);
-    op_wait(&acc, WAIT_MS);
-    TP_CHECK_OK(tp_aio_status(acc.aio), tp_aio_error(acc.aio));
-    tp_pipe *p = tp_aio_get_output(acc.aio, 0);
-    op_fini(&acc);
-    return p;
-}
-
 // Reads one message from @p into a buffer the pipe allocates. Returns the
 // status of the read; *@msg_p gets the message (NULL if the descriptor
 // read failed), *@err_p a reference to the error.
@@ -435,7 +422,7 @@ check_other_pipe_works(tp_pipe_listener *l)
     tp_error *err = NULL;
     TP_CHECK_OK(
         tp_context_connect(b, tp_pipe_listener_addr(l, "tcp"), &pb, &err), err);
-    tp_pipe *pa = accept_one(l);
+    tp_pipe *pa = op_pipe_accept(l, WAIT_MS);
     TP_CHECK(strcmp(tp_pipe_channel(pa), "cma") == 0);
     tp_message *m = NULL;
     TP_CHECK_OK(tp_message_create(0, 1, &m), NULL);
@@ -484,7 +471,7 @@ descriptor_names_other_process(void)
     tp_pipe_listener *l = listen_lo(a);
     raw r;
     mallory_open(&r, l, SIDE_HONEST);
-    tp_pipe *p = accept_one(l);
+    tp_pipe *p = op_pipe_accept(l, WAIT_MS);
     mallory_send(&r, v.pid, v.addr);
     tp_message *in = NULL;
     TP_CHECK_EQ(agent_read(p, &in, &err), TP_EPROTO);
@@ -517,7 +504,7 @@ descriptor_names_peer(void)
     tp_pipe_listener *l = listen_lo(a);
     raw r;
     mallory_open(&r, l, SIDE_HONEST);
-    tp_pipe *p = accept_one(l);
+    tp_pipe *p = op_pipe_accept(l, WAIT_MS);
     uint8_t *own = malloc(SECRET_LEN);
     secret_fill(own, SECRET_LEN);
     mallory_send(&r, getpid(), (uint64_t)(uintptr_t)own);
@@ -541,7 +528,7 @@ check_pipe_refused(enum side_mode mode, const char *what)
     tp_pipe_listener *l = listen_lo(a);
     raw r;
     mallory_open(&r, l, mode);
-    tp_pipe *p = accept_one(l);
+    tp_pipe *p = op_pipe_accept(l, WAIT_MS);
     mallory_send(&r, getpid(), 4096);
     tp_message *in = NULL;
     tp_error *err = NULL;
@@ -656,7 +643,7 @@ side_socket_gone(void)
     tp_pipe_listener *l = listen_lo(a);
     raw r;
     mallory_open(&r, l, SIDE_GONE);
-    tp_pipe *p = accept_one(l);
+    tp_pipe *p = op_pipe_accept(l, WAIT_MS);
     mallory_send_plain(&r);
     op o;
     op_init(&o, WAIT_MS);

@@ -9,6 +9,8 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 
+#include <tpipe/pipe.h>
+
 #include "core/aio.h"
 #include "tp_test.h"
 
@@ -74,6 +76,20 @@ op_wait(op *o, int64_t ms)
     TP_CHECKF(op_wait_for(o, ms), "operation did not complete within %lld ms",
               (long long)ms);
     TP_CHECK_EQ(atomic_load(&o->done), 1);
+}
+
+// A pipe accepted on @l within @ms (the case fails otherwise).
+static inline tp_pipe *
+op_pipe_accept(tp_pipe_listener *l, int64_t ms)
+{
+    op acc;
+    op_init(&acc, ms);
+    tp_pipe_listener_accept(l, acc.aio);
+    op_wait(&acc, ms);
+    TP_CHECK_OK(tp_aio_status(acc.aio), tp_aio_error(acc.aio));
+    tp_pipe *p = tp_aio_get_output(acc.aio, 0);
+    op_fini(&acc);
+    return p;
 }
 
 #endif

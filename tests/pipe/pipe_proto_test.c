@@ -159,19 +159,6 @@ listen_lo(tp_context *ctx)
     return l;
 }
 
-static tp_pipe *
-accept_one(tp_pipe_listener *l)
-{
-    op acc;
-    op_init(&acc, WAIT_MS);
-    tp_pipe_listener_accept(l, acc.aio);
-    op_wait(&acc, WAIT_MS);
-    TP_CHECK_OK(tp_aio_status(acc.aio), tp_aio_error(acc.aio));
-    tp_pipe *p = tp_aio_get_output(acc.aio, 0);
-    op_fini(&acc);
-    return p;
-}
-
 // A proper pipe between @ctx's listener and a new context moves a message.
 static void
 check_other_pipe_works(tp_pipe_listener *l)
@@ -181,7 +168,7 @@ check_other_pipe_works(tp_pipe_listener *l)
     tp_error *err = NULL;
     TP_CHECK_OK(
         tp_context_connect(b, tp_pipe_listener_addr(l, "tcp"), &pb, &err), err);
-    tp_pipe *pa = accept_one(l);
+    tp_pipe *pa = op_pipe_accept(l, WAIT_MS);
     TP_CHECK_STR_CONTAINS(tp_pipe_peer(pa), "bob");
     tp_message *m = NULL;
     TP_CHECK_OK(tp_message_create(1, 0, &m), NULL);
@@ -230,7 +217,7 @@ victim_open(victim *v)
     raw_init(&v->r);
     raw_connect(&v->r, tp_pipe_listener_addr(v->l, "tcp"));
     raw_handshake(&v->r);
-    v->p = accept_one(v->l);
+    v->p = op_pipe_accept(v->l, WAIT_MS);
     TP_CHECK_STR_CONTAINS(tp_pipe_peer(v->p), "mallory");
     op_init(&v->rd, WAIT_MS);
     tp_pipe_read_descriptor(v->p, v->rd.aio);
@@ -498,7 +485,7 @@ test_upgrade_to_shm(void)
     tp_error *err = NULL;
     TP_CHECK_OK(
         tp_context_connect(b, tp_pipe_listener_addr(l, "tcp"), &pb, &err), err);
-    tp_pipe *pa = accept_one(l);
+    tp_pipe *pa = op_pipe_accept(l, WAIT_MS);
     TP_CHECK_OK(tp_pipe_wait_ready(pb, WAIT_MS, &err), err);
     TP_CHECK(strcmp(tp_pipe_transport(pa), "shm") == 0);
     TP_CHECK(strcmp(tp_pipe_transport(pb), "shm") == 0);
@@ -532,7 +519,7 @@ test_mpt_domain_mismatch(void)
     tp_error *err = NULL;
     TP_CHECK_OK(
         tp_context_connect(b, tp_pipe_listener_addr(l, "tcp"), &pb, &err), err);
-    tp_pipe *pa = accept_one(l);
+    tp_pipe *pa = op_pipe_accept(l, WAIT_MS);
     TP_CHECK(strcmp(tp_pipe_channel(pa), "basic") == 0);
     char *rep = tp_pipe_report(pa);
     TP_CHECK_STR_CONTAINS(rep, "channel mpt: domain descriptors differ");

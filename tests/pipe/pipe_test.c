@@ -684,19 +684,6 @@ child_echo(tp_pipe *p)
     }
 }
 
-static tp_pipe *
-accept_one(tp_pipe_listener *l)
-{
-    op acc;
-    op_init(&acc, WAIT_MS);
-    tp_pipe_listener_accept(l, acc.aio);
-    op_wait(&acc, WAIT_MS);
-    TP_CHECK_OK(tp_aio_status(acc.aio), tp_aio_error(acc.aio));
-    tp_pipe *p = tp_aio_get_output(acc.aio, 0);
-    op_fini(&acc);
-    return p;
-}
-
 static void
 reap(pid_t pid)
 {
@@ -723,7 +710,7 @@ test_cross_process_echo(void)
     tp_context *ctx = make_ctx("parent");
     tp_pipe_listener *l = make_listener(ctx);
     child_go(fd, tp_pipe_listener_addr(l, NULL));
-    tp_pipe *p = accept_one(l);
+    tp_pipe *p = op_pipe_accept(l, WAIT_MS);
     TP_CHECK(strcmp(tp_pipe_channel(p), ch_name()) == 0);
     static const uint64_t sizes[] = {
         0, 1, 64, 4096, 262145, 1 << 20, (64u << 20) + 3};
@@ -765,7 +752,7 @@ test_peer_killed(void)
     tp_context *ctx = make_ctx("parent");
     tp_pipe_listener *l = make_listener(ctx);
     child_go(fd, tp_pipe_listener_addr(l, NULL));
-    tp_pipe *p = accept_one(l);
+    tp_pipe *p = op_pipe_accept(l, WAIT_MS);
     uint64_t sz = 64u << 20;
     tp_message *m = make_msg(0, NULL, 1, &sz, 5);
     op w;
@@ -792,7 +779,7 @@ test_peer_killed(void)
     // The listener still accepts.
     child_go(fd2, tp_pipe_listener_addr(l, NULL));
     pid = pid2;
-    p = accept_one(l);
+    p = op_pipe_accept(l, WAIT_MS);
     uint64_t one = 100;
     tp_message *m2 = make_msg(0, NULL, 1, &one, 6);
     send_recv(p, p, m2, 0, NULL, 1, &one, 6);
