@@ -94,11 +94,14 @@ bp_mr_secs(const bench_opts *c)
            2.0 * c->bo_stall_s + 10.0;
 }
 
-// Reads one record from @fd by @deadline (CLOCK_MONOTONIC ns).
+// Reads one record from @fd by @deadline (CLOCK_MONOTONIC ns); on failure
+// @why says whether the pair timed out, exited early or the read failed.
 static bool
-bp_pair_read(int fd, uint64_t deadline, bp_pair_rec *rec)
+bp_pair_read(int fd, uint64_t deadline, bp_pair_rec *rec, char *why,
+             size_t why_len)
 {
     size_t got = 0;
+    snprintf(why, why_len, "no result in time");
     while (got < sizeof(*rec)) {
         uint64_t now = tp__now_ns();
         if (now >= deadline) {
@@ -109,7 +112,11 @@ bp_pair_read(int fd, uint64_t deadline, bp_pair_rec *rec)
         if (prc < 0 && errno == EINTR) {
             continue;
         }
-        if (prc <= 0) {
+        if (prc < 0) {
+            snprintf(why, why_len, "poll: %s", strerror(errno));
+            return false;
+        }
+        if (prc == 0) {
             return false;
         }
         ssize_t n = read(fd, (char *)rec + got, sizeof(*rec) - got);
@@ -117,6 +124,8 @@ bp_pair_read(int fd, uint64_t deadline, bp_pair_rec *rec)
             if (n < 0 && errno == EINTR) {
                 continue;
             }
+            snprintf(why, why_len, "%s",
+                     n == 0 ? "exited without a result" : strerror(errno));
             return false;
         }
         got += (size_t)n;
@@ -172,9 +181,11 @@ bp_msgrate(bp_run *r, bench_cell *cells)
     uint64_t iters[BENCH_MAX_SIZES] = {0};
     for (unsigned i = 0; i < n; i++) {
         static bp_pair_rec rec;
-        if (out == BP_OK && !bp_pair_read(fds[i], deadline, &rec)) {
-            snprintf(r->pr_err, sizeof(r->pr_err),
-                     "pair %u: no result within %.0f s", i, secs);
+        char why[128];
+        if (out == BP_OK &&
+            !bp_pair_read(fds[i], deadline, &rec, why, sizeof(why))) {
+            snprintf(r->pr_err, sizeof(r->pr_err), "pair %u: %s (limit %.0f s)",
+                     i, why, secs);
             out = BP_FAIL;
         } else if (out == BP_OK && rec.pp_outcome != BP_OK) {
             snprintf(r->pr_err, sizeof(r->pr_err), "pair %u: %s", i,
