@@ -85,6 +85,30 @@ tp__desc_encode(const tp_message *msg, const tp__chan_info *infos, uint8_t *out,
     return size;
 }
 
+// Checks a payload's or tensor's length against the limit and adds it to
+// @total, failing if the message's total length would overflow 64 bits.
+static bool
+desc_len_ok(wire_rd *r, const tp__pipe_limits *lim, const char *what,
+            uint32_t i, uint64_t len, uint64_t *total)
+{
+    if (len > lim->max_buf_len) {
+        wire_fail(r,
+                  "%s %" PRIu32 " length %" PRIu64 " exceeds the limit %" PRIu64
+                  " (TP_PIPE_MAX_BUF_BYTES)",
+                  what, i, len, lim->max_buf_len);
+        return false;
+    }
+    if (len > UINT64_MAX - *total) {
+        wire_fail(r,
+                  "%s %" PRIu32 " length %" PRIu64
+                  ": the total length of the message overflows 64 bits",
+                  what, i, len);
+        return false;
+    }
+    *total += len;
+    return true;
+}
+
 // Parses a descriptor. With @msg NULL it only validates (and must be run
 // first: the second pass, filling @msg and @infos, assumes valid input).
 static bool
@@ -135,21 +159,9 @@ desc_parse(wire_rd *r, const tp__pipe_limits *lim, tp_message *msg,
         if (!wire_u64(r, WIRE_FIELD_I("payload", i, "length"), &len)) {
             return false;
         }
-        if (len > lim->max_buf_len) {
-            wire_fail(r,
-                      "payload %" PRIu32 " length %" PRIu64
-                      " exceeds the limit %" PRIu64 " (TP_PIPE_MAX_BUF_BYTES)",
-                      i, len, lim->max_buf_len);
+        if (!desc_len_ok(r, lim, "payload", i, len, &total)) {
             return false;
         }
-        if (len > UINT64_MAX - total) {
-            wire_fail(r,
-                      "payload %" PRIu32 " length %" PRIu64
-                      ": the total length of the message overflows 64 bits",
-                      i, len);
-            return false;
-        }
-        total += len;
         if (msg != NULL) {
             msg->payloads[i].len = len;
         }
@@ -162,21 +174,9 @@ desc_parse(wire_rd *r, const tp__pipe_limits *lim, tp_message *msg,
         if (!wire_u64(r, WIRE_FIELD_I("tensor", i, "length"), &len)) {
             return false;
         }
-        if (len > lim->max_buf_len) {
-            wire_fail(r,
-                      "tensor %" PRIu32 " length %" PRIu64
-                      " exceeds the limit %" PRIu64 " (TP_PIPE_MAX_BUF_BYTES)",
-                      i, len, lim->max_buf_len);
+        if (!desc_len_ok(r, lim, "tensor", i, len, &total)) {
             return false;
         }
-        if (len > UINT64_MAX - total) {
-            wire_fail(r,
-                      "tensor %" PRIu32 " length %" PRIu64
-                      ": the total length of the message overflows 64 bits",
-                      i, len);
-            return false;
-        }
-        total += len;
         if (!wire_u8(r, WIRE_FIELD_I("tensor", i, "device type"), &type)) {
             return false;
         }
