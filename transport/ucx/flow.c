@@ -56,6 +56,7 @@ ucx_credit_am_cb(void *arg, const void *header, size_t header_length,
     if (header_length != UCX_CREDIT_LEN || length != 0 ||
         (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) {
         c->xc_credit_bad = true;
+        c->xc_credit_bad_shape = true;
         c->xc_credit_bad_len = header_length + length;
         return UCS_OK;
     }
@@ -99,10 +100,13 @@ tp__ucx_credit_check(ucx_conn *c)
         return true;
     }
     tp_error *err;
-    if (c->xc_credit_bad_len != UCX_CREDIT_LEN) {
+    if (c->xc_credit_bad_shape) {
+        // By shape, not by length: 8 bytes as payload or by rendezvous
+        // are as wrong, and are no count to report.
         err = tp__error_new(TP_EPROTO, 0, NULL,
                             "ucx: connection to peer %s: protocol error: a "
-                            "credit of %zu bytes (not %u)",
+                            "credit of %zu bytes (not a %u-byte header in "
+                            "one eager message)",
                             c->xc_base.c_peer, c->xc_credit_bad_len,
                             UCX_CREDIT_LEN);
     } else {

@@ -136,6 +136,7 @@ typedef struct ucx_conn {
     // message handler (inside progress) for tp__ucx_credit_check: its
     // header length and value.
     bool xc_credit_bad;
+    bool xc_credit_bad_shape; // not one eager UCX_CREDIT_LEN header
     size_t xc_credit_bad_len;
     uint64_t xc_credit_bad_val;
     // The endpoint error handler ran with this status (UCS_OK: not yet).
