@@ -109,8 +109,7 @@ cma_free_task(void *arg)
     tp__cma_side_close(&ch->c_side);
     tp__cma_peer_fini(&ch->c_peer);
     tp_error_unref(ch->c_err);
-    tp__free(ch->c_wq);
-    tp__free(ch->c_wbuf);
+    tp__chan_wq_fini(&ch->c_wq);
     tp__free(ch);
 }
 
@@ -235,27 +234,6 @@ cma_got_ready(tp_chan *ch)
     cma_read_acks(ch);
 }
 
-// Checks an ack frame (CMA_ACK_FRAME bytes from the peer): false, with
-// @why naming the field, when it is anything else.
-static bool
-cma_ack_decode(const uint8_t *f, uint64_t *seq_p, uint32_t *idx_p, char *why,
-               size_t why_len)
-{
-    uint64_t body = tp__get_u64le(f + 8);
-    if (f[0] != CMA_ACK_TYPE || f[1] != CMA_ACK_VERSION ||
-        tp__get_u16le(f + 2) != 0 || body != CMA_ACK_BODY) {
-        snprintf(why, why_len,
-                 "type %u version %u reserved 0x%04x length %" PRIu64
-                 " (want %u, %u, 0, %u)",
-                 f[0], f[1], tp__get_u16le(f + 2), body, CMA_ACK_TYPE,
-                 CMA_ACK_VERSION, CMA_ACK_BODY);
-        return false;
-    }
-    *idx_p = tp__get_u32le(f + 4);
-    *seq_p = tp__get_u64le(f + CMA_ACK_HDR_LEN);
-    return true;
-}
-
 static void
 cma_raio_cb(void *arg)
 {
@@ -287,21 +265,14 @@ cma_raio_cb(void *arg)
     uint64_t seq;
     uint32_t idx;
     char why[96];
-    if (!cma_ack_decode(ch->c_rbuf, &seq, &idx, why, sizeof(why))) {
+    if (!tp__chan_ack_decode(ch->c_rbuf, &seq, &idx, why, sizeof(why))) {
         tp__cma_chan_fail(ch, tp__error_new(TP_EPROTO, 0, NULL,
                                             "cma: pipe to %s: protocol error: "
                                             "expected an ack frame: %s",
                                             ch->c_env.ce_peer, why));
         return;
     }
-    tp_chan_op *found = NULL;
-    for (tp_chan_op *op = tp__list_first(&ch->c_sends); op != NULL;
-         op = tp__list_next(&ch->c_sends, op)) {
-        if (op->co_seq == seq && op->co_index == idx) {
-            found = op;
-            break;
-        }
-    }
+    tp_chan_op *found = tp__chan_take_acked(&ch->c_sends, seq, idx);
     if (found == NULL) {
         tp__cma_chan_fail(
             ch, tp__error_new(TP_EPROTO, 0, NULL,
@@ -311,7 +282,6 @@ cma_raio_cb(void *arg)
                               ch->c_env.ce_peer, seq, idx));
         return;
     }
-    tp__list_remove(&ch->c_sends, found);
     found->co_done(found, NULL);
     cma_read_acks(ch);
 }
@@ -367,18 +337,11 @@ cma_waio_cb(void *arg)
 void
 tp__cma_chan_flush_acks(tp_chan *ch)
 {
-    if (ch->c_wbusy || ch->c_wq_len == 0 || ch->c_closed || ch->c_err != NULL) {
+    tp_iov iov;
+    if (ch->c_wbusy || ch->c_closed || ch->c_err != NULL ||
+        !tp__chan_wq_take(&ch->c_wq, &iov)) {
         return;
     }
-    // Swap the queue and the write buffer.
-    uint8_t *b = ch->c_wbuf;
-    size_t cap = ch->c_wbuf_cap;
-    ch->c_wbuf = ch->c_wq;
-    ch->c_wbuf_cap = ch->c_wq_cap;
-    tp_iov iov = {ch->c_wbuf, ch->c_wq_len};
-    ch->c_wq = b;
-    ch->c_wq_cap = cap;
-    ch->c_wq_len = 0;
     tp_chan_op *op;
     while ((op = tp__list_pop_first(&ch->c_acking)) != NULL) {
         tp__list_append(&ch->c_acked, op);
@@ -392,38 +355,13 @@ tp__cma_chan_flush_acks(tp_chan *ch)
 static bool
 cma_queue(tp_chan *ch, const void *bytes, size_t len)
 {
-    if (ch->c_wq_len + len > ch->c_wq_cap) {
-        size_t cap = ch->c_wq_cap ? ch->c_wq_cap * 2 : CMA_ACK_FRAME * 16;
-        while (cap < ch->c_wq_len + len) {
-            cap *= 2;
-        }
-        uint8_t *q = tp__alloc(cap);
-        if (q == NULL) {
-            return false;
-        }
-        if (ch->c_wq_len) {
-            memcpy(q, ch->c_wq, ch->c_wq_len);
-        }
-        tp__free(ch->c_wq);
-        ch->c_wq = q;
-        ch->c_wq_cap = cap;
-    }
-    memcpy(ch->c_wq + ch->c_wq_len, bytes, len);
-    ch->c_wq_len += len;
-    return true;
+    return tp__chan_wq_push(&ch->c_wq, bytes, len);
 }
 
 bool
 tp__cma_chan_queue_ack(tp_chan *ch, uint64_t seq, uint32_t idx)
 {
-    uint8_t f[CMA_ACK_FRAME];
-    f[0] = CMA_ACK_TYPE;
-    f[1] = CMA_ACK_VERSION;
-    tp__put_u16le(f + 2, 0);
-    tp__put_u32le(f + 4, idx);
-    tp__put_u64le(f + 8, CMA_ACK_BODY);
-    tp__put_u64le(f + CMA_ACK_HDR_LEN, seq);
-    return cma_queue(ch, f, sizeof(f));
+    return tp__chan_wq_push_ack(&ch->c_wq, seq, idx);
 }
 
 static tp_status

@@ -13,21 +13,16 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include "channel/chan_ack.h"
 #include "channel/channel.h"
 #include "channel/cma/cma_probe.h"
 #include "core/alloc.h"
 #include "core/log.h"
 #include "core/wire.h"
 
-// An ack on the channel's connection: the reader copied tensor `index` of
-// message `seq`. 24 bytes, laid out like a pipe frame (docs/channel-cma.md)
-// but the cma channel's own format: u8 type 5, u8 version 2, u16 zero,
-// u32 index, u64 body length 8, u64 seq.
-#define CMA_ACK_TYPE    5u
-#define CMA_ACK_VERSION 2u
-#define CMA_ACK_HDR_LEN 16u
-#define CMA_ACK_BODY    8u
-#define CMA_ACK_FRAME   (CMA_ACK_HDR_LEN + CMA_ACK_BODY)
+// Acks on the channel's connection: the reader copied tensor `index` of
+// message `seq` (channel/chan_ack.h, shared with cuda_ipc).
+#define CMA_ACK_FRAME TP_CHAN_ACK_FRAME
 // The first bytes each end sends on the channel's connection: magic, the
 // side socket's name, its token; then "ready" once it has connected to the
 // peer's side socket and presented the peer's token.
@@ -77,10 +72,7 @@ struct tp_chan {
     bool c_rbusy;
     // ack writer: acks queued while one write is in flight
     tp_aio c_waio;
-    uint8_t *c_wq; // queued frames
-    size_t c_wq_len, c_wq_cap;
-    uint8_t *c_wbuf; // frames being written
-    size_t c_wbuf_cap;
+    tp__chan_wq c_wq;
     bool c_wbusy;
     bool c_closed;
     bool c_destroy_req;
