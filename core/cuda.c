@@ -8,10 +8,14 @@
 #include "cuda.h"
 
 #include <dlfcn.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "tp_config.h"
 
@@ -41,6 +45,10 @@ typedef cudaError_t (*cuda_ipc_get_event_fn)(cudaIpcEventHandle_t *,
                                              cudaEvent_t);
 typedef cudaError_t (*cuda_ipc_open_event_fn)(cudaEvent_t *,
                                               cudaIpcEventHandle_t);
+// The driver's cuMemGetAddressRange_v2 (cuda.h: CUresult, CUdeviceptr):
+// the runtime API cannot give the allocation an interior pointer is in.
+typedef int (*cuda_mem_range_fn)(unsigned long long *, size_t *,
+                                 unsigned long long);
 
 static struct {
     void *lib;
@@ -66,6 +74,8 @@ static struct {
     cuda_event_fn event_destroy;
     cuda_ipc_get_event_fn ipc_get_event;
     cuda_ipc_open_event_fn ipc_open_event;
+    void *drv; // libcuda (the fake runtime itself in tests)
+    cuda_mem_range_fn mem_range;
     char ipc_why[128];
     int ndev;
     char why[256];
@@ -148,6 +158,20 @@ cuda_load(void)
     CUDA_OPT(event_destroy, "cudaEventDestroy");
     CUDA_OPT(ipc_get_event, "cudaIpcGetEventHandle");
     CUDA_OPT(ipc_open_event, "cudaIpcOpenEventHandle");
+    // The driver, for an allocation's range (cuda_ipc sends a tensor's
+    // offset in its allocation); the fake runtime exports it too.
+    cuda.drv = cuda_testing_path != NULL
+                   ? cuda.lib
+                   : dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (cuda.drv != NULL) {
+        void *p_ = dlsym(cuda.drv, "cuMemGetAddressRange_v2");
+        memcpy(&cuda.mem_range, &p_, sizeof(p_));
+    }
+    if (cuda.mem_range == NULL && cuda.ipc_why[0] == '\0') {
+        snprintf(cuda.ipc_why, sizeof(cuda.ipc_why),
+                 "the CUDA driver (libcuda.so.1) or its "
+                 "cuMemGetAddressRange_v2 is missing");
+    }
 #undef CUDA_OPT
 #undef CUDA_SYM
     if (cuda.why[0] != '\0') {
@@ -417,6 +441,68 @@ tp__cuda_ipc_mem_open(int device, const uint8_t handle[TP_CUDA_IPC_HANDLE_LEN],
     }
     *base_p = p;
     return TP_OK;
+}
+
+tp_status
+tp__cuda_mem_range(int device, const void *ptr, void **base_p, size_t *size_p,
+                   tp_error **err_p)
+{
+    tp_status st = cuda_ipc_check(device, err_p, "allocation range");
+    if (st != TP_OK) {
+        return st;
+    }
+    unsigned long long base = 0;
+    size_t size = 0;
+    int e = cuda.mem_range(&base, &size, (unsigned long long)(uintptr_t)ptr);
+    if (e != 0) {
+        return tp__error_set(err_p, TP_EDEVICE,
+                             "cuda: cuMemGetAddressRange(%p) on device %d: "
+                             "driver error %d (not device memory?)",
+                             ptr, device, e);
+    }
+    *base_p = (void *)(uintptr_t)base;
+    *size_p = size;
+    return TP_OK;
+}
+
+bool
+tp__cuda_probe(char *why, size_t why_len)
+{
+    if (atomic_load(&cuda_loaded) || cuda_testing_path != NULL) {
+        if (!tp__cuda_available(why, why_len)) {
+            return false;
+        }
+        if (cuda.ipc_why[0] != '\0') {
+            snprintf(why, why_len, "%s", cuda.ipc_why);
+            return false;
+        }
+        return true;
+    }
+    const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+    if (vis != NULL && (vis[0] == '\0' || strcmp(vis, "-1") == 0 ||
+                        strcmp(vis, "none") == 0)) {
+        snprintf(why, why_len, "CUDA_VISIBLE_DEVICES=\"%s\" hides every device",
+                 vis);
+        return false;
+    }
+    if (access("/dev/nvidiactl", F_OK) != 0) {
+        snprintf(why, why_len, "no NVIDIA driver here (/dev/nvidiactl: %s)",
+                 strerror(errno));
+        return false;
+    }
+    static const char *const names[] = {"libcudart.so.13", "libcudart.so.12",
+                                        "libcudart.so"};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        void *h = dlopen(names[i], RTLD_LAZY | RTLD_LOCAL);
+        if (h != NULL) {
+            dlclose(h);
+            return true;
+        }
+    }
+    snprintf(why, why_len,
+             "the CUDA runtime (libcudart.so) could not be loaded: %s",
+             dlerror());
+    return false;
 }
 
 void

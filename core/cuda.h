@@ -73,6 +73,19 @@ tp_status tp__cuda_ipc_mem_export(int device, void *base,
 tp_status tp__cuda_ipc_mem_open(int device,
                                 const uint8_t handle[TP_CUDA_IPC_HANDLE_LEN],
                                 void **base_p, tp_error **err_p);
+// The allocation holding device pointer @ptr on @device: its base and
+// size (the driver's cuMemGetAddressRange; a memory handle names the whole
+// allocation, so a tensor inside one travels as handle + offset).
+tp_status tp__cuda_mem_range(int device, const void *ptr, void **base_p,
+                             size_t *size_p, tp_error **err_p);
+// Whether interprocess sharing could work here, without initialising the
+// runtime when it is not loaded yet (a process that forks after that
+// cannot use CUDA in the child, and the first call is slow): not built
+// with CUDA, CUDA_VISIBLE_DEVICES hiding every device, no NVIDIA driver
+// (/dev/nvidiactl) or no libcudart are reasons, in @why. Once the runtime
+// is loaded (or in tests, with a fake), its device count and IPC entry
+// points decide. Any thread.
+bool tp__cuda_probe(char *why, size_t why_len);
 // Unmaps what tp__cuda_ipc_mem_open returned. NULL is fine.
 void tp__cuda_ipc_mem_close(int device, void *base);
 // A new interprocess event on @device (timing disabled).

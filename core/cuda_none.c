@@ -126,6 +126,24 @@ tp__cuda_ipc_mem_open(int device, const uint8_t handle[TP_CUDA_IPC_HANDLE_LEN],
     return CUDA_NO("ipc open");
 }
 
+tp_status
+tp__cuda_mem_range(int device, const void *ptr, void **base_p, size_t *size_p,
+                   tp_error **err_p)
+{
+    (void)device;
+    (void)ptr;
+    (void)base_p;
+    (void)size_p;
+    return CUDA_NO("allocation range");
+}
+
+bool
+tp__cuda_probe(char *why, size_t why_len)
+{
+    snprintf(why, why_len, "built without CUDA (TP_WITH_CUDA)");
+    return false;
+}
+
 void
 tp__cuda_ipc_mem_close(int device, void *base)
 {

@@ -472,3 +472,29 @@ cudaIpcOpenEventHandle(cudaEvent_t *event, cudaIpcEventHandle_t handle)
     }
     return cudaEventCreateWithFlags(event, cudaEventInterprocess);
 }
+
+// The driver's cuMemGetAddressRange_v2 (core/cuda.c finds it in the fake
+// when tests load it): the device allocation holding @dptr, ours or
+// opened from a handle. 1 (CUDA_ERROR_INVALID_VALUE) when there is none.
+int cuMemGetAddressRange_v2(unsigned long long *pbase, size_t *psize,
+                            unsigned long long dptr);
+
+int
+cuMemGetAddressRange_v2(unsigned long long *pbase, size_t *psize,
+                        unsigned long long dptr)
+{
+    pthread_mutex_lock(&fake_mtx);
+    fake_alloc *f = fake_find((const void *)(uintptr_t)dptr, 0);
+    if (f == NULL) {
+        pthread_mutex_unlock(&fake_mtx);
+        return 1;
+    }
+    if (pbase != NULL) {
+        *pbase = f->fa_base;
+    }
+    if (psize != NULL) {
+        *psize = f->fa_len;
+    }
+    pthread_mutex_unlock(&fake_mtx);
+    return 0;
+}
