@@ -223,16 +223,20 @@ tool_bench_pipe_main(int argc, char **argv)
         return rc;
     }
 
+    // Shared: with --device cuda, each local repetition runs in a forked
+    // child (bp_run_rep_isolated) that records into them.
     size_t ncells = 2 * o.bo_com.bo_nsizes;
-    bench_cell *cells = calloc(ncells, sizeof(*cells));
-    double *vals = calloc(ncells * 4 * o.bo_com.bo_reps, sizeof(double));
+    size_t cells_len = ncells * sizeof(bench_cell);
+    size_t vals_len = ncells * 4 * o.bo_com.bo_reps * sizeof(double);
+    bench_cell *cells = bp_shared_alloc(cells_len);
+    double *vals = bp_shared_alloc(vals_len);
     bp_result *res = calloc(o.bo_ncombos, sizeof(*res));
     double *gbps =
         calloc(2 * o.bo_ncombos * o.bo_com.bo_nsizes, sizeof(double));
     if (cells == NULL || vals == NULL || res == NULL || gbps == NULL) {
         tool_err("out of memory");
-        free(cells);
-        free(vals);
+        bp_shared_free(cells, cells_len);
+        bp_shared_free(vals, vals_len);
         free(res);
         free(gbps);
         return TOOL_EXIT_FAIL;
@@ -276,8 +280,9 @@ tool_bench_pipe_main(int argc, char **argv)
             tool_verbose(o.bo_com.bo_verbose, "bench pipe",
                          "%s: repetition %u of %u", cb->bc_label, rep + 1,
                          o.bo_com.bo_reps);
-            out = remote ? bp_run_remote(&r, remote_url, cells)
-                         : bp_run_rep(&r, cells);
+            out = remote      ? bp_run_remote(&r, remote_url, cells)
+                  : o.bo_cuda ? bp_run_rep_isolated(&o, &r, cells)
+                              : bp_run_rep(&r, cells);
         }
         if (out == BP_SKIP) {
             bench_skip("bench pipe", cb->bc_label, "%s", r.pr_err);
@@ -295,6 +300,10 @@ tool_bench_pipe_main(int argc, char **argv)
                  r.pr_transport);
     }
     o.bo_com.bo_done_fn = NULL;
+    // After every fork: the first CUDA call of this process.
+    if (o.bo_cuda && measured > 0 && !bp_dev_baseline(&o, &rows)) {
+        failed = true;
+    }
     if (o.bo_plot != NULL) {
         // After every fork: the TCP ceiling starts a thread.
         double mc = bp_memcpy_gbps();
@@ -319,8 +328,8 @@ tool_bench_pipe_main(int argc, char **argv)
         failed = true;
     }
     tp_store_close(store);
-    free(cells);
-    free(vals);
+    bp_shared_free(cells, cells_len);
+    bp_shared_free(vals, vals_len);
     free(res);
     free(gbps);
     return failed ? TOOL_EXIT_FAIL : TOOL_EXIT_OK;

@@ -4,8 +4,9 @@
  * options), bench_pipe_server.c (the echo and sink server, in a forked
  * child or in this process), bench_pipe_client.c (the client that
  * measures, one combination and repetition), bench_pipe_msgrate.c (--test
- * msgrate's pairs) and bench_pipe_plot.c (the ceilings, the rows and the
- * SVG). */
+ * msgrate's pairs), bench_pipe_dev.c (--device: CUDA tensors, the
+ * cudaMemcpy baseline) and bench_pipe_plot.c (the ceilings, the rows and
+ * the SVG). */
 #ifndef TP_TOOLS_BENCH_PIPE_H
 #define TP_TOOLS_BENCH_PIPE_H
 
@@ -26,6 +27,12 @@
 #define BP_MAX_PAYLOAD   (64u << 20)
 #define BP_MAX_PAIRS     64
 #define BP_MSGRATE_SIZES "16,64,256,1K,4K"
+// Exit status of a run that cannot measure here (--device cuda:N without a
+// usable CUDA runtime or device), as the tests' "skipped".
+#define BP_EXIT_SKIP 77
+// The stamp of every stream and bibw message's first and last 8 bytes; the
+// server checks it on the last one ('A', 'a').
+#define BP_STREAM_STAMP 0x53545245414d5354ull
 
 // One transport/channel combination.
 typedef struct bp_combo {
@@ -65,6 +72,14 @@ typedef struct bp_opts {
     unsigned bo_pairs;
     // --test bibw: the stream test both ways at once (bo_com.bo_stream).
     bool bo_bibw;
+    // --device: where the measuring side's tensors are (bo_src: it sends
+    // them) and where the serving side receives them (bo_dst). bo_cuda:
+    // either is a CUDA device.
+    const char *bo_device;
+    tp_device bo_src;
+    tp_device bo_dst;
+    bool bo_cuda;
+    int bo_ndev; // CUDA devices here (bo_cuda only)
 } bp_opts;
 
 // What a combination produced, for the output and the plot.
@@ -163,6 +178,50 @@ bp_outcome bp_msgrate_launched(bp_run *r, tp_store *st, const char *url,
 // hands its rates (or its failure) to rank 0 through @st. The exit status.
 int bp_msgrate_pair(const bp_opts *o, tp_store *st, const char *url);
 
+// ---- --device (bench_pipe_dev.c) ------------------------------------------
+
+// Parses o->bo_device and, when it names a CUDA device, asks a forked
+// child whether CUDA is usable here and how many devices there are
+// (bo_ndev). Returns -1 to continue, else the exit status (2: bad spec,
+// or a test that takes none; BP_EXIT_SKIP: CUDA not usable here), with
+// one line printed.
+int bp_dev_check(bp_opts *o);
+// Once the mode is known (bp_remote_opts): the devices this side uses
+// exist here (both locally, the destination when serving, the source when
+// measuring against another tpipe). -1, or 2 with the error printed.
+int bp_dev_check_indices(const bp_opts *o);
+// "cpu", "cuda:1".
+void bp_dev_name(tp_device d, char *buf, size_t len);
+// A buffer of @n bytes on @d (CPU: bt_buf_alloc). NULL on failure, with
+// @why set.
+uint8_t *bp_buf_alloc(tp_device d, uint64_t n, char *why, size_t why_len);
+void bp_buf_free(tp_device d, uint8_t *p);
+// The stamp of the tensor's first and last 8 bytes (as the pingpong and
+// the last stream message carry): writes @v into @buf of @size bytes on
+// @d, or reads it (true with *@ok_p when both words are @v). False with
+// @why when a copy failed.
+bool bp_stamp_put(tp_device d, uint8_t *buf, uint64_t size, uint64_t v,
+                  char *why, size_t why_len);
+bool bp_stamp_check(tp_device d, const uint8_t *buf, uint64_t size, uint64_t v,
+                    bool *ok_p, char *why, size_t why_len);
+// Memory shared with forked children (MAP_SHARED), zeroed; NULL on failure.
+void *bp_shared_alloc(size_t n);
+void bp_shared_free(void *p, size_t n);
+// One local repetition as bp_run_rep, in a forked child: with CUDA, a
+// process must not fork after its first CUDA call (the child could not use
+// the device), so this process never makes one before its last fork. The
+// cells must be bp_shared_alloc'ed; the rows of the cells completed are
+// printed here (o->bo_com.bo_done_fn).
+bp_outcome bp_run_rep_isolated(bp_opts *o, bp_run *r, bench_cell *cells);
+// The baseline rows: cudaMemcpy of every size, source to destination
+// device (device-to-device on the CUDA device, plus host-to-device or
+// device-to-host for a CPU/CUDA pair), median of the repetitions; against
+// another tpipe (--connect, launched) only with this side's source device
+// (none when it is the CPU), the destination standing for the server's.
+// False
+// (with the error printed) when a copy failed.
+bool bp_dev_baseline(const bp_opts *o, bench_out *out);
+
 // ---- options (bench_pipe_opts.c) -------------------------------------------
 
 // Parses and checks the options into @o. Returns -1 to continue, else the
@@ -181,6 +240,11 @@ void bp_out_init(const bp_opts *o, bench_out *out);
 // transport @tr; returns the median GB/s (stream) or p50 us (pingpong).
 double bp_print_cell(bench_out *out, const bp_opts *o, const bp_combo *cb,
                      const char *tr, bench_cell *cell);
+// Prints a baseline row: cudaMemcpy of @size bytes from @src to @dst,
+// @test ("copy_d2d", ...), the median GB/s over @reps of @iters copies.
+void bp_print_copy(bench_out *out, const bp_opts *o, const char *test,
+                   tp_device src, tp_device dst, uint64_t size, double gbps,
+                   uint64_t iters, unsigned reps);
 // Writes the SVG: stream GB/s with the ceilings, pingpong p50 beside it;
 // false (with errno) when it cannot.
 bool bp_write_svg(const bp_opts *o, const bp_result *res, size_t nres,

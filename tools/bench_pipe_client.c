@@ -85,8 +85,10 @@ bp_client_fini(bp_client *c)
     tp_aio_destroy(c->cl_desc);
     tp_aio_destroy(c->cl_rd);
     tp_message_destroy(c->cl_rmsg);
-    free(c->cl_sbuf);
-    free(c->cl_rbuf);
+    if (c->cl_opts != NULL) {
+        bp_buf_free(c->cl_opts->bo_src, c->cl_sbuf);
+        bp_buf_free(c->cl_opts->bo_src, c->cl_rbuf);
+    }
     free(c->cl_spay);
     free(c->cl_rpay);
     free(c->cl_wp);
@@ -98,8 +100,10 @@ bp_client_fini(bp_client *c)
     memset(c, 0, sizeof(*c));
 }
 
+// On failure (out of memory, a device allocation refused) @why says what.
 static bool
-bp_client_init(bp_client *c, const bp_opts *o, tp_pipe *p)
+bp_client_init(bp_client *c, const bp_opts *o, tp_pipe *p, char *why,
+               size_t why_len)
 {
     memset(c, 0, sizeof(*c));
     bt_sync_init(&c->cl_sync);
@@ -108,8 +112,13 @@ bp_client_init(bp_client *c, const bp_opts *o, tp_pipe *p)
     c->cl_pipe = p;
     int64_t tmo = (int64_t)(o->bo_com.bo_stall_s * 1000);
     uint32_t np = o->bo_npayloads;
-    c->cl_sbuf = bt_buf_alloc(o->bo_com.bo_max_size);
-    c->cl_rbuf = bt_buf_alloc(o->bo_com.bo_max_size);
+    snprintf(why, why_len, "out of memory");
+    // The tensors (sent, and the echoes read back) on the source device.
+    c->cl_sbuf = bp_buf_alloc(o->bo_src, o->bo_com.bo_max_size, why, why_len);
+    c->cl_rbuf =
+        c->cl_sbuf == NULL
+            ? NULL
+            : bp_buf_alloc(o->bo_src, o->bo_com.bo_max_size, why, why_len);
     c->cl_lat = calloc(o->bo_com.bo_iters, sizeof(double));
     if (c->cl_sbuf == NULL || c->cl_rbuf == NULL || c->cl_lat == NULL ||
         tp_aio_create(bp_cl_desc_cb, c, &c->cl_desc) != TP_OK ||
@@ -151,22 +160,6 @@ bp_cl_fail(bp_client *c, const char *what, const tp_aio *aio)
                  tp_error_message(tp_aio_error(aio)));
 }
 
-static void
-bp_stamp(uint8_t *buf, uint64_t size, uint64_t v)
-{
-    memcpy(buf, &v, 8);
-    memcpy(buf + size - 8, &v, 8);
-}
-
-static bool
-bp_stamped(const uint8_t *buf, uint64_t size, uint64_t v)
-{
-    uint64_t a, b;
-    memcpy(&a, buf, 8);
-    memcpy(&b, buf + size - 8, 8);
-    return a == v && b == v;
-}
-
 // Submits a write of @md from slot @i: a tensor of @size bytes (none if
 // 0) and, for data messages, the payloads.
 static void
@@ -179,7 +172,7 @@ bp_cl_write(bp_client *c, unsigned i, char md, uint64_t size)
     w->ws_msg.metadata_len = 1;
     if (size > 0) {
         w->ws_t = (tp_msg_buf){
-            .data = c->cl_sbuf, .len = size, .device = {.type = TP_DEVICE_CPU}};
+            .data = c->cl_sbuf, .len = size, .device = c->cl_opts->bo_src};
         w->ws_msg.tensors = &w->ws_t;
         w->ws_msg.ntensors = 1;
         w->ws_msg.payloads = c->cl_wp;
@@ -188,25 +181,33 @@ bp_cl_write(bp_client *c, unsigned i, char md, uint64_t size)
     tp_pipe_write(c->cl_pipe, &w->ws_msg, w->ws_aio);
 }
 
-// Locked. One ping-pong round: the write and the echo's read.
-static void
+// Locked. One ping-pong round: the write and the echo's read. False
+// (failed) when the stamp could not be written.
+static bool
 bp_cl_round(bp_client *c)
 {
-    bp_stamp(c->cl_sbuf, c->cl_size, 0x1000 + c->cl_round);
+    char why[512];
+    if (!bp_stamp_put(c->cl_opts->bo_src, c->cl_sbuf, c->cl_size,
+                      0x1000 + c->cl_round, why, sizeof(why))) {
+        bt_sync_fail(&c->cl_sync, "round %llu: %s",
+                     (unsigned long long)c->cl_round, why);
+        return false;
+    }
     c->cl_pending = 2;
     c->cl_t0 = tp__now_ns();
     bp_cl_write(c, 0, 'P', c->cl_size);
     tp_pipe_read_descriptor(c->cl_pipe, c->cl_desc);
+    return true;
 }
 
-// Locked: one half of a round finished.
+// Locked: one half of a round finished at @t1 (before the echo's stamp
+// was checked: with --device cuda that is a copy, not part of the trip).
 static void
-bp_cl_part(bp_client *c)
+bp_cl_part(bp_client *c, uint64_t t1)
 {
     if (--c->cl_pending != 0) {
         return;
     }
-    uint64_t t1 = tp__now_ns();
     c->cl_round++;
     if (c->cl_round == c->cl_warm) {
         c->cl_tstart = t1;
@@ -270,7 +271,7 @@ bp_cl_wr_cb(void *arg)
     }
     tp__mtx_lock(&c->cl_mtx);
     if (c->cl_mode == BP_MODE_PING) {
-        bp_cl_part(c);
+        bp_cl_part(c, tp__now_ns());
     } else {
         c->cl_completed++;
         if (c->cl_mode == BP_MODE_STREAM || c->cl_mode == BP_MODE_BIBW) {
@@ -306,6 +307,24 @@ bp_cl_desc_cb(void *arg)
     for (uint32_t i = 0; ok && i < np; i++) {
         ok = m->payloads[i].len == c->cl_opts->bo_payload_size;
     }
+    // The server's tensors are on the destination device: a server given
+    // another --device (across hosts) is found here.
+    tp_device dst = c->cl_opts->bo_dst;
+    if (ok && nt == 1 &&
+        (m->tensors[0].device.type != dst.type ||
+         (dst.type == TP_DEVICE_CUDA &&
+          m->tensors[0].device.index != dst.index))) {
+        char got[16], want_dev[16];
+        bp_dev_name(m->tensors[0].device, got, sizeof(got));
+        bp_dev_name(dst, want_dev, sizeof(want_dev));
+        tp__mtx_unlock(&c->cl_mtx);
+        bt_sync_fail(&c->cl_sync,
+                     "the server's tensor is on %s, --device says %s (give "
+                     "both sides the same --device)",
+                     got, want_dev);
+        tp_message_destroy(m);
+        return;
+    }
     if (!ok) {
         tp__mtx_unlock(&c->cl_mtx);
         bt_sync_fail(&c->cl_sync,
@@ -318,6 +337,7 @@ bp_cl_desc_cb(void *arg)
     }
     if (nt == 1) {
         m->tensors[0].data = c->cl_rbuf;
+        m->tensors[0].device = c->cl_opts->bo_src;
     }
     for (uint32_t i = 0; i < np; i++) {
         m->payloads[i].data = c->cl_rpay + i * c->cl_opts->bo_payload_size;
@@ -331,6 +351,7 @@ static void
 bp_cl_rd_cb(void *arg)
 {
     bp_client *c = arg;
+    uint64_t t1 = tp__now_ns();
     bp_bump(&c->cl_sync);
     if (tp_aio_error(c->cl_rd) != NULL) {
         bp_cl_fail(c, "read", c->cl_rd);
@@ -341,14 +362,23 @@ bp_cl_rd_cb(void *arg)
     c->cl_rmsg = NULL;
     if (c->cl_mode == BP_MODE_PING) {
         uint64_t v = 0x1000 + c->cl_round;
-        if (!bp_stamped(c->cl_rbuf, c->cl_size, v)) {
+        bool stamped = false;
+        char why[512];
+        if (!bp_stamp_check(c->cl_opts->bo_src, c->cl_rbuf, c->cl_size, v,
+                            &stamped, why, sizeof(why))) {
+            tp__mtx_unlock(&c->cl_mtx);
+            bt_sync_fail(&c->cl_sync, "the echo of round %llu: %s",
+                         (unsigned long long)c->cl_round, why);
+            return;
+        }
+        if (!stamped) {
             tp__mtx_unlock(&c->cl_mtx);
             bt_sync_fail(&c->cl_sync,
                          "the echo of round %llu does not carry its stamp",
                          (unsigned long long)c->cl_round);
             return;
         }
-        bp_cl_part(c);
+        bp_cl_part(c, t1);
     } else if (c->cl_mode == BP_MODE_BIBW && c->cl_rop == 'b') {
         // The server's stream: sink it, read the next one.
         tp_pipe_read_descriptor(c->cl_pipe, c->cl_desc);
@@ -383,6 +413,15 @@ bp_start(bp_client *c, int mode)
         c->cl_nlat = 0;
         bp_cl_round(c);
     } else if (mode == BP_MODE_STREAM || mode == BP_MODE_BIBW) {
+        // The server checks the stamp of the last message (each carries
+        // it: one source buffer).
+        char why[512];
+        if (!bp_stamp_put(c->cl_opts->bo_src, c->cl_sbuf, c->cl_size,
+                          BP_STREAM_STAMP, why, sizeof(why))) {
+            tp__mtx_unlock(&c->cl_mtx);
+            bt_sync_fail(&c->cl_sync, "stream: %s", why);
+            return;
+        }
         c->cl_issued = c->cl_completed = 0;
         c->cl_acked = false;
         c->cl_s_t0 = tp__now_ns();
@@ -517,8 +556,7 @@ bp_client_run(bp_run *r, const char *url, bench_cell *cells)
                      ch);
     }
     cl_inited = true;
-    if (!bp_client_init(&cl, o, p)) {
-        snprintf(r->pr_err, sizeof(r->pr_err), "out of memory");
+    if (!bp_client_init(&cl, o, p, r->pr_err, sizeof(r->pr_err))) {
         goto done;
     }
     for (size_t i = 0; i < o->bo_com.bo_nsizes; i++) {

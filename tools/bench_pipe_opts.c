@@ -269,7 +269,7 @@ bp_parse_args(int argc, char **argv, bp_opts *o)
     uint64_t npayloads = 0, lanes = 0;
     o->bo_payload_size = 64;
     uint64_t pairs = 2;
-    bench_opt opts[BENCH_OPTS_N + 11] = {
+    bench_opt opts[BENCH_OPTS_N + 12] = {
         {"--transport", NULL, BENCH_OPT_STR, &transports, 0, 0, "NAME|all",
          "transports (comma list; default all: every viable\none, best "
          "first, as tpipe info lists them)"},
@@ -302,8 +302,12 @@ bp_parse_args(int argc, char **argv, bp_opts *o)
         {"--pairs", NULL, BENCH_OPT_U64, &pairs, 1, BP_MAX_PAIRS, "N",
          "msgrate: pairs of processes streaming at once\n(default 2, max "
          "64; launched: WORLD_SIZE / 2)"},
+        {"--device", NULL, BENCH_OPT_STR, &o->bo_device, 0, 0, "SPEC",
+         "where the tensors are: cpu (default), cuda:N, or\nSRC->DST / "
+         "SRC,DST (sender's, receiver's), e.g.\ncuda:0,cpu; adds cudaMemcpy "
+         "baseline rows;\nexit 77 where CUDA is not usable"},
     };
-    size_t n = 11 + bench_opts_table(&o->bo_com, opts + 11);
+    size_t n = 12 + bench_opts_table(&o->bo_com, opts + 12);
     for (size_t i = 0; i < n; i++) {
         if (strcmp(opts[i].opt_name, "--test") == 0) {
             opts[i].opt_arg = "pingpong|stream|bibw|msgrate|all";
@@ -360,6 +364,11 @@ bp_parse_args(int argc, char **argv, bp_opts *o)
         transports = strcmp(transports, "all") == 0 ? "tcp" : transports;
         channels = strcmp(channels, "all") == 0 ? "basic" : channels;
     }
+    // Before the transport lists (whose skip lines would come first): a
+    // run that cannot measure here says only why.
+    if ((rc = bp_dev_check(o)) >= 0) {
+        return rc;
+    }
     static char tbuf[256], cbuf[256];
     if (!bench_opts_finish(&o->bo_com) ||
         !bp_parse_names("transport", TOOL_TRANSPORT, transports, tbuf,
@@ -373,5 +382,6 @@ bp_parse_args(int argc, char **argv, bp_opts *o)
     if (o->bo_npayloads == 0) {
         o->bo_payload_size = 0;
     }
-    return bp_remote_opts(o, transports, channels);
+    rc = bp_remote_opts(o, transports, channels);
+    return rc >= 0 ? rc : bp_dev_check_indices(o);
 }

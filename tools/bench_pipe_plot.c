@@ -135,10 +135,15 @@ out:
 
 // ---- output ----------------------------------------------------------------
 
-static const bench_col bp_cols[] = {
+// The table's device column is there with --device cuda only (bp_out_init);
+// JSON always has device_src and device_dst (at the end: the keys before
+// them are those of earlier versions).
+#define BP_COL_DEVICE 3
+static bench_col bp_cols[] = {
     {"transport", -9, "transport", BENCH_COL_STR, 0},
     {"channel", -7, "channel", BENCH_COL_STR, 0},
     {"mode", -6, "mode", BENCH_COL_STR, 0},
+    {"device", -14, NULL, BENCH_COL_STR, 0},
     {"test", -8, "test", BENCH_COL_STR, 0},
     {NULL, 0, "payloads", BENCH_COL_U64, 0},
     {NULL, 0, "payload_size", BENCH_COL_U64, 0},
@@ -147,11 +152,27 @@ static const bench_col bp_cols[] = {
     {NULL, 0, "reps", BENCH_COL_U64, 0},
     {NULL, 0, "pairs", BENCH_COL_U64, 0},
     {"Mmsg/s", 9, "msgs_per_s", BENCH_COL_NUM, -1},
+    {NULL, 0, "device_src", BENCH_COL_STR, 0},
+    {NULL, 0, "device_dst", BENCH_COL_STR, 0},
 };
+
+// The device values of a row: "cuda:0->cpu" and its two halves.
+typedef struct bp_dev_strs {
+    char ds_pair[40], ds_src[16], ds_dst[16];
+} bp_dev_strs;
+
+static void
+bp_dev_strs_of(tp_device src, tp_device dst, bp_dev_strs *d)
+{
+    bp_dev_name(src, d->ds_src, sizeof(d->ds_src));
+    bp_dev_name(dst, d->ds_dst, sizeof(d->ds_dst));
+    snprintf(d->ds_pair, sizeof(d->ds_pair), "%s->%s", d->ds_src, d->ds_dst);
+}
 
 void
 bp_out_init(const bp_opts *o, bench_out *out)
 {
+    bp_cols[BP_COL_DEVICE].col_width = o->bo_cuda ? -14 : 0;
     bench_out_init(out, "pipe", bp_cols, TP_ARRAY_LEN(bp_cols),
                    o->bo_com.bo_json);
 }
@@ -167,12 +188,15 @@ bp_print_cell(bench_out *out, const bp_opts *o, const bp_combo *cb,
     double msg =
         (double)cell->bc_size + (double)o->bo_npayloads * o->bo_payload_size;
     double rate = m.bm_gbps * 1e9 / msg;
+    bp_dev_strs d;
+    bp_dev_strs_of(o->bo_src, o->bo_dst, &d);
     const bench_val v[TP_ARRAY_LEN(bp_cols)] = {
         {.v_str = tr},
         {.v_str = cb->bc_channel},
         {.v_str = cb->bc_inproc   ? "thread"
                   : cb->bc_remote ? "remote"
                                   : "proc"},
+        {.v_str = d.ds_pair},
         {.v_str = !cell->bc_stream ? "pingpong"
                   : o->bo_msgrate  ? "msgrate"
                   : o->bo_bibw     ? "bibw"
@@ -190,9 +214,41 @@ bp_print_cell(bench_out *out, const bp_opts *o, const bp_combo *cb,
         // The table: millions of messages per second; JSON: messages/s.
         {.v_num = o->bo_msgrate ? rate / (o->bo_com.bo_json ? 1.0 : 1e6) : NAN,
          .v_prec = o->bo_com.bo_json ? 0 : 3},
+        {.v_str = d.ds_src},
+        {.v_str = d.ds_dst},
     };
     bench_out_row(out, v);
     return cell->bc_stream ? m.bm_gbps : m.bm_p50;
+}
+
+void
+bp_print_copy(bench_out *out, const bp_opts *o, const char *test, tp_device src,
+              tp_device dst, uint64_t size, double gbps, uint64_t iters,
+              unsigned reps)
+{
+    bp_dev_strs d;
+    bp_dev_strs_of(src, dst, &d);
+    const bench_val v[TP_ARRAY_LEN(bp_cols)] = {
+        {.v_str = NULL},
+        {.v_str = NULL},
+        {.v_str = "copy"},
+        {.v_str = d.ds_pair},
+        {.v_str = test},
+        {.v_u64 = 0},
+        {.v_u64 = 0},
+        {.v_u64 = size},
+        {.v_num = NAN},
+        {.v_num = NAN},
+        {.v_num = NAN},
+        {.v_num = gbps},
+        {.v_u64 = iters},
+        {.v_u64 = reps},
+        {.v_u64 = 1},
+        {.v_num = NAN, .v_prec = o->bo_com.bo_json ? 0 : 3},
+        {.v_str = d.ds_src},
+        {.v_str = d.ds_dst},
+    };
+    bench_out_row(out, v);
 }
 
 // Stream GB/s against size, one curve per combination, with the two

@@ -49,7 +49,7 @@ bp_server_fini(bp_server *s)
         tp_aio_destroy(sl->ss_wr);
         tp_message_destroy(sl->ss_msg);
         free(sl->ss_out_p);
-        free(sl->ss_buf);
+        bp_buf_free(s->sv_opts->bo_dst, sl->ss_buf);
         free(sl->ss_pay);
     }
     free(s->sv_slots);
@@ -58,9 +58,11 @@ bp_server_fini(bp_server *s)
     memset(s, 0, sizeof(*s));
 }
 
-// W+1 slots of the largest size. Returns false on out of memory.
+// W+1 slots of the largest size, on the destination device. Returns
+// false with @why set.
 static bool
-bp_server_init(bp_server *s, const bp_opts *o, tp_pipe_listener *l)
+bp_server_init(bp_server *s, const bp_opts *o, tp_pipe_listener *l, char *why,
+               size_t why_len)
 {
     memset(s, 0, sizeof(*s));
     bt_sync_init(&s->sv_sync);
@@ -69,6 +71,8 @@ bp_server_init(bp_server *s, const bp_opts *o, tp_pipe_listener *l)
     s->sv_nslots = o->bo_com.bo_window + 1;
     s->sv_slots = calloc(s->sv_nslots, sizeof(bp_slot));
     int64_t tmo = (int64_t)(o->bo_com.bo_stall_s * 2000);
+    snprintf(why, why_len, "out of memory for %u buffers of %llu bytes",
+             s->sv_nslots, (unsigned long long)o->bo_com.bo_max_size);
     if (s->sv_slots == NULL ||
         tp_aio_create(bp_srv_accept_cb, s, &s->sv_accept) != TP_OK ||
         tp_aio_create(bp_srv_desc_cb, s, &s->sv_desc) != TP_OK) {
@@ -84,7 +88,8 @@ bp_server_init(bp_server *s, const bp_opts *o, tp_pipe_listener *l)
         }
         tp_aio_set_timeout(sl->ss_rd, tmo);
         tp_aio_set_timeout(sl->ss_wr, tmo);
-        sl->ss_buf = bt_buf_alloc(o->bo_com.bo_max_size);
+        sl->ss_buf =
+            bp_buf_alloc(o->bo_dst, o->bo_com.bo_max_size, why, why_len);
         if (sl->ss_buf == NULL) {
             return false;
         }
@@ -162,12 +167,29 @@ bp_srv_desc_cb(void *arg)
         tp_message_destroy(m);
         return;
     }
+    // The descriptor names the sender's device: the client's --device
+    // must be ours (across hosts each side is given it).
+    tp_device src = o->bo_src;
+    if (m->ntensors == 1 && (m->tensors[0].device.type != src.type ||
+                             (src.type == TP_DEVICE_CUDA &&
+                              m->tensors[0].device.index != src.index))) {
+        char got[16], want[16];
+        bp_dev_name(m->tensors[0].device, got, sizeof(got));
+        bp_dev_name(src, want, sizeof(want));
+        bt_sync_fail(&s->sv_sync,
+                     "server: the client's tensor is on %s, --device says %s "
+                     "(give both sides the same --device)",
+                     got, want);
+        tp_message_destroy(m);
+        return;
+    }
     bp_slot *sl = &s->sv_slots[s->sv_head++ % s->sv_nslots];
     sl->ss_busy = true;
     sl->ss_op = op;
     sl->ss_msg = m;
     if (m->ntensors == 1) {
         m->tensors[0].data = sl->ss_buf;
+        m->tensors[0].device = o->bo_dst;
     }
     for (uint32_t i = 0; i < m->npayloads; i++) {
         m->payloads[i].data = sl->ss_pay + i * o->bo_payload_size;
@@ -191,6 +213,21 @@ bp_srv_rd_cb(void *arg)
     }
     tp_message *m = sl->ss_msg;
     sl->ss_msg = NULL;
+    if ((sl->ss_op == 'A' || sl->ss_op == 'a') && m->ntensors == 1) {
+        // The last stream message: its bytes arrived where they should.
+        bool stamped = false;
+        char why[512] = "does not carry its stamp";
+        uint64_t len = m->tensors[0].len;
+        if (!bp_stamp_check(s->sv_opts->bo_dst, sl->ss_buf, len,
+                            BP_STREAM_STAMP, &stamped, why, sizeof(why)) ||
+            !stamped) {
+            bt_sync_fail(&s->sv_sync,
+                         "server: the last stream message (%llu bytes): %s",
+                         (unsigned long long)len, why);
+            tp_message_destroy(m);
+            return;
+        }
+    }
     if (sl->ss_op == 'S') {
         tp_message_destroy(m);
         sl->ss_busy = false;
@@ -338,10 +375,7 @@ bp_server_setup(const bp_opts *o, const bp_combo *c, tp_context **ctx_p,
         return BP_FAIL;
     }
     // Buffers before the client connects: touching them takes a while.
-    if (!bp_server_init(s, o, l)) {
-        snprintf(why, why_len, "out of memory for %u buffers of %llu bytes",
-                 o->bo_com.bo_window + 1,
-                 (unsigned long long)o->bo_com.bo_max_size);
+    if (!bp_server_init(s, o, l, why, why_len)) {
         return BP_FAIL;
     }
     tp_pipe_listener_accept(l, s->sv_accept);
