@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* chan_info.h - the bytes a channel attaches to one tensor: its sending
- * end fills them (cma: pid + address; xth: a token; basic/mpt: none), the
+ * end fills them (cma: pid + address; xth: a token; cuda_ipc: the
+ * memory handle; basic/mpt: none), the
  * pipe carries them in the message descriptor (pipe/wire.h, bounded by
  * TP_CHAN_INFO_MAX there too), and the receiving end reads them. A type of
  * the channel contract, so channel/ needs nothing of pipe/.
@@ -10,7 +11,7 @@
 
 #include <stdint.h>
 
-#define TP_CHAN_INFO_MAX 32u // per-tensor channel info bytes (wire bound)
+#define TP_CHAN_INFO_MAX 160u // per-tensor channel info bytes (wire bound)
 
 typedef struct tp__chan_info {
     uint8_t ci_len;

@@ -466,7 +466,7 @@ tp__cuda_mem_range(int device, const void *ptr, void **base_p, size_t *size_p,
 }
 
 bool
-tp__cuda_probe(char *why, size_t why_len)
+tp__cuda_probe(bool check_driver, char *why, size_t why_len)
 {
     if (atomic_load(&cuda_loaded) || cuda_testing_path != NULL) {
         if (!tp__cuda_available(why, why_len)) {
@@ -485,11 +485,22 @@ tp__cuda_probe(char *why, size_t why_len)
                  vis);
         return false;
     }
-    if (access("/dev/nvidiactl", F_OK) != 0) {
+    if (check_driver && access("/dev/nvidiactl", F_OK) != 0) {
         snprintf(why, why_len, "no NVIDIA driver here (/dev/nvidiactl: %s)",
                  strerror(errno));
         return false;
     }
+    // Both libraries load (loading runs no CUDA code): the runtime, and
+    // the driver's, which gives an allocation's range.
+    void *drv = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+    if (drv == NULL) {
+        snprintf(why, why_len,
+                 "the CUDA driver library (libcuda.so.1) could not be "
+                 "loaded: %s",
+                 dlerror());
+        return false;
+    }
+    dlclose(drv);
     static const char *const names[] = {"libcudart.so.13", "libcudart.so.12",
                                         "libcudart.so"};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {

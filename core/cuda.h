@@ -82,10 +82,10 @@ tp_status tp__cuda_mem_range(int device, const void *ptr, void **base_p,
 // runtime when it is not loaded yet (a process that forks after that
 // cannot use CUDA in the child, and the first call is slow): not built
 // with CUDA, CUDA_VISIBLE_DEVICES hiding every device, no NVIDIA driver
-// (/dev/nvidiactl) or no libcudart are reasons, in @why. Once the runtime
-// is loaded (or in tests, with a fake), its device count and IPC entry
-// points decide. Any thread.
-bool tp__cuda_probe(char *why, size_t why_len);
+// (/dev/nvidiactl; only if @check_driver) or no libcudart are reasons, in
+// @why. Once the runtime is loaded (or in tests, with a fake), its device
+// count and IPC entry points decide. Any thread.
+bool tp__cuda_probe(bool check_driver, char *why, size_t why_len);
 // Unmaps what tp__cuda_ipc_mem_open returned. NULL is fine.
 void tp__cuda_ipc_mem_close(int device, void *base);
 // A new interprocess event on @device (timing disabled).

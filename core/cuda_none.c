@@ -138,8 +138,9 @@ tp__cuda_mem_range(int device, const void *ptr, void **base_p, size_t *size_p,
 }
 
 bool
-tp__cuda_probe(char *why, size_t why_len)
+tp__cuda_probe(bool check_driver, char *why, size_t why_len)
 {
+    (void)check_driver;
     snprintf(why, why_len, "built without CUDA (TP_WITH_CUDA)");
     return false;
 }

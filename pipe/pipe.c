@@ -107,6 +107,9 @@ tp__pipe_fail(tp_pipe *p, tp_error *err)
     if (p->p_chan != NULL) {
         p->p_chops->close(p->p_chan, err);
     }
+    if (p->p_dchan != NULL) {
+        p->p_dchops->close(p->p_dchan, err);
+    }
     if (p->p_conn != NULL) {
         tp__conn_close(p->p_conn);
     }
@@ -124,8 +127,7 @@ tp__pipe_fail(tp_pipe *p, tp_error *err)
             tp__conn_close(hs->h_main);
         }
         tp_aio_cancel(&hs->h_aio);
-        for (unsigned i = 0; hs->h_extras != NULL && i < hs->h_ans.a_nconns;
-             i++) {
+        for (unsigned i = 0; hs->h_extras != NULL && i < p->p_nextra; i++) {
             if (hs->h_extras[i].he_conn != NULL) {
                 tp__conn_close(hs->h_extras[i].he_conn);
             }
@@ -159,6 +161,10 @@ pipe_free_task(void *arg)
         p->p_chops->destroy(p->p_chan);
         p->p_chan = NULL;
     }
+    if (p->p_dchan != NULL) {
+        p->p_dchops->destroy(p->p_dchan);
+        p->p_dchan = NULL;
+    }
     tp__conn_unref(p->p_conn);
     for (unsigned i = 0; i < p->p_nextra; i++) {
         if (p->p_extra != NULL) {
@@ -172,8 +178,7 @@ pipe_free_task(void *arg)
         tp__aio_fini(&hs->h_aio);
         tp__conn_unref(hs->h_conn0);
         tp__conn_unref(hs->h_main);
-        for (unsigned i = 0; hs->h_extras != NULL && i < hs->h_ans.a_nconns;
-             i++) {
+        for (unsigned i = 0; hs->h_extras != NULL && i < p->p_nextra; i++) {
             tp__aio_fini(&hs->h_extras[i].he_aio);
             tp__conn_unref(hs->h_extras[i].he_conn);
         }
@@ -188,6 +193,7 @@ pipe_free_task(void *arg)
     // caller's (tp_pipe_read_descriptor gave it away): not freed here.
     p->p_rmsg = NULL;
     tp__free(p->p_rinfos);
+    tp__free(p->p_rvia);
     atomic_store_explicit(&p->p_ctx_dead, true, memory_order_release);
     if (p->p_pl != NULL) {
         tp__listener_pipe_gone(p->p_pl, p);
@@ -257,7 +263,7 @@ tp__pipe_ready(tp_pipe *p)
         .ce_pool = ctx->x_pool,
         .ce_cfg = &ctx->x_cfg,
         .ce_conns = p->p_extra,
-        .ce_nconns = p->p_nextra,
+        .ce_nconns = p->p_nextra_ch,
         .ce_peer = p->p_peer,
         .ce_peer_domain = p->p_ch->cb_domain,
         .ce_fail = pipe_chan_fail,
@@ -270,6 +276,17 @@ tp__pipe_ready(tp_pipe *p)
                                       "starting the channel"));
         tp_error_unref(err);
         return;
+    }
+    if (p->p_dch != NULL) {
+        env.ce_conns = p->p_extra + p->p_nextra_ch;
+        env.ce_nconns = p->p_nextra - p->p_nextra_ch;
+        env.ce_peer_domain = p->p_dch->cb_domain;
+        if (p->p_dchops->create(&env, &p->p_dchan, &err) != TP_OK) {
+            tp__pipe_fail(p, tp__pipe_err(p, tp_error_status(err), err,
+                                          "starting the device channel"));
+            tp_error_unref(err);
+            return;
+        }
     }
     p->p_inline_max = p->p_chops->inline_data ? UINT64_MAX
                       : p->p_chops->inline_max != NULL
@@ -362,6 +379,19 @@ tp_pipe_channel(const tp_pipe *p)
         return NULL;
     }
     return p->p_ch ? p->p_ch->cb_name : NULL;
+}
+
+const char *
+tp_pipe_device_channel(const tp_pipe *p)
+{
+    if (p == NULL) {
+        return NULL;
+    }
+    if (atomic_load_explicit(&p->p_pub_state, memory_order_acquire) ==
+        PIPE_HS) {
+        return NULL;
+    }
+    return p->p_dch ? p->p_dch->cb_name : NULL;
 }
 
 const char *

@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// pipe_cuda.c - CUDA tensors on a pipe: the cuda_basic path. A tensor on
+// pipe_cuda.c - CUDA tensors on a pipe: the cuda_basic path (and, when the
+// pipe has a device channel such as cuda_ipc, the checks, allocations and
+// synchronisation that path shares with it). A tensor on
 // a CUDA device is staged through page-locked host memory: the writer
 // copies it device-to-host when its write starts and sends the host copy
 // on the pipe's CPU channel (inline or channel, as any tensor); the
@@ -75,8 +77,8 @@ tp__pipe_cuda_free_stage(tp__cuda_stage *stage, uint32_t n)
 }
 
 tp_status
-tp__pipe_cuda_stage_out(const tp_message *m, tp__cuda_stage **stage_p,
-                        tp_error **err_p)
+tp__pipe_cuda_stage_out(const tp_message *m, bool direct,
+                        tp__cuda_stage **stage_p, tp_error **err_p)
 {
     *stage_p = NULL;
     tp__cuda_stage *stage = NULL;
@@ -97,6 +99,9 @@ tp__pipe_cuda_stage_out(const tp_message *m, tp__cuda_stage **stage_p,
                     err_p, sst, "write: tensor %" PRIu32 " on cuda:%d", i, dev);
             }
             synced |= dev < 64 ? UINT64_C(1) << dev : 0;
+        }
+        if (direct) {
+            continue; // the device channel reads the device memory itself
         }
         if (stage == NULL) {
             stage = tp__zalloc(m->ntensors * sizeof(*stage));
@@ -126,7 +131,7 @@ tp__pipe_cuda_stage_out(const tp_message *m, tp__cuda_stage **stage_p,
 }
 
 tp_status
-tp__pipe_cuda_stage_in(tp_message *m, tp__cuda_stage **stage_p,
+tp__pipe_cuda_stage_in(tp_message *m, const bool *via, tp__cuda_stage **stage_p,
                        tp_error **stage_err_p, tp_error **err_p)
 {
     *stage_p = NULL;
@@ -151,6 +156,9 @@ tp__pipe_cuda_stage_in(tp_message *m, tp__cuda_stage **stage_p,
         if (st == TP_OK && b->data == NULL) {
             st = tp__cuda_alloc(b->device.index, (size_t)b->len, &b->data, &e);
             b->pipe_owned = st == TP_OK;
+        }
+        if (st == TP_OK && via != NULL && via[i]) {
+            continue; // the device channel writes the device memory itself
         }
         if (st == TP_OK) {
             st = tp__cuda_host_alloc((size_t)b->len, &stage[i].cs_host, &e);

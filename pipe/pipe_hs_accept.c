@@ -31,6 +31,47 @@ brochure_find(const tp__brochure_entry *e, size_t n, const char *name)
     return NULL;
 }
 
+// Channel @c (offered by the peer as @e, NULL: not offered), which carries
+// no host buffers: the device channel if none is chosen yet and both ends
+// can use it; a line of p_report (and a note for the peer) either way.
+static void
+pipe_choose_device(tp_pipe *p, ctx_backend *c, const tp__brochure_entry *e,
+                   char *notes, size_t notes_len)
+{
+    char *rep = p->p_report;
+    size_t cap = sizeof(p->p_report);
+    bool lanes = false;
+    c->cb_channel_ops->nconns(&p->p_ctx->x_cfg, &lanes);
+    if (p->p_dch != NULL) {
+        tp__report_add(rep, cap,
+                       "channel %s: usable, lower priority than %s (device "
+                       "channel)\n",
+                       c->cb_name, p->p_dch->cb_name);
+        tp__report_add(notes, notes_len, "%s: lower priority; ", c->cb_name);
+    } else if (e == NULL) {
+        tp__report_add(rep, cap,
+                       "channel %s: the peer does not offer it (not "
+                       "registered, allowed or viable there); cuda tensors "
+                       "are staged through host memory\n",
+                       c->cb_name);
+    } else if (strcmp(e->be_domain, c->cb_domain) != 0) {
+        tp__report_add(rep, cap,
+                       "channel %s: domain descriptors differ (ours \"%s\", "
+                       "peer's \"%s\"); cuda tensors are staged through host "
+                       "memory\n",
+                       c->cb_name, c->cb_domain, e->be_domain);
+        tp__report_add(notes, notes_len, "%s: domains differ; ", c->cb_name);
+    } else if (lanes) {
+        tp__report_add(rep, cap,
+                       "channel %s: a device channel cannot use lanes\n",
+                       c->cb_name);
+    } else {
+        p->p_dch = c;
+        tp__report_add(rep, cap, "channel %s: chosen for cuda tensors\n",
+                       c->cb_name);
+    }
+}
+
 // Picks the transport and channel for brochure @b; fills p_report and the
 // compact notes sent to the peer. Returns false with @why if none fits.
 static bool
@@ -93,12 +134,9 @@ pipe_choose(tp_pipe *p, tp_pipe_listener *pl, const tp__brochure *b,
         if (!c->cb_used) {
             tp__report_add(rep, cap, "channel %s: %s\n", c->cb_name, c->cb_why);
         } else if (!(c->cb_channel_ops->devices & TP_CHAN_DEV_CPU_CPU)) {
-            // The pipe's channel carries host buffers (CUDA tensors are
-            // staged through host memory, pipe_cuda.c).
-            tp__report_add(rep, cap,
-                           "channel %s: carries no cpu-cpu tensors (device "
-                           "channel, not the pipe's)\n",
-                           c->cb_name);
+            // A device channel: CUDA tensors go on it when both ends have
+            // it, else they are staged through host memory (pipe_cuda.c).
+            pipe_choose_device(p, c, e, notes, notes_len);
         } else if (p->p_ch != NULL) {
             tp__report_add(rep, cap,
                            "channel %s: usable, lower priority than "
@@ -140,6 +178,32 @@ pipe_choose(tp_pipe *p, tp_pipe_listener *pl, const tp__brochure *b,
         return false;
     }
     return true;
+}
+
+// The answer holds TP_WIRE_MAX_CONNS connections for both channels: a
+// device channel that does not fit beside the channel's lanes is dropped
+// (cuda tensors are then staged).
+static void
+pipe_device_room(tp_pipe *p, tp_pipe_listener *pl)
+{
+    if (p->p_dch == NULL) {
+        return;
+    }
+    const tp_config *cfg = &p->p_ctx->x_cfg;
+    bool lanes = false;
+    unsigned n = p->p_ch->cb_channel_ops->nconns(cfg, &lanes);
+    if (lanes) {
+        n = (unsigned)pl->pl_nlanes;
+    }
+    unsigned dn = p->p_dch->cb_channel_ops->nconns(cfg, &lanes);
+    if (n + dn > TP_WIRE_MAX_CONNS) {
+        tp__report_add(p->p_report, sizeof(p->p_report),
+                       "channel %s: not used: its %u connections and %s's %u "
+                       "exceed the answer's %u; cuda tensors are staged\n",
+                       p->p_dch->cb_name, dn, p->p_ch->cb_name, n,
+                       TP_WIRE_MAX_CONNS);
+        p->p_dch = NULL;
+    }
 }
 
 // ---- the accepting side of the handshake
@@ -288,13 +352,16 @@ tp__pipe_accept_brochure(tp_context *ctx, tp_pipe_listener *pl, tp_conn *conn,
         tp__free(a);
         return;
     }
+    pipe_device_room(p, pl);
     {
         char lines[TP_REPORT_LEN];
         snprintf(lines, sizeof(lines), "%s", p->p_report);
         p->p_report[0] = '\0';
         tp__report_add(p->p_report, sizeof(p->p_report),
-                       "pipe from %s: transport %s, channel %s\n", p->p_peer,
-                       p->p_tr->cb_name, p->p_ch->cb_name);
+                       "pipe from %s: transport %s, channel %s%s%s\n",
+                       p->p_peer, p->p_tr->cb_name, p->p_ch->cb_name,
+                       p->p_dch != NULL ? ", cuda tensors by " : "",
+                       p->p_dch != NULL ? p->p_dch->cb_name : "");
         tp__report_add(p->p_report, sizeof(p->p_report), "%s", lines);
     }
     p->p_chops = p->p_ch->cb_channel_ops;
@@ -325,20 +392,31 @@ tp__pipe_accept_brochure(tp_context *ctx, tp_pipe_listener *pl, tp_conn *conn,
     if (lanes) {
         n = (unsigned)pl->pl_nlanes;
     }
-    p->p_nextra = n;
+    unsigned dn = 0;
+    if (p->p_dch != NULL) {
+        bool dlanes = false;
+        dn = p->p_dch->cb_channel_ops->nconns(&ctx->x_cfg, &dlanes);
+        p->p_dchops = p->p_dch->cb_channel_ops;
+        snprintf(a->a_dchannel, sizeof(a->a_dchannel), "%s", p->p_dch->cb_name);
+    }
+    p->p_nextra_ch = n;
+    p->p_nextra = n + dn;
+    n += dn;
     p->p_extra = n ? tp__zalloc(n * sizeof(*p->p_extra)) : NULL;
     p->p_reg_extra = n ? tp__zalloc(n * sizeof(*p->p_reg_extra)) : NULL;
     if (n > 0 && (p->p_extra == NULL || p->p_reg_extra == NULL)) {
         tp__pipe_fail(p, tp__pipe_err(p, TP_ENOMEM, NULL, "handshake"));
         goto out;
     }
-    a->a_nconns = (uint16_t)n;
+    a->a_nconns = (uint16_t)p->p_nextra_ch;
+    a->a_dnconns = (uint16_t)dn;
     for (unsigned i = 0; i < n; i++) {
         p->p_reg_extra[i] = tp__random_u64();
         a->a_conns[i].ac_reg_id = p->p_reg_extra[i];
+        bool lane_conn = lanes && i < p->p_nextra_ch;
         snprintf(a->a_conns[i].ac_addr, sizeof(a->a_conns[i].ac_addr), "%s",
-                 lanes ? tp__listener_lane_addr(pl, i)
-                       : tp_pipe_listener_addr(pl, p->p_tr->cb_name));
+                 lane_conn ? tp__listener_lane_addr(pl, i)
+                           : tp_pipe_listener_addr(pl, p->p_tr->cb_name));
     }
     tp__pipe_arm_hs_timer(p, ctx->x_cfg.handshake_timeout_ms);
     send_answer(ctx, p, conn, a);
@@ -382,6 +460,7 @@ tp__pipe_join(tp_context *ctx, uint64_t reg_id, uint16_t index, tp_conn *conn,
             // the one the channel runs on).
             bool lanes = false;
             p->p_chops->nconns(&ctx->x_cfg, &lanes);
+            lanes = lanes && index < p->p_nextra_ch; // device conns: no lanes
             if (found && (lanes ? (!lane || lane_idx != index)
                                 : (lane || conn->c_transport !=
                                                p->p_tr->cb_transport))) {

@@ -103,9 +103,11 @@ hs_extra_task(void *arg)
     tp__pipe_busy_done(p);
     if (tp_aio_status(&he->he_aio) != TP_OK) {
         char what[96];
+        bool dev = he->he_idx >= p->p_nextra_ch;
         snprintf(what, sizeof(what), "%s connection %u of channel %s",
-                 he->he_step == 0 ? "opening" : "joining", he->he_idx,
-                 p->p_ch->cb_name);
+                 he->he_step == 0 ? "opening" : "joining",
+                 dev ? he->he_idx - p->p_nextra_ch : he->he_idx,
+                 dev ? p->p_dch->cb_name : p->p_ch->cb_name);
         hs_fail(p, tp_aio_status(&he->he_aio), tp_aio_error(&he->he_aio), what);
         return;
     }
@@ -149,8 +151,10 @@ hs_start_extras(tp_pipe *p)
     tp_context *ctx = p->p_ctx;
     bool lanes = false;
     unsigned want = p->p_chops->nconns(&ctx->x_cfg, &lanes);
-    unsigned n = hs->h_ans.a_nconns;
-    if ((!lanes && n != want) || (lanes && (n == 0 || ctx->x_nlanes == 0))) {
+    unsigned nch = hs->h_ans.a_nconns;
+    unsigned n = nch + hs->h_ans.a_dnconns;
+    if ((!lanes && nch != want) ||
+        (lanes && (nch == 0 || ctx->x_nlanes == 0))) {
         char what[128];
         snprintf(what, sizeof(what),
                  "protocol error: the answer asks for %u connections for "
@@ -160,6 +164,7 @@ hs_start_extras(tp_pipe *p)
         return;
     }
     p->p_nextra = n;
+    p->p_nextra_ch = nch;
     if (n == 0) {
         tp__pipe_ready(p);
         return;
@@ -179,11 +184,48 @@ hs_start_extras(tp_pipe *p)
     }
     for (unsigned i = 0; i < n; i++) {
         hs_extra *he = &hs->h_extras[i];
-        tp_transport *t =
-            lanes ? ctx->x_lane_tr[i % ctx->x_nlanes] : p->p_tr->cb_transport;
+        tp_transport *t = lanes && i < nch ? ctx->x_lane_tr[i % ctx->x_nlanes]
+                                           : p->p_tr->cb_transport;
         p->p_busy++;
         tp__transport_connect(t, hs->h_ans.a_conns[i].ac_addr, &he->he_aio);
     }
+}
+
+// The answer's device channel (a_dchannel, "" = none) must be one we
+// offered that carries CUDA tensors, with the connections it asks for.
+static bool
+hs_device_channel(tp_pipe *p, const tp__answer *a)
+{
+    tp_context *ctx = p->p_ctx;
+    if (a->a_dchannel[0] == '\0') {
+        return true;
+    }
+    for (size_t i = 0; i < ctx->x_nch; i++) {
+        ctx_backend *c = &ctx->x_ch[i];
+        if (c->cb_used && strcmp(c->cb_name, a->a_dchannel) == 0 &&
+            (c->cb_channel_ops->devices & TP_CHAN_DEV_CUDA_CUDA) &&
+            !(c->cb_channel_ops->devices & TP_CHAN_DEV_CPU_CPU)) {
+            p->p_dch = c;
+        }
+    }
+    bool lanes = false;
+    unsigned want = p->p_dch != NULL
+                        ? p->p_dch->cb_channel_ops->nconns(&ctx->x_cfg, &lanes)
+                        : 0;
+    if (p->p_dch == NULL || lanes || a->a_dnconns != want) {
+        char what[192];
+        snprintf(what, sizeof(what),
+                 "protocol error: the peer chose device channel \"%s\" with "
+                 "%u connections (%s)",
+                 a->a_dchannel, a->a_dnconns,
+                 p->p_dch == NULL ? "not a device channel we offered"
+                                  : "it needs a different number");
+        p->p_dch = NULL;
+        hs_fail(p, TP_EPROTO, NULL, what);
+        return false;
+    }
+    p->p_dchops = p->p_dch->cb_channel_ops;
+    return true;
 }
 
 static void
@@ -193,8 +235,10 @@ hs_connector_report(tp_pipe *p)
     tp__answer *a = &p->p_hs->h_ans;
     char *rep = p->p_report;
     size_t cap = sizeof(p->p_report);
-    snprintf(rep, cap, "pipe to %s: transport %s, channel %s\n", p->p_peer,
-             a->a_transport, a->a_channel);
+    snprintf(rep, cap, "pipe to %s: transport %s, channel %s%s%s\n", p->p_peer,
+             a->a_transport, a->a_channel,
+             a->a_dchannel[0] != '\0' ? ", cuda tensors by " : "",
+             a->a_dchannel);
     const struct {
         const char *kind;
         ctx_backend *b;
@@ -210,6 +254,10 @@ hs_connector_report(tp_pipe *p)
                                b->cb_why);
             } else if (strcmp(b->cb_name, g[k].chosen) == 0) {
                 tp__report_add(rep, cap, "%s %s: chosen\n", g[k].kind,
+                               b->cb_name);
+            } else if (k == 1 && strcmp(b->cb_name, a->a_dchannel) == 0) {
+                tp__report_add(rep, cap,
+                               "channel %s: chosen for cuda tensors\n",
                                b->cb_name);
             } else {
                 // The peer's note for it ("tcp: lower priority; ...").
@@ -383,6 +431,9 @@ hs_step(tp_pipe *p)
             return;
         }
         p->p_chops = p->p_ch->cb_channel_ops;
+        if (!hs_device_channel(p, a)) {
+            return;
+        }
         hs_connector_report(p);
         if (a->a_transport_reg_id == 0) {
             if (strcmp(a->a_transport, hs->h_tr0->t_ops->name) != 0) {

@@ -184,6 +184,7 @@ typedef struct pipe_rop {
     tp_message *r_msg;
     uint64_t r_seq;
     tp__chan_info *r_infos;
+    bool *r_via;    // per tensor: on the device channel (NULL: none is)
     tp_iov *r_iovs; // inline bytes: payloads + basic tensors
     unsigned r_niovs;
     unsigned r_next_iov;
@@ -231,9 +232,17 @@ struct tp_pipe {
     const tp_channel_ops *p_chops;
     uint64_t p_inline_max; // tensors up to this size go on p_conn
     tp_chan *p_chan;
+    // The device channel (NULL: none): carries the tensors whose buffer is
+    // on a CUDA device on the writing end; without one they are staged
+    // through host memory onto p_chan (pipe_cuda.c, docs/cuda.md).
+    ctx_backend *p_dch;
+    const tp_channel_ops *p_dchops;
+    tp_chan *p_dchan;
     tp_conn *p_conn; // main connection
+    // Extra connections: [0, p_nextra_ch) p_chan's, then p_dchan's.
     tp_conn **p_extra;
     unsigned p_nextra;
+    unsigned p_nextra_ch;
     unsigned p_extra_got;
     uint64_t p_reg_main; // listener side: expected join ids
     uint64_t *p_reg_extra;
@@ -259,6 +268,7 @@ struct tp_pipe {
     tp_status p_rdesc_reason; // why it was canceled (0: not)
     tp_message *p_rmsg;       // delivered, waiting for tp_pipe_read
     tp__chan_info *p_rinfos;
+    bool *p_rvia; // per tensor of p_rmsg: on the device channel (or NULL)
     uint64_t p_rseq;
     pipe_rop *p_rcursor; // the read whose inline bytes are being read
     // lifetime
@@ -333,15 +343,20 @@ void tp__pipe_flush_writes(tp_pipe *p);
 // TP_EINVAL, TP_ENOTSUP (CUDA not usable here, with the reason).
 tp_status tp__pipe_cuda_check(const tp_msg_buf *b, const char *what, uint32_t i,
                               tp_error **err_p);
-// Write: copies each CUDA tensor of @m to new pinned host memory;
-// *@stage_p NULL if there is none. Errors: the runtime's.
-tp_status tp__pipe_cuda_stage_out(const tp_message *m, tp__cuda_stage **stage_p,
-                                  tp_error **err_p);
+// Write: synchronises each source device of @m's CUDA tensors, then
+// (unless @direct: the device channel carries them) copies each to new
+// pinned host memory; *@stage_p NULL if there is none. Errors: the
+// runtime's.
+tp_status tp__pipe_cuda_stage_out(const tp_message *m, bool direct,
+                                  tp__cuda_stage **stage_p, tp_error **err_p);
 // Read: host buffers for each tensor of @m whose destination is not the
-// CPU (allocating device buffers left NULL, pipe_owned). A destination
+// CPU (allocating device buffers left NULL, pipe_owned), except those the
+// device channel writes itself (@via[i]; @via NULL: none). A destination
 // that cannot be used sets *@stage_err_p (the read fails once the bytes
-// are in) and gets a buffer the bytes are dropped into. Errors: TP_ENOMEM.
-tp_status tp__pipe_cuda_stage_in(tp_message *m, tp__cuda_stage **stage_p,
+// are in) and gets a host buffer the bytes are dropped into. Errors:
+// TP_ENOMEM.
+tp_status tp__pipe_cuda_stage_in(tp_message *m, const bool *via,
+                                 tp__cuda_stage **stage_p,
                                  tp_error **stage_err_p, tp_error **err_p);
 // Read, once every byte is in: host-to-device copies.
 tp_status tp__pipe_cuda_copy_in(tp_message *m, const tp__cuda_stage *stage,

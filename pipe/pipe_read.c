@@ -26,6 +26,7 @@ rop_free(pipe_rop *r)
     tp__free(r->r_iovs);
     tp__free(r->r_ops);
     tp__free(r->r_infos);
+    tp__free(r->r_via);
     tp_error_unref(r->r_err);
     tp_error_unref(r->r_stage_err);
     tp__free(r);
@@ -235,6 +236,25 @@ pipe_raio_step(tp_pipe *p)
     }
     tp__free(p->p_rbody);
     p->p_rbody = NULL;
+    // Which tensors the device channel carries: those on a CUDA device at
+    // the sender (the reader may change the device before it reads).
+    for (uint32_t i = 0; p->p_dchan != NULL && i < msg->ntensors; i++) {
+        if (msg->tensors[i].device.type != TP_DEVICE_CUDA ||
+            msg->tensors[i].len == 0) {
+            continue;
+        }
+        if (p->p_rvia == NULL) {
+            p->p_rvia = tp__zalloc(msg->ntensors * sizeof(*p->p_rvia));
+            if (p->p_rvia == NULL) {
+                tp_message_destroy(msg);
+                tp__free(infos);
+                tp__pipe_fail(
+                    p, tp__pipe_err(p, TP_ENOMEM, NULL, "read: out of memory"));
+                return;
+            }
+        }
+        p->p_rvia[i] = true;
+    }
     p->p_rmsg = msg;
     p->p_rinfos = infos;
     p->p_rstate = RD_GOT_DESC;
@@ -358,6 +378,8 @@ pipe_read_start(void *obj, tp_aio *aio)
     p->p_rmsg = NULL;
     r->r_infos = p->p_rinfos;
     p->p_rinfos = NULL;
+    r->r_via = p->p_rvia;
+    p->p_rvia = NULL;
     r->r_seq = p->p_rseq++;
     const uint64_t inl = p->p_inline_max;
     // Buffers the caller left NULL: ours (device ones: pipe_cuda.c).
@@ -384,8 +406,8 @@ pipe_read_start(void *obj, tp_aio *aio)
     }
     // CUDA destinations receive into host staging buffers (pipe_cuda.c).
     tp_error *serr = NULL;
-    if (tp__pipe_cuda_stage_in(m, &r->r_stage, &r->r_stage_err, &serr) !=
-        TP_OK) {
+    if (tp__pipe_cuda_stage_in(m, r->r_via, &r->r_stage, &r->r_stage_err,
+                               &serr) != TP_OK) {
         tp__list_append(&p->p_reads, r);
         tp__pipe_fail(p, tp__pipe_err(p, tp_error_status(serr), serr, "read"));
         tp_error_unref(serr);
@@ -411,8 +433,10 @@ pipe_read_start(void *obj, tp_aio *aio)
             r->r_iovs[n++] = (tp_iov){m->payloads[i].data, m->payloads[i].len};
         }
     }
+#define TENSOR_VIA_DEV(i) (r->r_via != NULL && r->r_via[i])
+#define TENSOR_INLINE(i)  (!TENSOR_VIA_DEV(i) && m->tensors[i].len <= inl)
     for (uint32_t i = 0; i < m->ntensors; i++) {
-        if (m->tensors[i].len > 0 && m->tensors[i].len <= inl) {
+        if (m->tensors[i].len > 0 && TENSOR_INLINE(i)) {
             r->r_iovs[n++] = (tp_iov){TENSOR_DST(i), m->tensors[i].len};
         }
     }
@@ -427,7 +451,7 @@ pipe_read_start(void *obj, tp_aio *aio)
     }
     unsigned k = 0;
     for (uint32_t i = 0; i < m->ntensors; i++) {
-        if (m->tensors[i].len <= inl) {
+        if (TENSOR_INLINE(i)) {
             continue;
         }
         tp_chan_op *op = &r->r_ops[k++];
@@ -444,8 +468,14 @@ pipe_read_start(void *obj, tp_aio *aio)
         op->co_arg = r;
         r->r_ops_pending++;
         p->p_busy++;
-        p->p_chops->recv(p->p_chan, op);
+        if (TENSOR_VIA_DEV(i)) {
+            p->p_dchops->recv(p->p_dchan, op);
+        } else {
+            p->p_chops->recv(p->p_chan, op);
+        }
     }
+#undef TENSOR_INLINE
+#undef TENSOR_VIA_DEV
 #undef TENSOR_DST
     r->r_nops = k;
     rop_check(r);

@@ -164,11 +164,17 @@ wop_start(tp_pipe *p, pipe_wop *w, tp_error **err_p)
     const tp_message *m = w->w_msg;
     w->w_seq = p->p_wseq++;
     w->w_started = true;
-    // CUDA tensors go as host copies (pipe_cuda.c): src[i] is what is sent.
-    tp_status st = tp__pipe_cuda_stage_out(m, &w->w_stage, err_p);
+    // CUDA tensors go on the device channel, or else as host copies
+    // (pipe_cuda.c): src[i] is what is sent.
+    tp_status st =
+        tp__pipe_cuda_stage_out(m, p->p_dchan != NULL, &w->w_stage, err_p);
     if (st != TP_OK) {
         return st;
     }
+#define TENSOR_VIA_DEV(i)                                                      \
+    (p->p_dchan != NULL && m->tensors[i].device.type == TP_DEVICE_CUDA &&      \
+     m->tensors[i].len > 0)
+#define TENSOR_INLINE(i) (!TENSOR_VIA_DEV(i) && m->tensors[i].len <= inl)
 #define TENSOR_SRC(i)                                                          \
     (w->w_stage != NULL && w->w_stage[i].cs_host != NULL                       \
          ? w->w_stage[i].cs_host                                               \
@@ -177,7 +183,7 @@ wop_start(tp_pipe *p, pipe_wop *w, tp_error **err_p)
     const uint64_t inl = p->p_inline_max;
     unsigned nchan = 0;
     for (uint32_t i = 0; i < m->ntensors; i++) {
-        nchan += (m->tensors[i].len > inl);
+        nchan += !TENSOR_INLINE(i);
     }
     if (m->ntensors > 0) {
         w->w_infos = tp__zalloc(m->ntensors * sizeof(*w->w_infos));
@@ -202,7 +208,7 @@ wop_start(tp_pipe *p, pipe_wop *w, tp_error **err_p)
     }
     unsigned k = 0;
     for (uint32_t i = 0; i < m->ntensors; i++) {
-        if (m->tensors[i].len <= inl) {
+        if (TENSOR_INLINE(i)) {
             continue;
         }
         tp_chan_op *op = &w->w_ops[k++];
@@ -218,7 +224,11 @@ wop_start(tp_pipe *p, pipe_wop *w, tp_error **err_p)
         op->co_arg = w;
         w->w_ops_pending++;
         p->p_busy++;
-        p->p_chops->send(p->p_chan, op);
+        if (TENSOR_VIA_DEV(i)) {
+            p->p_dchops->send(p->p_dchan, op);
+        } else {
+            p->p_chops->send(p->p_chan, op);
+        }
         w->w_infos[i] = op->co_info;
     }
     w->w_nops = k;
@@ -252,11 +262,13 @@ wop_start(tp_pipe *p, pipe_wop *w, tp_error **err_p)
         }
     }
     for (uint32_t i = 0; i < m->ntensors; i++) {
-        if (m->tensors[i].len > 0 && m->tensors[i].len <= inl) {
+        if (m->tensors[i].len > 0 && TENSOR_INLINE(i)) {
             w->w_iovs[n++] = (tp_iov){TENSOR_SRC(i), m->tensors[i].len};
         }
     }
 #undef TENSOR_SRC
+#undef TENSOR_INLINE
+#undef TENSOR_VIA_DEV
     w->w_niovs = n;
     return TP_OK;
 }

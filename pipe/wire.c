@@ -212,12 +212,15 @@ tp__answer_size(const tp__answer *a)
                                  sizeof(a->a_transport_addr), TP_WIRE_MAX_ADDR);
     size_t cname =
         wire_str_size(1, a->a_channel, sizeof(a->a_channel), TP_WIRE_MAX_NAME);
-    if (tname == 0 || taddr == 0 || cname == 0 ||
-        a->a_nconns > TP_WIRE_MAX_CONNS) {
+    size_t dname = wire_str_size(1, a->a_dchannel, sizeof(a->a_dchannel),
+                                 TP_WIRE_MAX_NAME);
+    unsigned nall = (unsigned)a->a_nconns + a->a_dnconns;
+    if (tname == 0 || taddr == 0 || cname == 0 || dname == 0 ||
+        nall > TP_WIRE_MAX_CONNS) {
         return 0;
     }
-    total += tname + taddr + 8 + cname + 2;
-    for (unsigned i = 0; i < a->a_nconns; i++) {
+    total += tname + taddr + 8 + cname + 2 + dname + 2;
+    for (unsigned i = 0; i < nall; i++) {
         const tp__answer_conn *c = &a->a_conns[i];
         size_t addr =
             wire_str_size(2, c->ac_addr, sizeof(c->ac_addr), TP_WIRE_MAX_ADDR);
@@ -227,6 +230,16 @@ tp__answer_size(const tp__answer *a)
         total += addr + 8;
     }
     return total;
+}
+
+static void
+answer_put_conns(wire_wr *w, const tp__answer_conn *c, uint16_t n)
+{
+    wire_put_u16(w, n);
+    for (unsigned i = 0; i < n; i++) {
+        wire_put_str(w, 2, c[i].ac_addr, sizeof(c[i].ac_addr));
+        wire_put_u64(w, c[i].ac_reg_id);
+    }
 }
 
 size_t
@@ -245,15 +258,41 @@ tp__answer_encode(const tp__answer *a, uint8_t *out, size_t cap)
         wire_put_str(&w, 2, a->a_transport_addr, sizeof(a->a_transport_addr));
         wire_put_u64(&w, a->a_transport_reg_id);
         wire_put_str(&w, 1, a->a_channel, sizeof(a->a_channel));
-        wire_put_u16(&w, a->a_nconns);
-        for (unsigned i = 0; i < a->a_nconns; i++) {
-            const tp__answer_conn *c = &a->a_conns[i];
-            wire_put_str(&w, 2, c->ac_addr, sizeof(c->ac_addr));
-            wire_put_u64(&w, c->ac_reg_id);
-        }
+        answer_put_conns(&w, a->a_conns, a->a_nconns);
+        wire_put_str(&w, 1, a->a_dchannel, sizeof(a->a_dchannel));
+        answer_put_conns(&w, a->a_conns + a->a_nconns, a->a_dnconns);
     }
     TP_ASSERT(w.w_off == size);
     return size;
+}
+
+// A conn count and its conns, at most @max ("device ": the device
+// channel's, which follow the channel's in a_conns).
+static bool
+answer_parse_conns(wire_rd *r, const char *kind, tp__answer_conn *c,
+                   unsigned max, uint16_t *n_p)
+{
+    if (!wire_u16(r, WIRE_FIELD("conn count"), n_p)) {
+        return false;
+    }
+    if (*n_p > max) {
+        wire_fail(r, "%sconn count %u exceeds the limit %u (%u in all)", kind,
+                  *n_p, max, TP_WIRE_MAX_CONNS);
+        return false;
+    }
+    for (unsigned i = 0; i < *n_p; i++) {
+        if (!wire_str(r, 2, TP_WIRE_MAX_ADDR, c[i].ac_addr,
+                      WIRE_FIELD_I("conn", i, "addr")) ||
+            !wire_u64(r, WIRE_FIELD_I("conn", i, "reg id"), &c[i].ac_reg_id)) {
+            return false;
+        }
+        if (c[i].ac_reg_id == 0) {
+            wire_fail(r, "%sconn %u reg id is 0 (reg ids are nonzero)", kind,
+                      i);
+            return false;
+        }
+    }
+    return true;
 }
 
 static bool
@@ -284,25 +323,17 @@ answer_parse(wire_rd *r, tp__answer *a)
         !wire_u64(r, WIRE_FIELD("transport reg id"), &a->a_transport_reg_id) ||
         !wire_str(r, 1, TP_WIRE_MAX_NAME, a->a_channel,
                   WIRE_FIELD("channel name")) ||
-        !wire_u16(r, WIRE_FIELD("conn count"), &a->a_nconns)) {
+        !answer_parse_conns(r, "", a->a_conns, TP_WIRE_MAX_CONNS,
+                            &a->a_nconns) ||
+        !wire_str(r, 1, TP_WIRE_MAX_NAME, a->a_dchannel,
+                  WIRE_FIELD("device channel name")) ||
+        !answer_parse_conns(r, "device ", a->a_conns + a->a_nconns,
+                            TP_WIRE_MAX_CONNS - a->a_nconns, &a->a_dnconns)) {
         return false;
     }
-    if (a->a_nconns > TP_WIRE_MAX_CONNS) {
-        wire_fail(r, "conn count %u exceeds the limit %u", a->a_nconns,
-                  TP_WIRE_MAX_CONNS);
+    if (a->a_dchannel[0] == '\0' && a->a_dnconns != 0) {
+        wire_fail(r, "%u device conns without a device channel", a->a_dnconns);
         return false;
-    }
-    for (unsigned i = 0; i < a->a_nconns; i++) {
-        tp__answer_conn *c = &a->a_conns[i];
-        if (!wire_str(r, 2, TP_WIRE_MAX_ADDR, c->ac_addr,
-                      WIRE_FIELD_I("conn", i, "addr")) ||
-            !wire_u64(r, WIRE_FIELD_I("conn", i, "reg id"), &c->ac_reg_id)) {
-            return false;
-        }
-        if (c->ac_reg_id == 0) {
-            wire_fail(r, "conn %u reg id is 0 (reg ids are nonzero)", i);
-            return false;
-        }
     }
     return wire_end(r);
 }

@@ -26,9 +26,11 @@
 #include "channel/chan_info.h"
 #include "core/error.h"
 
-#define TP_PIPE_WIRE_VERSION 2u // 2: tensors carry a device index
-_Static_assert(TP_CHAN_INFO_MAX == 32u,
-               "the descriptor's info bound is 32 bytes");
+// 2: tensors carry a device index; 3: the answer names a device channel,
+// and a tensor's channel info may be 160 bytes (cuda_ipc's handles)
+#define TP_PIPE_WIRE_VERSION 3u
+_Static_assert(TP_CHAN_INFO_MAX == 160u,
+               "the descriptor's info bound is 160 bytes");
 #define TP_FRAME_HDR_LEN 16u
 
 enum {
@@ -46,10 +48,10 @@ enum {
 #define TP_WIRE_MAX_CTXNAME   127u   // context (worker) name bytes
 #define TP_WIRE_MAX_REASON    1023u  // refusal reason / notes bytes
 #define TP_WIRE_MAX_BACKENDS  16u    // transports, and channels, per brochure
-#define TP_WIRE_MAX_CONNS     64u    // extra connections in an answer
+#define TP_WIRE_MAX_CONNS     64u    // extra connections in an answer (all)
 #define TP_WIRE_MAX_HANDSHAKE 65536u // body_len of brochure/answer/join
 #define TP_WIRE_MAX_CHAN_INFO                                                  \
-    TP_CHAN_INFO_MAX // per-tensor channel info bytes (32)
+    TP_CHAN_INFO_MAX // per-tensor channel info bytes (160)
 
 typedef struct tp__frame_hdr {
     uint8_t fh_type;
@@ -98,8 +100,14 @@ tp_status tp__brochure_decode(const uint8_t *in, size_t len, tp__brochure *b,
 //   then if accepted:
 //   u8 name_len, transport name, u16 addr_len, addr, u64 transport_reg_id,
 //   u8 name_len, channel name, u16 nconns,
+//   per conn: u16 addr_len, addr, u64 reg_id,
+//   u8 name_len, device channel name (0: none), u16 nconns,
 //   per conn: u16 addr_len, addr, u64 reg_id
 // transport_reg_id 0: keep using the connection the brochure came on.
+// The channel carries host buffers; the device channel (optional) the
+// tensors whose sender's buffer is on a CUDA device (docs/cuda.md). The
+// device channel's conns follow the channel's in a_conns, and the join
+// index counts across both.
 typedef struct tp__answer_conn {
     char ac_addr[TP_WIRE_MAX_ADDR + 1];
     uint64_t ac_reg_id;
@@ -114,7 +122,9 @@ typedef struct tp__answer {
     char a_transport_addr[TP_WIRE_MAX_ADDR + 1];
     uint64_t a_transport_reg_id;
     char a_channel[TP_WIRE_MAX_NAME + 1];
-    uint16_t a_nconns;
+    uint16_t a_nconns; // the channel's conns: a_conns[0, a_nconns)
+    char a_dchannel[TP_WIRE_MAX_NAME + 1]; // "" = no device channel
+    uint16_t a_dnconns; // its conns: a_conns[a_nconns, + a_dnconns)
     tp__answer_conn a_conns[TP_WIRE_MAX_CONNS];
 } tp__answer;
 

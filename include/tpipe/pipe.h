@@ -299,6 +299,13 @@ TP_API char *tp_pipe_report(tp_pipe *p);
 TP_API const char *tp_pipe_transport(const tp_pipe *p);
 TP_API const char *tp_pipe_channel(const tp_pipe *p);
 /**
+ * tp_pipe_device_channel - the channel that carries the tensors on a CUDA
+ * device at the writer ("cuda_ipc"; static string), or NULL when the pipe
+ * has none (they are staged through host memory over the pipe's channel;
+ * docs/cuda.md) or is not ready.
+ */
+TP_API const char *tp_pipe_device_channel(const tp_pipe *p);
+/**
  * tp_pipe_peer - "name at url" of the peer, for messages; valid while the
  * caller holds a reference. NULL if @p is NULL. Thread-safety: any thread.
  */

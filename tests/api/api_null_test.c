@@ -233,6 +233,7 @@ pipe_null(void)
     TP_CHECK(tp_pipe_report(NULL) == NULL);
     TP_CHECK(tp_pipe_transport(NULL) == NULL);
     TP_CHECK(tp_pipe_channel(NULL) == NULL);
+    TP_CHECK(tp_pipe_device_channel(NULL) == NULL);
     TP_CHECK(tp_pipe_peer(NULL) == NULL);
     TP_CHECK(tp_pipe_ref(NULL) == NULL);
     tp_pipe_unref(NULL);

@@ -2,9 +2,10 @@
 // chan_devices_test.c - the device pairs of the channel contract
 // (tp_channel_ops.devices): a channel that declares none is refused by the
 // context with the reason, and one that carries no cpu-cpu tensors (a
-// device channel) is offered but never chosen as the pipe's channel, even
-// when it ranks first and both ends match: the pipe takes the next one
-// (basic), and the report says why.
+// device channel) is never chosen as the pipe's channel, even when it
+// ranks first and both ends match: the pipe takes the next one (basic)
+// and the device channel beside it, for cuda tensors, and both reports
+// say so; an end that does not offer it leaves the pipe without one.
 //
 // Like ctx_bound_test, this program defines the channel registry functions
 // itself, so the linker never pulls channel/registry.o: the context sees
@@ -52,7 +53,43 @@ fake_nconns(const tp_config *cfg, bool *lanes_p)
     return 0;
 }
 
-// Never created: the pipe must not choose them.
+// The device channel: created beside basic, never given an op (no cuda
+// tensor is written here).
+static int fake_cuda_live;
+static int fake_cuda_token;
+
+static tp_status
+fake_cuda_create(const tp_chan_env *env, tp_chan **ch_p, tp_error **err_p)
+{
+    (void)err_p;
+    TP_CHECK_EQ(env->ce_nconns, 0);
+    fake_cuda_live++;
+    *ch_p = (tp_chan *)&fake_cuda_token;
+    return TP_OK;
+}
+
+static void
+fake_cuda_op(tp_chan *ch, tp_chan_op *o)
+{
+    (void)ch;
+    (void)o;
+    TP_CHECK(!"the fake device channel got an op");
+}
+
+static void
+fake_cuda_close(tp_chan *ch, const tp_error *err)
+{
+    (void)ch;
+    (void)err;
+}
+
+static void
+fake_cuda_destroy(tp_chan *ch)
+{
+    TP_CHECK(ch == (tp_chan *)&fake_cuda_token);
+    fake_cuda_live--;
+}
+
 static const tp_channel_ops fake_cuda = {
     .abi_version = TP_CHANNEL_ABI_V1,
     .name = "fakecuda",
@@ -60,6 +97,11 @@ static const tp_channel_ops fake_cuda = {
     .nconns = fake_nconns,
     .is_viable = fake_viable,
     .domain = fake_domain,
+    .create = fake_cuda_create,
+    .send = fake_cuda_op,
+    .recv = fake_cuda_op,
+    .close = fake_cuda_close,
+    .destroy = fake_cuda_destroy,
 };
 
 static const tp_channel_ops fake_none = {
@@ -93,16 +135,23 @@ tp__channel_find(const char *name)
 }
 
 static tp_context *
-make_ctx(const char *name)
+make_ctx_ch(const char *name, const char *channels)
 {
     tp_context_options o;
     tp_context_options_init(&o);
     o.name = name;
     o.transports = "tcp";
+    o.channels = channels;
     tp_context *ctx = NULL;
     tp_error *err = NULL;
     TP_CHECK_OK(tp_context_create(&o, &ctx, &err), err);
     return ctx;
+}
+
+static tp_context *
+make_ctx(const char *name)
+{
+    return make_ctx_ch(name, NULL);
 }
 
 static void
@@ -117,6 +166,81 @@ test_context_reports_devices(void)
     TP_CHECK_STR_CONTAINS(rep, "channel basic: usable");
     free(rep);
     tp_context_destroy(ctx);
+}
+
+// Connects a pipe from @b to @a; *@pa_p / *@pb_p: the two ends, ready.
+static void
+connect_pair(tp_context *a, tp_context *b, tp_pipe_listener **l_p,
+             tp_pipe **pa_p, tp_pipe **pb_p)
+{
+    tp_error *err = NULL;
+    const char *url = "tcp://127.0.0.1:0";
+    TP_CHECK_OK(tp_context_listen(a, &url, 1, l_p, &err), err);
+    TP_CHECK_OK(
+        tp_context_connect(b, tp_pipe_listener_addr(*l_p, NULL), pb_p, &err),
+        err);
+    op acc;
+    op_init(&acc, WAIT_MS);
+    tp_pipe_listener_accept(*l_p, acc.aio);
+    TP_CHECK(op_wait_for(&acc, WAIT_MS));
+    TP_CHECK_OK(tp_aio_status(acc.aio), tp_aio_error(acc.aio));
+    *pa_p = tp_aio_get_output(acc.aio, 0);
+    op_fini(&acc);
+    TP_CHECK_OK(tp_pipe_wait_ready(*pb_p, WAIT_MS, &err), err);
+    TP_CHECK_OK(tp_pipe_wait_ready(*pa_p, WAIT_MS, &err), err);
+}
+
+static void
+test_device_channel_beside_the_pipes(void)
+{
+    tp_context *a = make_ctx("alice");
+    tp_context *b = make_ctx("bob");
+    tp_pipe_listener *l = NULL;
+    tp_pipe *pa = NULL, *pb = NULL;
+    connect_pair(a, b, &l, &pa, &pb);
+    TP_CHECK(strcmp(tp_pipe_channel(pa), "basic") == 0);
+    TP_CHECK(strcmp(tp_pipe_channel(pb), "basic") == 0);
+    TP_CHECK_EQ(fake_cuda_live, 2);
+    char *ra = tp_pipe_report(pa);
+    char *rb = tp_pipe_report(pb);
+    TP_CHECK(ra != NULL && rb != NULL);
+    TP_CHECK_STR_CONTAINS(ra, "channel basic, cuda tensors by fakecuda");
+    TP_CHECK_STR_CONTAINS(ra, "channel fakecuda: chosen for cuda tensors");
+    TP_CHECK_STR_CONTAINS(ra, "channel basic: chosen");
+    TP_CHECK_STR_CONTAINS(rb, "channel basic, cuda tensors by fakecuda");
+    TP_CHECK_STR_CONTAINS(rb, "channel fakecuda: chosen for cuda tensors");
+    free(ra);
+    free(rb);
+    tp_pipe_unref(pa);
+    tp_pipe_unref(pb);
+    tp_pipe_listener_destroy(l);
+    tp_context_destroy(b);
+    tp_context_destroy(a);
+    TP_CHECK_EQ(fake_cuda_live, 0);
+}
+
+// One end without the device channel: none is used (cuda tensors would
+// be staged), and the report says why.
+static void
+test_device_channel_one_end_only(void)
+{
+    tp_context *a = make_ctx("alice");
+    tp_context *b = make_ctx_ch("bob", "basic");
+    tp_pipe_listener *l = NULL;
+    tp_pipe *pa = NULL, *pb = NULL;
+    connect_pair(a, b, &l, &pa, &pb);
+    TP_CHECK_EQ(fake_cuda_live, 0);
+    char *ra = tp_pipe_report(pa);
+    TP_CHECK(ra != NULL);
+    TP_CHECK_STR_CONTAINS(ra, "channel fakecuda: the peer does not offer it");
+    TP_CHECK_STR_CONTAINS(ra, "cuda tensors are staged through host memory");
+    TP_CHECK(strstr(ra, "cuda tensors by") == NULL);
+    free(ra);
+    tp_pipe_unref(pa);
+    tp_pipe_unref(pb);
+    tp_pipe_listener_destroy(l);
+    tp_context_destroy(b);
+    tp_context_destroy(a);
 }
 
 static void
@@ -143,7 +267,6 @@ test_device_channel_not_the_pipes(void)
     TP_CHECK(strcmp(tp_pipe_channel(pb), "basic") == 0);
     char *ra = tp_pipe_report(pa);
     TP_CHECK(ra != NULL);
-    TP_CHECK_STR_CONTAINS(ra, "channel fakecuda: carries no cpu-cpu tensors");
     TP_CHECK_STR_CONTAINS(ra, "channel basic: chosen");
     free(ra);
     tp_pipe_unref(pa);
@@ -156,6 +279,8 @@ test_device_channel_not_the_pipes(void)
 static const tp_test_case cases[] = {
     TP_TEST_CASE(test_context_reports_devices),
     TP_TEST_CASE(test_device_channel_not_the_pipes),
+    TP_TEST_CASE(test_device_channel_beside_the_pipes),
+    TP_TEST_CASE(test_device_channel_one_end_only),
 };
 
 TP_TEST_MAIN(cases)

@@ -147,7 +147,8 @@ frame_hdr_rejects(void)
     tp__frame_hdr d = {0};
     tp_error *err = NULL;
 
-    static const unsigned versions[] = {0, 1, 3, 255}; // 1: before devices
+    static const unsigned versions[] = {0, 1, 2, 4,
+                                        255}; // 2: no device channel
     for (size_t i = 0; i < TP_ARRAY_LEN(versions); i++) {
         memcpy(bad, good, sizeof(bad));
         bad[1] = (uint8_t)versions[i];
@@ -442,6 +443,10 @@ answer_typical(tp__answer *a)
     a->a_conns[0].ac_reg_id = 7;
     strcpy(a->a_conns[1].ac_addr, "tcp://127.0.0.1:4000");
     a->a_conns[1].ac_reg_id = UINT64_MAX;
+    strcpy(a->a_dchannel, "cuda_ipc");
+    a->a_dnconns = 1;
+    strcpy(a->a_conns[2].ac_addr, "tcp://127.0.0.1:4000");
+    a->a_conns[2].ac_reg_id = 9;
 }
 
 static void
@@ -462,6 +467,8 @@ answer_max(tp__answer *a)
                  TP_WIRE_MAX_ADDR, 6 + i);
         a->a_conns[i].ac_reg_id = 1 + i * UINT64_C(0x0101010101);
     }
+    // A device channel, without conns: all 64 are the channel's.
+    fill_str(a->a_dchannel, sizeof(a->a_dchannel), TP_WIRE_MAX_NAME, 7);
 }
 
 static size_t
@@ -498,13 +505,18 @@ answer_round_trips(void)
     // Accepted with nothing extra: empty names, no conns.
     memset(&answer_in, 0, sizeof(answer_in));
     answer_in.a_accepted = true;
-    TP_CHECK_EQ(answer_round_trip_one(&answer_in), 4 + 1 + 2 + 8 + 1 + 2);
+    TP_CHECK_EQ(answer_round_trip_one(&answer_in),
+                4 + 1 + 2 + 8 + 1 + 2 + 1 + 2);
     answer_typical(&answer_in);
     answer_round_trip_one(&answer_in);
     TP_CHECK(answer_out.a_conns[1].ac_reg_id == UINT64_MAX);
+    TP_CHECK_EQ(answer_out.a_nconns, 2);
+    TP_CHECK(strcmp(answer_out.a_dchannel, "cuda_ipc") == 0);
+    TP_CHECK_EQ(answer_out.a_dnconns, 1);
+    TP_CHECK(answer_out.a_conns[2].ac_reg_id == 9);
     answer_max(&answer_in);
     // The largest answer (docs/pipe-wire.md).
-    TP_CHECK_EQ(answer_round_trip_one(&answer_in), 18445);
+    TP_CHECK_EQ(answer_round_trip_one(&answer_in), 18479);
 }
 
 static void
@@ -556,11 +568,11 @@ answer_rejects_bad_fields(void)
     EXPECT_PROTO(tp__answer_decode(body, size, &answer_out, &err), err,
                  "answer: accepted is 2, expected 0 or 1");
 
-    // conn 1 reg id 0 (the last 8 bytes of the body).
+    // Device conn 0 reg id 0 (the last 8 bytes of the body).
     tp__answer_encode(&answer_in, body, sizeof(body));
     memset(body + size - 8, 0, 8);
     EXPECT_PROTO(tp__answer_decode(body, size, &answer_out, &err), err,
-                 "answer: conn 1 reg id is 0");
+                 "answer: device conn 0 reg id is 0");
 
     // Bounds + 1, built by hand.
     const size_t N = TP_WIRE_MAX_NAME, A = TP_WIRE_MAX_ADDR;
@@ -568,18 +580,26 @@ answer_rejects_bad_fields(void)
         size_t ctx, reason, tname, taddr, cname;
         unsigned nconns;
         size_t caddr;
+        size_t dname;
+        unsigned dnconns;
         const char *needle;
     } cases[] = {
-        {TP_WIRE_MAX_CTXNAME, TP_WIRE_MAX_REASON, N, A, N, TP_WIRE_MAX_CONNS, A,
-         NULL},
-        {TP_WIRE_MAX_CTXNAME + 1, 0, 1, 1, 1, 0, 1,
+        {TP_WIRE_MAX_CTXNAME, TP_WIRE_MAX_REASON, N, A, N,
+         TP_WIRE_MAX_CONNS - 1, A, N, 1, NULL},
+        {TP_WIRE_MAX_CTXNAME + 1, 0, 1, 1, 1, 0, 1, 0, 0,
          "ctxname length 128 exceeds the limit 127"},
-        {1, 0, N + 1, 1, 1, 0, 1, "transport name length 32 exceeds"},
-        {1, 0, 1, A + 1, 1, 0, 1, "transport addr length 256 exceeds"},
-        {1, 0, 1, 1, N + 1, 0, 1, "channel name length 32 exceeds"},
-        {1, 0, 1, 1, 1, TP_WIRE_MAX_CONNS + 1, 1,
+        {1, 0, N + 1, 1, 1, 0, 1, 0, 0, "transport name length 32 exceeds"},
+        {1, 0, 1, A + 1, 1, 0, 1, 0, 0, "transport addr length 256 exceeds"},
+        {1, 0, 1, 1, N + 1, 0, 1, 0, 0, "channel name length 32 exceeds"},
+        {1, 0, 1, 1, 1, TP_WIRE_MAX_CONNS + 1, 1, 0, 0,
          "conn count 65 exceeds the limit 64"},
-        {1, 0, 1, 1, 1, 2, A + 1, "conn 0 addr length 256 exceeds"},
+        {1, 0, 1, 1, 1, 2, A + 1, 0, 0, "conn 0 addr length 256 exceeds"},
+        {1, 0, 1, 1, 1, 0, 1, N + 1, 0,
+         "device channel name length 32 exceeds"},
+        {1, 0, 1, 1, 1, TP_WIRE_MAX_CONNS, 1, 1, 1,
+         "device conn count 1 exceeds the limit 0 (64 in all)"},
+        {1, 0, 1, 1, 1, 1, 1, 0, 1,
+         "answer: 1 device conns without a device channel"},
     };
     for (size_t i = 0; i < TP_ARRAY_LEN(cases); i++) {
         rb.n = 0;
@@ -593,6 +613,12 @@ answer_rejects_bad_fields(void)
         raw_u16(&rb, cases[i].nconns);
         for (unsigned c = 0; c < cases[i].nconns; c++) {
             raw_str(&rb, 2, NULL, cases[i].caddr);
+            raw_u64(&rb, c + 1);
+        }
+        raw_str(&rb, 1, NULL, cases[i].dname);
+        raw_u16(&rb, cases[i].dnconns);
+        for (unsigned c = 0; c < cases[i].dnconns; c++) {
+            raw_str(&rb, 2, NULL, 1);
             raw_u64(&rb, c + 1);
         }
         if (cases[i].needle == NULL) {
@@ -949,8 +975,8 @@ desc_rejects_each_bound_plus_one(void)
     EXPECT_DESC_PROTO(&lim, "descriptor: tensor 3 length 9999999999 exceeds "
                             "the limit 1000 (TP_PIPE_MAX_BUF_BYTES)");
     raw_desc(&rb, 0, 0, 1, 0, 1, 0, TP_WIRE_MAX_CHAN_INFO + 1);
-    EXPECT_DESC_PROTO(&lim, "descriptor: tensor 0 channel info length 33 "
-                            "exceeds the limit 32");
+    EXPECT_DESC_PROTO(&lim, "descriptor: tensor 0 channel info length 161 "
+                            "exceeds the limit 160");
     raw_desc(&rb, 0, 0, 2, 0, 1, 2, 0);
     EXPECT_DESC_PROTO(&lim, "descriptor: tensor 0 device type 2 is not "
                             "supported (0 cpu, 1 cuda)");
@@ -1012,7 +1038,7 @@ static void
 desc_max_size_saturates(void)
 {
     TP_CHECK_EQ(tp__desc_max_size(&test_limits),
-                16 + 64 * 8 + 64 * (11 + 32) + 4096);
+                16 + 64 * 8 + 64 * (11 + 160) + 4096);
     tp__pipe_limits zero = {0};
     TP_CHECK_EQ(tp__desc_max_size(&zero), 16);
     tp__pipe_limits big = {.max_metadata = UINT64_MAX - 10,
@@ -1022,7 +1048,7 @@ desc_max_size_saturates(void)
     TP_CHECK(tp__desc_max_size(&big) == UINT64_MAX);
     big.max_metadata = 0;
     TP_CHECK(tp__desc_max_size(&big) ==
-             16 + (uint64_t)UINT32_MAX * 8 + (uint64_t)UINT32_MAX * 43);
+             16 + (uint64_t)UINT32_MAX * 8 + (uint64_t)UINT32_MAX * 171);
 }
 
 // Decoding bad input allocates nothing (with err_p NULL, not even the

@@ -1,0 +1,351 @@
+// SPDX-License-Identifier: Apache-2.0
+// cuda_ipc_copy.c - the cuda_ipc channel's sends and receives
+// (cuda_ipc_impl.h). A send exports the memory handle of the tensor's
+// allocation, puts it and the tensor's offset in the info, registers the
+// send in this process's table under a random token, and waits for the
+// ack. A receive opens the handle on the context's pool, checks that the
+// tensor lies inside the allocation it opened, copies to its destination
+// and closes the handle, then acks. A receiver in the sender's own process
+// (two contexts of one process: the runtime refuses to open a handle of
+// its own process) finds the sender's pointer in the table by the token;
+// nothing read from the wire is used as an address.
+
+#include <pthread.h>
+
+#include "channel/cuda_ipc/cuda_ipc_impl.h"
+#include "core/platform.h"
+
+// ---- the table of this process's sends --------------------------------------
+
+typedef struct cipc_entry {
+    struct cipc_entry *e_next;
+    uint64_t e_token;
+    const void *e_ptr; // the tensor
+    int e_dev;
+    uint64_t e_len;
+} cipc_entry;
+
+static pthread_mutex_t cipc_mtx = PTHREAD_MUTEX_INITIALIZER;
+static cipc_entry *cipc_table;
+
+static void
+cipc_table_add(cipc_entry *e)
+{
+    pthread_mutex_lock(&cipc_mtx);
+    e->e_next = cipc_table;
+    cipc_table = e;
+    pthread_mutex_unlock(&cipc_mtx);
+}
+
+// The entry for @token, copied into *@out; false when there is none.
+static bool
+cipc_table_find(uint64_t token, cipc_entry *out)
+{
+    bool found = false;
+    pthread_mutex_lock(&cipc_mtx);
+    for (cipc_entry *e = cipc_table; e != NULL; e = e->e_next) {
+        if (e->e_token == token) {
+            *out = *e;
+            found = true;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&cipc_mtx);
+    return found;
+}
+
+void
+tp__cipc_send_done(tp_chan_op *op)
+{
+    cipc_entry *e = op->co_priv;
+    if (e == NULL) {
+        return;
+    }
+    pthread_mutex_lock(&cipc_mtx);
+    for (cipc_entry **pp = &cipc_table; *pp != NULL; pp = &(*pp)->e_next) {
+        if (*pp == e) {
+            *pp = e->e_next;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&cipc_mtx);
+    tp__free(e);
+    op->co_priv = NULL;
+}
+
+// ---- the info ---------------------------------------------------------------
+
+void
+tp__cipc_info_encode(const tp__cipc_info *in, tp__chan_info *out)
+{
+    uint8_t *b = out->ci_bytes;
+    b[0] = CIPC_INFO_VERSION;
+    b[1] = (uint8_t)in->ci_dev;
+    tp__put_u16le(b + 2, 0);
+    tp__put_u32le(b + 4, in->ci_pid);
+    tp__put_u64le(b + 8, in->ci_token);
+    tp__put_u64le(b + 16, in->ci_offset);
+    tp__put_u64le(b + 24, in->ci_size);
+    memcpy(b + 32, in->ci_handle, TP_CUDA_IPC_HANDLE_LEN);
+    out->ci_len = CIPC_INFO_LEN;
+}
+
+bool
+tp__cipc_info_decode(const tp__chan_info *in, uint64_t len, tp__cipc_info *out,
+                     char *why, size_t why_len)
+{
+    const uint8_t *b = in->ci_bytes;
+    if (in->ci_len != CIPC_INFO_LEN) {
+        snprintf(why, why_len, "%u info bytes, expected %u", in->ci_len,
+                 CIPC_INFO_LEN);
+        return false;
+    }
+    if (b[0] != CIPC_INFO_VERSION || tp__get_u16le(b + 2) != 0) {
+        snprintf(why, why_len, "info version %u reserved 0x%04x (want %u, 0)",
+                 b[0], tp__get_u16le(b + 2), CIPC_INFO_VERSION);
+        return false;
+    }
+    out->ci_dev = b[1];
+    out->ci_pid = tp__get_u32le(b + 4);
+    out->ci_token = tp__get_u64le(b + 8);
+    out->ci_offset = tp__get_u64le(b + 16);
+    out->ci_size = tp__get_u64le(b + 24);
+    memcpy(out->ci_handle, b + 32, TP_CUDA_IPC_HANDLE_LEN);
+    if (out->ci_offset > out->ci_size || len > out->ci_size - out->ci_offset) {
+        snprintf(why, why_len,
+                 "%" PRIu64 " bytes at offset %" PRIu64
+                 " pass the end of their allocation (%" PRIu64 " bytes)",
+                 len, out->ci_offset, out->ci_size);
+        return false;
+    }
+    return true;
+}
+
+// ---- send -------------------------------------------------------------------
+
+static tp_error *
+cipc_op_err(tp_chan *ch, const tp_chan_op *op, tp_status st,
+            const tp_error *cause, const char *what)
+{
+    return tp__error_new(st, 0, cause,
+                         "cuda_ipc: pipe to %s: tensor %u of message %" PRIu64
+                         ": %s",
+                         ch->c_env.ce_peer, op->co_index, op->co_seq, what);
+}
+
+void
+tp__cipc_send(tp_chan *ch, tp_chan_op *op)
+{
+    op->co_priv = NULL;
+    op->co_info.ci_len = 0;
+    if (ch->c_err != NULL) {
+        tp__chan_op_fail_later(ch->c_env.ce_loop, op,
+                               cipc_op_err(ch, op, tp_error_status(ch->c_err),
+                                           ch->c_err,
+                                           "the cuda_ipc channel is down"));
+        return;
+    }
+    if (op->co_device.type != TP_DEVICE_CUDA || op->co_device.index < 0 ||
+        op->co_device.index > UINT8_MAX) {
+        tp__chan_op_fail_later(
+            ch->c_env.ce_loop, op,
+            cipc_op_err(ch, op, TP_EINTERNAL, NULL,
+                        "the pipe gave cuda_ipc a tensor not on a CUDA "
+                        "device"));
+        return;
+    }
+    int dev = op->co_device.index;
+    void *base = NULL;
+    size_t size = 0;
+    uint8_t handle[TP_CUDA_IPC_HANDLE_LEN];
+    tp_error *err = NULL;
+    tp_status st = tp__cuda_mem_range(dev, op->co_buf, &base, &size, &err);
+    uint64_t off = (uint64_t)((uintptr_t)op->co_buf - (uintptr_t)base);
+    if (st == TP_OK && (off > size || op->co_len > size - off)) {
+        st = tp__error_set(&err, TP_EINVAL,
+                           "%" PRIu64 " bytes at offset %" PRIu64
+                           " pass the end of their allocation (%zu bytes)",
+                           op->co_len, off, size);
+    }
+    if (st == TP_OK) {
+        st = tp__cuda_ipc_mem_export(dev, base, handle, &err);
+    }
+    cipc_entry *e = st == TP_OK ? tp__zalloc(sizeof(*e)) : NULL;
+    if (st == TP_OK && e == NULL) {
+        st = tp__error_set(&err, TP_ENOMEM, "out of memory");
+    }
+    if (st != TP_OK) {
+        char what[64];
+        snprintf(what, sizeof(what), "sharing it from cuda:%d", dev);
+        tp__chan_op_fail_later(ch->c_env.ce_loop, op,
+                               cipc_op_err(ch, op, st, err, what));
+        tp_error_unref(err);
+        return;
+    }
+    e->e_token = tp__random_u64();
+    e->e_ptr = op->co_buf;
+    e->e_dev = dev;
+    e->e_len = op->co_len;
+    cipc_table_add(e);
+    op->co_priv = e;
+    tp__cipc_info info = {dev, (uint32_t)getpid(), e->e_token,
+                          off, (uint64_t)size,     {0}};
+    memcpy(info.ci_handle, handle, TP_CUDA_IPC_HANDLE_LEN);
+    tp__cipc_info_encode(&info, &op->co_info);
+    tp__list_append(&ch->c_sends, op);
+}
+
+// ---- receive ----------------------------------------------------------------
+
+// Loop thread: the copy of @cp ended.
+static void
+cipc_copied_task(void *arg)
+{
+    cipc_copy *cp = arg;
+    tp_chan *ch = cp->cp_ch;
+    tp_chan_op *op = cp->cp_op;
+    tp_error *err = cp->cp_err;
+    tp__free(cp);
+    ch->c_copies--;
+    if (err != NULL) {
+        // The peer's tensor could not be read: the pipe fails, as for any
+        // tensor whose bytes cannot arrive.
+        tp__cipc_fail(ch, tp_error_ref(err));
+        op->co_done(op, err);
+    } else if (ch->c_closed) {
+        op->co_done(op, NULL);
+    } else {
+        tp__cipc_ack(ch, op);
+    }
+    tp__cipc_maybe_free(ch);
+}
+
+// Same process: the sender's pointer, from the table.
+static tp_status
+cipc_copy_local(cipc_copy *cp, int dst_dev, tp_error **err_p)
+{
+    tp_chan_op *op = cp->cp_op;
+    cipc_entry e;
+    if (!cipc_table_find(cp->cp_info.ci_token, &e) || e.e_len != op->co_len ||
+        e.e_dev != cp->cp_info.ci_dev) {
+        return tp__error_set(err_p, TP_EPROTO,
+                             "protocol error: it names this process (pid "
+                             "%u) but no tensor of %" PRIu64
+                             " bytes this process is sending under that "
+                             "token",
+                             cp->cp_info.ci_pid, op->co_len);
+    }
+    return tp__cuda_copy(op->co_buf, dst_dev, e.e_ptr, e.e_dev,
+                         (size_t)op->co_len, err_p);
+}
+
+// Another process: open its allocation, check the range, copy, close.
+static tp_status
+cipc_copy_remote(cipc_copy *cp, int dst_dev, tp_error **err_p)
+{
+    tp_chan_op *op = cp->cp_op;
+    // The handle is opened on the destination device (peer access from
+    // it); a host destination opens it on the sender's device index when
+    // this process has it (else 0).
+    int open_dev = dst_dev;
+    if (open_dev < 0) {
+        open_dev = cp->cp_info.ci_dev < tp__cuda_device_count()
+                       ? cp->cp_info.ci_dev
+                       : 0;
+    }
+    void *base = NULL;
+    tp_status st =
+        tp__cuda_ipc_mem_open(open_dev, cp->cp_info.ci_handle, &base, err_p);
+    if (st != TP_OK) {
+        return st;
+    }
+    void *b2 = NULL;
+    size_t size = 0;
+    st = tp__cuda_mem_range(open_dev, base, &b2, &size, err_p);
+    if (st == TP_OK && (cp->cp_info.ci_offset > size ||
+                        op->co_len > size - cp->cp_info.ci_offset)) {
+        st = tp__error_set(err_p, TP_EPROTO,
+                           "protocol error: %" PRIu64 " bytes at offset "
+                           "%" PRIu64 " pass the end of the allocation the "
+                           "handle names (%zu bytes)",
+                           op->co_len, cp->cp_info.ci_offset, size);
+    }
+    if (st == TP_OK) {
+        st = tp__cuda_copy(op->co_buf, dst_dev,
+                           (const uint8_t *)base + cp->cp_info.ci_offset,
+                           open_dev, (size_t)op->co_len, err_p);
+    }
+    tp__cuda_ipc_mem_close(open_dev, base);
+    return st;
+}
+
+// Pool thread.
+static void
+cipc_copy_task(void *arg)
+{
+    cipc_copy *cp = arg;
+    tp_chan_op *op = cp->cp_op;
+    int dst_dev =
+        op->co_device.type == TP_DEVICE_CUDA ? op->co_device.index : -1;
+    tp_error *err = NULL;
+    tp_status st = cp->cp_info.ci_pid == (uint32_t)getpid()
+                       ? cipc_copy_local(cp, dst_dev, &err)
+                       : cipc_copy_remote(cp, dst_dev, &err);
+    if (st != TP_OK) {
+        char dst[32];
+        snprintf(dst, sizeof(dst), dst_dev < 0 ? "host memory" : "cuda:%d",
+                 dst_dev);
+        char what[160];
+        snprintf(what, sizeof(what),
+                 "copying %" PRIu64 " bytes from the peer's cuda:%d (pid %u) "
+                 "to %s",
+                 op->co_len, cp->cp_info.ci_dev, cp->cp_info.ci_pid, dst);
+        cp->cp_err = cipc_op_err(cp->cp_ch, op, st, err, what);
+        tp_error_unref(err);
+    }
+    tp__task_init(&cp->cp_task, cipc_copied_task, cp);
+    tp__loop_post(cp->cp_ch->c_env.ce_loop, &cp->cp_task);
+}
+
+void
+tp__cipc_recv(tp_chan *ch, tp_chan_op *op)
+{
+    if (ch->c_err != NULL) {
+        tp__chan_op_fail_later(ch->c_env.ce_loop, op,
+                               cipc_op_err(ch, op, tp_error_status(ch->c_err),
+                                           ch->c_err,
+                                           "the cuda_ipc channel is down"));
+        return;
+    }
+    tp__cipc_info info;
+    char why[128];
+    if (!tp__cipc_info_decode(&op->co_info, op->co_len, &info, why,
+                              sizeof(why))) {
+        char what[160];
+        snprintf(what, sizeof(what), "protocol error: %s", why);
+        tp_error *err = cipc_op_err(ch, op, TP_EPROTO, NULL, what);
+        tp__cipc_fail(ch, tp_error_ref(err));
+        tp__chan_op_fail_later(ch->c_env.ce_loop, op, err);
+        return;
+    }
+    cipc_copy *cp = tp__zalloc(sizeof(*cp));
+    if (cp == NULL) {
+        tp_error *err = cipc_op_err(ch, op, TP_ENOMEM, NULL, "out of memory");
+        tp__cipc_fail(ch, tp_error_ref(err));
+        tp__chan_op_fail_later(ch->c_env.ce_loop, op, err);
+        return;
+    }
+    cp->cp_ch = ch;
+    cp->cp_op = op;
+    cp->cp_info = info;
+    tp__task_init(&cp->cp_task, cipc_copy_task, cp);
+    ch->c_copies++;
+    if (tp__pool_submit(ch->c_env.ce_pool, &cp->cp_task) != TP_OK) {
+        ch->c_copies--;
+        tp__free(cp);
+        tp_error *err =
+            cipc_op_err(ch, op, TP_ECLOSED, NULL, "the copy pool is closed");
+        tp__cipc_fail(ch, tp_error_ref(err));
+        tp__chan_op_fail_later(ch->c_env.ce_loop, op, err);
+    }
+}

@@ -1,0 +1,93 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* cuda_ipc_impl.h (internal to channel/cuda_ipc/) - what the cuda_ipc
+ * channel's files share. cuda_ipc.c: the contract's entry points, the
+ * domain, the ack reader and writer; cuda_ipc_copy.c: sends (the tensor's
+ * memory handle in the descriptor), receives (open, copy, close on the
+ * context's pool) and the table of this process's sends, through which a
+ * receiver in the same process finds the sender's pointer.
+ *
+ * Channel info, 96 bytes (version 1), all integers little-endian:
+ *   u8 version, u8 the sender's device index, u16 zero, u32 sender pid,
+ *   u64 token (the send's entry in the sender's table),
+ *   u64 offset of the tensor in its allocation, u64 allocation size,
+ *   64 bytes cudaIpcMemHandle_t of the allocation.
+ */
+#ifndef TP_CHANNEL_CUDA_IPC_IMPL_H
+#define TP_CHANNEL_CUDA_IPC_IMPL_H
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "channel/chan_ack.h"
+#include "channel/channel.h"
+#include "core/alloc.h"
+#include "core/cuda.h"
+#include "core/log.h"
+#include "core/wire.h"
+
+#define CIPC_INFO_VERSION 1u
+#define CIPC_INFO_LEN     (32u + TP_CUDA_IPC_HANDLE_LEN)
+_Static_assert(CIPC_INFO_LEN <= TP_CHAN_INFO_MAX, "fits the descriptor");
+
+// The channel info of one tensor, decoded.
+typedef struct tp__cipc_info {
+    int ci_dev;         // the sender's device index (as it numbers them)
+    uint32_t ci_pid;    // the sender's process
+    uint64_t ci_token;  // its send's entry in its table
+    uint64_t ci_offset; // the tensor in the allocation
+    uint64_t ci_size;   // the allocation, as the sender says
+    uint8_t ci_handle[TP_CUDA_IPC_HANDLE_LEN];
+} tp__cipc_info;
+
+void tp__cipc_info_encode(const tp__cipc_info *in, tp__chan_info *out);
+// Checks @in (from the peer) for a tensor of @len bytes: length, version,
+// reserved field, the tensor inside the allocation. False with @why
+// naming the field otherwise.
+bool tp__cipc_info_decode(const tp__chan_info *in, uint64_t len,
+                          tp__cipc_info *out, char *why, size_t why_len);
+
+// A copy on the pool: the receive @cp_op from the peer's memory.
+typedef struct cipc_copy {
+    tp_chan *cp_ch;
+    tp_chan_op *cp_op;
+    tp__cipc_info cp_info;
+    tp_error *cp_err;
+    tp_task cp_task;
+} cipc_copy;
+
+struct tp_chan {
+    tp_chan_env c_env;
+    tp_conn *c_conn;
+    tp_list c_sends;  // ops waiting for their ack (co_node)
+    tp_list c_acking; // copied receives whose ack is queued (co_node)
+    tp_list c_acked;  // copied receives whose ack is being written
+    tp_error *c_err;  // the connection broke while no op depended on it
+    tp_aio c_raio;
+    uint8_t c_rbuf[TP_CHAN_ACK_FRAME];
+    bool c_rbusy;
+    tp_aio c_waio;
+    tp__chan_wq c_wq;
+    bool c_wbusy;
+    bool c_closed;
+    bool c_destroy_req;
+    int c_copies; // copies on the pool
+    tp_task c_free_task;
+};
+
+// cuda_ipc.c
+// Fails the pipe with @err (taken) unless the channel is closed.
+void tp__cipc_fail(tp_chan *ch, tp_error *err);
+// Queues the ack of @op (a finished receive) and writes it; the receive
+// completes once it is written.
+void tp__cipc_ack(tp_chan *ch, tp_chan_op *op);
+void tp__cipc_maybe_free(tp_chan *ch);
+
+// cuda_ipc_copy.c
+void tp__cipc_send(tp_chan *ch, tp_chan_op *op);
+void tp__cipc_recv(tp_chan *ch, tp_chan_op *op);
+// A send completed or failed: its entry leaves the table.
+void tp__cipc_send_done(tp_chan_op *op);
+
+#endif

@@ -1,0 +1,489 @@
+// SPDX-License-Identifier: Apache-2.0
+// cuda_ipc_chan_test.c - the cuda_ipc channel, the pipes' device channel:
+// chosen beside the CPU channel when both ends have it; CUDA tensors go
+// through it with no host staging, to a CUDA or a host destination,
+// across processes (memory handles, a tensor inside a larger allocation)
+// and within one (two contexts: the sender's pointer by its token); the
+// write completes on the reader's ack; a reader that dies fails the write
+// promptly, naming it; a peer without it leaves CUDA tensors staged; the
+// info from the peer is checked field by field. Against the fake runtime
+// by default (cuda_env.h), the real one with TP_TEST_CUDA=real.
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <tpipe/pipe.h>
+#include <unistd.h>
+
+#include "channel/cuda_ipc/cuda_ipc_impl.h"
+#include "core/alloc.h"
+#include "core/cuda.h"
+#include "cuda_env.h"
+#include "tp_test.h"
+#include "tp_test_op.h"
+
+#define WAIT_MS 20000
+
+static const tp_device cpu = {TP_DEVICE_CPU, 0};
+
+static tp_device
+gpu(int i)
+{
+    return (tp_device){TP_DEVICE_CUDA, i};
+}
+
+static void
+fill(uint8_t *p, size_t n, unsigned seed)
+{
+    for (size_t i = 0; i < n; i++) {
+        p[i] = (uint8_t)(i * 13u + seed * 5u + (i >> 9));
+    }
+}
+
+// @n bytes of pattern @seed at offset @off of a new allocation on @dev
+// (*@base_p: what to free).
+static void *
+make_buf(tp_device dev, size_t off, size_t n, unsigned seed, void **base_p)
+{
+    uint8_t *h = tp__alloc(off + n + 1);
+    TP_CHECK(h != NULL);
+    memset(h, 0xee, off + n + 1);
+    fill(h + off, n, seed);
+    if (dev.type == TP_DEVICE_CPU) {
+        *base_p = h;
+        return h + off;
+    }
+    void *d = NULL;
+    tp_error *err = NULL;
+    TP_CHECK_OK(tp__cuda_alloc(dev.index, off + n + 1, &d, &err), err);
+    TP_CHECK_OK(tp__cuda_copy(d, dev.index, h, -1, off + n + 1, &err), err);
+    tp__free(h);
+    *base_p = d;
+    return (uint8_t *)d + off;
+}
+
+static void
+free_buf(tp_device dev, void *base)
+{
+    if (dev.type == TP_DEVICE_CPU) {
+        tp__free(base);
+    } else {
+        tp__cuda_free(dev.index, base);
+    }
+}
+
+static bool
+buf_ok(tp_device dev, const void *p, size_t n, unsigned seed)
+{
+    uint8_t *want = tp__alloc(n + 1);
+    uint8_t *got = tp__alloc(n + 1);
+    TP_CHECK(want != NULL && got != NULL);
+    fill(want, n, seed);
+    tp_error *err = NULL;
+    if (dev.type == TP_DEVICE_CPU) {
+        memcpy(got, p, n);
+    } else {
+        TP_CHECK_OK(tp__cuda_copy(got, -1, p, dev.index, n, &err), err);
+    }
+    bool ok = memcmp(want, got, n) == 0;
+    tp__free(want);
+    tp__free(got);
+    return ok;
+}
+
+static tp_context *
+make_ctx(const char *name, const char *channels)
+{
+    tp_context_options o;
+    tp_context_options_init(&o);
+    o.name = name;
+    o.transports = "tcp";
+    o.channels = channels;
+    tp_context *ctx = NULL;
+    tp_error *err = NULL;
+    TP_CHECK_OK(tp_context_create(&o, &ctx, &err), err);
+    return ctx;
+}
+
+static tp_pipe *
+accept_one(tp_pipe_listener *l)
+{
+    op acc;
+    op_init(&acc, WAIT_MS);
+    tp_pipe_listener_accept(l, acc.aio);
+    op_wait(&acc, WAIT_MS);
+    TP_CHECK_OK(tp_aio_status(acc.aio), tp_aio_error(acc.aio));
+    tp_pipe *p = tp_aio_get_output(acc.aio, 0);
+    op_fini(&acc);
+    return p;
+}
+
+static tp_message *
+read_desc(tp_pipe *p)
+{
+    op d;
+    op_init(&d, WAIT_MS);
+    tp_pipe_read_descriptor(p, d.aio);
+    op_wait(&d, WAIT_MS);
+    TP_CHECK_OK(tp_aio_status(d.aio), tp_aio_error(d.aio));
+    tp_message *m = tp_aio_get_output(d.aio, 0);
+    op_fini(&d);
+    return m;
+}
+
+static tp_status
+read_data(tp_pipe *p, tp_message *m, tp_error **err_p)
+{
+    op r;
+    op_init(&r, WAIT_MS);
+    tp_pipe_read(p, m, r.aio);
+    op_wait(&r, WAIT_MS);
+    tp_status st = tp_aio_status(r.aio);
+    *err_p = tp_error_ref(tp_aio_error(r.aio));
+    op_fini(&r);
+    return st;
+}
+
+static void
+report_has(tp_pipe *p, const char *needle)
+{
+    char *rep = tp_pipe_report(p);
+    TP_CHECK(rep != NULL);
+    TP_CHECK_STR_CONTAINS(rep, needle);
+    free(rep);
+}
+
+// ---- the info --------------------------------------------------------------
+
+static void
+info_round_trip_and_rejects(void)
+{
+    tp__cipc_info in = {3,    4242,    UINT64_C(0x1122334455667788),
+                        4096, 1 << 20, {0}};
+    for (unsigned i = 0; i < TP_CUDA_IPC_HANDLE_LEN; i++) {
+        in.ci_handle[i] = (uint8_t)(i * 7 + 1);
+    }
+    tp__chan_info ci;
+    memset(&ci, 0, sizeof(ci));
+    tp__cipc_info_encode(&in, &ci);
+    TP_CHECK_EQ(ci.ci_len, 96);
+    tp__cipc_info out;
+    char why[160];
+    TP_CHECK(
+        tp__cipc_info_decode(&ci, (1 << 20) - 4096, &out, why, sizeof(why)));
+    TP_CHECK(memcmp(&in, &out, sizeof(in)) == 0);
+    // One byte past the allocation; an offset past it; a wrapping length.
+    TP_CHECK(
+        !tp__cipc_info_decode(&ci, (1 << 20) - 4095, &out, why, sizeof(why)));
+    TP_CHECK_STR_CONTAINS(why, "1044481 bytes at offset 4096 pass the end of "
+                               "their allocation (1048576 bytes)");
+    in.ci_offset = (1 << 20) + 1;
+    tp__cipc_info_encode(&in, &ci);
+    TP_CHECK(!tp__cipc_info_decode(&ci, 0, &out, why, sizeof(why)));
+    in.ci_offset = 16;
+    tp__cipc_info_encode(&in, &ci);
+    TP_CHECK(
+        !tp__cipc_info_decode(&ci, UINT64_MAX - 8, &out, why, sizeof(why)));
+    // Every shorter length, a longer one, a version, the reserved field.
+    tp__cipc_info_encode(&in, &ci);
+    for (unsigned n = 0; n < 96; n++) {
+        ci.ci_len = (uint8_t)n;
+        TP_CHECK(!tp__cipc_info_decode(&ci, 1, &out, why, sizeof(why)));
+        TP_CHECK_STR_CONTAINS(why, "info bytes, expected 96");
+    }
+    ci.ci_len = 97;
+    TP_CHECK(!tp__cipc_info_decode(&ci, 1, &out, why, sizeof(why)));
+    ci.ci_len = 96;
+    ci.ci_bytes[0] = 2;
+    TP_CHECK(!tp__cipc_info_decode(&ci, 1, &out, why, sizeof(why)));
+    TP_CHECK_STR_CONTAINS(why, "info version 2 reserved 0x0000 (want 1, 0)");
+    ci.ci_bytes[0] = 1;
+    ci.ci_bytes[3] = 0x80;
+    TP_CHECK(!tp__cipc_info_decode(&ci, 1, &out, why, sizeof(why)));
+    TP_CHECK_STR_CONTAINS(why, "reserved 0x8000");
+}
+
+// ---- across processes ------------------------------------------------------
+
+enum { XP_N = (2 << 20) + 3, XP_OFF = 4096 + 7 };
+
+// The writer (child): three tensors, from the last device at an offset
+// inside its allocation, from cuda:0 (3 bytes), from the host.
+static void
+xp_writer(int rfd)
+{
+    char url[256] = "";
+    ssize_t k = read(rfd, url, sizeof(url) - 1);
+    if (k <= 0) {
+        _exit(3);
+    }
+    url[k] = '\0';
+    // Each process loads the runtime after the fork (a real one cannot
+    // cross it), before its context (so cuda_ipc is viable there).
+    cuda_env_setup();
+    tp_context *ctx = make_ctx("writer", NULL);
+    tp_pipe *p = NULL;
+    tp_error *err = NULL;
+    TP_CHECK_OK(tp_context_connect(ctx, url, &p, &err), err);
+    int last = tp__cuda_device_count() - 1;
+    void *b0, *b1, *b2;
+    tp_message *m = NULL;
+    TP_CHECK_OK(tp_message_create(0, 3, &m), NULL);
+    m->tensors[0] = (tp_msg_buf){make_buf(gpu(last), XP_OFF, XP_N, 1, &b0),
+                                 XP_N, gpu(last), false};
+    m->tensors[1] =
+        (tp_msg_buf){make_buf(gpu(0), 0, 3, 2, &b1), 3, gpu(0), false};
+    m->tensors[2] =
+        (tp_msg_buf){make_buf(cpu, 0, 70000, 3, &b2), 70000, cpu, false};
+    long before[7], after[7];
+    bool counted = cuda_env_counters(before);
+    op w;
+    op_init(&w, WAIT_MS);
+    tp_pipe_write(p, m, w.aio);
+    op_wait(&w, WAIT_MS);
+    TP_CHECK_OK(tp_aio_status(w.aio), tp_aio_error(w.aio));
+    op_fini(&w);
+    if (counted) {
+        cuda_env_counters(after);
+        // No staging: no device-to-host copy, no pinned buffer.
+        TP_CHECK_EQ(after[3], before[3]);
+        TP_CHECK_EQ(after[1], before[1]);
+    }
+    report_has(p, "cuda tensors by cuda_ipc");
+    free_buf(gpu(last), b0);
+    free_buf(gpu(0), b1);
+    free_buf(cpu, b2);
+    tp_message_destroy(m);
+    tp_pipe_unref(p);
+    tp_context_destroy(ctx);
+    _exit(0);
+}
+
+static void
+ipc_cross_process(void)
+{
+    int fds[2];
+    TP_CHECK(pipe(fds) == 0);
+    pid_t pid = fork();
+    TP_CHECK(pid >= 0);
+    if (pid == 0) {
+        close(fds[1]);
+        xp_writer(fds[0]);
+    }
+    close(fds[0]);
+    cuda_env_setup();
+    tp_context *ctx = make_ctx("reader", NULL);
+    tp_pipe_listener *l = NULL;
+    tp_error *err = NULL;
+    const char *lo = "tcp://127.0.0.1:0";
+    TP_CHECK_OK(tp_context_listen(ctx, &lo, 1, &l, &err), err);
+    const char *url = tp_pipe_listener_addr(l, NULL);
+    TP_CHECK(write(fds[1], url, strlen(url)) == (ssize_t)strlen(url));
+    close(fds[1]);
+    tp_pipe *p = accept_one(l);
+    report_has(p, "channel cuda_ipc: chosen for cuda tensors");
+    tp_message *r = read_desc(p);
+    TP_CHECK_EQ(r->ntensors, 3);
+    int last = tp__cuda_device_count() - 1;
+    TP_CHECK_EQ(r->tensors[0].device.index, last);
+    r->tensors[0].device = gpu(0);    // CUDA -> CUDA, by the handle
+    r->tensors[1].device = cpu;       // CUDA -> host, by the handle
+    r->tensors[2].device = gpu(last); // host -> CUDA: staged
+    long before[7], after[7];
+    bool counted = cuda_env_counters(before);
+    TP_CHECK_OK(read_data(p, r, &err), err);
+    if (counted) {
+        cuda_env_counters(after);
+        TP_CHECK_EQ(after[4] - before[4], 1); // d2d: tensor 0
+        TP_CHECK_EQ(after[3] - before[3], 1); // d2h: tensor 1
+        TP_CHECK_EQ(after[2] - before[2], 1); // h2d: tensor 2's staging
+        TP_CHECK_EQ(after[1] - before[1], 0); // no pinned buffer left
+    }
+    TP_CHECK(buf_ok(gpu(0), r->tensors[0].data, XP_N, 1));
+    TP_CHECK(buf_ok(cpu, r->tensors[1].data, 3, 2));
+    TP_CHECK(buf_ok(gpu(last), r->tensors[2].data, 70000, 3));
+    tp_message_destroy(r);
+    int status = 0;
+    TP_CHECK(waitpid(pid, &status, 0) == pid);
+    TP_CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+              "the writer process failed (status 0x%x)", status);
+    tp_pipe_unref(p);
+    tp_pipe_listener_destroy(l);
+    tp_context_destroy(ctx);
+}
+
+// A reader that dies before it reads the data: the write, waiting for its
+// ack, fails promptly and names the peer.
+static void
+ipc_reader_dies(void)
+{
+    int fds[2];
+    TP_CHECK(pipe(fds) == 0);
+    pid_t pid = fork();
+    TP_CHECK(pid >= 0);
+    if (pid == 0) {
+        close(fds[0]);
+        cuda_env_setup();
+        tp_context *ctx = make_ctx("reader", NULL);
+        tp_pipe_listener *l = NULL;
+        tp_error *err = NULL;
+        const char *lo = "tcp://127.0.0.1:0";
+        TP_CHECK_OK(tp_context_listen(ctx, &lo, 1, &l, &err), err);
+        const char *url = tp_pipe_listener_addr(l, NULL);
+        TP_CHECK(write(fds[1], url, strlen(url)) == (ssize_t)strlen(url));
+        close(fds[1]);
+        tp_pipe *p = accept_one(l);
+        tp_message *r = read_desc(p);
+        (void)r;
+        _exit(0); // dies holding the descriptor
+    }
+    close(fds[1]);
+    cuda_env_setup();
+    char url[256] = "";
+    ssize_t k = read(fds[0], url, sizeof(url) - 1);
+    TP_CHECK(k > 0);
+    url[k] = '\0';
+    close(fds[0]);
+    tp_context *ctx = make_ctx("writer", NULL);
+    tp_pipe *p = NULL;
+    tp_error *err = NULL;
+    TP_CHECK_OK(tp_context_connect(ctx, url, &p, &err), err);
+    void *base;
+    tp_message *m = NULL;
+    TP_CHECK_OK(tp_message_create(0, 1, &m), NULL);
+    m->tensors[0] = (tp_msg_buf){make_buf(gpu(0), 0, 1 << 20, 4, &base),
+                                 1 << 20, gpu(0), false};
+    op w;
+    op_init(&w, 10000);
+    tp_pipe_write(p, m, w.aio);
+    TP_CHECK(op_wait_for(&w, 10000)); // not the 20 s of any deadline
+    TP_CHECK(tp_aio_status(w.aio) != TP_OK);
+    TP_CHECK_STR_CONTAINS(tp_error_message(tp_aio_error(w.aio)), "reader at");
+    fprintf(stderr, "the write: %s\n", tp_error_message(tp_aio_error(w.aio)));
+    op_fini(&w);
+    int status = 0;
+    TP_CHECK(waitpid(pid, &status, 0) == pid);
+    free_buf(gpu(0), base);
+    tp_message_destroy(m);
+    tp_pipe_unref(p);
+    tp_context_destroy(ctx);
+}
+
+// ---- one process: two contexts ---------------------------------------------
+
+typedef struct pair {
+    tp_context *a, *b;
+    tp_pipe_listener *l;
+    tp_pipe *pa, *pb;
+} pair;
+
+static void
+pair_open(pair *pr, const char *b_channels)
+{
+    pr->a = make_ctx("alice", NULL);
+    pr->b = make_ctx("bob", b_channels);
+    tp_error *err = NULL;
+    const char *url = "tcp://127.0.0.1:0";
+    TP_CHECK_OK(tp_context_listen(pr->a, &url, 1, &pr->l, &err), err);
+    TP_CHECK_OK(tp_context_connect(pr->b, tp_pipe_listener_addr(pr->l, NULL),
+                                   &pr->pb, &err),
+                err);
+    pr->pa = accept_one(pr->l);
+    TP_CHECK_OK(tp_pipe_wait_ready(pr->pb, WAIT_MS, &err), err);
+}
+
+static void
+pair_close(pair *pr)
+{
+    tp_pipe_unref(pr->pa);
+    tp_pipe_unref(pr->pb);
+    tp_pipe_listener_destroy(pr->l);
+    tp_context_destroy(pr->b);
+    tp_context_destroy(pr->a);
+}
+
+// The runtime cannot open a handle of its own process: the receiver finds
+// the sender's pointer by its token. The write completes only once the
+// reader copied (its ack).
+static void
+ipc_same_process_and_ack(void)
+{
+    cuda_env_setup();
+    if (tp__cuda_device_count() < 2) {
+        tp_test_skip("needs 2 CUDA devices");
+    }
+    pair pr;
+    pair_open(&pr, NULL);
+    report_has(pr.pb, "cuda tensors by cuda_ipc");
+    void *base;
+    size_t n = (1 << 20) + 11;
+    tp_message *m = NULL;
+    TP_CHECK_OK(tp_message_create(0, 1, &m), NULL);
+    m->tensors[0] =
+        (tp_msg_buf){make_buf(gpu(1), 512, n, 7, &base), n, gpu(1), false};
+    op w;
+    op_init(&w, WAIT_MS);
+    tp_pipe_write(pr.pb, m, w.aio);
+    tp_message *r = read_desc(pr.pa);
+    TP_CHECK(!op_wait_for(&w, 300)); // no ack before the read
+    r->tensors[0].device = gpu(0);
+    tp_error *err = NULL;
+    TP_CHECK_OK(read_data(pr.pa, r, &err), err);
+    op_wait(&w, WAIT_MS);
+    TP_CHECK_OK(tp_aio_status(w.aio), tp_aio_error(w.aio));
+    op_fini(&w);
+    TP_CHECK(buf_ok(gpu(0), r->tensors[0].data, n, 7));
+    tp_message_destroy(r);
+    free_buf(gpu(1), base);
+    tp_message_destroy(m);
+    pair_close(&pr);
+}
+
+// One end without cuda_ipc: no device channel, CUDA tensors staged (a
+// device-to-host copy at the writer), the bytes arrive all the same.
+static void
+ipc_staged_when_peer_lacks_it(void)
+{
+    cuda_env_setup();
+    pair pr;
+    pair_open(&pr, "basic");
+    char *rep = tp_pipe_report(pr.pa);
+    TP_CHECK(rep != NULL);
+    TP_CHECK(strstr(rep, "cuda tensors by") == NULL);
+    TP_CHECK_STR_CONTAINS(rep, "channel cuda_ipc: the peer does not offer it");
+    free(rep);
+    void *base;
+    tp_message *m = NULL;
+    TP_CHECK_OK(tp_message_create(0, 1, &m), NULL);
+    m->tensors[0] =
+        (tp_msg_buf){make_buf(gpu(0), 0, 5000, 8, &base), 5000, gpu(0), false};
+    long before[7], after[7];
+    bool counted = cuda_env_counters(before);
+    op w;
+    op_init(&w, WAIT_MS);
+    tp_pipe_write(pr.pb, m, w.aio);
+    tp_message *r = read_desc(pr.pa);
+    tp_error *err = NULL;
+    TP_CHECK_OK(read_data(pr.pa, r, &err), err);
+    op_wait(&w, WAIT_MS);
+    TP_CHECK_OK(tp_aio_status(w.aio), tp_aio_error(w.aio));
+    op_fini(&w);
+    if (counted) {
+        cuda_env_counters(after);
+        TP_CHECK_EQ(after[3] - before[3], 1); // staged device-to-host
+    }
+    TP_CHECK(buf_ok(gpu(0), r->tensors[0].data, 5000, 8));
+    tp_message_destroy(r);
+    free_buf(gpu(0), base);
+    tp_message_destroy(m);
+    pair_close(&pr);
+}
+
+static const tp_test_case cases[] = {
+    TP_TEST_CASE(info_round_trip_and_rejects),
+    TP_TEST_CASE_T(ipc_cross_process, 60),
+    TP_TEST_CASE_T(ipc_reader_dies, 60),
+    TP_TEST_CASE_T(ipc_same_process_and_ack, 60),
+    TP_TEST_CASE_T(ipc_staged_when_peer_lacks_it, 60),
+};
+
+TP_TEST_MAIN(cases)
