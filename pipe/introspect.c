@@ -141,6 +141,7 @@ tp_info_channels(unsigned flags, tp_backend_info *out, size_t cap, size_t *n_p,
         tp_backend_info *e = &out[i];
         info_entry(e, reg[i]->name, (unsigned)i);
         e->viable = reg[i]->is_viable(&cfg, e->reason, sizeof(e->reason));
+        e->device_channel = !(reg[i]->devices & TP_CHAN_DEV_CPU_CPU);
         if (e->viable) {
             e->reason[0] = '\0';
         }

@@ -20,12 +20,37 @@ tool_backend_list(tool_backend_kind kind, tp_backend_info *out, size_t *n_p)
     } else if (*n_p > TP_INFO_MAX) {
         *n_p = TP_INFO_MAX;
     }
+    if (kind == TOOL_PIPE_CHANNEL) {
+        // Device channels are taken beside the pipe's channel, never as it.
+        size_t k = 0;
+        for (size_t i = 0; i < *n_p; i++) {
+            if (!out[i].device_channel) {
+                out[k++] = out[i];
+            }
+        }
+        *n_p = k;
+    }
 }
 
 const char *
 tool_backend_kind_name(tool_backend_kind kind)
 {
     return kind == TOOL_TRANSPORT ? "transport" : "channel";
+}
+
+void
+tool_device_channels(char *buf, size_t len)
+{
+    tp_backend_info all[TP_INFO_MAX];
+    size_t n = 0, off = 0;
+    tool_backend_list(TOOL_CHANNEL, all, &n);
+    buf[0] = '\0';
+    for (size_t i = 0; i < n && off < len; i++) {
+        if (all[i].device_channel) {
+            off += (size_t)snprintf(buf + off, len - off, "%s%s",
+                                    off ? "," : "", all[i].name);
+        }
+    }
 }
 
 void

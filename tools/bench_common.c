@@ -487,6 +487,9 @@ bench_backends(const char *what, tool_backend_kind kind, bool viable_only,
         return 0;
     }
     for (size_t i = 0; i < n && i < TP_INFO_MAX && kept < cap; i++) {
+        if (kind == TOOL_PIPE_CHANNEL && all[i].device_channel) {
+            continue; // taken beside the pipe's channel (--device)
+        }
         if (viable_only && !all[i].viable) {
             char label[64];
             snprintf(label, sizeof(label), "%s %s",

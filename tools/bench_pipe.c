@@ -188,8 +188,9 @@ bp_done_cb(void *arg, bench_cell *cell)
 {
     bp_done *d = arg;
     size_t i = cell->bc_index % d->pd_opts->bo_com.bo_nsizes;
-    double g = bp_print_cell(d->pd_out, d->pd_opts, d->pd_run->pr_combo,
-                             d->pd_run->pr_transport, cell);
+    double g =
+        bp_print_cell(d->pd_out, d->pd_opts, d->pd_run->pr_combo,
+                      d->pd_run->pr_transport, d->pd_run->pr_dchannel, cell);
     (cell->bc_stream ? d->pd_res->pr_stream_gbps : d->pd_res->pr_p50_us)[i] = g;
 }
 

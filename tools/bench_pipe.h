@@ -76,6 +76,9 @@ typedef struct bp_opts {
     // them) and where the serving side receives them (bo_dst). bo_cuda:
     // either is a CUDA device.
     const char *bo_device;
+    // --device-channel: the device channel the contexts allow beside the
+    // pipe's channel (NULL: every one built; "none": CUDA tensors staged).
+    const char *bo_device_channel;
     tp_device bo_src;
     tp_device bo_dst;
     bool bo_cuda;
@@ -153,6 +156,7 @@ typedef struct bp_run {
     const bp_opts *pr_opts;
     const bp_combo *pr_combo;
     char pr_transport[32]; // negotiated
+    char pr_dchannel[32];  // the device channel negotiated ("" none)
     char pr_err[2048];
 } bp_run;
 
@@ -239,7 +243,7 @@ void bp_out_init(const bp_opts *o, bench_out *out);
 // Prints one cell (its medians) of combination @cb, which negotiated
 // transport @tr; returns the median GB/s (stream) or p50 us (pingpong).
 double bp_print_cell(bench_out *out, const bp_opts *o, const bp_combo *cb,
-                     const char *tr, bench_cell *cell);
+                     const char *tr, const char *dch, bench_cell *cell);
 // Prints a baseline row: cudaMemcpy of @size bytes from @src to @dst,
 // @test ("copy_d2d", ...), the median GB/s over @reps of @iters copies.
 void bp_print_copy(bench_out *out, const bp_opts *o, const char *test,

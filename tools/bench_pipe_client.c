@@ -539,6 +539,8 @@ bp_client_run(bp_run *r, const char *url, bench_cell *cells)
         tr = tr ? tr : "?";
         ch = ch ? ch : "?";
         snprintf(r->pr_transport, sizeof(r->pr_transport), "%s", tr);
+        const char *dch = tp_pipe_device_channel(p);
+        snprintf(r->pr_dchannel, sizeof(r->pr_dchannel), "%s", dch ? dch : "");
         bool tr_ok = *cb->bc_expect != '\0'
                          ? strcmp(cb->bc_expect, tr) == 0
                          : strstr(cb->bc_transports, tr) != NULL;

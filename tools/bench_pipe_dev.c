@@ -154,6 +154,26 @@ bp_dev_check(bp_opts *o)
     }
     o->bo_cuda =
         o->bo_src.type == TP_DEVICE_CUDA || o->bo_dst.type == TP_DEVICE_CUDA;
+    const char *dch = o->bo_device_channel;
+    if (dch != NULL && !o->bo_cuda) {
+        tool_err("bench pipe: --device-channel %s: only with a CUDA --device "
+                 "(CPU tensors never take a device channel)",
+                 dch);
+        return TOOL_EXIT_USAGE;
+    }
+    if (dch != NULL && strcmp(dch, "none") != 0) {
+        char list[96];
+        tool_device_channels(list, sizeof(list));
+        size_t n = strlen(dch);
+        const char *hit = strstr(list, dch);
+        if (n == 0 || hit == NULL || (hit != list && hit[-1] != ',') ||
+            (hit[n] != '\0' && hit[n] != ',')) {
+            tool_err("bench pipe: --device-channel %s: not a device channel "
+                     "built here (valid: %s%snone)",
+                     dch, list, list[0] ? ", " : "");
+            return TOOL_EXIT_USAGE;
+        }
+    }
     if (!o->bo_cuda) {
         return -1;
     }
@@ -354,6 +374,7 @@ bp_run_rep_isolated(bp_opts *o, bp_run *r, bench_cell *cells)
         out = (bp_outcome)sh->is_outcome;
         memcpy(r->pr_transport, sh->is_run.pr_transport,
                sizeof(r->pr_transport));
+        memcpy(r->pr_dchannel, sh->is_run.pr_dchannel, sizeof(r->pr_dchannel));
         memcpy(r->pr_err, sh->is_run.pr_err, sizeof(r->pr_err));
     } else {
         snprintf(r->pr_err, sizeof(r->pr_err),

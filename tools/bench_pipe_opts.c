@@ -269,7 +269,8 @@ bp_parse_args(int argc, char **argv, bp_opts *o)
     uint64_t npayloads = 0, lanes = 0;
     o->bo_payload_size = 64;
     uint64_t pairs = 2;
-    bench_opt opts[BENCH_OPTS_N + 12] = {
+    enum { BP_OWN_OPTS = 13 }; // the entries below
+    bench_opt opts[BENCH_OPTS_N + BP_OWN_OPTS] = {
         {"--transport", NULL, BENCH_OPT_STR, &transports, 0, 0, "NAME|all",
          "transports (comma list; default all: every viable\none, best "
          "first, as tpipe info lists them)"},
@@ -302,12 +303,17 @@ bp_parse_args(int argc, char **argv, bp_opts *o)
         {"--pairs", NULL, BENCH_OPT_U64, &pairs, 1, BP_MAX_PAIRS, "N",
          "msgrate: pairs of processes streaming at once\n(default 2, max "
          "64; launched: WORLD_SIZE / 2)"},
+        {"--device-channel", NULL, BENCH_OPT_STR, &o->bo_device_channel, 0, 0,
+         "NAME|none",
+         "with --device cuda: the device channel the\npipe may use beside "
+         "--channel (default:\nany built, e.g. cuda_ipc); none = staged\n"
+         "through host memory"},
         {"--device", NULL, BENCH_OPT_STR, &o->bo_device, 0, 0, "SPEC",
          "where the tensors are: cpu (default), cuda:N, or\nSRC->DST / "
          "SRC,DST (sender's, receiver's), e.g.\ncuda:0,cpu; adds cudaMemcpy "
          "baseline rows;\nexit 77 where CUDA is not usable"},
     };
-    size_t n = 12 + bench_opts_table(&o->bo_com, opts + 12);
+    size_t n = BP_OWN_OPTS + bench_opts_table(&o->bo_com, opts + BP_OWN_OPTS);
     for (size_t i = 0; i < n; i++) {
         if (strcmp(opts[i].opt_name, "--test") == 0) {
             opts[i].opt_arg = "pingpong|stream|bibw|msgrate|all";
@@ -374,8 +380,8 @@ bp_parse_args(int argc, char **argv, bp_opts *o)
         !bp_parse_names("transport", TOOL_TRANSPORT, transports, tbuf,
                         sizeof(tbuf), o->bo_transports, &o->bo_ntransports,
                         &o->bo_all_transports) ||
-        !bp_parse_names("channel", TOOL_CHANNEL, channels, cbuf, sizeof(cbuf),
-                        o->bo_channels, &o->bo_nchannels,
+        !bp_parse_names("channel", TOOL_PIPE_CHANNEL, channels, cbuf,
+                        sizeof(cbuf), o->bo_channels, &o->bo_nchannels,
                         &o->bo_all_channels)) {
         return TOOL_EXIT_USAGE;
     }

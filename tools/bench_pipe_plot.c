@@ -154,7 +154,11 @@ static bench_col bp_cols[] = {
     {"Mmsg/s", 9, "msgs_per_s", BENCH_COL_NUM, -1},
     {NULL, 0, "device_src", BENCH_COL_STR, 0},
     {NULL, 0, "device_dst", BENCH_COL_STR, 0},
+    // --device cuda: the pipe's device channel ("" = staged through host
+    // memory on the pipe's channel); hidden otherwise (bp_out_init).
+    {"dchannel", -8, "device_channel", BENCH_COL_STR, 0},
 };
+#define BP_COL_DCHANNEL (TP_ARRAY_LEN(bp_cols) - 1)
 
 // The device values of a row: "cuda:0->cpu" and its two halves.
 typedef struct bp_dev_strs {
@@ -173,13 +177,14 @@ void
 bp_out_init(const bp_opts *o, bench_out *out)
 {
     bp_cols[BP_COL_DEVICE].col_width = o->bo_cuda ? -14 : 0;
+    bp_cols[BP_COL_DCHANNEL].col_width = o->bo_cuda ? -8 : 0;
     bench_out_init(out, "pipe", bp_cols, TP_ARRAY_LEN(bp_cols),
                    o->bo_com.bo_json);
 }
 
 double
 bp_print_cell(bench_out *out, const bp_opts *o, const bp_combo *cb,
-              const char *tr, bench_cell *cell)
+              const char *tr, const char *dch, bench_cell *cell)
 {
     bench_medians m;
     if (!bench_cell_medians(cell, &m)) {
@@ -216,6 +221,7 @@ bp_print_cell(bench_out *out, const bp_opts *o, const bp_combo *cb,
          .v_prec = o->bo_com.bo_json ? 0 : 3},
         {.v_str = d.ds_src},
         {.v_str = d.ds_dst},
+        {.v_str = o->bo_cuda ? (*dch ? dch : "staged") : ""},
     };
     bench_out_row(out, v);
     return cell->bc_stream ? m.bm_gbps : m.bm_p50;
@@ -247,6 +253,7 @@ bp_print_copy(bench_out *out, const bp_opts *o, const char *test, tp_device src,
         {.v_num = NAN, .v_prec = o->bo_com.bo_json ? 0 : 3},
         {.v_str = d.ds_src},
         {.v_str = d.ds_dst},
+        {.v_str = NULL},
     };
     bench_out_row(out, v);
 }

@@ -297,6 +297,20 @@ bp_context(const bp_opts *o, const bp_combo *c, const char *name,
     co.name = name;
     co.transports = c->bc_transports;
     co.channels = c->bc_channel;
+    // CUDA tensors: the device channel beside the pipe's (--device-channel).
+    char chans[128];
+    if (o->bo_cuda && (o->bo_device_channel == NULL ||
+                       strcmp(o->bo_device_channel, "none") != 0)) {
+        char dev[96];
+        if (o->bo_device_channel != NULL) {
+            snprintf(dev, sizeof(dev), "%s", o->bo_device_channel);
+        } else {
+            tool_device_channels(dev, sizeof(dev));
+        }
+        snprintf(chans, sizeof(chans), "%s%s%s", c->bc_channel,
+                 dev[0] ? "," : "", dev);
+        co.channels = chans;
+    }
     co.mpt_lanes = o->bo_lanes;
     tp_error *err = NULL;
     if (tp_context_create(&co, ctx_p, &err) != TP_OK) {

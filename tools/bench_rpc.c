@@ -288,8 +288,9 @@ br_parse_args(int argc, char **argv, br_opts *o)
         }
     }
     if (o->bo_channel != NULL &&
-        !tool_backend_known(TOOL_CHANNEL, o->bo_channel)) {
-        tool_backend_unknown("bench rpc", TOOL_CHANNEL, o->bo_channel, NULL);
+        !tool_backend_known(TOOL_PIPE_CHANNEL, o->bo_channel)) {
+        tool_backend_unknown("bench rpc", TOOL_PIPE_CHANNEL, o->bo_channel,
+                             NULL);
         return TOOL_EXIT_USAGE;
     }
     if (!bench_env_check()) {

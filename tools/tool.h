@@ -75,9 +75,12 @@ void tool_table_fini(tool_table *t);
 
 typedef enum tool_backend_kind {
     TOOL_TRANSPORT,
-    TOOL_CHANNEL,
+    TOOL_CHANNEL,      // every channel (TP_CHANNELS)
+    TOOL_PIPE_CHANNEL, // those a pipe may take as its channel (not cuda_ipc)
 } tool_backend_kind;
 
+// The device channels compiled in, comma-separated ("cuda_ipc"; "" none).
+void tool_device_channels(char *buf, size_t len);
 // "transport" or "channel".
 const char *tool_backend_kind_name(tool_backend_kind kind);
 // The names compiled in, best first: "shm, tcp".

@@ -74,6 +74,10 @@ typedef struct tp_backend_info {
     /** With TP_INFO_PROBE: why creating or listening failed although the
      * transport is viable; empty when it worked. */
     char error[TP_INFO_TEXT_MAX];
+    /** Channels: a device channel (cuda_ipc), which carries only tensors
+     * on a CUDA device at the writer: a pipe takes it beside its channel,
+     * never as its channel (docs/cuda.md). */
+    bool device_channel;
 } tp_backend_info;
 
 /**

@@ -25,7 +25,9 @@ fail() {
 }
 [ -f "$FAKE" ] || fail "no fake runtime at $FAKE"
 mkdir "$TMP/lib"
-for n in libcudart.so.13 libcudart.so.12 libcudart.so; do
+# The fake also stands for the driver (libcuda.so.1: cuda_ipc asks it for
+# an allocation's range).
+for n in libcudart.so.13 libcudart.so.12 libcudart.so libcuda.so.1; do
   ln -s "$FAKE" "$TMP/lib/$n"
 done
 export LD_LIBRARY_PATH="$TMP/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -42,6 +44,8 @@ check() {
 import json, math, sys
 name, src, dst, tests, reps, modes, copies = sys.argv[1:8]
 tmp = __import__("os").environ["TMP"]
+# The device channel the rows must name: "staged" unless DCH says.
+dch = __import__("os").environ.get("DCH", "staged")
 # A launched job's lines carry tpipe run's "[0] ".
 rows = [json.loads(l[l.index("{"):])
         for l in open("%s/%s.jsonl" % (tmp, name)) if l.strip()]
@@ -52,6 +56,7 @@ for r in pipe:
     assert r["device_src"] == src and r["device_dst"] == dst, r
     assert r["reps"] == int(reps) and r["iters"] >= 10, r
     assert r["mode"] in modes.split(","), r
+    assert r["device_channel"] == dch, r
     if r["test"] == "pingpong":
         assert r["p50_us"] > 0 and r["gbps"] is None, r
     else:
@@ -96,6 +101,21 @@ check h2d cpu cuda:1 pingpong,stream 2 proc \
 run bibw --device 'cuda:0->cuda:1' --transport tcp --channel basic \
   --test bibw "${common[@]}"
 check bibw cuda:0 cuda:1 bibw 1 proc "copy_d2d@cuda:0>cuda:1"
+
+# cuda_ipc, the device channel: off here by default (no NVIDIA driver,
+# /dev/nvidiactl), on with TP_CUDA_IPC=on (the fake needs no driver); the
+# bytes are checked by the bench's stamps. --device-channel none stages.
+TP_CUDA_IPC=on run ipc --device cuda:0,cpu --transport tcp --channel basic \
+  "${common[@]}"
+DCH=cuda_ipc check ipc cuda:0 cpu pingpong,stream 1 proc \
+  "copy_d2d@cuda:0>cuda:0,copy_d2h@cuda:0>cpu"
+TP_CUDA_IPC=on run ipc_xth --device 'cuda:1->cuda:0' --transport tcp \
+  --channel xth "${common[@]}"
+DCH=cuda_ipc check ipc_xth cuda:1 cuda:0 pingpong,stream 1 thread \
+  "copy_d2d@cuda:1>cuda:0"
+TP_CUDA_IPC=on run ipc_none --device cuda:0 --device-channel none \
+  --transport tcp --channel basic "${common[@]}"
+check ipc_none cuda:0 cuda:0 pingpong,stream 1 proc "copy_d2d@cuda:0>cuda:0"
 
 # The table has the device column and the baseline rows.
 timeout -k 5 60 "$TPIPE" bench pipe --device cuda:1 --transport tcp \
@@ -165,4 +185,8 @@ usage '--device cuda:0->: not a device spec' --device 'cuda:0->'
 usage '--device cuda:0,cuda:1,cpu: not a device spec' --device cuda:0,cuda:1,cpu
 usage '--device cpu,cuda:2: no CUDA device 2 here (2 devices' --device cpu,cuda:2
 usage '--test msgrate measures CPU messages only' --device cuda:0 --test msgrate
+usage '--device-channel nope: not a device channel built here (valid: cuda_ipc, none)' \
+  --device cuda:0 --device-channel nope
+usage '--device-channel cuda_ipc: only with a CUDA --device' \
+  --device-channel cuda_ipc
 echo "bench_pipe_cuda_test: ok"

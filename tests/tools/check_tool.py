@@ -3,14 +3,16 @@
 """check_tool.py - run the tpipe command and check its exit status and output.
 
 usage: check_tool.py [--exit N] [--stderr-has S]... [--stdout-has S]...
-                     [--json-object] [--bench-json TRANSPORT] [--min-lines N]
+                     [--stderr-re RE]... [--stdout-re RE]... [--json-object] [--bench-json TRANSPORT] [--min-lines N]
                      [--timeout S] -- COMMAND...
 
+--stderr-re RE      stderr matches the Python regular expression RE (search)
 --json-object       stdout is exactly one JSON object
 --bench-json TR     every stdout line is a JSON object of the bench transport
                     schema, for transport TR (required keys, types, sanity)
 """
 import json
+import re
 import math
 import subprocess
 import sys
@@ -83,6 +85,7 @@ def main(argv):
     opts, cmd = argv[1:sep], argv[sep + 1:]
     want_exit, timeout, min_lines = 0, 300, 1
     stderr_has, stdout_has = [], []
+    stderr_re, stdout_re = [], []  # Python regular expressions (re.search)
     json_object, bench_tr = False, None
     i = 0
     while i < len(opts):
@@ -93,6 +96,10 @@ def main(argv):
             stderr_has.append(opts[i + 1]); i += 1
         elif o == "--stdout-has":
             stdout_has.append(opts[i + 1]); i += 1
+        elif o == "--stdout-re":
+            stdout_re.append(opts[i + 1]); i += 1
+        elif o == "--stderr-re":
+            stderr_re.append(opts[i + 1]); i += 1
         elif o == "--json-object":
             json_object = True
         elif o == "--bench-json":
@@ -122,6 +129,12 @@ def main(argv):
     for s in stdout_has:
         if s not in out:
             fail("stdout does not contain %r" % s, out, err)
+    for r in stderr_re:
+        if re.search(r, err) is None:
+            fail("stderr does not match %r" % r, out, err)
+    for r in stdout_re:
+        if re.search(r, out) is None:
+            fail("stdout does not match %r" % r, out, err)
     if json_object:
         try:
             o = json.loads(out)
