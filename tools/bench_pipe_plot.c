@@ -221,7 +221,7 @@ bp_print_cell(bench_out *out, const bp_opts *o, const bp_combo *cb,
          .v_prec = o->bo_com.bo_json ? 0 : 3},
         {.v_str = d.ds_src},
         {.v_str = d.ds_dst},
-        {.v_str = o->bo_cuda ? (*dch ? dch : "staged") : ""},
+        {.v_str = o->bo_cuda ? (*dch ? dch : "staged") : NULL},
     };
     bench_out_row(out, v);
     return cell->bc_stream ? m.bm_gbps : m.bm_p50;
