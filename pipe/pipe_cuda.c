@@ -22,6 +22,7 @@
 
 #include "core/alloc.h"
 #include "core/cuda.h"
+#include "core/log.h"
 #include "pipe_impl.h"
 
 tp_status
@@ -76,6 +77,35 @@ tp__pipe_cuda_free_stage(tp__cuda_stage *stage, uint32_t n)
     tp__free(stage);
 }
 
+// A host buffer of @n bytes for tensor @i into @s: page-locked (the copy
+// is a DMA), else (cudaMallocHost failed: the pinned limit, no memory
+// left for it) pageable memory, which the runtime copies through its own
+// bounce buffer, slower but it works. TP_ENOMEM when neither is there.
+static tp_status
+stage_host(size_t n, tp__cuda_stage *s, const char *side, uint32_t i,
+           tp_error **err_p)
+{
+    tp_error *e = NULL;
+    if (tp__cuda_host_alloc(n, &s->cs_host, &e) == TP_OK) {
+        s->cs_pinned = true;
+        return TP_OK;
+    }
+    TP_LOG_DEBUG("TP-CUDA-PAGEABLE",
+                 "%s: tensor %" PRIu32 ": %zu bytes of page-locked memory "
+                 "refused (%s): staging through pageable memory",
+                 side, i, n, tp_error_message(e));
+    tp_error_unref(e);
+    s->cs_pinned = false;
+    s->cs_host = tp__alloc(n ? n : 1);
+    if (s->cs_host == NULL) {
+        return tp__error_set(err_p, TP_ENOMEM,
+                             "%s: tensor %" PRIu32 ": out of memory for %zu "
+                             "bytes of cuda staging",
+                             side, i, n);
+    }
+    return TP_OK;
+}
+
 tp_status
 tp__pipe_cuda_stage_out(const tp_message *m, bool direct,
                         tp__cuda_stage **stage_p, tp_error **err_p)
@@ -110,10 +140,8 @@ tp__pipe_cuda_stage_out(const tp_message *m, bool direct,
                                      "write: out of memory (cuda staging)");
             }
         }
-        tp_status st =
-            tp__cuda_host_alloc((size_t)b->len, &stage[i].cs_host, err_p);
+        tp_status st = stage_host((size_t)b->len, &stage[i], "write", i, err_p);
         if (st == TP_OK) {
-            stage[i].cs_pinned = true;
             st = tp__cuda_copy(stage[i].cs_host, -1, b->data, b->device.index,
                                (size_t)b->len, err_p);
         }
@@ -161,9 +189,12 @@ tp__pipe_cuda_stage_in(tp_message *m, const bool *via, tp__cuda_stage **stage_p,
             continue; // the device channel writes the device memory itself
         }
         if (st == TP_OK) {
-            st = tp__cuda_host_alloc((size_t)b->len, &stage[i].cs_host, &e);
-            stage[i].cs_pinned = st == TP_OK;
-            stage[i].cs_copy = st == TP_OK;
+            if (stage_host((size_t)b->len, &stage[i], "read", i, err_p) !=
+                TP_OK) {
+                tp__pipe_cuda_free_stage(stage, m->ntensors);
+                return TP_ENOMEM;
+            }
+            stage[i].cs_copy = true;
         }
         if (st != TP_OK) {
             if (*stage_err_p == NULL) {

@@ -396,6 +396,44 @@ no_device_refused_with_reason(void)
     pair_close(&pr);
 }
 
+// Page-locked memory refused (the fake's FAKE_CUDA_NO_PINNED): both ends
+// stage through pageable memory, and the bytes arrive.
+static void
+pinned_refused_stages_pageable(void)
+{
+    if (!cuda_env_fake()) {
+        tp_test_skip("needs the fake runtime (FAKE_CUDA_NO_PINNED)");
+    }
+    setenv("FAKE_CUDA_NO_PINNED", "1", 1);
+    cuda_env_setup();
+    pair pr;
+    TP_CHECK(pair_open(&pr, "basic"));
+    static const size_t n = 100003;
+    tp_message *m = NULL;
+    TP_CHECK_OK(tp_message_create(0, 1, &m), NULL);
+    m->tensors[0] = (tp_msg_buf){make_buf(gpu(0), n, 9), n, gpu(0), false};
+    long before[7], after[7];
+    TP_CHECK(cuda_env_counters(before));
+    op w;
+    write_async(pr.pb, m, &w);
+    tp_message *r = read_desc(pr.pa);
+    r->tensors[0].device = gpu(1);
+    tp_error *err = NULL;
+    TP_CHECK_OK(read_data(pr.pa, r, &err), err);
+    op_wait(&w, WAIT_MS);
+    TP_CHECK_OK(tp_aio_status(w.aio), tp_aio_error(w.aio));
+    op_fini(&w);
+    TP_CHECK(cuda_env_counters(after));
+    TP_CHECK_EQ(after[3] - before[3], 1); // staged out, device-to-host
+    TP_CHECK_EQ(after[2] - before[2], 1); // staged in, host-to-device
+    TP_CHECK_EQ(after[1], 0);             // never a pinned buffer
+    TP_CHECK(buf_ok(gpu(1), r->tensors[0].data, n, 9));
+    tp_message_destroy(r);
+    free_buf(gpu(0), m->tensors[0].data);
+    tp_message_destroy(m);
+    pair_close(&pr);
+}
+
 // Across processes (the channels a real job uses: shm with cma where the
 // host allows it): the writer, a forked child with its own runtime and
 // context, sends from its cuda:1; the reader receives on its cuda:0.
@@ -493,6 +531,7 @@ static const tp_test_case cases[] = {
     TP_TEST_CASE(read_to_missing_device_fails_only_the_read),
     TP_TEST_CASE(payload_on_device_refused),
     TP_TEST_CASE(no_device_refused_with_reason),
+    TP_TEST_CASE(pinned_refused_stages_pageable),
     TP_TEST_CASE_T(cross_process, 60),
 };
 

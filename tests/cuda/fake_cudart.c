@@ -219,6 +219,11 @@ cudaFree(void *devPtr)
 cudaError_t
 cudaMallocHost(void **ptr, size_t size)
 {
+    // FAKE_CUDA_NO_PINNED=1: page-locked memory is refused (its limit).
+    const char *np = getenv("FAKE_CUDA_NO_PINNED");
+    if (np != NULL && strcmp(np, "1") == 0) {
+        return cudaErrorMemoryAllocation;
+    }
     return fake_add(ptr, size, -1);
 }
 
