@@ -35,7 +35,8 @@ cipc_nconns(const tp_config *cfg, bool *lanes_p)
 
 // cuda_ipc's own tunables (TP_TUNABLES_OWN, table at the end).
 typedef struct cipc_tunables {
-    int64_t ct_mode; // TP_CUDA_IPC: 0 auto, 1 on, 2 off
+    int64_t ct_mode;  // TP_CUDA_IPC: 0 auto, 1 on, 2 off
+    int64_t ct_cache; // TP_CUDA_IPC_CACHE: idle mappings kept per pipe
 } cipc_tunables;
 
 extern const tp_tunables tp__cuda_ipc_tunables;
@@ -100,6 +101,11 @@ static void
 cipc_free_task(void *arg)
 {
     tp_chan *ch = arg;
+    TP_LOG_DEBUG("TP-CUDA-IPC-CACHE",
+                 "cuda_ipc: pipe to %s: %" PRIu64 " handles opened, %" PRIu64
+                 " tensors from cached ones",
+                 ch->c_env.ce_peer, ch->c_cache.cc_opens, ch->c_cache.cc_hits);
+    tp__cipc_cache_fini(&ch->c_cache);
     tp__aio_fini(&ch->c_raio);
     tp__aio_fini(&ch->c_waio);
     tp_error_unref(ch->c_err);
@@ -283,6 +289,9 @@ cipc_create(const tp_chan_env *env, tp_chan **ch_p, tp_error **err_p)
     tp__aio_init(&ch->c_raio, cipc_raio_cb, ch);
     tp__aio_init(&ch->c_waio, cipc_waio_cb, ch);
     tp__task_init(&ch->c_free_task, cipc_free_task, ch);
+    const cipc_tunables *ct =
+        tp__config_own_const(env->ce_cfg, &tp__cuda_ipc_tunables);
+    tp__cipc_cache_init(&ch->c_cache, (unsigned)ct->ct_cache);
     cipc_read_acks(ch);
     *ch_p = ch;
     return TP_OK;
@@ -329,6 +338,19 @@ static const tp_tunable cipc_tunable_rows[] = {
         .tu_min = 0,
         .tu_max = 2,
         .tu_choices = cipc_modes,
+    },
+    {
+        .tu_name = "cuda_ipc_cache",
+        .tu_env = "TP_CUDA_IPC_CACHE",
+        // 64: PyTorch's caching allocator sends from a few large blocks.
+        .tu_def = "64",
+        .tu_doc = "cuda_ipc: the peer's allocations a pipe keeps open after "
+                  "their copy, for the next tensor (0: close each after its "
+                  "copy); a freed allocation stays alive while cached",
+        .tu_type = TP_TUNABLE_INT,
+        TP_TUNABLE_FIELD(cipc_tunables, ct_cache),
+        .tu_min = 0,
+        .tu_max = 4096,
     },
 };
 

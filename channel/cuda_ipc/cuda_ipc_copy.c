@@ -254,16 +254,15 @@ cipc_copy_remote(cipc_copy *cp, int dst_dev, tp_error **err_p)
                        : 0;
     }
     void *base = NULL;
+    size_t size = 0;
     tp_status st =
-        tp__cuda_ipc_mem_open(open_dev, cp->cp_info.ci_handle, &base, err_p);
+        tp__cipc_cache_get(&cp->cp_ch->c_cache, cp->cp_info.ci_handle, open_dev,
+                           &base, &size, err_p);
     if (st != TP_OK) {
         return st;
     }
-    void *b2 = NULL;
-    size_t size = 0;
-    st = tp__cuda_mem_range(open_dev, base, &b2, &size, err_p);
-    if (st == TP_OK && (cp->cp_info.ci_offset > size ||
-                        op->co_len > size - cp->cp_info.ci_offset)) {
+    if (cp->cp_info.ci_offset > size ||
+        op->co_len > size - cp->cp_info.ci_offset) {
         st = tp__error_set(err_p, TP_EPROTO,
                            "protocol error: %" PRIu64 " bytes at offset "
                            "%" PRIu64 " pass the end of the allocation the "
@@ -275,7 +274,7 @@ cipc_copy_remote(cipc_copy *cp, int dst_dev, tp_error **err_p)
                            (const uint8_t *)base + cp->cp_info.ci_offset,
                            open_dev, (size_t)op->co_len, err_p);
     }
-    tp__cuda_ipc_mem_close(open_dev, base);
+    tp__cipc_cache_put(&cp->cp_ch->c_cache, base, open_dev);
     return st;
 }
 

@@ -2,9 +2,10 @@
 /* cuda_ipc_impl.h (internal to channel/cuda_ipc/) - what the cuda_ipc
  * channel's files share. cuda_ipc.c: the contract's entry points, the
  * domain, the ack reader and writer; cuda_ipc_copy.c: sends (the tensor's
- * memory handle in the descriptor), receives (open, copy, close on the
- * context's pool) and the table of this process's sends, through which a
- * receiver in the same process finds the sender's pointer.
+ * memory handle in the descriptor), receives (open, copy on the context's
+ * pool) and the table of this process's sends, through which a receiver
+ * in the same process finds the sender's pointer; cuda_ipc_cache.c: the
+ * peer's allocations opened here, kept open for the next tensor.
  *
  * Channel info, 96 bytes (version 1), all integers little-endian:
  *   u8 version, u8 the sender's device index, u16 zero, u32 sender pid,
@@ -16,6 +17,7 @@
 #define TP_CHANNEL_CUDA_IPC_IMPL_H
 
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -48,6 +50,34 @@ void tp__cipc_info_encode(const tp__cipc_info *in, tp__chan_info *out);
 bool tp__cipc_info_decode(const tp__chan_info *in, uint64_t len,
                           tp__cipc_info *out, char *why, size_t why_len);
 
+// One of the peer's allocations, opened here (cuda_ipc_cache.c).
+typedef struct cipc_map {
+    uint8_t m_handle[TP_CUDA_IPC_HANDLE_LEN];
+    int m_dev; // opened on
+    void *m_base;
+    size_t m_size;   // what the handle names (the driver's range)
+    int m_refs;      // copies using it
+    uint64_t m_used; // last use (LRU); 0: a free slot
+} cipc_map;
+
+typedef struct cipc_cache {
+    pthread_mutex_t cc_mtx;
+    cipc_map *cc_maps; // cc_n slots
+    unsigned cc_n;
+    unsigned cc_cap; // idle mappings kept (TP_CUDA_IPC_CACHE)
+    uint64_t cc_tick;
+    uint64_t cc_opens, cc_hits;
+} cipc_cache;
+
+void tp__cipc_cache_init(cipc_cache *c, unsigned cap);
+// The mapping of @handle on @dev: cached, or opened now; *@size_p is the
+// allocation's size. Held until tp__cipc_cache_put.
+tp_status tp__cipc_cache_get(cipc_cache *c, const uint8_t *handle, int dev,
+                             void **base_p, size_t *size_p, tp_error **err_p);
+void tp__cipc_cache_put(cipc_cache *c, void *base, int dev);
+// Closes every mapping (none may be in use).
+void tp__cipc_cache_fini(cipc_cache *c);
+
 // A copy on the pool: the receive @cp_op from the peer's memory.
 typedef struct cipc_copy {
     tp_chan *cp_ch;
@@ -73,6 +103,7 @@ struct tp_chan {
     bool c_closed;
     bool c_destroy_req;
     int c_copies; // copies on the pool
+    cipc_cache c_cache;
     tp_task c_free_task;
 };
 

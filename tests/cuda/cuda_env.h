@@ -56,4 +56,23 @@ cuda_env_counters(long out[7])
     return true;
 }
 
+// The fake runtime's IPC counters (fake_cuda_ipc_counters): [0] handles
+// opened so far, [1] mappings open now; false with the real one.
+static inline bool
+cuda_env_ipc_counters(long out[2])
+{
+    if (!cuda_env_fake()) {
+        return false;
+    }
+    void *h = dlopen(TP_FAKE_CUDART, RTLD_NOW | RTLD_NOLOAD);
+    TP_CHECK(h != NULL);
+    void *sym = dlsym(h, "fake_cuda_ipc_counters");
+    TP_CHECK(sym != NULL);
+    void (*fn)(long *);
+    memcpy(&fn, &sym, sizeof(sym));
+    fn(out);
+    dlclose(h);
+    return true;
+}
+
 #endif

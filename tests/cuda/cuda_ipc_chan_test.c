@@ -368,6 +368,116 @@ ipc_reader_dies(void)
     tp_context_destroy(ctx);
 }
 
+// The handle cache: the writer sends 3 tensors from one allocation (at
+// 3 offsets) and 1 from another, one message each. With TP_CUDA_IPC_CACHE
+// (default 64) the reader opens each allocation once and keeps both open
+// until its pipe goes; with 0 it opens one per tensor and keeps none.
+static void
+cache_run(const char *cache, long want_opens, long want_live)
+{
+    setenv("TP_CUDA_IPC_CACHE", cache, 1);
+    int fds[2];
+    TP_CHECK(pipe(fds) == 0);
+    pid_t pid = fork();
+    TP_CHECK(pid >= 0);
+    if (pid == 0) {
+        close(fds[1]);
+        char url[256] = "";
+        ssize_t k = read(fds[0], url, sizeof(url) - 1);
+        if (k <= 0) {
+            _exit(3);
+        }
+        url[k] = '\0';
+        cuda_env_setup();
+        tp_context *ctx = make_ctx("writer", NULL);
+        tp_pipe *p = NULL;
+        tp_error *err = NULL;
+        TP_CHECK_OK(tp_context_connect(ctx, url, &p, &err), err);
+        void *ba, *bb;
+        uint8_t *a = make_buf(gpu(0), 0, 3 * 4096, 11, &ba);
+        uint8_t *b = make_buf(gpu(1), 64, 4096, 12, &bb);
+        uint8_t *src[4] = {a, a + 4096, a + 8192, b};
+        for (int i = 0; i < 4; i++) {
+            tp_message *m = NULL;
+            TP_CHECK_OK(tp_message_create(0, 1, &m), NULL);
+            m->tensors[0] = (tp_msg_buf){src[i], 4096, gpu(i < 3 ? 0 : 1),
+                                         false};
+            op w;
+            op_init(&w, WAIT_MS);
+            tp_pipe_write(p, m, w.aio);
+            op_wait(&w, WAIT_MS);
+            TP_CHECK_OK(tp_aio_status(w.aio), tp_aio_error(w.aio));
+            op_fini(&w);
+            tp_message_destroy(m);
+        }
+        tp_pipe_unref(p);
+        tp_context_destroy(ctx);
+        free_buf(gpu(0), ba);
+        free_buf(gpu(1), bb);
+        _exit(0);
+    }
+    close(fds[0]);
+    cuda_env_setup();
+    tp_context *ctx = make_ctx("reader", NULL);
+    tp_pipe_listener *l = NULL;
+    tp_error *err = NULL;
+    const char *lo = "tcp://127.0.0.1:0";
+    TP_CHECK_OK(tp_context_listen(ctx, &lo, 1, &l, &err), err);
+    const char *url = tp_pipe_listener_addr(l, NULL);
+    TP_CHECK(write(fds[1], url, strlen(url)) == (ssize_t)strlen(url));
+    close(fds[1]);
+    tp_pipe *p = accept_one(l);
+    long before[2], after[2];
+    bool counted = cuda_env_ipc_counters(before);
+    for (int i = 0; i < 4; i++) {
+        tp_message *r = read_desc(p);
+        r->tensors[0].device = gpu(1);
+        TP_CHECK_OK(read_data(p, r, &err), err);
+        // The pattern of its allocation, from where the tensor starts.
+        uint8_t want[4096], got[4096];
+        uint8_t *full = tp__alloc(3 * 4096);
+        fill(full, 3 * 4096, 11);
+        if (i < 3) {
+            memcpy(want, full + 4096 * i, 4096);
+        } else {
+            fill(want, 4096, 12);
+        }
+        tp__free(full);
+        TP_CHECK_OK(tp__cuda_copy(got, -1, r->tensors[0].data, 1, 4096, &err),
+                    err);
+        TP_CHECKF(memcmp(want, got, 4096) == 0, "message %d: wrong bytes", i);
+        tp_message_destroy(r);
+    }
+    if (counted) {
+        cuda_env_ipc_counters(after);
+        TP_CHECK_EQ(after[0] - before[0], want_opens);
+        TP_CHECK_EQ(after[1] - before[1], want_live);
+    }
+    int status = 0;
+    TP_CHECK(waitpid(pid, &status, 0) == pid);
+    TP_CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+              "the writer process failed (status 0x%x)", status);
+    tp_pipe_unref(p);
+    tp_pipe_listener_destroy(l);
+    tp_context_destroy(ctx);
+    if (counted) {
+        cuda_env_ipc_counters(after);
+        TP_CHECK_EQ(after[1] - before[1], 0); // closed with the pipe
+    }
+}
+
+static void
+ipc_handles_cached(void)
+{
+    cache_run("64", 2, 2);
+}
+
+static void
+ipc_handles_not_cached(void)
+{
+    cache_run("0", 4, 0);
+}
+
 // ---- one process: two contexts ---------------------------------------------
 
 typedef struct pair {
@@ -482,6 +592,8 @@ static const tp_test_case cases[] = {
     TP_TEST_CASE(info_round_trip_and_rejects),
     TP_TEST_CASE_T(ipc_cross_process, 60),
     TP_TEST_CASE_T(ipc_reader_dies, 60),
+    TP_TEST_CASE_T(ipc_handles_cached, 60),
+    TP_TEST_CASE_T(ipc_handles_not_cached, 60),
     TP_TEST_CASE_T(ipc_same_process_and_ack, 60),
     TP_TEST_CASE_T(ipc_staged_when_peer_lacks_it, 60),
 };

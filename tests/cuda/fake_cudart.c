@@ -71,6 +71,8 @@ static fake_alloc fake_allocs[FAKE_MAX_ALLOCS];
 static _Thread_local int fake_cur_dev;
 // live dev, live pinned, h2d, d2h, d2d, streams, device syncs
 static long fake_counts[7];
+// cudaIpcOpenMemHandle calls that mapped something, mappings still open
+static long fake_ipc_opens, fake_ipc_live;
 
 static int
 fake_ndev(void)
@@ -172,6 +174,7 @@ fake_remove_as(void *p, bool dev, bool opened)
                 shm_unlink(f->fa_name);
             }
             fake_counts[dev ? 0 : 1] -= !opened;
+            fake_ipc_live -= opened;
             pthread_mutex_unlock(&fake_mtx);
             return cudaSuccess;
         }
@@ -354,6 +357,18 @@ fake_cuda_counters(long out[7])
     pthread_mutex_unlock(&fake_mtx);
 }
 
+// Tests: [0] successful cudaIpcOpenMemHandle calls, [1] mappings open now.
+void fake_cuda_ipc_counters(long out[2]);
+
+void
+fake_cuda_ipc_counters(long out[2])
+{
+    pthread_mutex_lock(&fake_mtx);
+    out[0] = fake_ipc_opens;
+    out[1] = fake_ipc_live;
+    pthread_mutex_unlock(&fake_mtx);
+}
+
 cudaError_t
 cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *devPtr)
 {
@@ -408,6 +423,8 @@ cudaIpcOpenMemHandle(void **devPtr, cudaIpcMemHandle_t handle,
         if (fake_allocs[i].fa_len == 0) {
             fake_allocs[i] = (fake_alloc){(uintptr_t)p, (size_t)h.mh_len,
                                           fake_cur_dev, true, ""};
+            fake_ipc_opens++;
+            fake_ipc_live++;
             pthread_mutex_unlock(&fake_mtx);
             *devPtr = p;
             return cudaSuccess;

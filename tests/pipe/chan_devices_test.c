@@ -14,6 +14,7 @@
 
 #include "tp_test.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,7 +56,7 @@ fake_nconns(const tp_config *cfg, bool *lanes_p)
 
 // The device channel: created beside basic, never given an op (no cuda
 // tensor is written here).
-static int fake_cuda_live;
+static _Atomic int fake_cuda_live;
 static int fake_cuda_token;
 
 static tp_status
