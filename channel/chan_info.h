@@ -13,8 +13,15 @@
 
 #define TP_CHAN_INFO_MAX 160u // per-tensor channel info bytes (wire bound)
 
+// ci_flags: the pipe's, not the channel's (the descriptor carries them in
+// the tensor's device type byte, docs/pipe-wire.md).
+#define TP_CHAN_INFO_STAGED                                                    \
+    0x01u // a CUDA tensor staged through host memory
+          // although the pipe has a device channel
+
 typedef struct tp__chan_info {
     uint8_t ci_len;
+    uint8_t ci_flags; // TP_CHAN_INFO_*
     uint8_t ci_bytes[TP_CHAN_INFO_MAX];
 } tp__chan_info;
 

@@ -121,6 +121,12 @@ typedef struct tp_channel_ops {
     // Loop thread, once the extra connections are ready.
     tp_status (*create)(const tp_chan_env *env, tp_chan **ch_p,
                         tp_error **err_p);
+    // Optional (NULL: every op), device channels: whether @op's buffer can
+    // go on this channel (cuda_ipc: its memory can be shared); false, with
+    // @why, and the pipe stages that tensor through host memory instead.
+    // Loop thread, before send.
+    bool (*accepts)(tp_chan *ch, const tp_chan_op *op, char *why,
+                    size_t why_len);
     void (*send)(tp_chan *ch, tp_chan_op *op);
     void (*recv)(tp_chan *ch, tp_chan_op *op);
     // The pipe failed with @err (borrowed): fail every pending op, stop

@@ -107,7 +107,7 @@ stage_host(size_t n, tp__cuda_stage *s, const char *side, uint32_t i,
 }
 
 tp_status
-tp__pipe_cuda_stage_out(const tp_message *m, bool direct,
+tp__pipe_cuda_stage_out(const tp_message *m, const bool *via,
                         tp__cuda_stage **stage_p, tp_error **err_p)
 {
     *stage_p = NULL;
@@ -130,7 +130,7 @@ tp__pipe_cuda_stage_out(const tp_message *m, bool direct,
             }
             synced |= dev < 64 ? UINT64_C(1) << dev : 0;
         }
-        if (direct) {
+        if (via != NULL && via[i]) {
             continue; // the device channel reads the device memory itself
         }
         if (stage == NULL) {

@@ -169,6 +169,7 @@ typedef struct pipe_wop {
     unsigned w_nops;
     unsigned w_ops_pending;
     tp__chan_info *w_infos;
+    bool *w_via;             // per tensor: on the device channel (or NULL)
     tp__cuda_stage *w_stage; // per tensor (NULL: no CUDA tensor)
     bool w_started;          // bytes may have moved
     bool w_done;
@@ -344,10 +345,10 @@ void tp__pipe_flush_writes(tp_pipe *p);
 tp_status tp__pipe_cuda_check(const tp_msg_buf *b, const char *what, uint32_t i,
                               tp_error **err_p);
 // Write: synchronises each source device of @m's CUDA tensors, then
-// (unless @direct: the device channel carries them) copies each to new
-// pinned host memory; *@stage_p NULL if there is none. Errors: the
-// runtime's.
-tp_status tp__pipe_cuda_stage_out(const tp_message *m, bool direct,
+// copies each, except those the device channel carries (@via[i]; @via
+// NULL: none), to new host memory (pinned if it can); *@stage_p NULL if
+// there is none. Errors: the runtime's.
+tp_status tp__pipe_cuda_stage_out(const tp_message *m, const bool *via,
                                   tp__cuda_stage **stage_p, tp_error **err_p);
 // Read: host buffers for each tensor of @m whose destination is not the
 // CPU (allocating device buffers left NULL, pipe_owned), except those the

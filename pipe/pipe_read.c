@@ -240,7 +240,8 @@ pipe_raio_step(tp_pipe *p)
     // the sender (the reader may change the device before it reads).
     for (uint32_t i = 0; p->p_dchan != NULL && i < msg->ntensors; i++) {
         if (msg->tensors[i].device.type != TP_DEVICE_CUDA ||
-            msg->tensors[i].len == 0) {
+            msg->tensors[i].len == 0 ||
+            (infos[i].ci_flags & TP_CHAN_INFO_STAGED)) {
             continue;
         }
         if (p->p_rvia == NULL) {

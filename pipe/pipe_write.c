@@ -34,6 +34,7 @@ wop_free(pipe_wop *w)
     tp__free(w->w_iovs);
     tp__free(w->w_ops);
     tp__free(w->w_infos);
+    tp__free(w->w_via);
     tp_error_unref(w->w_err);
     tp__free(w);
 }
@@ -156,6 +157,50 @@ wop_chan_done(tp_chan_op *op, tp_error *err)
     tp__pipe_flush_writes(p);
 }
 
+// Which CUDA tensors of @w go on the device channel (w_via): each one it
+// accepts (cuda_ipc: memory it can share); the others are staged, and
+// their descriptor entry says so (TP_CHAN_INFO_STAGED). Allocates w_infos.
+static tp_status
+wop_route(tp_pipe *p, pipe_wop *w, tp_error **err_p)
+{
+    const tp_message *m = w->w_msg;
+    if (m->ntensors == 0) {
+        return TP_OK;
+    }
+    w->w_infos = tp__zalloc(m->ntensors * sizeof(*w->w_infos));
+    if (w->w_infos == NULL) {
+        return tp__error_set(err_p, TP_ENOMEM, "write: out of memory");
+    }
+    for (uint32_t i = 0; p->p_dchan != NULL && i < m->ntensors; i++) {
+        const tp_msg_buf *b = &m->tensors[i];
+        if (b->device.type != TP_DEVICE_CUDA || b->len == 0) {
+            continue;
+        }
+        if (w->w_via == NULL) {
+            w->w_via = tp__zalloc(m->ntensors * sizeof(*w->w_via));
+            if (w->w_via == NULL) {
+                return tp__error_set(err_p, TP_ENOMEM, "write: out of memory");
+            }
+        }
+        tp_chan_op probe = {.co_buf = b->data,
+                            .co_len = b->len,
+                            .co_index = i,
+                            .co_device = b->device};
+        char why[256] = "";
+        w->w_via[i] =
+            p->p_dchops->accepts == NULL ||
+            p->p_dchops->accepts(p->p_dchan, &probe, why, sizeof(why));
+        if (!w->w_via[i]) {
+            TP_LOG_DEBUG("TP-PIPE-STAGED",
+                         "pipe to %s: tensor %" PRIu32 " on cuda:%d staged "
+                         "through host memory, not by %s: %s",
+                         p->p_peer, i, b->device.index, p->p_dch->cb_name, why);
+            w->w_infos[i].ci_flags |= TP_CHAN_INFO_STAGED;
+        }
+    }
+    return TP_OK;
+}
+
 // Starts sending @w: channel sends (which fill the infos), descriptor,
 // the iov list of the main connection.
 static tp_status
@@ -166,15 +211,15 @@ wop_start(tp_pipe *p, pipe_wop *w, tp_error **err_p)
     w->w_started = true;
     // CUDA tensors go on the device channel, or else as host copies
     // (pipe_cuda.c): src[i] is what is sent.
-    tp_status st =
-        tp__pipe_cuda_stage_out(m, p->p_dchan != NULL, &w->w_stage, err_p);
+    tp_status st = wop_route(p, w, err_p);
+    if (st == TP_OK) {
+        st = tp__pipe_cuda_stage_out(m, w->w_via, &w->w_stage, err_p);
+    }
     if (st != TP_OK) {
         return st;
     }
-#define TENSOR_VIA_DEV(i)                                                      \
-    (p->p_dchan != NULL && m->tensors[i].device.type == TP_DEVICE_CUDA &&      \
-     m->tensors[i].len > 0)
-#define TENSOR_INLINE(i) (!TENSOR_VIA_DEV(i) && m->tensors[i].len <= inl)
+#define TENSOR_VIA_DEV(i) (w->w_via != NULL && w->w_via[i])
+#define TENSOR_INLINE(i)  (!TENSOR_VIA_DEV(i) && m->tensors[i].len <= inl)
 #define TENSOR_SRC(i)                                                          \
     (w->w_stage != NULL && w->w_stage[i].cs_host != NULL                       \
          ? w->w_stage[i].cs_host                                               \
@@ -184,12 +229,6 @@ wop_start(tp_pipe *p, pipe_wop *w, tp_error **err_p)
     unsigned nchan = 0;
     for (uint32_t i = 0; i < m->ntensors; i++) {
         nchan += !TENSOR_INLINE(i);
-    }
-    if (m->ntensors > 0) {
-        w->w_infos = tp__zalloc(m->ntensors * sizeof(*w->w_infos));
-        if (w->w_infos == NULL) {
-            return tp__error_set(err_p, TP_ENOMEM, "write: out of memory");
-        }
     }
     if (nchan > 0) {
         w->w_ops = tp__zalloc(nchan * sizeof(*w->w_ops));
@@ -229,6 +268,7 @@ wop_start(tp_pipe *p, pipe_wop *w, tp_error **err_p)
         } else {
             p->p_chops->send(p->p_chan, op);
         }
+        op->co_info.ci_flags = w->w_infos[i].ci_flags;
         w->w_infos[i] = op->co_info;
     }
     w->w_nops = k;

@@ -73,7 +73,9 @@ tp__desc_encode(const tp_message *msg, const tp__chan_info *infos, uint8_t *out,
         const tp_msg_buf *t = &msg->tensors[i];
         uint8_t info_len = infos != NULL ? infos[i].ci_len : 0;
         wire_put_u64(&w, t->len);
-        wire_put_u8(&w, (uint8_t)t->device.type);
+        bool staged =
+            infos != NULL && (infos[i].ci_flags & TP_CHAN_INFO_STAGED) != 0;
+        wire_put_u8(&w, (uint8_t)(t->device.type | (staged ? 0x80u : 0u)));
         wire_put_u8(&w, (uint8_t)t->device.index);
         wire_put_u8(&w, info_len);
         if (info_len > 0) {
@@ -180,10 +182,14 @@ desc_parse(wire_rd *r, const tp__pipe_limits *lim, tp_message *msg,
         if (!wire_u8(r, WIRE_FIELD_I("tensor", i, "device type"), &type)) {
             return false;
         }
-        if (type != TP_DEVICE_CPU && type != TP_DEVICE_CUDA) {
+        // Bit 7: a CUDA tensor staged although there is a device channel.
+        bool staged = (type & 0x80u) != 0;
+        if (staged && (type & 0x7fu) == TP_DEVICE_CUDA) {
+            type = TP_DEVICE_CUDA;
+        } else if (type != TP_DEVICE_CPU && type != TP_DEVICE_CUDA) {
             wire_fail(r,
                       "tensor %" PRIu32 " device type %u is not supported "
-                      "(0 cpu, 1 cuda)",
+                      "(0 cpu, 1 cuda, 129 cuda staged)",
                       i, type);
             return false;
         }
@@ -215,6 +221,7 @@ desc_parse(wire_rd *r, const tp__pipe_limits *lim, tp_message *msg,
             msg->tensors[i].device.type = (tp_device_type)type;
             msg->tensors[i].device.index = index;
             infos[i].ci_len = info_len;
+            infos[i].ci_flags = staged ? TP_CHAN_INFO_STAGED : 0;
             memcpy(infos[i].ci_bytes, r->r_in + r->r_off, info_len);
         }
         r->r_off += info_len;

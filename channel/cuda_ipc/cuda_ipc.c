@@ -372,6 +372,7 @@ const tp_channel_ops tp__channel_cuda_ipc_ops = {
     .is_viable = cipc_is_viable,
     .domain = cipc_domain,
     .create = cipc_create,
+    .accepts = tp__cipc_accepts,
     .send = tp__cipc_send,
     .recv = tp__cipc_recv,
     .close = cipc_close,

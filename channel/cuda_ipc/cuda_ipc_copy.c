@@ -133,6 +133,51 @@ cipc_op_err(tp_chan *ch, const tp_chan_op *op, tp_status st,
                          ch->c_env.ce_peer, op->co_index, op->co_seq, what);
 }
 
+// The handle of the allocation holding @op's tensor, its base and size.
+static tp_status
+cipc_export(const tp_chan_op *op, uint8_t handle[TP_CUDA_IPC_HANDLE_LEN],
+            uint64_t *off_p, size_t *size_p, tp_error **err_p)
+{
+    int dev = op->co_device.index;
+    void *base = NULL;
+    tp_status st = tp__cuda_mem_range(dev, op->co_buf, &base, size_p, err_p);
+    uint64_t off = (uint64_t)((uintptr_t)op->co_buf - (uintptr_t)base);
+    if (st == TP_OK && (off > *size_p || op->co_len > *size_p - off)) {
+        st = tp__error_set(err_p, TP_EINVAL,
+                           "%" PRIu64 " bytes at offset %" PRIu64
+                           " pass the end of their allocation (%zu bytes)",
+                           op->co_len, off, *size_p);
+    }
+    if (st == TP_OK) {
+        // Fails for memory legacy IPC cannot share (cuMemCreate/VMM
+        // allocations, cudaMallocAsync pools).
+        st = tp__cuda_ipc_mem_export(dev, base, handle, err_p);
+    }
+    *off_p = off;
+    return st;
+}
+
+bool
+tp__cipc_accepts(tp_chan *ch, const tp_chan_op *op, char *why, size_t why_len)
+{
+    (void)ch;
+    if (op->co_device.type != TP_DEVICE_CUDA || op->co_device.index < 0 ||
+        op->co_device.index > UINT8_MAX) {
+        snprintf(why, why_len, "not on a CUDA device");
+        return false;
+    }
+    uint8_t handle[TP_CUDA_IPC_HANDLE_LEN];
+    uint64_t off;
+    size_t size;
+    tp_error *err = NULL;
+    if (cipc_export(op, handle, &off, &size, &err) != TP_OK) {
+        snprintf(why, why_len, "%s", tp_error_message(err));
+        tp_error_unref(err);
+        return false;
+    }
+    return true;
+}
+
 void
 tp__cipc_send(tp_chan *ch, tp_chan_op *op)
 {
@@ -155,21 +200,11 @@ tp__cipc_send(tp_chan *ch, tp_chan_op *op)
         return;
     }
     int dev = op->co_device.index;
-    void *base = NULL;
     size_t size = 0;
+    uint64_t off = 0;
     uint8_t handle[TP_CUDA_IPC_HANDLE_LEN];
     tp_error *err = NULL;
-    tp_status st = tp__cuda_mem_range(dev, op->co_buf, &base, &size, &err);
-    uint64_t off = (uint64_t)((uintptr_t)op->co_buf - (uintptr_t)base);
-    if (st == TP_OK && (off > size || op->co_len > size - off)) {
-        st = tp__error_set(&err, TP_EINVAL,
-                           "%" PRIu64 " bytes at offset %" PRIu64
-                           " pass the end of their allocation (%zu bytes)",
-                           op->co_len, off, size);
-    }
-    if (st == TP_OK) {
-        st = tp__cuda_ipc_mem_export(dev, base, handle, &err);
-    }
+    tp_status st = cipc_export(op, handle, &off, &size, &err);
     cipc_entry *e = st == TP_OK ? tp__zalloc(sizeof(*e)) : NULL;
     if (st == TP_OK && e == NULL) {
         st = tp__error_set(&err, TP_ENOMEM, "out of memory");

@@ -116,6 +116,10 @@ void tp__cipc_ack(tp_chan *ch, tp_chan_op *op);
 void tp__cipc_maybe_free(tp_chan *ch);
 
 // cuda_ipc_copy.c
+// Whether @op's memory can be shared (exported); else @why, and the pipe
+// stages that tensor.
+bool tp__cipc_accepts(tp_chan *ch, const tp_chan_op *op, char *why,
+                      size_t why_len);
 void tp__cipc_send(tp_chan *ch, tp_chan_op *op);
 void tp__cipc_recv(tp_chan *ch, tp_chan_op *op);
 // A send completed or failed: its entry leaves the table.

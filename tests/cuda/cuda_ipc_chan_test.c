@@ -400,8 +400,8 @@ cache_run(const char *cache, long want_opens, long want_live)
         for (int i = 0; i < 4; i++) {
             tp_message *m = NULL;
             TP_CHECK_OK(tp_message_create(0, 1, &m), NULL);
-            m->tensors[0] = (tp_msg_buf){src[i], 4096, gpu(i < 3 ? 0 : 1),
-                                         false};
+            m->tensors[0] =
+                (tp_msg_buf){src[i], 4096, gpu(i < 3 ? 0 : 1), false};
             op w;
             op_init(&w, WAIT_MS);
             tp_pipe_write(p, m, w.aio);
@@ -548,6 +548,55 @@ ipc_same_process_and_ack(void)
     pair_close(&pr);
 }
 
+// Memory cuda_ipc cannot share (the fake's FAKE_CUDA_NO_IPC_EXPORT, as
+// VMM allocations): that tensor is staged through host memory beside the
+// device channel, the write and the read succeed, the pipe keeps its
+// device channel.
+static void
+ipc_unshareable_memory_staged(void)
+{
+    if (!cuda_env_fake()) {
+        tp_test_skip("needs the fake runtime (FAKE_CUDA_NO_IPC_EXPORT)");
+    }
+    cuda_env_setup();
+    pair pr;
+    pair_open(&pr, NULL);
+    report_has(pr.pb, "cuda tensors by cuda_ipc");
+    setenv("FAKE_CUDA_NO_IPC_EXPORT", "1", 1);
+    void *b0, *b1;
+    tp_message *m = NULL;
+    TP_CHECK_OK(tp_message_create(0, 2, &m), NULL);
+    m->tensors[0] = (tp_msg_buf){make_buf(gpu(0), 0, 300000, 13, &b0), 300000,
+                                 gpu(0), false};
+    m->tensors[1] =
+        (tp_msg_buf){make_buf(gpu(1), 0, 7, 14, &b1), 7, gpu(1), false};
+    long before[7], after[7];
+    TP_CHECK(cuda_env_counters(before));
+    op w;
+    op_init(&w, WAIT_MS);
+    tp_pipe_write(pr.pb, m, w.aio);
+    tp_message *r = read_desc(pr.pa);
+    r->tensors[0].device = gpu(1);
+    r->tensors[1].device = cpu;
+    tp_error *err = NULL;
+    TP_CHECK_OK(read_data(pr.pa, r, &err), err);
+    op_wait(&w, WAIT_MS);
+    TP_CHECK_OK(tp_aio_status(w.aio), tp_aio_error(w.aio));
+    op_fini(&w);
+    TP_CHECK(cuda_env_counters(after));
+    TP_CHECK_EQ(after[3] - before[3], 2); // both staged out
+    TP_CHECK_EQ(after[2] - before[2], 1); // tensor 0 staged in
+    TP_CHECK_EQ(after[4] - before[4], 0); // no device-to-device copy
+    unsetenv("FAKE_CUDA_NO_IPC_EXPORT");
+    TP_CHECK(buf_ok(gpu(1), r->tensors[0].data, 300000, 13));
+    TP_CHECK(buf_ok(cpu, r->tensors[1].data, 7, 14));
+    tp_message_destroy(r);
+    free_buf(gpu(0), b0);
+    free_buf(gpu(1), b1);
+    tp_message_destroy(m);
+    pair_close(&pr);
+}
+
 // One end without cuda_ipc: no device channel, CUDA tensors staged (a
 // device-to-host copy at the writer), the bytes arrive all the same.
 static void
@@ -596,6 +645,7 @@ static const tp_test_case cases[] = {
     TP_TEST_CASE_T(ipc_handles_not_cached, 60),
     TP_TEST_CASE_T(ipc_same_process_and_ack, 60),
     TP_TEST_CASE_T(ipc_staged_when_peer_lacks_it, 60),
+    TP_TEST_CASE_T(ipc_unshareable_memory_staged, 60),
 };
 
 TP_TEST_MAIN(cases)

@@ -374,6 +374,11 @@ cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *devPtr)
 {
     fake_mem_handle h;
     memset(&h, 0, sizeof(h));
+    // FAKE_CUDA_NO_IPC_EXPORT=1: memory legacy IPC cannot share (VMM).
+    const char *ne = getenv("FAKE_CUDA_NO_IPC_EXPORT");
+    if (ne != NULL && strcmp(ne, "1") == 0) {
+        return cudaErrorInvalidValue;
+    }
     pthread_mutex_lock(&fake_mtx);
     fake_alloc *f = fake_find(devPtr, 0);
     if (f == NULL || f->fa_opened || f->fa_base != (uintptr_t)devPtr) {

@@ -979,7 +979,11 @@ desc_rejects_each_bound_plus_one(void)
                             "exceeds the limit 160");
     raw_desc(&rb, 0, 0, 2, 0, 1, 2, 0);
     EXPECT_DESC_PROTO(&lim, "descriptor: tensor 0 device type 2 is not "
-                            "supported (0 cpu, 1 cuda)");
+                            "supported (0 cpu, 1 cuda, 129 cuda staged)");
+    // Bit 7 (staged) on a cpu tensor.
+    raw_desc(&rb, 0, 0, 1, 0, 1, 0x80, 0);
+    EXPECT_DESC_PROTO(&lim, "descriptor: tensor 0 device type 128 is not "
+                            "supported");
     raw_desc(&rb, 0, 0, 1, 0, 1, TP_DEVICE_CPU, 0);
     rb.b[16 + 9] = 3; // cpu with index 3
     EXPECT_DESC_PROTO(&lim, "descriptor: tensor 0 cpu device index 3 is not 0");
@@ -992,6 +996,23 @@ desc_rejects_each_bound_plus_one(void)
         TP_CHECK_OK(tp__desc_decode(rb.b, rb.n, &lim, &m_, &i_, &e_), e_);
         TP_CHECK_EQ(m_->tensors[0].device.type, TP_DEVICE_CUDA);
         TP_CHECK_EQ(m_->tensors[0].device.index, 7);
+        TP_CHECK_EQ(i_[0].ci_flags, 0);
+        tp_message_destroy(m_);
+        tp__free(i_);
+    }
+    // A cuda tensor staged although there is a device channel: 0x81.
+    raw_desc(&rb, 0, 0, 1, 0, 1, 0x81, 0);
+    {
+        tp_message *m_ = NULL;
+        tp__chan_info *i_ = NULL;
+        tp_error *e_ = NULL;
+        TP_CHECK_OK(tp__desc_decode(rb.b, rb.n, &lim, &m_, &i_, &e_), e_);
+        TP_CHECK_EQ(m_->tensors[0].device.type, TP_DEVICE_CUDA);
+        TP_CHECK_EQ(i_[0].ci_flags, TP_CHAN_INFO_STAGED);
+        // And back: the flag is encoded into the same byte.
+        uint8_t out[64];
+        TP_CHECK_EQ(tp__desc_encode(m_, i_, out, sizeof(out)), rb.n);
+        TP_CHECK(memcmp(out, rb.b, rb.n) == 0);
         tp_message_destroy(m_);
         tp__free(i_);
     }
