@@ -110,3 +110,155 @@ tp__chan_take_acked(tp_list *sends, uint64_t seq, uint32_t idx)
     }
     return NULL;
 }
+
+// ---- the ack side
+// ------------------------------------------------------------
+
+static void
+acks_waio_cb(void *arg)
+{
+    tp__chan_acks *a = arg;
+    a->ca_wbusy = false;
+    if (a->ca_closed) {
+        a->ca_write_ended(a->ca_owner);
+        return;
+    }
+    // The receives acked by this write are done: their bytes are here
+    // (even if the ack could not go: then only the sender's write fails).
+    tp_chan_op *op;
+    while ((op = tp__list_pop_first(&a->ca_acked)) != NULL) {
+        op->co_done(op, NULL);
+    }
+    if (tp_aio_status(&a->ca_waio) != TP_OK) {
+        tp__chan_acks_down(a);
+        a->ca_write_failed(a->ca_owner,
+                           tp__error_new(tp_aio_status(&a->ca_waio), 0,
+                                         tp_aio_error(&a->ca_waio),
+                                         "%s: pipe to %s: sending acks",
+                                         a->ca_name, a->ca_peer));
+        return;
+    }
+    tp__chan_acks_flush(a);
+}
+
+void
+tp__chan_acks_init(tp__chan_acks *a, const char *name, const tp_chan_env *env,
+                   tp_conn *conn,
+                   void (*write_failed)(void *owner, tp_error *err),
+                   void (*write_ended)(void *owner), void *owner)
+{
+    memset(a, 0, sizeof(*a));
+    a->ca_name = name;
+    a->ca_peer = env->ce_peer;
+    a->ca_loop = env->ce_loop;
+    a->ca_conn = conn;
+    TP_LIST_INIT(&a->ca_sends, tp_chan_op, co_node);
+    TP_LIST_INIT(&a->ca_acking, tp_chan_op, co_node);
+    TP_LIST_INIT(&a->ca_acked, tp_chan_op, co_node);
+    tp__aio_init(&a->ca_waio, acks_waio_cb, a);
+    a->ca_write_failed = write_failed;
+    a->ca_write_ended = write_ended;
+    a->ca_owner = owner;
+}
+
+void
+tp__chan_acks_fini(tp__chan_acks *a)
+{
+    tp__aio_fini(&a->ca_waio);
+    tp__chan_wq_fini(&a->ca_wq);
+}
+
+bool
+tp__chan_acks_push(tp__chan_acks *a, const void *bytes, size_t len)
+{
+    return tp__chan_wq_push(&a->ca_wq, bytes, len);
+}
+
+void
+tp__chan_acks_flush(tp__chan_acks *a)
+{
+    tp_iov iov;
+    if (a->ca_wbusy || a->ca_closed || a->ca_down ||
+        !tp__chan_wq_take(&a->ca_wq, &iov)) {
+        return;
+    }
+    tp_chan_op *op;
+    while ((op = tp__list_pop_first(&a->ca_acking)) != NULL) {
+        tp__list_append(&a->ca_acked, op);
+    }
+    tp_aio_set_iov(&a->ca_waio, 1, &iov);
+    a->ca_wbusy = true;
+    tp__conn_write(a->ca_conn, &a->ca_waio);
+}
+
+bool
+tp__chan_acks_ack(tp__chan_acks *a, tp_chan_op *op)
+{
+    if (a->ca_down) {
+        op->co_done(op, NULL); // nobody to ack to: the bytes are here
+        return true;
+    }
+    uint8_t f[TP_CHAN_ACK_FRAME];
+    tp__chan_ack_encode(f, op->co_seq, op->co_index);
+    if (!tp__chan_wq_push(&a->ca_wq, f, sizeof(f))) {
+        return false;
+    }
+    tp__list_append(&a->ca_acking, op);
+    tp__chan_acks_flush(a);
+    return true;
+}
+
+tp_status
+tp__chan_acks_got(tp__chan_acks *a, const uint8_t f[TP_CHAN_ACK_FRAME],
+                  tp_error **err_p)
+{
+    uint64_t seq;
+    uint32_t idx;
+    char why[96];
+    if (!tp__chan_ack_decode(f, &seq, &idx, why, sizeof(why))) {
+        return tp__error_set(err_p, TP_EPROTO,
+                             "%s: pipe to %s: protocol error: expected an "
+                             "ack frame: %s",
+                             a->ca_name, a->ca_peer, why);
+    }
+    tp_chan_op *op = tp__chan_take_acked(&a->ca_sends, seq, idx);
+    if (op != NULL && a->ca_send_done != NULL) {
+        a->ca_send_done(op);
+    }
+    if (op == NULL) {
+        return tp__error_set(err_p, TP_EPROTO,
+                             "%s: pipe to %s: protocol error: ack of message "
+                             "%" PRIu64 " tensor %u, which is not waiting for "
+                             "one",
+                             a->ca_name, a->ca_peer, seq, idx);
+    }
+    op->co_done(op, NULL);
+    return TP_OK;
+}
+
+void
+tp__chan_acks_down(tp__chan_acks *a)
+{
+    a->ca_down = true;
+    tp_chan_op *op;
+    while ((op = tp__list_pop_first(&a->ca_acking)) != NULL) {
+        op->co_done(op, NULL);
+    }
+}
+
+void
+tp__chan_acks_close(tp__chan_acks *a, const tp_error *err)
+{
+    a->ca_closed = true;
+    tp_list *lists[] = {&a->ca_sends, &a->ca_acking, &a->ca_acked};
+    for (size_t i = 0; i < sizeof(lists) / sizeof(lists[0]); i++) {
+        tp_chan_op *op;
+        while ((op = tp__list_pop_first(lists[i])) != NULL) {
+            if (i == 0 && a->ca_send_done != NULL) {
+                a->ca_send_done(op);
+            }
+            tp__chan_op_fail_later(a->ca_loop, op, tp_error_ref(err));
+        }
+    }
+    tp_aio_cancel(&a->ca_waio);
+}

@@ -23,7 +23,7 @@
 // ack, a receive for the handshake); otherwise it is kept (c_err) and the
 // next cma op fails with it. So a peer that read its last message and
 // exited does not fail the writes whose bytes it already has. A receive
-// completes only once its ack is written (c_acking, c_acked): a reader
+// completes only once its ack is written (chan_ack.h): a reader
 // that exits right after its read has sent the ack, and the sender's write
 // completes.
 
@@ -89,12 +89,11 @@ cma_inline_max(const tp_config *cfg)
 }
 
 static void cma_read_acks(tp_chan *ch);
-static bool cma_queue(tp_chan *ch, const void *bytes, size_t len);
 
 void
 tp__cma_chan_maybe_free(tp_chan *ch)
 {
-    if (ch->c_destroy_req && !ch->c_rbusy && !ch->c_wbusy &&
+    if (ch->c_destroy_req && !ch->c_rbusy && !ch->c_acks.ca_wbusy &&
         ch->c_copies == 0) {
         tp__loop_defer(ch->c_env.ce_loop, &ch->c_free_task);
     }
@@ -105,11 +104,10 @@ cma_free_task(void *arg)
 {
     tp_chan *ch = arg;
     tp__aio_fini(&ch->c_raio);
-    tp__aio_fini(&ch->c_waio);
+    tp__chan_acks_fini(&ch->c_acks);
     tp__cma_side_close(&ch->c_side);
     tp__cma_peer_fini(&ch->c_peer);
     tp_error_unref(ch->c_err);
-    tp__chan_wq_fini(&ch->c_wq);
     tp__free(ch);
 }
 
@@ -134,7 +132,8 @@ cma_broken(tp_chan *ch, tp_error *err)
         tp_error_unref(err);
         return;
     }
-    if (tp_error_status(err) == TP_EPROTO || !tp__list_empty(&ch->c_sends) ||
+    if (tp_error_status(err) == TP_EPROTO ||
+        !tp__list_empty(&ch->c_acks.ca_sends) ||
         !tp__list_empty(&ch->c_recvs)) {
         tp__cma_chan_fail(ch, err);
         return;
@@ -143,12 +142,25 @@ cma_broken(tp_chan *ch, tp_error *err)
                  "%s (no cma op waits on it: the pipe goes on; its next cma "
                  "tensor fails)",
                  tp_error_message(err));
+    tp__chan_acks_down(&ch->c_acks);
     if (ch->c_err == NULL) {
         ch->c_err = err;
     } else {
         tp_error_unref(err);
     }
     tp__cma_side_close(&ch->c_side);
+}
+
+static void
+cma_write_failed(void *owner, tp_error *err)
+{
+    cma_broken(owner, err);
+}
+
+static void
+cma_write_ended(void *owner)
+{
+    tp__cma_chan_maybe_free(owner);
 }
 
 // The peer's hello: connect to its side socket, present its token, then
@@ -174,13 +186,13 @@ cma_got_hello(tp_chan *ch)
         tp_error_unref(err);
         return;
     }
-    if (!cma_queue(ch, CMA_READY_MAGIC, CMA_MAGIC_LEN)) {
+    if (!tp__chan_acks_push(&ch->c_acks, CMA_READY_MAGIC, CMA_MAGIC_LEN)) {
         tp__cma_chan_fail(ch, tp__error_new(TP_ENOMEM, 0, NULL,
                                             "cma: pipe to %s: out of memory",
                                             ch->c_env.ce_peer));
         return;
     }
-    tp__cma_chan_flush_acks(ch);
+    tp__chan_acks_flush(&ch->c_acks);
     ch->c_hs = CMA_HS_READY;
     cma_read_acks(ch);
 }
@@ -262,27 +274,11 @@ cma_raio_cb(void *arg)
         cma_got_ready(ch);
         return;
     }
-    uint64_t seq;
-    uint32_t idx;
-    char why[96];
-    if (!tp__chan_ack_decode(ch->c_rbuf, &seq, &idx, why, sizeof(why))) {
-        tp__cma_chan_fail(ch, tp__error_new(TP_EPROTO, 0, NULL,
-                                            "cma: pipe to %s: protocol error: "
-                                            "expected an ack frame: %s",
-                                            ch->c_env.ce_peer, why));
+    tp_error *err = NULL;
+    if (tp__chan_acks_got(&ch->c_acks, ch->c_rbuf, &err) != TP_OK) {
+        tp__cma_chan_fail(ch, err);
         return;
     }
-    tp_chan_op *found = tp__chan_take_acked(&ch->c_sends, seq, idx);
-    if (found == NULL) {
-        tp__cma_chan_fail(
-            ch, tp__error_new(TP_EPROTO, 0, NULL,
-                              "cma: pipe to %s: protocol error: ack of "
-                              "message %" PRIu64 " tensor %u, which is "
-                              "not waiting for one",
-                              ch->c_env.ce_peer, seq, idx));
-        return;
-    }
-    found->co_done(found, NULL);
     cma_read_acks(ch);
 }
 
@@ -306,64 +302,6 @@ cma_read_acks(tp_chan *ch)
     tp__conn_read(ch->c_conn, &ch->c_raio);
 }
 
-static void
-cma_waio_cb(void *arg)
-{
-    tp_chan *ch = arg;
-    ch->c_wbusy = false;
-    if (ch->c_closed) {
-        tp__cma_chan_maybe_free(ch);
-        return;
-    }
-    // The receives acked in this write are done: their bytes are here
-    // (even if the ack could not go: then only the sender's write fails).
-    tp_chan_op *op;
-    while ((op = tp__list_pop_first(&ch->c_acked)) != NULL) {
-        op->co_done(op, NULL);
-    }
-    if (tp_aio_status(&ch->c_waio) != TP_OK) {
-        cma_broken(ch, tp__error_new(tp_aio_status(&ch->c_waio), 0,
-                                     tp_aio_error(&ch->c_waio),
-                                     "cma: pipe to %s: sending acks",
-                                     ch->c_env.ce_peer));
-        while ((op = tp__list_pop_first(&ch->c_acking)) != NULL) {
-            op->co_done(op, NULL);
-        }
-        return;
-    }
-    tp__cma_chan_flush_acks(ch);
-}
-
-void
-tp__cma_chan_flush_acks(tp_chan *ch)
-{
-    tp_iov iov;
-    if (ch->c_wbusy || ch->c_closed || ch->c_err != NULL ||
-        !tp__chan_wq_take(&ch->c_wq, &iov)) {
-        return;
-    }
-    tp_chan_op *op;
-    while ((op = tp__list_pop_first(&ch->c_acking)) != NULL) {
-        tp__list_append(&ch->c_acked, op);
-    }
-    tp_aio_set_iov(&ch->c_waio, 1, &iov);
-    ch->c_wbusy = true;
-    tp__conn_write(ch->c_conn, &ch->c_waio);
-}
-
-// Queues @len bytes (hello, ready or ack frames) for tp__cma_chan_flush_acks.
-static bool
-cma_queue(tp_chan *ch, const void *bytes, size_t len)
-{
-    return tp__chan_wq_push(&ch->c_wq, bytes, len);
-}
-
-bool
-tp__cma_chan_queue_ack(tp_chan *ch, uint64_t seq, uint32_t idx)
-{
-    return tp__chan_wq_push_ack(&ch->c_wq, seq, idx);
-}
-
 static tp_status
 cma_create(const tp_chan_env *env, tp_chan **ch_p, tp_error **err_p)
 {
@@ -378,10 +316,9 @@ cma_create(const tp_chan_env *env, tp_chan **ch_p, tp_error **err_p)
     ch->c_env = *env;
     ch->c_conn = env->ce_conns[0];
     ch->c_peer.cp_pidfd = -1;
-    TP_LIST_INIT(&ch->c_sends, tp_chan_op, co_node);
+    tp__chan_acks_init(&ch->c_acks, "cma", env, ch->c_conn, cma_write_failed,
+                       cma_write_ended, ch);
     TP_LIST_INIT(&ch->c_recvs, tp_chan_op, co_node);
-    TP_LIST_INIT(&ch->c_acking, tp_chan_op, co_node);
-    TP_LIST_INIT(&ch->c_acked, tp_chan_op, co_node);
     tp_status st = tp__cma_side_listen(&ch->c_side, err_p);
     if (st != TP_OK) {
         tp__free(ch);
@@ -392,17 +329,17 @@ cma_create(const tp_chan_env *env, tp_chan **ch_p, tp_error **err_p)
     memcpy(hello + CMA_MAGIC_LEN, ch->c_side.cs_name, TP_CMA_SIDE_NAME_LEN);
     memcpy(hello + CMA_MAGIC_LEN + TP_CMA_SIDE_NAME_LEN, ch->c_side.cs_token,
            TP_CMA_SIDE_TOKEN_LEN);
-    if (!cma_queue(ch, hello, sizeof(hello))) {
+    if (!tp__chan_acks_push(&ch->c_acks, hello, sizeof(hello))) {
         tp__cma_side_close(&ch->c_side);
+        tp__chan_acks_fini(&ch->c_acks);
         tp__free(ch);
         return tp__error_set(err_p, TP_ENOMEM, "cma: out of memory");
     }
     tp__aio_init(&ch->c_raio, cma_raio_cb, ch);
-    tp__aio_init(&ch->c_waio, cma_waio_cb, ch);
     tp__task_init(&ch->c_free_task, cma_free_task, ch);
     // Peers must be allowed to read us (Yama scope 1).
     tp__cma_allow_peers();
-    tp__cma_chan_flush_acks(ch);
+    tp__chan_acks_flush(&ch->c_acks);
     cma_read_acks(ch);
     *ch_p = ch;
     return TP_OK;
@@ -412,22 +349,13 @@ static void
 cma_close(tp_chan *ch, const tp_error *err)
 {
     ch->c_closed = true;
+    tp__chan_acks_close(&ch->c_acks, err);
     tp_chan_op *op;
-    while ((op = tp__list_pop_first(&ch->c_sends)) != NULL) {
-        tp__chan_op_fail_later(ch->c_env.ce_loop, op, tp_error_ref(err));
-    }
     while ((op = tp__list_pop_first(&ch->c_recvs)) != NULL) {
-        tp__chan_op_fail_later(ch->c_env.ce_loop, op, tp_error_ref(err));
-    }
-    while ((op = tp__list_pop_first(&ch->c_acking)) != NULL) {
-        tp__chan_op_fail_later(ch->c_env.ce_loop, op, tp_error_ref(err));
-    }
-    while ((op = tp__list_pop_first(&ch->c_acked)) != NULL) {
         tp__chan_op_fail_later(ch->c_env.ce_loop, op, tp_error_ref(err));
     }
     tp__cma_side_close(&ch->c_side);
     tp_aio_cancel(&ch->c_raio);
-    tp_aio_cancel(&ch->c_waio);
 }
 
 static void

@@ -26,7 +26,7 @@ tp__cma_chan_send(tp_chan *ch, tp_chan_op *op)
         tp__chan_op_fail_later(ch->c_env.ce_loop, op, cma_down_err(ch, op));
         return;
     }
-    tp__list_append(&ch->c_sends, op);
+    tp__list_append(&ch->c_acks.ca_sends, op);
 }
 
 static void
@@ -48,10 +48,8 @@ cma_copied_task(void *arg)
     tp_error *err = op->co_err;
     op->co_err = NULL;
     if (err == NULL && !ch->c_closed && ch->c_err == NULL) {
-        // Done once the ack is written (cma_waio_cb).
-        if (tp__cma_chan_queue_ack(ch, op->co_seq, op->co_index)) {
-            tp__list_append(&ch->c_acking, op);
-            tp__cma_chan_flush_acks(ch);
+        // Done once the ack is written (chan_ack.c).
+        if (tp__chan_acks_ack(&ch->c_acks, op)) {
             return;
         }
         err = tp__error_new(TP_ENOMEM, 0, NULL, "cma: ack: out of memory");

@@ -57,23 +57,17 @@ typedef struct cma_copy {
 struct tp_chan {
     tp_chan_env c_env;
     tp_conn *c_conn;
-    tp_list c_sends; // ops waiting for their ack (co_node)
+    tp__chan_acks c_acks; // the sends waiting for acks, the frame writer
     // Who the peer is, from the kernel (see the top of this file).
     enum { CMA_HS_HELLO, CMA_HS_READY, CMA_HS_DONE } c_hs;
     tp__cma_side c_side;
     tp__cma_peer c_peer; // valid once c_hs is CMA_HS_DONE
     tp_list c_recvs;     // receives waiting for c_peer (co_node)
-    tp_list c_acking;    // copied receives whose ack is queued (co_node)
-    tp_list c_acked;     // copied receives whose ack is being written
     tp_error *c_err;     // the channel broke while no op depended on it
     // reader: the peer's hello, its ready, then acks
     tp_aio c_raio;
     uint8_t c_rbuf[CMA_RBUF_LEN];
     bool c_rbusy;
-    // ack writer: acks queued while one write is in flight
-    tp_aio c_waio;
-    tp__chan_wq c_wq;
-    bool c_wbusy;
     bool c_closed;
     bool c_destroy_req;
     int c_copies; // copies on the pool
@@ -83,10 +77,6 @@ struct tp_chan {
 // cma.c
 // Fails the pipe with @err (taken) unless the channel is closed.
 void tp__cma_chan_fail(tp_chan *ch, tp_error *err);
-// Writes the queued acks if no write is in flight.
-void tp__cma_chan_flush_acks(tp_chan *ch);
-// Queues the ack of tensor @idx of message @seq; false if out of memory.
-bool tp__cma_chan_queue_ack(tp_chan *ch, uint64_t seq, uint32_t idx);
 // Frees the channel once destroyed and idle (no read, write or copy).
 void tp__cma_chan_maybe_free(tp_chan *ch);
 

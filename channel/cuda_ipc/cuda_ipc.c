@@ -91,7 +91,7 @@ static void cipc_read_acks(tp_chan *ch);
 void
 tp__cipc_maybe_free(tp_chan *ch)
 {
-    if (ch->c_destroy_req && !ch->c_rbusy && !ch->c_wbusy &&
+    if (ch->c_destroy_req && !ch->c_rbusy && !ch->c_acks.ca_wbusy &&
         ch->c_copies == 0) {
         tp__loop_defer(ch->c_env.ce_loop, &ch->c_free_task);
     }
@@ -107,9 +107,8 @@ cipc_free_task(void *arg)
                  ch->c_env.ce_peer, ch->c_cache.cc_opens, ch->c_cache.cc_hits);
     tp__cipc_cache_fini(&ch->c_cache);
     tp__aio_fini(&ch->c_raio);
-    tp__aio_fini(&ch->c_waio);
+    tp__chan_acks_fini(&ch->c_acks);
     tp_error_unref(ch->c_err);
-    tp__chan_wq_fini(&ch->c_wq);
     tp__free(ch);
 }
 
@@ -132,7 +131,8 @@ cipc_broken(tp_chan *ch, tp_error *err)
         tp_error_unref(err);
         return;
     }
-    if (tp_error_status(err) == TP_EPROTO || !tp__list_empty(&ch->c_sends)) {
+    if (tp_error_status(err) == TP_EPROTO ||
+        !tp__list_empty(&ch->c_acks.ca_sends)) {
         tp__cipc_fail(ch, err);
         return;
     }
@@ -140,11 +140,24 @@ cipc_broken(tp_chan *ch, tp_error *err)
                  "%s (no cuda_ipc send waits on it: the pipe goes on; its "
                  "next cuda tensor fails)",
                  tp_error_message(err));
+    tp__chan_acks_down(&ch->c_acks);
     if (ch->c_err == NULL) {
         ch->c_err = err;
     } else {
         tp_error_unref(err);
     }
+}
+
+static void
+cipc_write_failed(void *owner, tp_error *err)
+{
+    cipc_broken(owner, err);
+}
+
+static void
+cipc_write_ended(void *owner)
+{
+    tp__cipc_maybe_free(owner);
 }
 
 static void
@@ -163,28 +176,11 @@ cipc_raio_cb(void *arg)
                                       ch->c_env.ce_peer));
         return;
     }
-    uint64_t seq;
-    uint32_t idx;
-    char why[96];
-    if (!tp__chan_ack_decode(ch->c_rbuf, &seq, &idx, why, sizeof(why))) {
-        tp__cipc_fail(ch, tp__error_new(TP_EPROTO, 0, NULL,
-                                        "cuda_ipc: pipe to %s: protocol "
-                                        "error: expected an ack frame: %s",
-                                        ch->c_env.ce_peer, why));
+    tp_error *err = NULL;
+    if (tp__chan_acks_got(&ch->c_acks, ch->c_rbuf, &err) != TP_OK) {
+        tp__cipc_fail(ch, err);
         return;
     }
-    tp_chan_op *op = tp__chan_take_acked(&ch->c_sends, seq, idx);
-    if (op == NULL) {
-        tp__cipc_fail(ch, tp__error_new(TP_EPROTO, 0, NULL,
-                                        "cuda_ipc: pipe to %s: protocol "
-                                        "error: ack of message %" PRIu64
-                                        " tensor %u, which is not waiting "
-                                        "for one",
-                                        ch->c_env.ce_peer, seq, idx));
-        return;
-    }
-    tp__cipc_send_done(op);
-    op->co_done(op, NULL);
     cipc_read_acks(ch);
 }
 
@@ -201,74 +197,6 @@ cipc_read_acks(tp_chan *ch)
     tp__conn_read(ch->c_conn, &ch->c_raio);
 }
 
-static void cipc_flush(tp_chan *ch);
-
-static void
-cipc_waio_cb(void *arg)
-{
-    tp_chan *ch = arg;
-    ch->c_wbusy = false;
-    if (ch->c_closed) {
-        tp__cipc_maybe_free(ch);
-        return;
-    }
-    // The receives acked by this write are done: their bytes are here
-    // (if the ack could not go, only the sender's write fails).
-    tp_chan_op *op;
-    while ((op = tp__list_pop_first(&ch->c_acked)) != NULL) {
-        op->co_done(op, NULL);
-    }
-    if (tp_aio_status(&ch->c_waio) != TP_OK) {
-        cipc_broken(ch, tp__error_new(tp_aio_status(&ch->c_waio), 0,
-                                      tp_aio_error(&ch->c_waio),
-                                      "cuda_ipc: pipe to %s: sending acks",
-                                      ch->c_env.ce_peer));
-        while ((op = tp__list_pop_first(&ch->c_acking)) != NULL) {
-            op->co_done(op, NULL);
-        }
-        return;
-    }
-    cipc_flush(ch);
-}
-
-static void
-cipc_flush(tp_chan *ch)
-{
-    tp_iov iov;
-    if (ch->c_wbusy || ch->c_closed || ch->c_err != NULL ||
-        !tp__chan_wq_take(&ch->c_wq, &iov)) {
-        return;
-    }
-    tp_chan_op *op;
-    while ((op = tp__list_pop_first(&ch->c_acking)) != NULL) {
-        tp__list_append(&ch->c_acked, op);
-    }
-    tp_aio_set_iov(&ch->c_waio, 1, &iov);
-    ch->c_wbusy = true;
-    tp__conn_write(ch->c_conn, &ch->c_waio);
-}
-
-void
-tp__cipc_ack(tp_chan *ch, tp_chan_op *op)
-{
-    if (ch->c_err != NULL) {
-        // Nobody to ack to: the bytes are here all the same.
-        op->co_done(op, NULL);
-        return;
-    }
-    if (!tp__chan_wq_push_ack(&ch->c_wq, op->co_seq, op->co_index)) {
-        tp_error *err = tp__error_new(TP_ENOMEM, 0, NULL,
-                                      "cuda_ipc: pipe to %s: ack: out of "
-                                      "memory",
-                                      ch->c_env.ce_peer);
-        tp__cipc_fail(ch, tp_error_ref(err));
-        op->co_done(op, err);
-        return;
-    }
-    tp__list_append(&ch->c_acking, op);
-    cipc_flush(ch);
-}
-
 static tp_status
 cipc_create(const tp_chan_env *env, tp_chan **ch_p, tp_error **err_p)
 {
@@ -283,11 +211,10 @@ cipc_create(const tp_chan_env *env, tp_chan **ch_p, tp_error **err_p)
     }
     ch->c_env = *env;
     ch->c_conn = env->ce_conns[0];
-    TP_LIST_INIT(&ch->c_sends, tp_chan_op, co_node);
-    TP_LIST_INIT(&ch->c_acking, tp_chan_op, co_node);
-    TP_LIST_INIT(&ch->c_acked, tp_chan_op, co_node);
+    tp__chan_acks_init(&ch->c_acks, "cuda_ipc", env, ch->c_conn,
+                       cipc_write_failed, cipc_write_ended, ch);
+    ch->c_acks.ca_send_done = tp__cipc_send_done;
     tp__aio_init(&ch->c_raio, cipc_raio_cb, ch);
-    tp__aio_init(&ch->c_waio, cipc_waio_cb, ch);
     tp__task_init(&ch->c_free_task, cipc_free_task, ch);
     const cipc_tunables *ct =
         tp__config_own_const(env->ce_cfg, &tp__cuda_ipc_tunables);
@@ -301,19 +228,8 @@ static void
 cipc_close(tp_chan *ch, const tp_error *err)
 {
     ch->c_closed = true;
-    tp_chan_op *op;
-    while ((op = tp__list_pop_first(&ch->c_sends)) != NULL) {
-        tp__cipc_send_done(op);
-        tp__chan_op_fail_later(ch->c_env.ce_loop, op, tp_error_ref(err));
-    }
-    while ((op = tp__list_pop_first(&ch->c_acking)) != NULL) {
-        tp__chan_op_fail_later(ch->c_env.ce_loop, op, tp_error_ref(err));
-    }
-    while ((op = tp__list_pop_first(&ch->c_acked)) != NULL) {
-        tp__chan_op_fail_later(ch->c_env.ce_loop, op, tp_error_ref(err));
-    }
+    tp__chan_acks_close(&ch->c_acks, err);
     tp_aio_cancel(&ch->c_raio);
-    tp_aio_cancel(&ch->c_waio);
 }
 
 static void

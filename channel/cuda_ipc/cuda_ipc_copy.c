@@ -227,7 +227,7 @@ tp__cipc_send(tp_chan *ch, tp_chan_op *op)
                           off, (uint64_t)size,     {0}};
     memcpy(info.ci_handle, handle, TP_CUDA_IPC_HANDLE_LEN);
     tp__cipc_info_encode(&info, &op->co_info);
-    tp__list_append(&ch->c_sends, op);
+    tp__list_append(&ch->c_acks.ca_sends, op);
 }
 
 // ---- receive ----------------------------------------------------------------
@@ -249,8 +249,12 @@ cipc_copied_task(void *arg)
         op->co_done(op, err);
     } else if (ch->c_closed) {
         op->co_done(op, NULL);
-    } else {
-        tp__cipc_ack(ch, op);
+    } else if (!tp__chan_acks_ack(&ch->c_acks, op)) {
+        err = tp__error_new(TP_ENOMEM, 0, NULL,
+                            "cuda_ipc: pipe to %s: ack: out of memory",
+                            ch->c_env.ce_peer);
+        tp__cipc_fail(ch, tp_error_ref(err));
+        op->co_done(op, err);
     }
     tp__cipc_maybe_free(ch);
 }

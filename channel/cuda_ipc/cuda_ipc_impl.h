@@ -90,16 +90,11 @@ typedef struct cipc_copy {
 struct tp_chan {
     tp_chan_env c_env;
     tp_conn *c_conn;
-    tp_list c_sends;  // ops waiting for their ack (co_node)
-    tp_list c_acking; // copied receives whose ack is queued (co_node)
-    tp_list c_acked;  // copied receives whose ack is being written
-    tp_error *c_err;  // the connection broke while no op depended on it
+    tp__chan_acks c_acks; // the sends waiting for acks, the ack writer
+    tp_error *c_err;      // the connection broke while no op depended on it
     tp_aio c_raio;
     uint8_t c_rbuf[TP_CHAN_ACK_FRAME];
     bool c_rbusy;
-    tp_aio c_waio;
-    tp__chan_wq c_wq;
-    bool c_wbusy;
     bool c_closed;
     bool c_destroy_req;
     int c_copies; // copies on the pool
@@ -110,9 +105,6 @@ struct tp_chan {
 // cuda_ipc.c
 // Fails the pipe with @err (taken) unless the channel is closed.
 void tp__cipc_fail(tp_chan *ch, tp_error *err);
-// Queues the ack of @op (a finished receive) and writes it; the receive
-// completes once it is written.
-void tp__cipc_ack(tp_chan *ch, tp_chan_op *op);
 void tp__cipc_maybe_free(tp_chan *ch);
 
 // cuda_ipc_copy.c

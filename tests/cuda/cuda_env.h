@@ -36,18 +36,17 @@ cuda_env_setup(void)
     }
 }
 
-// The fake runtime's counters (fake_cuda_counters); false with the real
-// one. [0] live device allocations, [1] live pinned ones, [2] h2d,
-// [3] d2h, [4] d2d copies, [5] live streams, [6] device syncs.
+// Calls the fake runtime's @name(out) (fake_cuda_counters,
+// fake_cuda_ipc_counters); false with the real runtime.
 static inline bool
-cuda_env_counters(long out[7])
+cuda_env_fake_call(const char *name, long *out)
 {
     if (!cuda_env_fake()) {
         return false;
     }
     void *h = dlopen(TP_FAKE_CUDART, RTLD_NOW | RTLD_NOLOAD);
     TP_CHECK(h != NULL);
-    void *sym = dlsym(h, "fake_cuda_counters");
+    void *sym = dlsym(h, name);
     TP_CHECK(sym != NULL);
     void (*fn)(long *);
     memcpy(&fn, &sym, sizeof(sym));
@@ -56,23 +55,21 @@ cuda_env_counters(long out[7])
     return true;
 }
 
-// The fake runtime's IPC counters (fake_cuda_ipc_counters): [0] handles
-// opened so far, [1] mappings open now; false with the real one.
+// The fake runtime's counters: [0] live device allocations, [1] live
+// pinned ones, [2] h2d, [3] d2h, [4] d2d copies, [5] live streams, [6]
+// device syncs. False with the real runtime.
+static inline bool
+cuda_env_counters(long out[7])
+{
+    return cuda_env_fake_call("fake_cuda_counters", out);
+}
+
+// The fake runtime's IPC counters: [0] handles opened so far, [1] mappings
+// open now. False with the real runtime.
 static inline bool
 cuda_env_ipc_counters(long out[2])
 {
-    if (!cuda_env_fake()) {
-        return false;
-    }
-    void *h = dlopen(TP_FAKE_CUDART, RTLD_NOW | RTLD_NOLOAD);
-    TP_CHECK(h != NULL);
-    void *sym = dlsym(h, "fake_cuda_ipc_counters");
-    TP_CHECK(sym != NULL);
-    void (*fn)(long *);
-    memcpy(&fn, &sym, sizeof(sym));
-    fn(out);
-    dlclose(h);
-    return true;
+    return cuda_env_fake_call("fake_cuda_ipc_counters", out);
 }
 
 #endif

@@ -17,6 +17,7 @@
 #include "channel/cuda_ipc/cuda_ipc_impl.h"
 #include "core/alloc.h"
 #include "core/cuda.h"
+#include "cuda_bufs.h"
 #include "cuda_env.h"
 #include "tp_test.h"
 #include "tp_test_op.h"
@@ -29,65 +30,6 @@ static tp_device
 gpu(int i)
 {
     return (tp_device){TP_DEVICE_CUDA, i};
-}
-
-static void
-fill(uint8_t *p, size_t n, unsigned seed)
-{
-    for (size_t i = 0; i < n; i++) {
-        p[i] = (uint8_t)(i * 13u + seed * 5u + (i >> 9));
-    }
-}
-
-// @n bytes of pattern @seed at offset @off of a new allocation on @dev
-// (*@base_p: what to free).
-static void *
-make_buf(tp_device dev, size_t off, size_t n, unsigned seed, void **base_p)
-{
-    uint8_t *h = tp__alloc(off + n + 1);
-    TP_CHECK(h != NULL);
-    memset(h, 0xee, off + n + 1);
-    fill(h + off, n, seed);
-    if (dev.type == TP_DEVICE_CPU) {
-        *base_p = h;
-        return h + off;
-    }
-    void *d = NULL;
-    tp_error *err = NULL;
-    TP_CHECK_OK(tp__cuda_alloc(dev.index, off + n + 1, &d, &err), err);
-    TP_CHECK_OK(tp__cuda_copy(d, dev.index, h, -1, off + n + 1, &err), err);
-    tp__free(h);
-    *base_p = d;
-    return (uint8_t *)d + off;
-}
-
-static void
-free_buf(tp_device dev, void *base)
-{
-    if (dev.type == TP_DEVICE_CPU) {
-        tp__free(base);
-    } else {
-        tp__cuda_free(dev.index, base);
-    }
-}
-
-static bool
-buf_ok(tp_device dev, const void *p, size_t n, unsigned seed)
-{
-    uint8_t *want = tp__alloc(n + 1);
-    uint8_t *got = tp__alloc(n + 1);
-    TP_CHECK(want != NULL && got != NULL);
-    fill(want, n, seed);
-    tp_error *err = NULL;
-    if (dev.type == TP_DEVICE_CPU) {
-        memcpy(got, p, n);
-    } else {
-        TP_CHECK_OK(tp__cuda_copy(got, -1, p, dev.index, n, &err), err);
-    }
-    bool ok = memcmp(want, got, n) == 0;
-    tp__free(want);
-    tp__free(got);
-    return ok;
 }
 
 static tp_context *
@@ -115,32 +57,6 @@ accept_one(tp_pipe_listener *l)
     tp_pipe *p = tp_aio_get_output(acc.aio, 0);
     op_fini(&acc);
     return p;
-}
-
-static tp_message *
-read_desc(tp_pipe *p)
-{
-    op d;
-    op_init(&d, WAIT_MS);
-    tp_pipe_read_descriptor(p, d.aio);
-    op_wait(&d, WAIT_MS);
-    TP_CHECK_OK(tp_aio_status(d.aio), tp_aio_error(d.aio));
-    tp_message *m = tp_aio_get_output(d.aio, 0);
-    op_fini(&d);
-    return m;
-}
-
-static tp_status
-read_data(tp_pipe *p, tp_message *m, tp_error **err_p)
-{
-    op r;
-    op_init(&r, WAIT_MS);
-    tp_pipe_read(p, m, r.aio);
-    op_wait(&r, WAIT_MS);
-    tp_status st = tp_aio_status(r.aio);
-    *err_p = tp_error_ref(tp_aio_error(r.aio));
-    op_fini(&r);
-    return st;
 }
 
 static void
@@ -228,12 +144,12 @@ xp_writer(int rfd)
     void *b0, *b1, *b2;
     tp_message *m = NULL;
     TP_CHECK_OK(tp_message_create(0, 3, &m), NULL);
-    m->tensors[0] = (tp_msg_buf){make_buf(gpu(last), XP_OFF, XP_N, 1, &b0),
+    m->tensors[0] = (tp_msg_buf){cuda_buf_make(gpu(last), XP_OFF, XP_N, 1, &b0),
                                  XP_N, gpu(last), false};
     m->tensors[1] =
-        (tp_msg_buf){make_buf(gpu(0), 0, 3, 2, &b1), 3, gpu(0), false};
+        (tp_msg_buf){cuda_buf_make(gpu(0), 0, 3, 2, &b1), 3, gpu(0), false};
     m->tensors[2] =
-        (tp_msg_buf){make_buf(cpu, 0, 70000, 3, &b2), 70000, cpu, false};
+        (tp_msg_buf){cuda_buf_make(cpu, 0, 70000, 3, &b2), 70000, cpu, false};
     long before[7], after[7];
     bool counted = cuda_env_counters(before);
     op w;
@@ -249,9 +165,9 @@ xp_writer(int rfd)
         TP_CHECK_EQ(after[1], before[1]);
     }
     report_has(p, "cuda tensors by cuda_ipc");
-    free_buf(gpu(last), b0);
-    free_buf(gpu(0), b1);
-    free_buf(cpu, b2);
+    cuda_buf_free(gpu(last), b0);
+    cuda_buf_free(gpu(0), b1);
+    cuda_buf_free(cpu, b2);
     tp_message_destroy(m);
     tp_pipe_unref(p);
     tp_context_destroy(ctx);
@@ -281,7 +197,7 @@ ipc_cross_process(void)
     close(fds[1]);
     tp_pipe *p = accept_one(l);
     report_has(p, "channel cuda_ipc: chosen for cuda tensors");
-    tp_message *r = read_desc(p);
+    tp_message *r = cuda_read_desc(p);
     TP_CHECK_EQ(r->ntensors, 3);
     int last = tp__cuda_device_count() - 1;
     TP_CHECK_EQ(r->tensors[0].device.index, last);
@@ -290,7 +206,7 @@ ipc_cross_process(void)
     r->tensors[2].device = gpu(last); // host -> CUDA: staged
     long before[7], after[7];
     bool counted = cuda_env_counters(before);
-    TP_CHECK_OK(read_data(p, r, &err), err);
+    TP_CHECK_OK(cuda_read_data(p, r, &err), err);
     if (counted) {
         cuda_env_counters(after);
         TP_CHECK_EQ(after[4] - before[4], 1); // d2d: tensor 0
@@ -298,9 +214,9 @@ ipc_cross_process(void)
         TP_CHECK_EQ(after[2] - before[2], 1); // h2d: tensor 2's staging
         TP_CHECK_EQ(after[1] - before[1], 0); // no pinned buffer left
     }
-    TP_CHECK(buf_ok(gpu(0), r->tensors[0].data, XP_N, 1));
-    TP_CHECK(buf_ok(cpu, r->tensors[1].data, 3, 2));
-    TP_CHECK(buf_ok(gpu(last), r->tensors[2].data, 70000, 3));
+    TP_CHECK(cuda_buf_ok(gpu(0), r->tensors[0].data, XP_N, 1));
+    TP_CHECK(cuda_buf_ok(cpu, r->tensors[1].data, 3, 2));
+    TP_CHECK(cuda_buf_ok(gpu(last), r->tensors[2].data, 70000, 3));
     tp_message_destroy(r);
     int status = 0;
     TP_CHECK(waitpid(pid, &status, 0) == pid);
@@ -332,7 +248,7 @@ ipc_reader_dies(void)
         TP_CHECK(write(fds[1], url, strlen(url)) == (ssize_t)strlen(url));
         close(fds[1]);
         tp_pipe *p = accept_one(l);
-        tp_message *r = read_desc(p);
+        tp_message *r = cuda_read_desc(p);
         (void)r;
         _exit(0); // dies holding the descriptor
     }
@@ -350,7 +266,7 @@ ipc_reader_dies(void)
     void *base;
     tp_message *m = NULL;
     TP_CHECK_OK(tp_message_create(0, 1, &m), NULL);
-    m->tensors[0] = (tp_msg_buf){make_buf(gpu(0), 0, 1 << 20, 4, &base),
+    m->tensors[0] = (tp_msg_buf){cuda_buf_make(gpu(0), 0, 1 << 20, 4, &base),
                                  1 << 20, gpu(0), false};
     op w;
     op_init(&w, 10000);
@@ -362,7 +278,7 @@ ipc_reader_dies(void)
     op_fini(&w);
     int status = 0;
     TP_CHECK(waitpid(pid, &status, 0) == pid);
-    free_buf(gpu(0), base);
+    cuda_buf_free(gpu(0), base);
     tp_message_destroy(m);
     tp_pipe_unref(p);
     tp_context_destroy(ctx);
@@ -394,8 +310,8 @@ cache_run(const char *cache, long want_opens, long want_live)
         tp_error *err = NULL;
         TP_CHECK_OK(tp_context_connect(ctx, url, &p, &err), err);
         void *ba, *bb;
-        uint8_t *a = make_buf(gpu(0), 0, 3 * 4096, 11, &ba);
-        uint8_t *b = make_buf(gpu(1), 64, 4096, 12, &bb);
+        uint8_t *a = cuda_buf_make(gpu(0), 0, 3 * 4096, 11, &ba);
+        uint8_t *b = cuda_buf_make(gpu(1), 64, 4096, 12, &bb);
         uint8_t *src[4] = {a, a + 4096, a + 8192, b};
         for (int i = 0; i < 4; i++) {
             tp_message *m = NULL;
@@ -412,8 +328,8 @@ cache_run(const char *cache, long want_opens, long want_live)
         }
         tp_pipe_unref(p);
         tp_context_destroy(ctx);
-        free_buf(gpu(0), ba);
-        free_buf(gpu(1), bb);
+        cuda_buf_free(gpu(0), ba);
+        cuda_buf_free(gpu(1), bb);
         _exit(0);
     }
     close(fds[0]);
@@ -430,17 +346,17 @@ cache_run(const char *cache, long want_opens, long want_live)
     long before[2], after[2];
     bool counted = cuda_env_ipc_counters(before);
     for (int i = 0; i < 4; i++) {
-        tp_message *r = read_desc(p);
+        tp_message *r = cuda_read_desc(p);
         r->tensors[0].device = gpu(1);
-        TP_CHECK_OK(read_data(p, r, &err), err);
+        TP_CHECK_OK(cuda_read_data(p, r, &err), err);
         // The pattern of its allocation, from where the tensor starts.
         uint8_t want[4096], got[4096];
         uint8_t *full = tp__alloc(3 * 4096);
-        fill(full, 3 * 4096, 11);
+        cuda_fill(full, 3 * 4096, 11);
         if (i < 3) {
             memcpy(want, full + 4096 * i, 4096);
         } else {
-            fill(want, 4096, 12);
+            cuda_fill(want, 4096, 12);
         }
         tp__free(full);
         TP_CHECK_OK(tp__cuda_copy(got, -1, r->tensors[0].data, 1, 4096, &err),
@@ -529,21 +445,21 @@ ipc_same_process_and_ack(void)
     tp_message *m = NULL;
     TP_CHECK_OK(tp_message_create(0, 1, &m), NULL);
     m->tensors[0] =
-        (tp_msg_buf){make_buf(gpu(1), 512, n, 7, &base), n, gpu(1), false};
+        (tp_msg_buf){cuda_buf_make(gpu(1), 512, n, 7, &base), n, gpu(1), false};
     op w;
     op_init(&w, WAIT_MS);
     tp_pipe_write(pr.pb, m, w.aio);
-    tp_message *r = read_desc(pr.pa);
+    tp_message *r = cuda_read_desc(pr.pa);
     TP_CHECK(!op_wait_for(&w, 300)); // no ack before the read
     r->tensors[0].device = gpu(0);
     tp_error *err = NULL;
-    TP_CHECK_OK(read_data(pr.pa, r, &err), err);
+    TP_CHECK_OK(cuda_read_data(pr.pa, r, &err), err);
     op_wait(&w, WAIT_MS);
     TP_CHECK_OK(tp_aio_status(w.aio), tp_aio_error(w.aio));
     op_fini(&w);
-    TP_CHECK(buf_ok(gpu(0), r->tensors[0].data, n, 7));
+    TP_CHECK(cuda_buf_ok(gpu(0), r->tensors[0].data, n, 7));
     tp_message_destroy(r);
-    free_buf(gpu(1), base);
+    cuda_buf_free(gpu(1), base);
     tp_message_destroy(m);
     pair_close(&pr);
 }
@@ -566,20 +482,20 @@ ipc_unshareable_memory_staged(void)
     void *b0, *b1;
     tp_message *m = NULL;
     TP_CHECK_OK(tp_message_create(0, 2, &m), NULL);
-    m->tensors[0] = (tp_msg_buf){make_buf(gpu(0), 0, 300000, 13, &b0), 300000,
-                                 gpu(0), false};
+    m->tensors[0] = (tp_msg_buf){cuda_buf_make(gpu(0), 0, 300000, 13, &b0),
+                                 300000, gpu(0), false};
     m->tensors[1] =
-        (tp_msg_buf){make_buf(gpu(1), 0, 7, 14, &b1), 7, gpu(1), false};
+        (tp_msg_buf){cuda_buf_make(gpu(1), 0, 7, 14, &b1), 7, gpu(1), false};
     long before[7], after[7];
     TP_CHECK(cuda_env_counters(before));
     op w;
     op_init(&w, WAIT_MS);
     tp_pipe_write(pr.pb, m, w.aio);
-    tp_message *r = read_desc(pr.pa);
+    tp_message *r = cuda_read_desc(pr.pa);
     r->tensors[0].device = gpu(1);
     r->tensors[1].device = cpu;
     tp_error *err = NULL;
-    TP_CHECK_OK(read_data(pr.pa, r, &err), err);
+    TP_CHECK_OK(cuda_read_data(pr.pa, r, &err), err);
     op_wait(&w, WAIT_MS);
     TP_CHECK_OK(tp_aio_status(w.aio), tp_aio_error(w.aio));
     op_fini(&w);
@@ -588,11 +504,11 @@ ipc_unshareable_memory_staged(void)
     TP_CHECK_EQ(after[2] - before[2], 1); // tensor 0 staged in
     TP_CHECK_EQ(after[4] - before[4], 0); // no device-to-device copy
     unsetenv("FAKE_CUDA_NO_IPC_EXPORT");
-    TP_CHECK(buf_ok(gpu(1), r->tensors[0].data, 300000, 13));
-    TP_CHECK(buf_ok(cpu, r->tensors[1].data, 7, 14));
+    TP_CHECK(cuda_buf_ok(gpu(1), r->tensors[0].data, 300000, 13));
+    TP_CHECK(cuda_buf_ok(cpu, r->tensors[1].data, 7, 14));
     tp_message_destroy(r);
-    free_buf(gpu(0), b0);
-    free_buf(gpu(1), b1);
+    cuda_buf_free(gpu(0), b0);
+    cuda_buf_free(gpu(1), b1);
     tp_message_destroy(m);
     pair_close(&pr);
 }
@@ -613,16 +529,16 @@ ipc_staged_when_peer_lacks_it(void)
     void *base;
     tp_message *m = NULL;
     TP_CHECK_OK(tp_message_create(0, 1, &m), NULL);
-    m->tensors[0] =
-        (tp_msg_buf){make_buf(gpu(0), 0, 5000, 8, &base), 5000, gpu(0), false};
+    m->tensors[0] = (tp_msg_buf){cuda_buf_make(gpu(0), 0, 5000, 8, &base), 5000,
+                                 gpu(0), false};
     long before[7], after[7];
     bool counted = cuda_env_counters(before);
     op w;
     op_init(&w, WAIT_MS);
     tp_pipe_write(pr.pb, m, w.aio);
-    tp_message *r = read_desc(pr.pa);
+    tp_message *r = cuda_read_desc(pr.pa);
     tp_error *err = NULL;
-    TP_CHECK_OK(read_data(pr.pa, r, &err), err);
+    TP_CHECK_OK(cuda_read_data(pr.pa, r, &err), err);
     op_wait(&w, WAIT_MS);
     TP_CHECK_OK(tp_aio_status(w.aio), tp_aio_error(w.aio));
     op_fini(&w);
@@ -630,9 +546,9 @@ ipc_staged_when_peer_lacks_it(void)
         cuda_env_counters(after);
         TP_CHECK_EQ(after[3] - before[3], 1); // staged device-to-host
     }
-    TP_CHECK(buf_ok(gpu(0), r->tensors[0].data, 5000, 8));
+    TP_CHECK(cuda_buf_ok(gpu(0), r->tensors[0].data, 5000, 8));
     tp_message_destroy(r);
-    free_buf(gpu(0), base);
+    cuda_buf_free(gpu(0), base);
     tp_message_destroy(m);
     pair_close(&pr);
 }

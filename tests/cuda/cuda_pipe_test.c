@@ -12,6 +12,7 @@
 
 #include "core/alloc.h"
 #include "core/cuda.h"
+#include "cuda_bufs.h"
 #include "cuda_env.h"
 #include "tp_test.h"
 #include "tp_test_op.h"
@@ -87,60 +88,12 @@ pair_close(pair *pr)
     tp_context_destroy(pr->a);
 }
 
-static void
-fill(uint8_t *p, size_t n, unsigned seed)
-{
-    for (size_t i = 0; i < n; i++) {
-        p[i] = (uint8_t)(i * 31u + seed * 7u + (i >> 11));
-    }
-}
-
-// A buffer of @n bytes with pattern @seed on @dev.
+// A buffer of @n bytes with pattern @seed on @dev (its own allocation).
 static void *
 make_buf(tp_device dev, size_t n, unsigned seed)
 {
-    uint8_t *h = tp__alloc(n ? n : 1);
-    TP_CHECK(h != NULL);
-    fill(h, n, seed);
-    if (dev.type == TP_DEVICE_CPU) {
-        return h;
-    }
-    void *d = NULL;
-    tp_error *err = NULL;
-    TP_CHECK_OK(tp__cuda_alloc(dev.index, n, &d, &err), err);
-    TP_CHECK_OK(tp__cuda_copy(d, dev.index, h, -1, n, &err), err);
-    tp__free(h);
-    return d;
-}
-
-static void
-free_buf(tp_device dev, void *p)
-{
-    if (dev.type == TP_DEVICE_CPU) {
-        tp__free(p);
-    } else {
-        tp__cuda_free(dev.index, p);
-    }
-}
-
-// @p (@n bytes on @dev) holds pattern @seed.
-static bool
-buf_ok(tp_device dev, const void *p, size_t n, unsigned seed)
-{
-    uint8_t *want = tp__alloc(n ? n : 1);
-    uint8_t *got = tp__alloc(n ? n : 1);
-    TP_CHECK(want != NULL && got != NULL);
-    fill(want, n, seed);
-    tp_error *err = NULL;
-    if (dev.type == TP_DEVICE_CPU) {
-        memcpy(got, p, n);
-    } else {
-        TP_CHECK_OK(tp__cuda_copy(got, -1, p, dev.index, n, &err), err);
-    }
-    bool ok = memcmp(want, got, n) == 0;
-    tp__free(want);
-    tp__free(got);
-    return ok;
+    void *base;
+    return cuda_buf_make(dev, 0, n, seed, &base);
 }
 
 static void
@@ -148,33 +101,6 @@ write_async(tp_pipe *p, tp_message *m, op *w)
 {
     op_init(w, WAIT_MS);
     tp_pipe_write(p, m, w->aio);
-}
-
-static tp_message *
-read_desc(tp_pipe *p)
-{
-    op d;
-    op_init(&d, WAIT_MS);
-    tp_pipe_read_descriptor(p, d.aio);
-    op_wait(&d, WAIT_MS);
-    TP_CHECK_OK(tp_aio_status(d.aio), tp_aio_error(d.aio));
-    tp_message *m = tp_aio_get_output(d.aio, 0);
-    op_fini(&d);
-    return m;
-}
-
-// tp_pipe_read; returns its status, *@err_p the error (caller unrefs).
-static tp_status
-read_data(tp_pipe *p, tp_message *m, tp_error **err_p)
-{
-    op r;
-    op_init(&r, WAIT_MS);
-    tp_pipe_read(p, m, r.aio);
-    op_wait(&r, WAIT_MS);
-    tp_status st = tp_aio_status(r.aio);
-    *err_p = tp_error_ref(tp_aio_error(r.aio));
-    op_fini(&r);
-    return st;
 }
 
 // One message of 3 tensors (4 bytes: inline on every channel; 100 KiB
@@ -192,7 +118,7 @@ send_pair(pair *pr, tp_device src, tp_device dst)
         m->metadata = meta;
         m->metadata_len = 4;
         uint8_t pay[16];
-        fill(pay, sizeof(pay), 99);
+        cuda_fill(pay, sizeof(pay), 99);
         m->payloads[0] = (tp_msg_buf){pay, sizeof(pay), cpu, false};
         for (int i = 0; i < 3; i++) {
             m->tensors[i] = (tp_msg_buf){make_buf(src, sz[i], (unsigned)i),
@@ -200,7 +126,7 @@ send_pair(pair *pr, tp_device src, tp_device dst)
         }
         op w;
         write_async(pr->pb, m, &w);
-        tp_message *r = read_desc(pr->pa);
+        tp_message *r = cuda_read_desc(pr->pa);
         TP_CHECK_EQ(r->ntensors, 3);
         void *mine[3] = {NULL, NULL, NULL};
         for (int i = 0; i < 3; i++) {
@@ -215,19 +141,19 @@ send_pair(pair *pr, tp_device src, tp_device dst)
             }
         }
         tp_error *err = NULL;
-        TP_CHECK_OK(read_data(pr->pa, r, &err), err);
+        TP_CHECK_OK(cuda_read_data(pr->pa, r, &err), err);
         op_wait(&w, WAIT_MS);
         TP_CHECK_OK(tp_aio_status(w.aio), tp_aio_error(w.aio));
         op_fini(&w);
         TP_CHECK(memcmp(r->payloads[0].data, pay, sizeof(pay)) == 0);
         for (int i = 0; i < 3; i++) {
-            TP_CHECKF(buf_ok(dst, r->tensors[i].data, sz[i], (unsigned)i),
+            TP_CHECKF(cuda_buf_ok(dst, r->tensors[i].data, sz[i], (unsigned)i),
                       "tensor %d (%zu bytes) from %s:%d to %s:%d differs", i,
                       sz[i], src.type ? "cuda" : "cpu", src.index,
                       dst.type ? "cuda" : "cpu", dst.index);
             TP_CHECK_EQ(r->tensors[i].pipe_owned, !own);
-            free_buf(src, m->tensors[i].data);
-            free_buf(dst, mine[i]);
+            cuda_buf_free(src, m->tensors[i].data);
+            cuda_buf_free(dst, mine[i]);
         }
         tp_message_destroy(r); // frees the pipe's device buffers
         m->metadata = NULL;
@@ -320,22 +246,22 @@ read_to_missing_device_fails_only_the_read(void)
     m->tensors[1] = (tp_msg_buf){make_buf(cpu, 8, 2), 8, cpu, false};
     op w;
     write_async(pr.pb, m, &w);
-    tp_message *r = read_desc(pr.pa);
+    tp_message *r = cuda_read_desc(pr.pa);
     r->tensors[0].device = gpu(33);
     tp_error *err = NULL;
-    TP_CHECK_EQ(read_data(pr.pa, r, &err), TP_EINVAL);
+    TP_CHECK_EQ(cuda_read_data(pr.pa, r, &err), TP_EINVAL);
     TP_CHECK_STR_CONTAINS(tp_error_message(err), "pipe to ");
     TP_CHECK_STR_CONTAINS(tp_error_message(err),
                           "tensor 0 on cuda:33: no such device");
     tp_error_unref(err);
     TP_CHECK(r->tensors[0].data == NULL);
-    TP_CHECK(buf_ok(cpu, r->tensors[1].data, 8, 2));
+    TP_CHECK(cuda_buf_ok(cpu, r->tensors[1].data, 8, 2));
     op_wait(&w, WAIT_MS);
     TP_CHECK_OK(tp_aio_status(w.aio), tp_aio_error(w.aio));
     op_fini(&w);
     tp_message_destroy(r);
-    free_buf(gpu(0), m->tensors[0].data);
-    free_buf(cpu, m->tensors[1].data);
+    cuda_buf_free(gpu(0), m->tensors[0].data);
+    cuda_buf_free(cpu, m->tensors[1].data);
     tp_message_destroy(m);
     send_pair(&pr, cpu, gpu(0));
     pair_close(&pr);
@@ -416,10 +342,10 @@ pinned_refused_stages_pageable(void)
     TP_CHECK(cuda_env_counters(before));
     op w;
     write_async(pr.pb, m, &w);
-    tp_message *r = read_desc(pr.pa);
+    tp_message *r = cuda_read_desc(pr.pa);
     r->tensors[0].device = gpu(1);
     tp_error *err = NULL;
-    TP_CHECK_OK(read_data(pr.pa, r, &err), err);
+    TP_CHECK_OK(cuda_read_data(pr.pa, r, &err), err);
     op_wait(&w, WAIT_MS);
     TP_CHECK_OK(tp_aio_status(w.aio), tp_aio_error(w.aio));
     op_fini(&w);
@@ -427,9 +353,9 @@ pinned_refused_stages_pageable(void)
     TP_CHECK_EQ(after[3] - before[3], 1); // staged out, device-to-host
     TP_CHECK_EQ(after[2] - before[2], 1); // staged in, host-to-device
     TP_CHECK_EQ(after[1], 0);             // never a pinned buffer
-    TP_CHECK(buf_ok(gpu(1), r->tensors[0].data, n, 9));
+    TP_CHECK(cuda_buf_ok(gpu(1), r->tensors[0].data, n, 9));
     tp_message_destroy(r);
-    free_buf(gpu(0), m->tensors[0].data);
+    cuda_buf_free(gpu(0), m->tensors[0].data);
     tp_message_destroy(m);
     pair_close(&pr);
 }
@@ -473,8 +399,8 @@ cross_process(void)
         op_wait(&w, WAIT_MS);
         TP_CHECK_OK(tp_aio_status(w.aio), tp_aio_error(w.aio));
         op_fini(&w);
-        free_buf(gpu(last), m->tensors[0].data);
-        free_buf(gpu(0), m->tensors[1].data);
+        cuda_buf_free(gpu(last), m->tensors[0].data);
+        cuda_buf_free(gpu(0), m->tensors[1].data);
         tp_message_destroy(m);
         tp_pipe_unref(p);
         tp_context_destroy(ctx);
@@ -502,16 +428,16 @@ cross_process(void)
     TP_CHECK_OK(tp_aio_status(acc.aio), tp_aio_error(acc.aio));
     tp_pipe *p = tp_aio_get_output(acc.aio, 0);
     op_fini(&acc);
-    tp_message *r = read_desc(p);
+    tp_message *r = cuda_read_desc(p);
     TP_CHECK_EQ(r->ntensors, 2);
     int last = tp__cuda_device_count() - 1;
     TP_CHECK_EQ(r->tensors[0].device.type, TP_DEVICE_CUDA);
     TP_CHECK_EQ(r->tensors[0].device.index, last);
     r->tensors[0].device = gpu(0);
     r->tensors[1].device = cpu;
-    TP_CHECK_OK(read_data(p, r, &err), err);
-    TP_CHECK(buf_ok(gpu(0), r->tensors[0].data, n, 5));
-    TP_CHECK(buf_ok(cpu, r->tensors[1].data, 3, 6));
+    TP_CHECK_OK(cuda_read_data(p, r, &err), err);
+    TP_CHECK(cuda_buf_ok(gpu(0), r->tensors[0].data, n, 5));
+    TP_CHECK(cuda_buf_ok(cpu, r->tensors[1].data, 3, 6));
     fprintf(stderr, "cross-process: %s + %s\n", tp_pipe_transport(p),
             tp_pipe_channel(p));
     tp_message_destroy(r);
