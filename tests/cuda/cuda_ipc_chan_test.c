@@ -46,6 +46,12 @@ make_ctx(const char *name, const char *channels)
     return ctx;
 }
 
+static bool
+write_full_url(int fd, const char *url)
+{
+    return write(fd, url, strlen(url)) == (ssize_t)strlen(url);
+}
+
 static tp_pipe *
 accept_one(tp_pipe_listener *l)
 {
@@ -120,26 +126,85 @@ info_round_trip_and_rejects(void)
 
 // ---- across processes ------------------------------------------------------
 
+// A writer process and this reader, across a fork: the child loads the
+// runtime (a real one cannot cross a fork), makes its context (so cuda_ipc
+// is viable there), connects to the reader's listener, runs @write on its
+// pipe and exits 0; this process does the same on its side and accepts.
+typedef struct xp {
+    pid_t x_pid;
+    tp_context *x_ctx;
+    tp_pipe_listener *x_l;
+    tp_pipe *x_p; // the reader's end
+} xp;
+
+static void
+xp_start(xp *x, void (*write)(tp_pipe *p))
+{
+    int fds[2];
+    TP_CHECK(pipe(fds) == 0);
+    x->x_pid = fork();
+    TP_CHECK(x->x_pid >= 0);
+    if (x->x_pid == 0) {
+        close(fds[1]);
+        char url[256] = "";
+        ssize_t k = read(fds[0], url, sizeof(url) - 1);
+        if (k <= 0) {
+            _exit(3);
+        }
+        url[k] = '\0';
+        cuda_env_setup();
+        tp_context *ctx = make_ctx("writer", NULL);
+        tp_pipe *p = NULL;
+        tp_error *err = NULL;
+        TP_CHECK_OK(tp_context_connect(ctx, url, &p, &err), err);
+        write(p);
+        tp_pipe_unref(p);
+        tp_context_destroy(ctx);
+        _exit(0);
+    }
+    close(fds[0]);
+    cuda_env_setup();
+    x->x_ctx = make_ctx("reader", NULL);
+    tp_error *err = NULL;
+    const char *lo = "tcp://127.0.0.1:0";
+    TP_CHECK_OK(tp_context_listen(x->x_ctx, &lo, 1, &x->x_l, &err), err);
+    const char *url = tp_pipe_listener_addr(x->x_l, NULL);
+    TP_CHECK(write_full_url(fds[1], url));
+    close(fds[1]);
+    x->x_p = accept_one(x->x_l);
+}
+
+// The writer exited 0; the reader's end goes.
+static void
+xp_finish(xp *x)
+{
+    int status = 0;
+    TP_CHECK(waitpid(x->x_pid, &status, 0) == x->x_pid);
+    TP_CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+              "the writer process failed (status 0x%x)", status);
+    tp_pipe_unref(x->x_p);
+    tp_pipe_listener_destroy(x->x_l);
+    tp_context_destroy(x->x_ctx);
+}
+
+static void
+write_one(tp_pipe *p, tp_message *m)
+{
+    op w;
+    op_init(&w, WAIT_MS);
+    tp_pipe_write(p, m, w.aio);
+    op_wait(&w, WAIT_MS);
+    TP_CHECK_OK(tp_aio_status(w.aio), tp_aio_error(w.aio));
+    op_fini(&w);
+}
+
 enum { XP_N = (2 << 20) + 3, XP_OFF = 4096 + 7 };
 
-// The writer (child): three tensors, from the last device at an offset
-// inside its allocation, from cuda:0 (3 bytes), from the host.
+// Three tensors: from the last device at an offset inside its allocation,
+// from cuda:0 (3 bytes), from the host; none staged at the writer.
 static void
-xp_writer(int rfd)
+xp_write3(tp_pipe *p)
 {
-    char url[256] = "";
-    ssize_t k = read(rfd, url, sizeof(url) - 1);
-    if (k <= 0) {
-        _exit(3);
-    }
-    url[k] = '\0';
-    // Each process loads the runtime after the fork (a real one cannot
-    // cross it), before its context (so cuda_ipc is viable there).
-    cuda_env_setup();
-    tp_context *ctx = make_ctx("writer", NULL);
-    tp_pipe *p = NULL;
-    tp_error *err = NULL;
-    TP_CHECK_OK(tp_context_connect(ctx, url, &p, &err), err);
     int last = tp__cuda_device_count() - 1;
     void *b0, *b1, *b2;
     tp_message *m = NULL;
@@ -152,12 +217,7 @@ xp_writer(int rfd)
         (tp_msg_buf){cuda_buf_make(cpu, 0, 70000, 3, &b2), 70000, cpu, false};
     long before[7], after[7];
     bool counted = cuda_env_counters(before);
-    op w;
-    op_init(&w, WAIT_MS);
-    tp_pipe_write(p, m, w.aio);
-    op_wait(&w, WAIT_MS);
-    TP_CHECK_OK(tp_aio_status(w.aio), tp_aio_error(w.aio));
-    op_fini(&w);
+    write_one(p, m);
     if (counted) {
         cuda_env_counters(after);
         // No staging: no device-to-host copy, no pinned buffer.
@@ -169,33 +229,15 @@ xp_writer(int rfd)
     cuda_buf_free(gpu(0), b1);
     cuda_buf_free(cpu, b2);
     tp_message_destroy(m);
-    tp_pipe_unref(p);
-    tp_context_destroy(ctx);
-    _exit(0);
 }
 
 static void
 ipc_cross_process(void)
 {
-    int fds[2];
-    TP_CHECK(pipe(fds) == 0);
-    pid_t pid = fork();
-    TP_CHECK(pid >= 0);
-    if (pid == 0) {
-        close(fds[1]);
-        xp_writer(fds[0]);
-    }
-    close(fds[0]);
-    cuda_env_setup();
-    tp_context *ctx = make_ctx("reader", NULL);
-    tp_pipe_listener *l = NULL;
+    xp x;
+    xp_start(&x, xp_write3);
+    tp_pipe *p = x.x_p;
     tp_error *err = NULL;
-    const char *lo = "tcp://127.0.0.1:0";
-    TP_CHECK_OK(tp_context_listen(ctx, &lo, 1, &l, &err), err);
-    const char *url = tp_pipe_listener_addr(l, NULL);
-    TP_CHECK(write(fds[1], url, strlen(url)) == (ssize_t)strlen(url));
-    close(fds[1]);
-    tp_pipe *p = accept_one(l);
     report_has(p, "channel cuda_ipc: chosen for cuda tensors");
     tp_message *r = cuda_read_desc(p);
     TP_CHECK_EQ(r->ntensors, 3);
@@ -218,13 +260,7 @@ ipc_cross_process(void)
     TP_CHECK(cuda_buf_ok(cpu, r->tensors[1].data, 3, 2));
     TP_CHECK(cuda_buf_ok(gpu(last), r->tensors[2].data, 70000, 3));
     tp_message_destroy(r);
-    int status = 0;
-    TP_CHECK(waitpid(pid, &status, 0) == pid);
-    TP_CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0,
-              "the writer process failed (status 0x%x)", status);
-    tp_pipe_unref(p);
-    tp_pipe_listener_destroy(l);
-    tp_context_destroy(ctx);
+    xp_finish(&x);
 }
 
 // A reader that dies before it reads the data: the write, waiting for its
@@ -245,7 +281,7 @@ ipc_reader_dies(void)
         const char *lo = "tcp://127.0.0.1:0";
         TP_CHECK_OK(tp_context_listen(ctx, &lo, 1, &l, &err), err);
         const char *url = tp_pipe_listener_addr(l, NULL);
-        TP_CHECK(write(fds[1], url, strlen(url)) == (ssize_t)strlen(url));
+        TP_CHECK(write_full_url(fds[1], url));
         close(fds[1]);
         tp_pipe *p = accept_one(l);
         tp_message *r = cuda_read_desc(p);
@@ -289,60 +325,31 @@ ipc_reader_dies(void)
 // (default 64) the reader opens each allocation once and keeps both open
 // until its pipe goes; with 0 it opens one per tensor and keeps none.
 static void
+cache_write(tp_pipe *p)
+{
+    void *ba, *bb;
+    uint8_t *a = cuda_buf_make(gpu(0), 0, 3 * 4096, 11, &ba);
+    uint8_t *b = cuda_buf_make(gpu(1), 64, 4096, 12, &bb);
+    uint8_t *src[4] = {a, a + 4096, a + 8192, b};
+    for (int i = 0; i < 4; i++) {
+        tp_message *m = NULL;
+        TP_CHECK_OK(tp_message_create(0, 1, &m), NULL);
+        m->tensors[0] = (tp_msg_buf){src[i], 4096, gpu(i < 3 ? 0 : 1), false};
+        write_one(p, m);
+        tp_message_destroy(m);
+    }
+    cuda_buf_free(gpu(0), ba);
+    cuda_buf_free(gpu(1), bb);
+}
+
+static void
 cache_run(const char *cache, long want_opens, long want_live)
 {
     setenv("TP_CUDA_IPC_CACHE", cache, 1);
-    int fds[2];
-    TP_CHECK(pipe(fds) == 0);
-    pid_t pid = fork();
-    TP_CHECK(pid >= 0);
-    if (pid == 0) {
-        close(fds[1]);
-        char url[256] = "";
-        ssize_t k = read(fds[0], url, sizeof(url) - 1);
-        if (k <= 0) {
-            _exit(3);
-        }
-        url[k] = '\0';
-        cuda_env_setup();
-        tp_context *ctx = make_ctx("writer", NULL);
-        tp_pipe *p = NULL;
-        tp_error *err = NULL;
-        TP_CHECK_OK(tp_context_connect(ctx, url, &p, &err), err);
-        void *ba, *bb;
-        uint8_t *a = cuda_buf_make(gpu(0), 0, 3 * 4096, 11, &ba);
-        uint8_t *b = cuda_buf_make(gpu(1), 64, 4096, 12, &bb);
-        uint8_t *src[4] = {a, a + 4096, a + 8192, b};
-        for (int i = 0; i < 4; i++) {
-            tp_message *m = NULL;
-            TP_CHECK_OK(tp_message_create(0, 1, &m), NULL);
-            m->tensors[0] =
-                (tp_msg_buf){src[i], 4096, gpu(i < 3 ? 0 : 1), false};
-            op w;
-            op_init(&w, WAIT_MS);
-            tp_pipe_write(p, m, w.aio);
-            op_wait(&w, WAIT_MS);
-            TP_CHECK_OK(tp_aio_status(w.aio), tp_aio_error(w.aio));
-            op_fini(&w);
-            tp_message_destroy(m);
-        }
-        tp_pipe_unref(p);
-        tp_context_destroy(ctx);
-        cuda_buf_free(gpu(0), ba);
-        cuda_buf_free(gpu(1), bb);
-        _exit(0);
-    }
-    close(fds[0]);
-    cuda_env_setup();
-    tp_context *ctx = make_ctx("reader", NULL);
-    tp_pipe_listener *l = NULL;
+    xp x;
+    xp_start(&x, cache_write);
+    tp_pipe *p = x.x_p;
     tp_error *err = NULL;
-    const char *lo = "tcp://127.0.0.1:0";
-    TP_CHECK_OK(tp_context_listen(ctx, &lo, 1, &l, &err), err);
-    const char *url = tp_pipe_listener_addr(l, NULL);
-    TP_CHECK(write(fds[1], url, strlen(url)) == (ssize_t)strlen(url));
-    close(fds[1]);
-    tp_pipe *p = accept_one(l);
     long before[2], after[2];
     bool counted = cuda_env_ipc_counters(before);
     for (int i = 0; i < 4; i++) {
@@ -369,13 +376,7 @@ cache_run(const char *cache, long want_opens, long want_live)
         TP_CHECK_EQ(after[0] - before[0], want_opens);
         TP_CHECK_EQ(after[1] - before[1], want_live);
     }
-    int status = 0;
-    TP_CHECK(waitpid(pid, &status, 0) == pid);
-    TP_CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0,
-              "the writer process failed (status 0x%x)", status);
-    tp_pipe_unref(p);
-    tp_pipe_listener_destroy(l);
-    tp_context_destroy(ctx);
+    xp_finish(&x);
     if (counted) {
         cuda_env_ipc_counters(after);
         TP_CHECK_EQ(after[1] - before[1], 0); // closed with the pipe
