@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/log.h"
 #include "core/wire.h"
 
 void
@@ -149,6 +150,7 @@ tp__chan_acks_init(tp__chan_acks *a, const char *name, const tp_chan_env *env,
 {
     memset(a, 0, sizeof(*a));
     a->ca_name = name;
+    a->ca_down_code = "TP-CHAN-DOWN";
     a->ca_peer = env->ce_peer;
     a->ca_loop = env->ce_loop;
     a->ca_conn = conn;
@@ -166,6 +168,8 @@ tp__chan_acks_fini(tp__chan_acks *a)
 {
     tp__aio_fini(&a->ca_waio);
     tp__chan_wq_fini(&a->ca_wq);
+    tp_error_unref(a->ca_err);
+    a->ca_err = NULL;
 }
 
 bool
@@ -244,6 +248,26 @@ tp__chan_acks_down(tp__chan_acks *a)
     while ((op = tp__list_pop_first(&a->ca_acking)) != NULL) {
         op->co_done(op, NULL);
     }
+}
+
+tp_error *
+tp__chan_acks_broken(tp__chan_acks *a, tp_error *err, bool waiting)
+{
+    if (tp_error_status(err) == TP_EPROTO || waiting ||
+        !tp__list_empty(&a->ca_sends)) {
+        return err;
+    }
+    TP_LOG_DEBUG(a->ca_down_code,
+                 "%s (no %s op waits on it: the pipe goes on; its next %s "
+                 "tensor fails)",
+                 tp_error_message(err), a->ca_name, a->ca_name);
+    tp__chan_acks_down(a);
+    if (a->ca_err == NULL) {
+        a->ca_err = err;
+    } else {
+        tp_error_unref(err);
+    }
+    return NULL;
 }
 
 void

@@ -72,6 +72,10 @@ typedef struct tp__chan_acks {
     bool ca_wbusy;
     bool ca_closed; // tp__chan_acks_close ran
     bool ca_down;   // the connection broke (tp__chan_acks_down): no writes
+    // Why it broke, while no op depended on it (tp__chan_acks_broken): the
+    // channel's next op fails with it.
+    tp_error *ca_err;
+    const char *ca_down_code; // the log code of that ("TP-CMA-DOWN")
     // A write failed (@err, taken: the channel decides whether the pipe
     // fails; the receives in it have completed); a write ended after close
     // (the channel may free itself once idle).
@@ -106,6 +110,14 @@ tp_status tp__chan_acks_got(tp__chan_acks *a,
 // The connection broke: nothing more is written; a queued ack's receive
 // completes (its bytes are here).
 void tp__chan_acks_down(tp__chan_acks *a);
+// The connection broke with @err (taken). Only the tensors that travel on
+// the channel depend on it: a protocol error, a send waiting for its ack,
+// or @waiting (the channel's own ops that need the connection) returns
+// @err, for the channel to fail the pipe with. Otherwise the side goes
+// down (tp__chan_acks_down), keeps @err in ca_err (logged at debug level
+// with ca_down_code) and returns NULL: a peer that read its last message
+// and exited does not fail the writes whose bytes it already has.
+tp_error *tp__chan_acks_broken(tp__chan_acks *a, tp_error *err, bool waiting);
 // The pipe failed with @err (borrowed): every send and every receive
 // waiting on an ack fails with it; the write in flight is cancelled.
 void tp__chan_acks_close(tp__chan_acks *a, const tp_error *err);

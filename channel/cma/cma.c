@@ -20,8 +20,8 @@
 // Only tensors that travel by cma depend on this channel: a failure of its
 // connection or side socket (the peer exited, a handshake that never
 // finished) fails the pipe only while a cma op waits on it (a send for its
-// ack, a receive for the handshake); otherwise it is kept (c_err) and the
-// next cma op fails with it. So a peer that read its last message and
+// ack, a receive for the handshake); otherwise it is kept (chan_ack.h, ca_err)
+// and the next cma op fails with it. So a peer that read its last message and
 // exited does not fail the writes whose bytes it already has. A receive
 // completes only once its ack is written (chan_ack.h): a reader
 // that exits right after its read has sent the ack, and the sender's write
@@ -107,7 +107,6 @@ cma_free_task(void *arg)
     tp__chan_acks_fini(&ch->c_acks);
     tp__cma_side_close(&ch->c_side);
     tp__cma_peer_fini(&ch->c_peer);
-    tp_error_unref(ch->c_err);
     tp__free(ch);
 }
 
@@ -132,21 +131,11 @@ cma_broken(tp_chan *ch, tp_error *err)
         tp_error_unref(err);
         return;
     }
-    if (tp_error_status(err) == TP_EPROTO ||
-        !tp__list_empty(&ch->c_acks.ca_sends) ||
-        !tp__list_empty(&ch->c_recvs)) {
+    // A receive waiting for the handshake depends on the connection too.
+    err = tp__chan_acks_broken(&ch->c_acks, err, !tp__list_empty(&ch->c_recvs));
+    if (err != NULL) {
         tp__cma_chan_fail(ch, err);
         return;
-    }
-    TP_LOG_DEBUG("TP-CMA-DOWN",
-                 "%s (no cma op waits on it: the pipe goes on; its next cma "
-                 "tensor fails)",
-                 tp_error_message(err));
-    tp__chan_acks_down(&ch->c_acks);
-    if (ch->c_err == NULL) {
-        ch->c_err = err;
-    } else {
-        tp_error_unref(err);
     }
     tp__cma_side_close(&ch->c_side);
 }
@@ -285,7 +274,7 @@ cma_raio_cb(void *arg)
 static void
 cma_read_acks(tp_chan *ch)
 {
-    if (ch->c_closed || ch->c_rbusy || ch->c_err != NULL) {
+    if (ch->c_closed || ch->c_rbusy || ch->c_acks.ca_err != NULL) {
         return;
     }
     // The peer's hello and ready are due within the handshake timeout;
@@ -318,6 +307,7 @@ cma_create(const tp_chan_env *env, tp_chan **ch_p, tp_error **err_p)
     ch->c_peer.cp_pidfd = -1;
     tp__chan_acks_init(&ch->c_acks, "cma", env, ch->c_conn, cma_write_failed,
                        cma_write_ended, ch);
+    ch->c_acks.ca_down_code = "TP-CMA-DOWN";
     TP_LIST_INIT(&ch->c_recvs, tp_chan_op, co_node);
     tp_status st = tp__cma_side_listen(&ch->c_side, err_p);
     if (st != TP_OK) {

@@ -6,11 +6,12 @@
 
 #include "channel/cma/cma_impl.h"
 
-// Why @op cannot go: the channel broke earlier (c_err).
+// Why @op cannot go: the channel broke earlier (ca_err).
 static tp_error *
 cma_down_err(tp_chan *ch, const tp_chan_op *op)
 {
-    return tp__error_new(tp_error_status(ch->c_err), 0, ch->c_err,
+    return tp__error_new(tp_error_status(ch->c_acks.ca_err), 0,
+                         ch->c_acks.ca_err,
                          "cma: pipe to %s: tensor %u of message %" PRIu64
                          ": the cma channel is down",
                          ch->c_env.ce_peer, op->co_index, op->co_seq);
@@ -22,7 +23,7 @@ tp__cma_chan_send(tp_chan *ch, tp_chan_op *op)
     op->co_info.ci_len = 12;
     tp__put_u32le(op->co_info.ci_bytes, (uint32_t)getpid());
     tp__put_u64le(op->co_info.ci_bytes + 4, (uint64_t)(uintptr_t)op->co_buf);
-    if (ch->c_err != NULL) {
+    if (ch->c_acks.ca_err != NULL) {
         tp__chan_op_fail_later(ch->c_env.ce_loop, op, cma_down_err(ch, op));
         return;
     }
@@ -47,7 +48,7 @@ cma_copied_task(void *arg)
     }
     tp_error *err = op->co_err;
     op->co_err = NULL;
-    if (err == NULL && !ch->c_closed && ch->c_err == NULL) {
+    if (err == NULL && !ch->c_closed && ch->c_acks.ca_err == NULL) {
         // Done once the ack is written (chan_ack.c).
         if (tp__chan_acks_ack(&ch->c_acks, op)) {
             return;
@@ -101,7 +102,7 @@ cma_copy_task(void *arg)
 void
 tp__cma_chan_recv(tp_chan *ch, tp_chan_op *op)
 {
-    if (ch->c_err != NULL) {
+    if (ch->c_acks.ca_err != NULL) {
         tp__chan_op_fail_later(ch->c_env.ce_loop, op, cma_down_err(ch, op));
         return;
     }

@@ -63,7 +63,6 @@ struct tp_chan {
     tp__cma_side c_side;
     tp__cma_peer c_peer; // valid once c_hs is CMA_HS_DONE
     tp_list c_recvs;     // receives waiting for c_peer (co_node)
-    tp_error *c_err;     // the channel broke while no op depended on it
     // reader: the peer's hello, its ready, then acks
     tp_aio c_raio;
     uint8_t c_rbuf[CMA_RBUF_LEN];

@@ -108,7 +108,6 @@ cipc_free_task(void *arg)
     tp__cipc_cache_fini(&ch->c_cache);
     tp__aio_fini(&ch->c_raio);
     tp__chan_acks_fini(&ch->c_acks);
-    tp_error_unref(ch->c_err);
     tp__free(ch);
 }
 
@@ -131,20 +130,9 @@ cipc_broken(tp_chan *ch, tp_error *err)
         tp_error_unref(err);
         return;
     }
-    if (tp_error_status(err) == TP_EPROTO ||
-        !tp__list_empty(&ch->c_acks.ca_sends)) {
+    err = tp__chan_acks_broken(&ch->c_acks, err, false);
+    if (err != NULL) {
         tp__cipc_fail(ch, err);
-        return;
-    }
-    TP_LOG_DEBUG("TP-CUDA-IPC-DOWN",
-                 "%s (no cuda_ipc send waits on it: the pipe goes on; its "
-                 "next cuda tensor fails)",
-                 tp_error_message(err));
-    tp__chan_acks_down(&ch->c_acks);
-    if (ch->c_err == NULL) {
-        ch->c_err = err;
-    } else {
-        tp_error_unref(err);
     }
 }
 
@@ -187,7 +175,7 @@ cipc_raio_cb(void *arg)
 static void
 cipc_read_acks(tp_chan *ch)
 {
-    if (ch->c_closed || ch->c_rbusy || ch->c_err != NULL) {
+    if (ch->c_closed || ch->c_rbusy || ch->c_acks.ca_err != NULL) {
         return;
     }
     tp_aio_set_timeout(&ch->c_raio, 0); // acks come when reads are done
@@ -214,6 +202,7 @@ cipc_create(const tp_chan_env *env, tp_chan **ch_p, tp_error **err_p)
     tp__chan_acks_init(&ch->c_acks, "cuda_ipc", env, ch->c_conn,
                        cipc_write_failed, cipc_write_ended, ch);
     ch->c_acks.ca_send_done = tp__cipc_send_done;
+    ch->c_acks.ca_down_code = "TP-CUDA-IPC-DOWN";
     tp__aio_init(&ch->c_raio, cipc_raio_cb, ch);
     tp__task_init(&ch->c_free_task, cipc_free_task, ch);
     const cipc_tunables *ct =

@@ -183,11 +183,11 @@ tp__cipc_send(tp_chan *ch, tp_chan_op *op)
 {
     op->co_priv = NULL;
     op->co_info.ci_len = 0;
-    if (ch->c_err != NULL) {
-        tp__chan_op_fail_later(ch->c_env.ce_loop, op,
-                               cipc_op_err(ch, op, tp_error_status(ch->c_err),
-                                           ch->c_err,
-                                           "the cuda_ipc channel is down"));
+    if (ch->c_acks.ca_err != NULL) {
+        tp__chan_op_fail_later(
+            ch->c_env.ce_loop, op,
+            cipc_op_err(ch, op, tp_error_status(ch->c_acks.ca_err),
+                        ch->c_acks.ca_err, "the cuda_ipc channel is down"));
         return;
     }
     if (op->co_device.type != TP_DEVICE_CUDA || op->co_device.index < 0 ||
@@ -348,11 +348,11 @@ cipc_copy_task(void *arg)
 void
 tp__cipc_recv(tp_chan *ch, tp_chan_op *op)
 {
-    if (ch->c_err != NULL) {
-        tp__chan_op_fail_later(ch->c_env.ce_loop, op,
-                               cipc_op_err(ch, op, tp_error_status(ch->c_err),
-                                           ch->c_err,
-                                           "the cuda_ipc channel is down"));
+    if (ch->c_acks.ca_err != NULL) {
+        tp__chan_op_fail_later(
+            ch->c_env.ce_loop, op,
+            cipc_op_err(ch, op, tp_error_status(ch->c_acks.ca_err),
+                        ch->c_acks.ca_err, "the cuda_ipc channel is down"));
         return;
     }
     tp__cipc_info info;

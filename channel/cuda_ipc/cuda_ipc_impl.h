@@ -91,7 +91,6 @@ struct tp_chan {
     tp_chan_env c_env;
     tp_conn *c_conn;
     tp__chan_acks c_acks; // the sends waiting for acks, the ack writer
-    tp_error *c_err;      // the connection broke while no op depended on it
     tp_aio c_raio;
     uint8_t c_rbuf[TP_CHAN_ACK_FRAME];
     bool c_rbusy;
