@@ -60,6 +60,7 @@ static struct {
     cuda_error_string_fn error_string;
     cuda_stream_create_fn stream_create;
     cuda_stream_fn stream_query;
+    cuda_stream_fn stream_sync;
     cuda_stream_fn stream_destroy;
     cuda_malloc_host_fn malloc_host;
     cuda_free_host_fn free_host;
@@ -101,7 +102,7 @@ cuda_load(void)
 {
     static const char *const names[] = {"libcudart.so.13", "libcudart.so.12",
                                         "libcudart.so"};
-    atomic_store(&cuda_loaded, true);
+    atomic_store_explicit(&cuda_loaded, true, memory_order_release);
     size_t nnames = sizeof(names) / sizeof(names[0]);
     for (size_t i = 0; i < nnames; i++) {
         const char *name = names[i];
@@ -135,6 +136,7 @@ cuda_load(void)
     CUDA_SYM(error_string, "cudaGetErrorString");
     CUDA_SYM(stream_create, "cudaStreamCreateWithFlags");
     CUDA_SYM(stream_query, "cudaStreamQuery");
+    CUDA_SYM(stream_sync, "cudaStreamSynchronize");
     CUDA_SYM(stream_destroy, "cudaStreamDestroy");
     CUDA_SYM(malloc_host, "cudaMallocHost");
     CUDA_SYM(free_host, "cudaFreeHost");
@@ -273,6 +275,13 @@ tp__cuda_copy(void *dst, int dst_dev, const void *src, int src_dev, size_t n,
                                : dst_dev >= 0 ? cudaMemcpyHostToDevice
                                               : cudaMemcpyDeviceToHost;
     cudaError_t e = cuda.memcpy(dst, src, n, kind);
+    // cudaMemcpy returns before a device-to-device copy is done, and
+    // before a copy from pageable host memory reached the device: wait for
+    // the legacy default stream it ran on, so "returned" means "done" (a
+    // sender may reuse its buffer, a reader's user may read the tensor).
+    if (e == cudaSuccess && dst_dev >= 0) {
+        e = cuda.stream_sync(NULL);
+    }
     if (e != cudaSuccess) {
         return tp__error_set(err_p, TP_EDEVICE,
                              "cuda: cudaMemcpy of %zu bytes: %s", n,
@@ -454,11 +463,22 @@ tp__cuda_mem_range(int device, const void *ptr, void **base_p, size_t *size_p,
     unsigned long long base = 0;
     size_t size = 0;
     int e = cuda.mem_range(&base, &size, (unsigned long long)(uintptr_t)ptr);
+    if (e == 201) {
+        // CUDA_ERROR_INVALID_CONTEXT: a runtime older than 12 does not make
+        // the device's primary context current in cudaSetDevice; any
+        // runtime call does. Once, then again.
+        cuda.free(NULL);
+        e = cuda.mem_range(&base, &size, (unsigned long long)(uintptr_t)ptr);
+    }
     if (e != 0) {
         return tp__error_set(err_p, TP_EDEVICE,
                              "cuda: cuMemGetAddressRange(%p) on device %d: "
-                             "driver error %d (not device memory?)",
-                             ptr, device, e);
+                             "driver error %d%s",
+                             ptr, device, e,
+                             e == 1     ? " (CUDA_ERROR_INVALID_VALUE: not "
+                                          "device memory?)"
+                             : e == 201 ? " (CUDA_ERROR_INVALID_CONTEXT)"
+                                        : "");
     }
     *base_p = (void *)(uintptr_t)base;
     *size_p = size;
@@ -468,7 +488,8 @@ tp__cuda_mem_range(int device, const void *ptr, void **base_p, size_t *size_p,
 bool
 tp__cuda_probe(bool check_driver, char *why, size_t why_len)
 {
-    if (atomic_load(&cuda_loaded) || cuda_testing_path != NULL) {
+    if (atomic_load_explicit(&cuda_loaded, memory_order_acquire) ||
+        cuda_testing_path != NULL) {
         if (!tp__cuda_available(why, why_len)) {
             return false;
         }
@@ -622,7 +643,7 @@ tp__cuda_event_destroy(void *event)
 bool
 tp__cuda_testing_use_runtime(const char *path)
 {
-    if (atomic_load(&cuda_loaded)) {
+    if (atomic_load_explicit(&cuda_loaded, memory_order_acquire)) {
         return false;
     }
     cuda_testing_path = path;

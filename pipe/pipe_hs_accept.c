@@ -133,10 +133,15 @@ pipe_choose(tp_pipe *p, tp_pipe_listener *pl, const tp__brochure *b,
         }
         if (!c->cb_used) {
             tp__report_add(rep, cap, "channel %s: %s\n", c->cb_name, c->cb_why);
-        } else if (!(c->cb_channel_ops->devices & TP_CHAN_DEV_CPU_CPU)) {
+        } else if (tp__chan_is_device(c->cb_channel_ops)) {
             // A device channel: CUDA tensors go on it when both ends have
             // it, else they are staged through host memory (pipe_cuda.c).
             pipe_choose_device(p, c, e, notes, notes_len);
+        } else if (!(c->cb_channel_ops->devices & TP_CHAN_DEV_CPU_CPU)) {
+            tp__report_add(rep, cap,
+                           "channel %s: carries no cpu-cpu tensors and is "
+                           "no device channel (devices 0x%x)\n",
+                           c->cb_name, c->cb_channel_ops->devices);
         } else if (p->p_ch != NULL) {
             tp__report_add(rep, cap,
                            "channel %s: usable, lower priority than "

@@ -159,7 +159,7 @@ hs_start_extras(tp_pipe *p)
         snprintf(what, sizeof(what),
                  "protocol error: the answer asks for %u connections for "
                  "channel %s",
-                 n, p->p_ch->cb_name);
+                 nch, p->p_ch->cb_name);
         hs_fail(p, TP_EPROTO, NULL, what);
         return;
     }
@@ -203,8 +203,7 @@ hs_device_channel(tp_pipe *p, const tp__answer *a)
     for (size_t i = 0; i < ctx->x_nch; i++) {
         ctx_backend *c = &ctx->x_ch[i];
         if (c->cb_used && strcmp(c->cb_name, a->a_dchannel) == 0 &&
-            (c->cb_channel_ops->devices & TP_CHAN_DEV_CUDA_CUDA) &&
-            !(c->cb_channel_ops->devices & TP_CHAN_DEV_CPU_CPU)) {
+            tp__chan_is_device(c->cb_channel_ops)) {
             p->p_dch = c;
         }
     }

@@ -31,6 +31,15 @@
 
 typedef struct tp_pipe_hs tp_pipe_hs;
 
+// A device channel (cuda_ipc): carries CUDA tensors, never host buffers;
+// both ends of the handshake decide with this.
+static inline bool
+tp__chan_is_device(const tp_channel_ops *ops)
+{
+    return !(ops->devices & TP_CHAN_DEV_CPU_CPU) &&
+           (ops->devices & TP_CHAN_DEV_CUDA_CUDA);
+}
+
 // A transport or channel the context knows, used or not.
 typedef struct ctx_backend {
     char cb_name[TP_WIRE_MAX_NAME + 1];

@@ -455,6 +455,11 @@ pipe_read_start(void *obj, tp_aio *aio)
         if (TENSOR_INLINE(i)) {
             continue;
         }
+        // A channel's recv may fail the pipe (bad info from the peer),
+        // which closes both channels: no op for either after that.
+        if (p->p_state == PIPE_FAILED) {
+            break;
+        }
         tp_chan_op *op = &r->r_ops[k++];
         op->co_buf = TENSOR_DST(i);
         op->co_len = m->tensors[i].len;

@@ -250,6 +250,11 @@ wop_start(tp_pipe *p, pipe_wop *w, tp_error **err_p)
         if (TENSOR_INLINE(i)) {
             continue;
         }
+        // A channel's send may fail the pipe (out of memory), which closes
+        // both channels: the other may not be given ops after its close.
+        if (p->p_state == PIPE_FAILED) {
+            break;
+        }
         tp_chan_op *op = &w->w_ops[k++];
         op->co_buf = TENSOR_SRC(i);
         op->co_len = m->tensors[i].len;

@@ -272,7 +272,8 @@ static bool
 answer_parse_conns(wire_rd *r, const char *kind, tp__answer_conn *c,
                    unsigned max, uint16_t *n_p)
 {
-    if (!wire_u16(r, WIRE_FIELD("conn count"), n_p)) {
+    if (!wire_u16(r, WIRE_FIELD(*kind ? "device conn count" : "conn count"),
+                  n_p)) {
         return false;
     }
     if (*n_p > max) {
@@ -281,9 +282,10 @@ answer_parse_conns(wire_rd *r, const char *kind, tp__answer_conn *c,
         return false;
     }
     for (unsigned i = 0; i < *n_p; i++) {
+        const char *what = *kind ? "device conn" : "conn";
         if (!wire_str(r, 2, TP_WIRE_MAX_ADDR, c[i].ac_addr,
-                      WIRE_FIELD_I("conn", i, "addr")) ||
-            !wire_u64(r, WIRE_FIELD_I("conn", i, "reg id"), &c[i].ac_reg_id)) {
+                      WIRE_FIELD_I(what, i, "addr")) ||
+            !wire_u64(r, WIRE_FIELD_I(what, i, "reg id"), &c[i].ac_reg_id)) {
             return false;
         }
         if (c[i].ac_reg_id == 0) {

@@ -311,6 +311,7 @@ cma_create(const tp_chan_env *env, tp_chan **ch_p, tp_error **err_p)
     TP_LIST_INIT(&ch->c_recvs, tp_chan_op, co_node);
     tp_status st = tp__cma_side_listen(&ch->c_side, err_p);
     if (st != TP_OK) {
+        tp__chan_acks_fini(&ch->c_acks);
         tp__free(ch);
         return st;
     }

@@ -17,12 +17,32 @@ cma_down_err(tp_chan *ch, const tp_chan_op *op)
                          ch->c_env.ce_peer, op->co_index, op->co_seq);
 }
 
+// @op came after close (the pipe failed inside another channel's call):
+// it fails at once, like every op close found.
+static bool
+cma_closed_op(tp_chan *ch, tp_chan_op *op)
+{
+    if (!ch->c_closed) {
+        return false;
+    }
+    tp__chan_op_fail_later(
+        ch->c_env.ce_loop, op,
+        tp__error_new(TP_ECLOSED, 0, NULL,
+                      "cma: pipe to %s: tensor %u of message %" PRIu64
+                      ": the pipe is closing",
+                      ch->c_env.ce_peer, op->co_index, op->co_seq));
+    return true;
+}
+
 void
 tp__cma_chan_send(tp_chan *ch, tp_chan_op *op)
 {
     op->co_info.ci_len = 12;
     tp__put_u32le(op->co_info.ci_bytes, (uint32_t)getpid());
     tp__put_u64le(op->co_info.ci_bytes + 4, (uint64_t)(uintptr_t)op->co_buf);
+    if (cma_closed_op(ch, op)) {
+        return;
+    }
     if (ch->c_acks.ca_err != NULL) {
         tp__chan_op_fail_later(ch->c_env.ce_loop, op, cma_down_err(ch, op));
         return;
@@ -102,6 +122,9 @@ cma_copy_task(void *arg)
 void
 tp__cma_chan_recv(tp_chan *ch, tp_chan_op *op)
 {
+    if (cma_closed_op(ch, op)) {
+        return;
+    }
     if (ch->c_acks.ca_err != NULL) {
         tp__chan_op_fail_later(ch->c_env.ce_loop, op, cma_down_err(ch, op));
         return;

@@ -236,8 +236,9 @@ static const tp_tunable cipc_tunable_rows[] = {
         .tu_env = "TP_CUDA_IPC",
         .tu_def = "auto",
         .tu_doc = "the cuda_ipc channel: auto offers it where an NVIDIA "
-                  "driver (/dev/nvidiactl) and libcudart are found, on "
-                  "needs only libcudart, off never (auto|on|off)",
+                  "driver (/dev/nvidiactl), libcuda.so.1 and libcudart are "
+                  "found, on skips the /dev/nvidiactl check, off never "
+                  "(auto|on|off)",
         .tu_type = TP_TUNABLE_ENUM,
         TP_TUNABLE_FIELD(cipc_tunables, ct_mode),
         .tu_min = 0,
@@ -247,11 +248,15 @@ static const tp_tunable cipc_tunable_rows[] = {
     {
         .tu_name = "cuda_ipc_cache",
         .tu_env = "TP_CUDA_IPC_CACHE",
-        // 64: PyTorch's caching allocator sends from a few large blocks.
-        .tu_def = "64",
+        // 0: CUDA leaves cudaFree of an exported allocation that an
+        // importer still has open undefined, so keeping mappings is for
+        // senders that never free what they sent while the pipe lives.
+        .tu_def = "0",
         .tu_doc = "cuda_ipc: the peer's allocations a pipe keeps open after "
                   "their copy, for the next tensor (0: close each after its "
-                  "copy); a freed allocation stays alive while cached",
+                  "copy); only where the sender never frees memory it sent "
+                  "while the pipe lives (cudaFree of a mapped allocation is "
+                  "undefined)",
         .tu_type = TP_TUNABLE_INT,
         TP_TUNABLE_FIELD(cipc_tunables, ct_cache),
         .tu_min = 0,

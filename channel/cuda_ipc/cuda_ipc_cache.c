@@ -2,13 +2,15 @@
 // cuda_ipc_cache.c - the peer's allocations this channel has opened
 // (cuda_ipc_impl.h). cudaIpcOpenMemHandle costs tens to hundreds of
 // microseconds and a caching allocator (PyTorch's) sends tensors from the
-// same few allocations again and again, so a mapping stays open after its
-// copy: up to TP_CUDA_IPC_CACHE idle ones, the least recently used closed
-// first; all of them when the pipe goes. A mapping in use by copies is
-// shared by them (a handle is opened once per device at a time), whatever
-// the bound. The price: an allocation the peer freed stays alive while
-// its mapping is cached here (the bound and the pipe's lifetime limit
-// it). Any thread (the copies run on the context's pool).
+// same few allocations again and again, so a mapping may stay open after
+// its copy: up to TP_CUDA_IPC_CACHE idle ones (default 0: none), the least
+// recently used closed first; all of them when the pipe goes. A mapping in
+// use by copies is shared by them (this pipe opens a handle once per
+// device at a time), whatever the bound. Opt-in because CUDA leaves a
+// cudaFree of an exported allocation that an importer still has open
+// undefined: only a sender that never frees what it sent while the pipe
+// lives may have its allocations cached. Any thread (the copies run on the
+// context's pool).
 
 #include "channel/cuda_ipc/cuda_ipc_impl.h"
 

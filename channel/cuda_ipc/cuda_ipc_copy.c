@@ -23,9 +23,11 @@ typedef struct cipc_entry {
     const void *e_ptr; // the tensor
     int e_dev;
     uint64_t e_len;
+    int e_readers; // copies from e_ptr in progress (cipc_mtx)
 } cipc_entry;
 
 static pthread_mutex_t cipc_mtx = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t cipc_cv = PTHREAD_COND_INITIALIZER; // e_readers fell
 static cipc_entry *cipc_table;
 
 static void
@@ -37,21 +39,30 @@ cipc_table_add(cipc_entry *e)
     pthread_mutex_unlock(&cipc_mtx);
 }
 
-// The entry for @token, copied into *@out; false when there is none.
-static bool
-cipc_table_find(uint64_t token, cipc_entry *out)
+// The entry for @token, held (its send cannot complete and let its
+// buffer go) until cipc_table_release; NULL when there is none.
+static cipc_entry *
+cipc_table_hold(uint64_t token)
 {
-    bool found = false;
     pthread_mutex_lock(&cipc_mtx);
-    for (cipc_entry *e = cipc_table; e != NULL; e = e->e_next) {
-        if (e->e_token == token) {
-            *out = *e;
-            found = true;
-            break;
-        }
+    cipc_entry *e = cipc_table;
+    while (e != NULL && e->e_token != token) {
+        e = e->e_next;
+    }
+    if (e != NULL) {
+        e->e_readers++;
     }
     pthread_mutex_unlock(&cipc_mtx);
-    return found;
+    return e;
+}
+
+static void
+cipc_table_release(cipc_entry *e)
+{
+    pthread_mutex_lock(&cipc_mtx);
+    e->e_readers--;
+    pthread_cond_broadcast(&cipc_cv);
+    pthread_mutex_unlock(&cipc_mtx);
 }
 
 void
@@ -67,6 +78,12 @@ tp__cipc_send_done(tp_chan_op *op)
             *pp = e->e_next;
             break;
         }
+    }
+    // A receiver in this process still copying from the tensor (the send
+    // failed under it: the pipe closed): its user must not get the buffer
+    // back before the copy is over.
+    while (e->e_readers > 0) {
+        pthread_cond_wait(&cipc_cv, &cipc_mtx);
     }
     pthread_mutex_unlock(&cipc_mtx);
     tp__free(e);
@@ -178,11 +195,28 @@ tp__cipc_accepts(tp_chan *ch, const tp_chan_op *op, char *why, size_t why_len)
     return true;
 }
 
+// @op came after close (the pipe failed inside another channel's call):
+// it fails at once, like every op close found.
+static bool
+cipc_closed_op(tp_chan *ch, tp_chan_op *op)
+{
+    if (!ch->c_closed) {
+        return false;
+    }
+    tp__chan_op_fail_later(
+        ch->c_env.ce_loop, op,
+        cipc_op_err(ch, op, TP_ECLOSED, NULL, "the pipe is closing"));
+    return true;
+}
+
 void
 tp__cipc_send(tp_chan *ch, tp_chan_op *op)
 {
     op->co_priv = NULL;
     op->co_info.ci_len = 0;
+    if (cipc_closed_op(ch, op)) {
+        return;
+    }
     if (ch->c_acks.ca_err != NULL) {
         tp__chan_op_fail_later(
             ch->c_env.ce_loop, op,
@@ -264,9 +298,11 @@ static tp_status
 cipc_copy_local(cipc_copy *cp, int dst_dev, tp_error **err_p)
 {
     tp_chan_op *op = cp->cp_op;
-    cipc_entry e;
-    if (!cipc_table_find(cp->cp_info.ci_token, &e) || e.e_len != op->co_len ||
-        e.e_dev != cp->cp_info.ci_dev) {
+    cipc_entry *e = cipc_table_hold(cp->cp_info.ci_token);
+    if (e == NULL || e->e_len != op->co_len || e->e_dev != cp->cp_info.ci_dev) {
+        if (e != NULL) {
+            cipc_table_release(e);
+        }
         return tp__error_set(err_p, TP_EPROTO,
                              "protocol error: it names this process (pid "
                              "%u) but no tensor of %" PRIu64
@@ -274,8 +310,10 @@ cipc_copy_local(cipc_copy *cp, int dst_dev, tp_error **err_p)
                              "token",
                              cp->cp_info.ci_pid, op->co_len);
     }
-    return tp__cuda_copy(op->co_buf, dst_dev, e.e_ptr, e.e_dev,
-                         (size_t)op->co_len, err_p);
+    tp_status st = tp__cuda_copy(op->co_buf, dst_dev, e->e_ptr, e->e_dev,
+                                 (size_t)op->co_len, err_p);
+    cipc_table_release(e);
+    return st;
 }
 
 // Another process: open its allocation, check the range, copy, close.
@@ -294,10 +332,20 @@ cipc_copy_remote(cipc_copy *cp, int dst_dev, tp_error **err_p)
     }
     void *base = NULL;
     size_t size = 0;
+    tp_error *oerr = NULL;
     tp_status st =
         tp__cipc_cache_get(&cp->cp_ch->c_cache, cp->cp_info.ci_handle, open_dev,
-                           &base, &size, err_p);
+                           &base, &size, &oerr);
     if (st != TP_OK) {
+        // A handle the runtime refuses is the peer's doing (pipe scope,
+        // TP_EPROTO, not the device's TP_EDEVICE); CUDA not usable here
+        // (TP_ENOTSUP) or out of memory stay what they are.
+        st = st == TP_EDEVICE || st == TP_EINVAL ? TP_EPROTO : st;
+        tp__error_set(err_p, st,
+                      "the peer's memory handle does not open on cuda:%d: "
+                      "%s",
+                      open_dev, tp_error_message(oerr));
+        tp_error_unref(oerr);
         return st;
     }
     if (cp->cp_info.ci_offset > size ||
@@ -348,6 +396,9 @@ cipc_copy_task(void *arg)
 void
 tp__cipc_recv(tp_chan *ch, tp_chan_op *op)
 {
+    if (cipc_closed_op(ch, op)) {
+        return;
+    }
     if (ch->c_acks.ca_err != NULL) {
         tp__chan_op_fail_later(
             ch->c_env.ce_loop, op,
@@ -362,14 +413,12 @@ tp__cipc_recv(tp_chan *ch, tp_chan_op *op)
         char what[160];
         snprintf(what, sizeof(what), "protocol error: %s", why);
         tp_error *err = cipc_op_err(ch, op, TP_EPROTO, NULL, what);
-        tp__cipc_fail(ch, tp_error_ref(err));
         tp__chan_op_fail_later(ch->c_env.ce_loop, op, err);
         return;
     }
     cipc_copy *cp = tp__zalloc(sizeof(*cp));
     if (cp == NULL) {
         tp_error *err = cipc_op_err(ch, op, TP_ENOMEM, NULL, "out of memory");
-        tp__cipc_fail(ch, tp_error_ref(err));
         tp__chan_op_fail_later(ch->c_env.ce_loop, op, err);
         return;
     }
@@ -383,7 +432,6 @@ tp__cipc_recv(tp_chan *ch, tp_chan_op *op)
         tp__free(cp);
         tp_error *err =
             cipc_op_err(ch, op, TP_ECLOSED, NULL, "the copy pool is closed");
-        tp__cipc_fail(ch, tp_error_ref(err));
         tp__chan_op_fail_later(ch->c_env.ce_loop, op, err);
     }
 }

@@ -246,11 +246,15 @@ ipc_cross_process(void)
     r->tensors[0].device = gpu(0);    // CUDA -> CUDA, by the handle
     r->tensors[1].device = cpu;       // CUDA -> host, by the handle
     r->tensors[2].device = gpu(last); // host -> CUDA: staged
-    long before[7], after[7];
-    bool counted = cuda_env_counters(before);
+    long before[7], after[7], sb[3], sa[3];
+    bool counted = cuda_env_counters(before) && cuda_env_ipc_counters(sb);
     TP_CHECK_OK(cuda_read_data(p, r, &err), err);
     if (counted) {
         cuda_env_counters(after);
+        cuda_env_ipc_counters(sa);
+        // The copies into a device have finished before the read completes
+        // (cudaMemcpy returns before a device-to-device copy is done).
+        TP_CHECK_EQ(sa[2] - sb[2], 2);        // d2d and h2d: waited for
         TP_CHECK_EQ(after[4] - before[4], 1); // d2d: tensor 0
         TP_CHECK_EQ(after[3] - before[3], 1); // d2h: tensor 1
         TP_CHECK_EQ(after[2] - before[2], 1); // h2d: tensor 2's staging
@@ -350,7 +354,7 @@ cache_run(const char *cache, long want_opens, long want_live)
     xp_start(&x, cache_write);
     tp_pipe *p = x.x_p;
     tp_error *err = NULL;
-    long before[2], after[2];
+    long before[3], after[3];
     bool counted = cuda_env_ipc_counters(before);
     for (int i = 0; i < 4; i++) {
         tp_message *r = cuda_read_desc(p);

@@ -73,6 +73,8 @@ static _Thread_local int fake_cur_dev;
 static long fake_counts[7];
 // cudaIpcOpenMemHandle calls that mapped something, mappings still open
 static long fake_ipc_opens, fake_ipc_live;
+// cudaStreamSynchronize calls
+static long fake_stream_syncs;
 
 static int
 fake_ndev(void)
@@ -328,6 +330,16 @@ cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned int flags)
 }
 
 cudaError_t
+cudaStreamSynchronize(cudaStream_t stream)
+{
+    (void)stream;
+    pthread_mutex_lock(&fake_mtx);
+    fake_stream_syncs++;
+    pthread_mutex_unlock(&fake_mtx);
+    return cudaSuccess; // every copy is synchronous: nothing is queued
+}
+
+cudaError_t
 cudaStreamQuery(cudaStream_t stream)
 {
     (void)stream;
@@ -357,15 +369,17 @@ fake_cuda_counters(long out[7])
     pthread_mutex_unlock(&fake_mtx);
 }
 
-// Tests: [0] successful cudaIpcOpenMemHandle calls, [1] mappings open now.
-void fake_cuda_ipc_counters(long out[2]);
+// Tests: [0] successful cudaIpcOpenMemHandle calls, [1] mappings open now,
+// [2] cudaStreamSynchronize calls.
+void fake_cuda_ipc_counters(long out[3]);
 
 void
-fake_cuda_ipc_counters(long out[2])
+fake_cuda_ipc_counters(long out[3])
 {
     pthread_mutex_lock(&fake_mtx);
     out[0] = fake_ipc_opens;
     out[1] = fake_ipc_live;
+    out[2] = fake_stream_syncs;
     pthread_mutex_unlock(&fake_mtx);
 }
 
