@@ -118,6 +118,20 @@ pipe_engine_run(tp_pg *g, const tp__coll_args *a, uint64_t seq,
         // members that never called it.
         tp__pg_blame_timeout(g, tp__coll_kind_name(a->kind), seq, c.start_ns,
                              what, err_p);
+    } else if (st != TP_OK) {
+        // A member that gave up tells the others why (its abort, which
+        // breaks the group) before it closes: a wait woken by that close
+        // reports the reason, not the close (rank 2 died, rank 0 gave up
+        // on it and left: rank 1 names rank 2).
+        tp_error *be = NULL;
+        if (tp__pg_check(g, &be) != TP_OK && be != NULL && err_p != NULL &&
+            tp_error_status(be) == TP_EREMOTE) {
+            tp_error_unref(*err_p);
+            *err_p = be;
+            st = TP_EREMOTE;
+        } else {
+            tp_error_unref(be);
+        }
     }
     return st;
 }
