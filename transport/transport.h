@@ -17,6 +17,9 @@
  * order submitted, writes too. A read or write that fails or is canceled
  * after moving some bytes leaves the stream unusable: the backend then
  * closes the connection, and every other pending op fails with that error.
+ * One that moved none leaves it usable, with one documented exception:
+ * ucx posts large reads with no deadline to UCX, which cannot take them
+ * back, so canceling one closes the connection (docs/transport-ucx.md).
  *
  * Errors name the transport and the peer address:
  *   "tcp: read from peer 127.0.0.1:5555: connection closed by peer (EOF)".

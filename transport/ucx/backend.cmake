@@ -4,4 +4,4 @@
 # for by name (TP_CONF_TRANSPORT, bench --transport ucx, a ucx:// address),
 # never over shm or tcp by default.
 tp_backend(NAME ucx ORDER 90 OPS tp__transport_ucx_ops
-           SOURCES ucx.c conn.c flow.c setup.c CONDITION TP_HAVE_UCX)
+           SOURCES ucx.c conn.c recv.c flow.c setup.c CONDITION TP_HAVE_UCX)

@@ -1,14 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-// conn.c - the UCX transport's data path. Reads take received data from
-// UCP (ucp_stream_recv_data_nb: a pointer into UCP's receive buffer) and
-// copy it into the caller's iovs, so an exact-length read is ours to
-// track: its bytes moved are known, and a timeout or cancel before any
-// byte moved leaves the stream usable. Writes hand the caller's iovs to
-// ucp_stream_send_nbx, as far as the peer's window allows (flow.c: the
-// rest waits for credits, possibly in several sends), and complete in
-// submission order once UCP is done with every byte. A connection error is
-// recorded once in xc_err; every pending and later op fails with a reference to
-// it.
+// conn.c - the UCX transport's data path but for reads (recv.c). Writes
+// hand the caller's iovs to ucp_stream_send_nbx, as far as the peer's
+// window allows (flow.c: the rest waits for credits, possibly in several
+// sends), and complete in submission order once UCP is done with every
+// byte. A connection error is recorded once in xc_err; every pending and
+// later op fails with a reference to it. Cancel: a read or write that
+// moved no byte fails alone; one that moved some, or a read posted to UCP
+// (recv.c), closes the conn.
 
 #include <stdio.h>
 #include <string.h>
@@ -74,67 +72,6 @@ tp__ucx_ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
         h[c->xc_nheld].h_len = len;
         c->xc_nheld++;
     }
-}
-
-static void
-ucx_rx_release(ucx_conn *c)
-{
-    if (c->xc_rx != NULL) {
-        ucp_stream_data_release(c->xc_ep, c->xc_rx);
-        c->xc_rx = NULL;
-        c->xc_rx_len = c->xc_rx_off = 0;
-    }
-}
-
-static void
-ucx_held_release(ucx_conn *c)
-{
-    for (size_t i = c->xc_held_next; i < c->xc_nheld; i++) {
-        ucp_stream_data_release(c->xc_ep, c->xc_held[i].h_data);
-    }
-    tp__free(c->xc_held);
-    c->xc_held = NULL;
-    c->xc_nheld = c->xc_held_next = 0;
-}
-
-int64_t
-tp__ucx_consume(ucx_conn *c, uint8_t *dst, uint64_t n, ucs_status_t *st_p)
-{
-    uint64_t copied = 0;
-    while (copied < n) {
-        if (c->xc_rx == NULL && c->xc_held_next < c->xc_nheld) {
-            struct ucx_held *h = &c->xc_held[c->xc_held_next++];
-            c->xc_rx = h->h_data;
-            c->xc_rx_len = h->h_len;
-            c->xc_rx_off = 0;
-        }
-        if (c->xc_rx == NULL) {
-            if (c->xc_ep == NULL || c->xc_ep_status != UCS_OK) {
-                *st_p = c->xc_ep == NULL ? UCS_ERR_CANCELED : c->xc_ep_status;
-                return copied > 0 ? (int64_t)copied : -1;
-            }
-            size_t len = 0;
-            ucs_status_ptr_t r = ucp_stream_recv_data_nb(c->xc_ep, &len);
-            if (r == NULL) {
-                break;
-            }
-            if (UCS_PTR_IS_ERR(r)) {
-                *st_p = UCS_PTR_STATUS(r);
-                return copied > 0 ? (int64_t)copied : -1;
-            }
-            c->xc_rx = r;
-            c->xc_rx_len = len;
-            c->xc_rx_off = 0;
-        }
-        uint64_t take = TP_MIN(n - copied, c->xc_rx_len - c->xc_rx_off);
-        memcpy(dst + copied, c->xc_rx + c->xc_rx_off, (size_t)take);
-        copied += take;
-        c->xc_rx_off += (size_t)take;
-        if (c->xc_rx_off == c->xc_rx_len) {
-            ucx_rx_release(c);
-        }
-    }
-    return (int64_t)copied;
 }
 
 // ---- sends -----------------------------------------------------------------
@@ -326,8 +263,7 @@ tp__ucx_conn_release(ucx_conn *c, bool force)
 {
     ucx_ctx *x = c->xc_ctx;
     tp__timer_stop(x->x_t->t_loop, &c->xc_timer);
-    ucx_rx_release(c);
-    ucx_held_release(c);
+    tp__ucx_rx_drop(c);
     if (c->xc_ep != NULL) {
         tp__ucx_ep_close(x, c->xc_ep, force);
         c->xc_ep = NULL;
@@ -349,7 +285,7 @@ tp__ucx_conn_fail(ucx_conn *c, tp_error *err)
     }
     tp_aio *a;
     while ((a = tp__list_pop_first(&c->xc_readq)) != NULL) {
-        tp__aio_finish(a, tp_error_ref(c->xc_err), a->a_prov_u64[0]);
+        tp__ucx_read_fail(a, c->xc_err);
     }
     // Held writes (past the peer's window) fail here with the rest.
     c->xc_tx_next = NULL;
@@ -363,60 +299,14 @@ tp__ucx_conn_fail(ucx_conn *c, tp_error *err)
             // lets go of it (the force close below cancels the sends).
             o->o_conn = NULL;
             o->o_err = tp_error_ref(c->xc_err);
+            // No cancel reaches the conn from now on (it may be gone).
+            a->a_cancel_fn = NULL;
         }
     }
     tp__ucx_conn_release(c, true);
 }
 
-// ---- reads -----------------------------------------------------------------
-
-void
-tp__ucx_read_pump(ucx_conn *c)
-{
-    tp_aio *a;
-    while (c->xc_state == UCX_OPEN &&
-           (a = tp__list_first(&c->xc_readq)) != NULL) {
-        uint64_t moved = a->a_prov_u64[0];
-        if (moved == a->a_prov_u64[1]) {
-            tp__list_remove(&c->xc_readq, a);
-            tp__aio_finish(a, NULL, moved);
-            continue;
-        }
-        // The iov holding byte @moved.
-        uint64_t skip = moved;
-        unsigned i = 0;
-        while (skip >= a->a_iov[i].iov_len) {
-            skip -= a->a_iov[i].iov_len;
-            i++;
-        }
-        ucs_status_t st = UCS_OK;
-        int64_t got = tp__ucx_consume(c, (uint8_t *)a->a_iov[i].iov_base + skip,
-                                      a->a_iov[i].iov_len - skip, &st);
-        if (got < 0) {
-            tp__ucx_conn_fail(c, tp__error_new(TP_ECONNRESET, 0, NULL,
-                                               "ucx: read from peer %s: %s",
-                                               c->xc_base.c_peer,
-                                               ucs_status_string(st)));
-            return;
-        }
-        if (got == 0) {
-            break;
-        }
-        a->a_prov_u64[0] += (uint64_t)got;
-        tp__ucx_rx_consumed(c, (uint64_t)got);
-    }
-    // The peer is gone and what it sent before is consumed: a read still
-    // waiting fails (a conn with no read pending keeps the received data
-    // for later reads, like a socket holding data before its EOF).
-    if (c->xc_state == UCX_OPEN && c->xc_ep_status != UCS_OK &&
-        !tp__list_empty(&c->xc_readq)) {
-        tp__ucx_conn_fail(c, tp__error_new(TP_ECONNRESET, 0, NULL,
-                                           "ucx: read from peer %s: connection "
-                                           "closed by peer or failed (%s)",
-                                           c->xc_base.c_peer,
-                                           ucs_status_string(c->xc_ep_status)));
-    }
-}
+// ---- dispatch --------------------------------------------------------------
 
 void
 tp__ucx_conn_dispatch(ucx_conn *c)
@@ -439,6 +329,24 @@ ucx_op_cancel(tp_aio *aio, void *arg, tp_status reason)
 {
     ucx_conn *c = arg;
     bool is_read = aio->a_prov_data[1] == &c->xc_readq;
+    if (is_read && tp__ucx_read_posted(aio)) {
+        // Its receives are UCP's to complete (recv.c): the conn goes, and
+        // the read fails once UCP lets go of the caller's buffer.
+        tp__ucx_read_cancel_posted(
+            c, aio,
+            tp__error_new(reason, 0, NULL,
+                          "ucx: read from peer %s %s with its receive posted "
+                          "to UCX (%llu of %llu bytes moved, or more): UCX "
+                          "cannot take back a posted receive, so the "
+                          "connection could not be kept and is closed",
+                          c->xc_base.c_peer,
+                          reason == TP_ETIMEDOUT ? "timed out"
+                          : reason == TP_ECLOSED ? "closed"
+                                                 : "canceled",
+                          (unsigned long long)aio->a_prov_u64[0],
+                          (unsigned long long)aio->a_prov_u64[1]));
+        return;
+    }
     const char *what = is_read ? "read from" : "write to";
     uint64_t done = is_read ? aio->a_prov_u64[0] : 0;
     uint64_t handed =
@@ -483,6 +391,7 @@ ucx_op_cancel(tp_aio *aio, void *arg, tp_status reason)
     if (o != NULL && o->o_inflight > 0) {
         o->o_conn = NULL; // finished by ucx_send_cb with @err
         o->o_err = tp_error_ref(err);
+        aio->a_cancel_fn = NULL; // off the conn's queues: no cancel again
     } else {
         if (o != NULL) {
             tp__ucx_op_free(o);
@@ -522,6 +431,7 @@ void
 tp__ucx_conn_read(tp_conn *bc, tp_aio *aio)
 {
     ucx_conn *c = ucx_conn_of(bc);
+    aio->a_prov_data[0] = NULL; // its ucx_rd once posted (recv.c)
     if (ucx_conn_begin(c, aio, &c->xc_readq)) {
         tp__ucx_read_pump(c);
     }

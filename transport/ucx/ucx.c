@@ -231,6 +231,21 @@ static const tp_tunable ucx_tunable_rows[] = {
         .tu_min = UCX_WINDOW_MIN,
         .tu_max = UCX_WINDOW_MAX,
     },
+    {
+        .tu_name = "ucx_recv_post",
+        .tu_env = "TP_UCX_RECV_POST",
+        // docs/transport-ucx.md: posted reads save a copy, but one that
+        // is canceled closes its connection.
+        .tu_def = "64K",
+        .tu_doc = "reads with no deadline that need at least this many "
+                  "bytes more than UCX holds are posted to UCX, which "
+                  "receives into the caller's buffer (one copy less; a "
+                  "cancel of one closes the connection); 0: never",
+        .tu_type = TP_TUNABLE_SIZE,
+        TP_TUNABLE_FIELD(ucx_tunables, ut_post_min),
+        .tu_min = 0,
+        .tu_max = UCX_WINDOW_MAX,
+    },
 };
 
 const tp_tunables tp__ucx_tunables = {
@@ -297,6 +312,7 @@ ucx_ctx_init(tp_transport *t, tp_error **err_p)
     }
     const ucx_tunables *ut = tp__config_own_const(&t->t_cfg, &tp__ucx_tunables);
     x->x_window = (uint64_t)ut->ut_window;
+    x->x_post_min = (uint64_t)ut->ut_post_min;
     // Two ends with the same UCX major.minor can connect; UCX picks the
     // fabric (UCX_TLS) itself.
     unsigned major, minor, release;

@@ -4,10 +4,12 @@
  *   ucx.c     the UCP context and worker (one per transport), progress
  *             from the loop (the worker's event fd + a loop poller),
  *             viability, the domain and the ops table
- *   conn.c    a connection's reads (received data taken from UCP with
- *             ucp_stream_recv_data_nb and copied into the caller's iovs),
- *             writes (ucp_stream_send_nbx from the caller's iovs), failure
- *             with one first error, close
+ *   conn.c    a connection's writes (ucp_stream_send_nbx from the
+ *             caller's iovs), cancel, failure with one first error, close
+ *   recv.c    reads: received data taken from UCP with
+ *             ucp_stream_recv_data_nb and copied into the caller's iovs;
+ *             large reads with no deadline posted to UCP instead
+ *             (ucp_stream_recv_nbx into the caller's iovs, one copy)
  *   flow.c    flow control: writes hold past the peer's window, credits
  *             (active messages carrying the reader's consumed-bytes
  *             count) release them
@@ -47,6 +49,11 @@
 #define UCX_MAX_PENDING   128 // per listener: handshaking + ready
 #define UCX_PFX_LEN       640
 #define UCX_CLOSE_WAIT_MS 2000 // ctx_fini waits this long for ep closes
+// A posted read (recv.c) keeps at most this many receives with UCP, each
+// of at most a quarter of the conn's window (so all of them cover what
+// the peer may send ahead, and each completed one earns the peer a
+// credit).
+#define UCX_RD_POSTS 4
 
 _Static_assert(sizeof(TP_HELLO_MAGIC) - 1 == UCX_HELLO_MAGIC_LEN,
                "hello magic is 8 bytes");
@@ -68,10 +75,11 @@ typedef struct ucx_ctx {
     bool x_in_progress;
     tp_loop_fd x_lfd;
     tp_loop_poller x_poller;
-    tp_list x_conns;    // every live ucx_conn (xc_node)
-    tp_list x_lsns;     // every open ucx_listener (xl_node)
-    unsigned x_closing; // ep close requests in flight
-    uint64_t x_window;  // TP_UCX_WINDOW: what each conn lets its peer send
+    tp_list x_conns;     // every live ucx_conn (xc_node)
+    tp_list x_lsns;      // every open ucx_listener (xl_node)
+    unsigned x_closing;  // ep close requests in flight
+    uint64_t x_window;   // TP_UCX_WINDOW: what each conn lets its peer send
+    uint64_t x_post_min; // TP_UCX_RECV_POST: reads posted from this size
 } ucx_ctx;
 
 typedef struct ucx_listener ucx_listener;
@@ -110,6 +118,33 @@ ucx_op_done(const ucx_op *o)
     return o->o_inflight == 0 &&
            (o->o_submitted == o->o_len || o->o_status != UCS_OK);
 }
+
+typedef struct ucx_rd ucx_rd;
+
+// One receive posted to UCP (ucp_stream_recv_nbx, WAITALL): UCP writes
+// into the read's buffer until it completes. Its iov array lives as long.
+typedef struct ucx_rpost {
+    ucx_rd *rp_rd;
+    uint64_t rp_len;        // bytes posted
+    size_t rp_got;          // bytes UCP put there (when done)
+    ucs_status_t rp_status; // UCP's completion status (when done)
+    bool rp_done;           // UCP completed it
+    ucp_dt_iov_t rp_iov[TP_AIO_MAX_IOV];
+} ucx_rpost;
+
+// A read whose bytes are received by UCP straight into the caller's iovs
+// (recv.c): its posts, in stream order, in a ring. Allocated apart from
+// the conn, as UCP may hold its receives after the conn let go of it.
+struct ucx_rd {
+    tp_aio *r_aio;
+    bool r_orphan;       // the conn let go of it: finished when UCP is done
+    tp_error *r_err;     // an orphan's read fails with this
+    uint64_t r_posted;   // read offset up to which receives were posted
+    unsigned r_head;     // r_post[r_head] is the oldest post
+    unsigned r_npost;    // posts in the ring (done or not)
+    unsigned r_inflight; // posts UCP still holds
+    ucx_rpost r_post[UCX_RD_POSTS];
+};
 
 typedef struct ucx_conn {
     tp_conn xc_base; // the generic part; must be first
@@ -188,7 +223,8 @@ struct ucx_listener {
 
 // ucx's own tunables (TP_TUNABLES_OWN), inside every tp_config.
 typedef struct ucx_tunables {
-    int64_t ut_window; // TP_UCX_WINDOW bytes
+    int64_t ut_window;   // TP_UCX_WINDOW bytes
+    int64_t ut_post_min; // TP_UCX_RECV_POST bytes (0: never post)
 } ucx_tunables;
 
 extern const tp_tunables tp__ucx_tunables;
@@ -226,10 +262,6 @@ tp_status tp__ucx_status_tp(ucs_status_t st);
 // conn.c
 ucx_conn *tp__ucx_conn_new(tp_transport *t);
 void tp__ucx_ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status);
-// Copies up to @n received bytes to @dst; returns the count, or -1 after
-// the endpoint failed (the status in *st_p).
-int64_t tp__ucx_consume(ucx_conn *c, uint8_t *dst, uint64_t n,
-                        ucs_status_t *st_p);
 // Sends @n bytes (copied) ahead of any later send: on the stream, or as
 // the header of an active message with id @am_id when nonzero.
 ucs_status_t tp__ucx_send_bytes(ucx_conn *c, const uint8_t *p, size_t n,
@@ -242,12 +274,31 @@ void tp__ucx_op_free(ucx_op *o);
 void tp__ucx_writes_settle(ucx_conn *c);
 void tp__ucx_conn_release(ucx_conn *c, bool force);
 void tp__ucx_conn_fail(ucx_conn *c, tp_error *err);
-void tp__ucx_read_pump(ucx_conn *c);
 void tp__ucx_conn_dispatch(ucx_conn *c);
 void tp__ucx_conn_read(tp_conn *bc, tp_aio *aio);
 void tp__ucx_conn_write(tp_conn *bc, tp_aio *aio);
 void tp__ucx_conn_close(tp_conn *bc);
 void tp__ucx_conn_fini(tp_conn *bc);
+
+// recv.c
+// Copies up to @n received bytes to @dst; returns the count, or -1 after
+// the endpoint failed (the status in *st_p).
+int64_t tp__ucx_consume(ucx_conn *c, uint8_t *dst, uint64_t n,
+                        ucs_status_t *st_p);
+// Releases the received data the conn holds (before its ep goes).
+void tp__ucx_rx_drop(ucx_conn *c);
+// Moves received data into the queued reads, in order; completes them.
+void tp__ucx_read_pump(ucx_conn *c);
+// A read taken off the queue because the conn failed with @err (a
+// reference is taken): finished now, or, with receives UCP still holds,
+// when UCP completes them (the conn may be gone by then).
+void tp__ucx_read_fail(tp_aio *a, tp_error *err);
+// Whether @a has receives posted (it cannot be taken back then).
+bool tp__ucx_read_posted(const tp_aio *a);
+// Cancels @a, whose receives are posted: fails it with @err (taken) once
+// UCP lets go of its buffer, and closes the conn, as UCX cannot take a
+// posted stream receive back.
+void tp__ucx_read_cancel_posted(ucx_conn *c, tp_aio *a, tp_error *err);
 
 // flow.c
 // Registers the credit handler on the worker.
