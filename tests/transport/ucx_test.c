@@ -433,6 +433,35 @@ read_posted(fixture *fx, op *o)
     return q.pq_posted;
 }
 
+typedef struct moved_q {
+    tp_aio *mq_aio;
+    uint64_t mq_moved;
+} moved_q;
+
+static void
+moved_task(void *arg)
+{
+    moved_q *q = arg;
+    q->mq_moved = q->mq_aio->a_prov_u64[0];
+}
+
+// Waits up to 5 s (scaled) until the pending read @o has taken @n bytes.
+static void
+wait_moved(fixture *fx, op *o, uint64_t n)
+{
+    uint64_t deadline = tp__now_ns() + (uint64_t)tp_test_ms(5000) * 1000000u;
+    moved_q q = {o->aio, 0};
+    for (;;) {
+        tp__loop_call(fx->loop, moved_task, &q);
+        if (q.mq_moved >= n || tp__now_ns() > deadline) {
+            break;
+        }
+        usleep(1000);
+    }
+    TP_CHECKF(q.mq_moved >= n, "the read took %llu bytes, want %llu",
+              (unsigned long long)q.mq_moved, (unsigned long long)n);
+}
+
 static void
 read_start(tp_conn *c, op *o, int64_t timeout_ms, tp_iov *iov, unsigned n)
 {
@@ -565,7 +594,7 @@ cancel_posted_read(void)
     read_start(s, &r2, 0, &si, 1);
     TP_CHECK(read_posted(&fx, &r));
     write_now(c, out, sent);
-    usleep(50000); // let the bytes land
+    wait_moved(&fx, &r, 3u << 20); // three receives completed
     TP_CHECK_EQ(atomic_load(&r.done), 0);
     tp_aio_cancel(r.aio);
     op_wait(&r, 5000);
