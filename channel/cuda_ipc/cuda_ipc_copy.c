@@ -195,17 +195,22 @@ tp__cipc_accepts(tp_chan *ch, const tp_chan_op *op, char *why, size_t why_len)
     return true;
 }
 
-// @op came after close (the pipe failed inside another channel's call):
-// it fails at once, like every op close found.
+// @op cannot go: it came after close (the pipe failed inside another
+// channel's call), or the channel's connection broke earlier (ca_err).
+// Then it fails (later, as the contract wants) and true is returned.
 static bool
-cipc_closed_op(tp_chan *ch, tp_chan_op *op)
+cipc_cannot_go(tp_chan *ch, tp_chan_op *op)
 {
-    if (!ch->c_closed) {
+    const tp_error *down = ch->c_acks.ca_err;
+    if (!ch->c_closed && down == NULL) {
         return false;
     }
     tp__chan_op_fail_later(
         ch->c_env.ce_loop, op,
-        cipc_op_err(ch, op, TP_ECLOSED, NULL, "the pipe is closing"));
+        ch->c_closed
+            ? cipc_op_err(ch, op, TP_ECLOSED, NULL, "the pipe is closing")
+            : cipc_op_err(ch, op, tp_error_status(down), down,
+                          "the cuda_ipc channel is down"));
     return true;
 }
 
@@ -214,14 +219,7 @@ tp__cipc_send(tp_chan *ch, tp_chan_op *op)
 {
     op->co_priv = NULL;
     op->co_info.ci_len = 0;
-    if (cipc_closed_op(ch, op)) {
-        return;
-    }
-    if (ch->c_acks.ca_err != NULL) {
-        tp__chan_op_fail_later(
-            ch->c_env.ce_loop, op,
-            cipc_op_err(ch, op, tp_error_status(ch->c_acks.ca_err),
-                        ch->c_acks.ca_err, "the cuda_ipc channel is down"));
+    if (cipc_cannot_go(ch, op)) {
         return;
     }
     if (op->co_device.type != TP_DEVICE_CUDA || op->co_device.index < 0 ||
@@ -396,14 +394,7 @@ cipc_copy_task(void *arg)
 void
 tp__cipc_recv(tp_chan *ch, tp_chan_op *op)
 {
-    if (cipc_closed_op(ch, op)) {
-        return;
-    }
-    if (ch->c_acks.ca_err != NULL) {
-        tp__chan_op_fail_later(
-            ch->c_env.ce_loop, op,
-            cipc_op_err(ch, op, tp_error_status(ch->c_acks.ca_err),
-                        ch->c_acks.ca_err, "the cuda_ipc channel is down"));
+    if (cipc_cannot_go(ch, op)) {
         return;
     }
     tp__cipc_info info;
