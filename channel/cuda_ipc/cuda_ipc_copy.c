@@ -177,21 +177,22 @@ cipc_export(const tp_chan_op *op, uint8_t handle[TP_CUDA_IPC_HANDLE_LEN],
 bool
 tp__cipc_accepts(tp_chan *ch, const tp_chan_op *op, char *why, size_t why_len)
 {
-    (void)ch;
     if (op->co_device.type != TP_DEVICE_CUDA || op->co_device.index < 0 ||
         op->co_device.index > UINT8_MAX) {
         snprintf(why, why_len, "not on a CUDA device");
         return false;
     }
-    uint8_t handle[TP_CUDA_IPC_HANDLE_LEN];
-    uint64_t off;
-    size_t size;
     tp_error *err = NULL;
-    if (cipc_export(op, handle, &off, &size, &err) != TP_OK) {
+    ch->c_export.x_buf = NULL;
+    if (cipc_export(op, ch->c_export.x_handle, &ch->c_export.x_off,
+                    &ch->c_export.x_size, &err) != TP_OK) {
         snprintf(why, why_len, "%s", tp_error_message(err));
         tp_error_unref(err);
         return false;
     }
+    ch->c_export.x_buf = op->co_buf;
+    ch->c_export.x_len = op->co_len;
+    ch->c_export.x_dev = op->co_device.index;
     return true;
 }
 
@@ -236,7 +237,17 @@ tp__cipc_send(tp_chan *ch, tp_chan_op *op)
     uint64_t off = 0;
     uint8_t handle[TP_CUDA_IPC_HANDLE_LEN];
     tp_error *err = NULL;
-    tp_status st = cipc_export(op, handle, &off, &size, &err);
+    tp_status st = TP_OK;
+    if (ch->c_export.x_buf == op->co_buf && ch->c_export.x_len == op->co_len &&
+        ch->c_export.x_dev == dev) {
+        // accepts exported it just before (wop_route): no second ask.
+        memcpy(handle, ch->c_export.x_handle, TP_CUDA_IPC_HANDLE_LEN);
+        off = ch->c_export.x_off;
+        size = ch->c_export.x_size;
+    } else {
+        st = cipc_export(op, handle, &off, &size, &err);
+    }
+    ch->c_export.x_buf = NULL;
     cipc_entry *e = st == TP_OK ? tp__zalloc(sizeof(*e)) : NULL;
     if (st == TP_OK && e == NULL) {
         st = tp__error_set(&err, TP_ENOMEM, "out of memory");

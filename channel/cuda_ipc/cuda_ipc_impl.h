@@ -98,6 +98,17 @@ struct tp_chan {
     bool c_destroy_req;
     int c_copies; // copies on the pool
     cipc_cache c_cache;
+    // The last export accepts made, taken by the send of that buffer when
+    // it comes next (a message's one CUDA tensor: the handle is asked for
+    // once, not twice); any send clears it. Loop thread.
+    struct {
+        const void *x_buf; // NULL: none
+        uint64_t x_len;
+        int x_dev;
+        uint64_t x_off;
+        size_t x_size;
+        uint8_t x_handle[TP_CUDA_IPC_HANDLE_LEN];
+    } c_export;
     tp_task c_free_task;
 };
 
