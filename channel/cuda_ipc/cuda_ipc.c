@@ -35,8 +35,9 @@ cipc_nconns(const tp_config *cfg, bool *lanes_p)
 
 // cuda_ipc's own tunables (TP_TUNABLES_OWN, table at the end).
 typedef struct cipc_tunables {
-    int64_t ct_mode;  // TP_CUDA_IPC: 0 auto, 1 on, 2 off
-    int64_t ct_cache; // TP_CUDA_IPC_CACHE: idle mappings kept per pipe
+    int64_t ct_mode;           // TP_CUDA_IPC: 0 auto, 1 on, 2 off
+    int64_t ct_cache;          // TP_CUDA_IPC_CACHE: idle mappings kept per pipe
+    int64_t ct_reader_wait_ms; // TP_CUDA_IPC_READER_WAIT_MS
 } cipc_tunables;
 
 extern const tp_tunables tp__cuda_ipc_tunables;
@@ -208,6 +209,7 @@ cipc_create(const tp_chan_env *env, tp_chan **ch_p, tp_error **err_p)
     const cipc_tunables *ct =
         tp__config_own_const(env->ce_cfg, &tp__cuda_ipc_tunables);
     tp__cipc_cache_init(&ch->c_cache, (unsigned)ct->ct_cache);
+    ch->c_reader_wait_ms = ct->ct_reader_wait_ms;
     cipc_read_acks(ch);
     *ch_p = ch;
     return TP_OK;
@@ -261,6 +263,19 @@ static const tp_tunable cipc_tunable_rows[] = {
         TP_TUNABLE_FIELD(cipc_tunables, ct_cache),
         .tu_min = 0,
         .tu_max = 4096,
+    },
+    {
+        .tu_name = "cuda_ipc_reader_wait_ms",
+        .tu_env = "TP_CUDA_IPC_READER_WAIT_MS",
+        .tu_def = "30000",
+        .tu_doc = "cuda_ipc: how long a send that failed waits for a reader "
+                  "in its own process still copying from its tensor before "
+                  "it completes without it (logged: the buffer may still "
+                  "be read until that copy returns), in ms",
+        .tu_type = TP_TUNABLE_INT,
+        TP_TUNABLE_FIELD(cipc_tunables, ct_reader_wait_ms),
+        .tu_min = 1,
+        .tu_max = 3600000,
     },
 };
 

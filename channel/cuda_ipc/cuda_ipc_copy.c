@@ -13,6 +13,7 @@
 #include <pthread.h>
 
 #include "channel/cuda_ipc/cuda_ipc_impl.h"
+#include "core/log.h"
 #include "core/platform.h"
 
 // ---- the table of this process's sends --------------------------------------
@@ -23,20 +24,35 @@ typedef struct cipc_entry {
     const void *e_ptr; // the tensor
     int e_dev;
     uint64_t e_len;
-    int e_readers; // copies from e_ptr in progress (cipc_mtx)
+    int e_readers;      // copies from e_ptr in progress (cipc_mtx)
+    bool e_orphan;      // its send gave up waiting: the last reader frees it
+    int64_t e_wait_ms;  // TP_CUDA_IPC_READER_WAIT_MS
+    const char *e_peer; // the channel's (valid until the send is done)
+    uint32_t e_index;   // the tensor in its message
 } cipc_entry;
 
-static pthread_mutex_t cipc_mtx = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t cipc_cv = PTHREAD_COND_INITIALIZER; // e_readers fell
+// Initialised once (pthread_once): the condition variable waits by the
+// monotonic clock (tp_cv), which a static initialiser cannot ask for.
+static pthread_once_t cipc_once = PTHREAD_ONCE_INIT;
+static tp_mtx cipc_mtx;
+static tp_cv cipc_cv; // e_readers fell
 static cipc_entry *cipc_table;
+
+static void
+cipc_table_init(void)
+{
+    tp__mtx_init(&cipc_mtx);
+    tp__cv_init(&cipc_cv);
+}
 
 static void
 cipc_table_add(cipc_entry *e)
 {
-    pthread_mutex_lock(&cipc_mtx);
+    pthread_once(&cipc_once, cipc_table_init);
+    tp__mtx_lock(&cipc_mtx);
     e->e_next = cipc_table;
     cipc_table = e;
-    pthread_mutex_unlock(&cipc_mtx);
+    tp__mtx_unlock(&cipc_mtx);
 }
 
 // The entry for @token, held (its send cannot complete and let its
@@ -44,7 +60,8 @@ cipc_table_add(cipc_entry *e)
 static cipc_entry *
 cipc_table_hold(uint64_t token)
 {
-    pthread_mutex_lock(&cipc_mtx);
+    pthread_once(&cipc_once, cipc_table_init);
+    tp__mtx_lock(&cipc_mtx);
     cipc_entry *e = cipc_table;
     while (e != NULL && e->e_token != token) {
         e = e->e_next;
@@ -52,17 +69,20 @@ cipc_table_hold(uint64_t token)
     if (e != NULL) {
         e->e_readers++;
     }
-    pthread_mutex_unlock(&cipc_mtx);
+    tp__mtx_unlock(&cipc_mtx);
     return e;
 }
 
 static void
 cipc_table_release(cipc_entry *e)
 {
-    pthread_mutex_lock(&cipc_mtx);
-    e->e_readers--;
-    pthread_cond_broadcast(&cipc_cv);
-    pthread_mutex_unlock(&cipc_mtx);
+    tp__mtx_lock(&cipc_mtx);
+    bool last = --e->e_readers == 0 && e->e_orphan;
+    tp__cv_broadcast(&cipc_cv);
+    tp__mtx_unlock(&cipc_mtx);
+    if (last) {
+        tp__free(e); // its send gave up on us (tp__cipc_send_done)
+    }
 }
 
 void
@@ -72,7 +92,8 @@ tp__cipc_send_done(tp_chan_op *op)
     if (e == NULL) {
         return;
     }
-    pthread_mutex_lock(&cipc_mtx);
+    op->co_priv = NULL;
+    tp__mtx_lock(&cipc_mtx);
     for (cipc_entry **pp = &cipc_table; *pp != NULL; pp = &(*pp)->e_next) {
         if (*pp == e) {
             *pp = e->e_next;
@@ -81,13 +102,31 @@ tp__cipc_send_done(tp_chan_op *op)
     }
     // A receiver in this process still copying from the tensor (the send
     // failed under it: the pipe closed): its user must not get the buffer
-    // back before the copy is over.
+    // back before the copy is over. One cudaMemcpy bounds the wait; a
+    // copy that hangs past TP_CUDA_IPC_READER_WAIT_MS does not hold this
+    // loop thread for ever: the send completes, and the entry is left to
+    // the copy, which frees it when it returns.
+    uint64_t deadline = tp__deadline_after_ms(e->e_wait_ms);
     while (e->e_readers > 0) {
-        pthread_cond_wait(&cipc_cv, &cipc_mtx);
+        if (!tp__cv_wait_until(&cipc_cv, &cipc_mtx, deadline)) {
+            break;
+        }
     }
-    pthread_mutex_unlock(&cipc_mtx);
+    bool gave_up = e->e_readers > 0;
+    e->e_orphan = gave_up;
+    tp__mtx_unlock(&cipc_mtx);
+    if (gave_up) {
+        TP_LOG_WARN("TP-CUDA-IPC-READER-HUNG",
+                    "cuda_ipc: pipe to %s: tensor %" PRIu32 " (%" PRIu64
+                    " bytes on cuda:%d): a reader in this process still "
+                    "copies from it %" PRId64
+                    " ms after its send ended; the send completes "
+                    "without it (TP_CUDA_IPC_READER_WAIT_MS), and its "
+                    "buffer may still be read until that copy returns",
+                    e->e_peer, e->e_index, e->e_len, e->e_dev, e->e_wait_ms);
+        return;
+    }
     tp__free(e);
-    op->co_priv = NULL;
 }
 
 // ---- the info ---------------------------------------------------------------
@@ -152,8 +191,8 @@ cipc_op_err(tp_chan *ch, const tp_chan_op *op, tp_status st,
 
 // The handle of the allocation holding @op's tensor, its base and size.
 static tp_status
-cipc_export(const tp_chan_op *op, uint8_t handle[TP_CUDA_IPC_HANDLE_LEN],
-            uint64_t *off_p, size_t *size_p, tp_error **err_p)
+cipc_export_op(const tp_chan_op *op, uint8_t handle[TP_CUDA_IPC_HANDLE_LEN],
+               uint64_t *off_p, size_t *size_p, tp_error **err_p)
 {
     int dev = op->co_device.index;
     void *base = NULL;
@@ -182,17 +221,24 @@ tp__cipc_accepts(tp_chan *ch, const tp_chan_op *op, char *why, size_t why_len)
         snprintf(why, why_len, "not on a CUDA device");
         return false;
     }
+    if (ch->c_xnext == ch->c_nexports ||
+        op->co_index <= ch->c_exports[ch->c_nexports - 1].x_index) {
+        ch->c_nexports = ch->c_xnext = 0; // a new message
+    }
+    cipc_export tmp, *x = ch->c_nexports < CIPC_EXPORTS_MAX
+                              ? &ch->c_exports[ch->c_nexports]
+                              : &tmp; // full: the send exports again
     tp_error *err = NULL;
-    ch->c_export.x_buf = NULL;
-    if (cipc_export(op, ch->c_export.x_handle, &ch->c_export.x_off,
-                    &ch->c_export.x_size, &err) != TP_OK) {
+    if (cipc_export_op(op, x->x_handle, &x->x_off, &x->x_size, &err) != TP_OK) {
         snprintf(why, why_len, "%s", tp_error_message(err));
         tp_error_unref(err);
         return false;
     }
-    ch->c_export.x_buf = op->co_buf;
-    ch->c_export.x_len = op->co_len;
-    ch->c_export.x_dev = op->co_device.index;
+    x->x_buf = op->co_buf;
+    x->x_len = op->co_len;
+    x->x_dev = op->co_device.index;
+    x->x_index = op->co_index;
+    ch->c_nexports += x != &tmp;
     return true;
 }
 
@@ -213,6 +259,27 @@ cipc_cannot_go(tp_chan *ch, tp_chan_op *op)
             : cipc_op_err(ch, op, tp_error_status(down), down,
                           "the cuda_ipc channel is down"));
     return true;
+}
+
+// The export accepts kept for @op's tensor, or NULL; those of tensors
+// before it are dropped (they were staged, or the send never came).
+static const cipc_export *
+cipc_export_take(tp_chan *ch, const tp_chan_op *op)
+{
+    while (ch->c_xnext < ch->c_nexports &&
+           ch->c_exports[ch->c_xnext].x_index < op->co_index) {
+        ch->c_xnext++;
+    }
+    if (ch->c_xnext == ch->c_nexports) {
+        return NULL;
+    }
+    const cipc_export *x = &ch->c_exports[ch->c_xnext];
+    if (x->x_index != op->co_index || x->x_buf != op->co_buf ||
+        x->x_len != op->co_len || x->x_dev != op->co_device.index) {
+        return NULL;
+    }
+    ch->c_xnext++;
+    return x;
 }
 
 void
@@ -238,16 +305,15 @@ tp__cipc_send(tp_chan *ch, tp_chan_op *op)
     uint8_t handle[TP_CUDA_IPC_HANDLE_LEN];
     tp_error *err = NULL;
     tp_status st = TP_OK;
-    if (ch->c_export.x_buf == op->co_buf && ch->c_export.x_len == op->co_len &&
-        ch->c_export.x_dev == dev) {
+    const cipc_export *x = cipc_export_take(ch, op);
+    if (x != NULL) {
         // accepts exported it just before (wop_route): no second ask.
-        memcpy(handle, ch->c_export.x_handle, TP_CUDA_IPC_HANDLE_LEN);
-        off = ch->c_export.x_off;
-        size = ch->c_export.x_size;
+        memcpy(handle, x->x_handle, TP_CUDA_IPC_HANDLE_LEN);
+        off = x->x_off;
+        size = x->x_size;
     } else {
-        st = cipc_export(op, handle, &off, &size, &err);
+        st = cipc_export_op(op, handle, &off, &size, &err);
     }
-    ch->c_export.x_buf = NULL;
     cipc_entry *e = st == TP_OK ? tp__zalloc(sizeof(*e)) : NULL;
     if (st == TP_OK && e == NULL) {
         st = tp__error_set(&err, TP_ENOMEM, "out of memory");
@@ -264,6 +330,9 @@ tp__cipc_send(tp_chan *ch, tp_chan_op *op)
     e->e_ptr = op->co_buf;
     e->e_dev = dev;
     e->e_len = op->co_len;
+    e->e_wait_ms = ch->c_reader_wait_ms;
+    e->e_peer = ch->c_env.ce_peer;
+    e->e_index = op->co_index;
     cipc_table_add(e);
     op->co_priv = e;
     tp__cipc_info info = {dev, (uint32_t)getpid(), e->e_token,

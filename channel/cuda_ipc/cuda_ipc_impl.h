@@ -87,6 +87,19 @@ typedef struct cipc_copy {
     tp_task cp_task;
 } cipc_copy;
 
+// An export kept from accepts for the send (tp_chan.c_exports).
+typedef struct cipc_export {
+    const void *x_buf;
+    uint64_t x_len;
+    int x_dev;
+    uint32_t x_index; // the tensor in its message
+    uint64_t x_off;
+    size_t x_size;
+    uint8_t x_handle[TP_CUDA_IPC_HANDLE_LEN];
+} cipc_export;
+
+#define CIPC_EXPORTS_MAX 16
+
 struct tp_chan {
     tp_chan_env c_env;
     tp_conn *c_conn;
@@ -96,19 +109,18 @@ struct tp_chan {
     bool c_rbusy;
     bool c_closed;
     bool c_destroy_req;
-    int c_copies; // copies on the pool
+    int c_copies;             // copies on the pool
+    int64_t c_reader_wait_ms; // TP_CUDA_IPC_READER_WAIT_MS
     cipc_cache c_cache;
-    // The last export accepts made, taken by the send of that buffer when
-    // it comes next (a message's one CUDA tensor: the handle is asked for
-    // once, not twice); any send clears it. Loop thread.
-    struct {
-        const void *x_buf; // NULL: none
-        uint64_t x_len;
-        int x_dev;
-        uint64_t x_off;
-        size_t x_size;
-        uint8_t x_handle[TP_CUDA_IPC_HANDLE_LEN];
-    } c_export;
+    // The exports accepts made for the tensors of the message being
+    // started (wop_route asks for all of them, then sends them in order),
+    // each taken by the send of that tensor, so a tensor's handle is asked
+    // for once, not twice. Live: [c_xnext, c_nexports). An accepts for a
+    // tensor index not past the last kept one starts a new message and
+    // drops them all; a send drops those of lower indexes (never sent).
+    // Loop thread.
+    cipc_export c_exports[CIPC_EXPORTS_MAX];
+    unsigned c_nexports, c_xnext;
     tp_task c_free_task;
 };
 

@@ -65,9 +65,10 @@ cuda_env_counters(long out[7])
 }
 
 // The fake runtime's IPC counters: [0] handles opened so far, [1] mappings
-// open now, [2] cudaStreamSynchronize calls. False with the real runtime.
+// open now, [2] cudaStreamSynchronize calls, [3] handles exported so far.
+// False with the real runtime.
 static inline bool
-cuda_env_ipc_counters(long out[3])
+cuda_env_ipc_counters(long out[4])
 {
     return cuda_env_fake_call("fake_cuda_ipc_counters", out);
 }

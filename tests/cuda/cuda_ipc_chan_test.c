@@ -215,14 +215,17 @@ xp_write3(tp_pipe *p)
         (tp_msg_buf){cuda_buf_make(gpu(0), 0, 3, 2, &b1), 3, gpu(0), false};
     m->tensors[2] =
         (tp_msg_buf){cuda_buf_make(cpu, 0, 70000, 3, &b2), 70000, cpu, false};
-    long before[7], after[7];
-    bool counted = cuda_env_counters(before);
+    long before[7], after[7], xb[4], xa[4];
+    bool counted = cuda_env_counters(before) && cuda_env_ipc_counters(xb);
     write_one(p, m);
     if (counted) {
         cuda_env_counters(after);
+        cuda_env_ipc_counters(xa);
         // No staging: no device-to-host copy, no pinned buffer.
         TP_CHECK_EQ(after[3], before[3]);
         TP_CHECK_EQ(after[1], before[1]);
+        // Each CUDA tensor's handle asked for once (accepts, then send).
+        TP_CHECK_EQ(xa[3] - xb[3], 2);
     }
     report_has(p, "cuda tensors by cuda_ipc");
     cuda_buf_free(gpu(last), b0);
@@ -246,7 +249,7 @@ ipc_cross_process(void)
     r->tensors[0].device = gpu(0);    // CUDA -> CUDA, by the handle
     r->tensors[1].device = cpu;       // CUDA -> host, by the handle
     r->tensors[2].device = gpu(last); // host -> CUDA: staged
-    long before[7], after[7], sb[3], sa[3];
+    long before[7], after[7], sb[4], sa[4];
     bool counted = cuda_env_counters(before) && cuda_env_ipc_counters(sb);
     TP_CHECK_OK(cuda_read_data(p, r, &err), err);
     if (counted) {
@@ -354,7 +357,7 @@ cache_run(const char *cache, long want_opens, long want_live)
     xp_start(&x, cache_write);
     tp_pipe *p = x.x_p;
     tp_error *err = NULL;
-    long before[3], after[3];
+    long before[4], after[4];
     bool counted = cuda_env_ipc_counters(before);
     for (int i = 0; i < 4; i++) {
         tp_message *r = cuda_read_desc(p);
@@ -469,6 +472,67 @@ ipc_same_process_and_ack(void)
     pair_close(&pr);
 }
 
+// The copies of the fake's gate waiting now (closing or opening it as
+// @set is 1 or 0, or only looking: -1).
+static long
+copy_gate(long set)
+{
+    long io[2] = {set, 0};
+    TP_CHECK(cuda_env_fake_call("fake_cuda_copy_gate", io));
+    return io[1];
+}
+
+// A reader in the writer's own process whose copy hangs (held at the
+// fake's gate) when the writer's pipe closes: the write completes once
+// TP_CUDA_IPC_READER_WAIT_MS passed, with the copy still held, rather than
+// holding the writer's loop thread until the copy returns; the copy then
+// frees the table entry the send left it (ASan: no leak, no use after
+// free).
+static void
+ipc_same_process_hung_reader(void)
+{
+    if (!cuda_env_fake()) {
+        tp_test_skip("needs the fake runtime (its copy gate)");
+    }
+    cuda_env_setup();
+    setenv("TP_CUDA_IPC_READER_WAIT_MS", "200", 1);
+    pair pr;
+    pair_open(&pr, NULL);
+    unsetenv("TP_CUDA_IPC_READER_WAIT_MS");
+    report_has(pr.pb, "cuda tensors by cuda_ipc");
+    void *base;
+    size_t n = 70000;
+    tp_message *m = NULL;
+    TP_CHECK_OK(tp_message_create(0, 1, &m), NULL);
+    m->tensors[0] =
+        (tp_msg_buf){cuda_buf_make(gpu(1), 64, n, 9, &base), n, gpu(1), false};
+    op w, rd;
+    op_init(&w, WAIT_MS);
+    tp_pipe_write(pr.pb, m, w.aio);
+    tp_message *r = cuda_read_desc(pr.pa);
+    r->tensors[0].device = gpu(0);
+    TP_CHECK_EQ(copy_gate(1), 0);
+    op_init(&rd, WAIT_MS);
+    tp_pipe_read(pr.pa, r, rd.aio);
+    uint64_t dl = tp__deadline_after_ms(WAIT_MS);
+    while (copy_gate(-1) == 0 && tp__now_ns() < dl) {
+        usleep(1000);
+    }
+    TP_CHECK_EQ(copy_gate(-1), 1); // the reader's copy is held
+    tp_pipe_close(pr.pb);
+    TP_CHECK(op_wait_for(&w, WAIT_MS)); // not held by the copy
+    TP_CHECK(tp_aio_status(w.aio) != TP_OK);
+    TP_CHECK_EQ(copy_gate(-1), 1); // the copy was still held
+    TP_CHECK_EQ(copy_gate(0), 1);
+    op_wait(&rd, WAIT_MS);
+    op_fini(&rd);
+    op_fini(&w);
+    tp_message_destroy(r);
+    cuda_buf_free(gpu(1), base);
+    tp_message_destroy(m);
+    pair_close(&pr);
+}
+
 // Memory cuda_ipc cannot share (the fake's FAKE_CUDA_NO_IPC_EXPORT, as
 // VMM allocations): that tensor is staged through host memory beside the
 // device channel, the write and the read succeed, the pipe keeps its
@@ -565,6 +629,7 @@ static const tp_test_case cases[] = {
     TP_TEST_CASE_T(ipc_handles_cached, 60),
     TP_TEST_CASE_T(ipc_handles_not_cached, 60),
     TP_TEST_CASE_T(ipc_same_process_and_ack, 60),
+    TP_TEST_CASE_T(ipc_same_process_hung_reader, 60),
     TP_TEST_CASE_T(ipc_staged_when_peer_lacks_it, 60),
     TP_TEST_CASE_T(ipc_unshareable_memory_staged, 60),
 };

@@ -36,6 +36,7 @@
 #include <stdio.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define FAKE_MAX_ALLOCS 4096
@@ -72,7 +73,7 @@ static _Thread_local int fake_cur_dev;
 // live dev, live pinned, h2d, d2h, d2d, streams, device syncs
 static long fake_counts[7];
 // cudaIpcOpenMemHandle calls that mapped something, mappings still open
-static long fake_ipc_opens, fake_ipc_live;
+static long fake_ipc_opens, fake_ipc_live, fake_ipc_exports;
 // cudaStreamSynchronize calls
 static long fake_stream_syncs;
 
@@ -247,12 +248,54 @@ fake_open(void *p, size_t n, int prot)
     }
 }
 
+// A gate tests close to hold copies where they start (a copy that takes
+// its time, or hangs): fake_cuda_copy_gate(io) closes it (io[0] 1), opens
+// it (0) or only looks (-1); io[1] is then the copies waiting at it. A
+// copy waits at most 30 s, then goes on.
+static pthread_mutex_t fake_gate_mtx = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t fake_gate_cv = PTHREAD_COND_INITIALIZER;
+static bool fake_gate_closed;
+static long fake_gate_waiting;
+
+void fake_cuda_copy_gate(long io[2]);
+
+void
+fake_cuda_copy_gate(long io[2])
+{
+    pthread_mutex_lock(&fake_gate_mtx);
+    if (io[0] >= 0) {
+        fake_gate_closed = io[0] != 0;
+        pthread_cond_broadcast(&fake_gate_cv);
+    }
+    io[1] = fake_gate_waiting;
+    pthread_mutex_unlock(&fake_gate_mtx);
+}
+
+static void
+fake_gate_pass(void)
+{
+    pthread_mutex_lock(&fake_gate_mtx);
+    if (fake_gate_closed) {
+        struct timespec dl;
+        clock_gettime(CLOCK_REALTIME, &dl);
+        dl.tv_sec += 30;
+        fake_gate_waiting++;
+        while (fake_gate_closed &&
+               pthread_cond_timedwait(&fake_gate_cv, &fake_gate_mtx, &dl) ==
+                   0) {
+        }
+        fake_gate_waiting--;
+    }
+    pthread_mutex_unlock(&fake_gate_mtx);
+}
+
 cudaError_t
 cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind)
 {
     if (count == 0) {
         return cudaSuccess;
     }
+    fake_gate_pass();
     pthread_mutex_lock(&fake_mtx);
     bool ddev = fake_find(dst, count) != NULL;
     bool sdev = fake_find(src, count) != NULL;
@@ -370,16 +413,17 @@ fake_cuda_counters(long out[7])
 }
 
 // Tests: [0] successful cudaIpcOpenMemHandle calls, [1] mappings open now,
-// [2] cudaStreamSynchronize calls.
-void fake_cuda_ipc_counters(long out[3]);
+// [2] cudaStreamSynchronize calls, [3] successful cudaIpcGetMemHandle calls.
+void fake_cuda_ipc_counters(long out[4]);
 
 void
-fake_cuda_ipc_counters(long out[3])
+fake_cuda_ipc_counters(long out[4])
 {
     pthread_mutex_lock(&fake_mtx);
     out[0] = fake_ipc_opens;
     out[1] = fake_ipc_live;
     out[2] = fake_stream_syncs;
+    out[3] = fake_ipc_exports;
     pthread_mutex_unlock(&fake_mtx);
 }
 
@@ -403,6 +447,7 @@ cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *devPtr)
     h.mh_len = f->fa_len;
     h.mh_dev = f->fa_dev;
     snprintf(h.mh_name, sizeof(h.mh_name), "%s", f->fa_name);
+    fake_ipc_exports++;
     pthread_mutex_unlock(&fake_mtx);
     memset(handle, 0, sizeof(*handle));
     memcpy(handle, &h, sizeof(h));
