@@ -52,6 +52,7 @@
  * deadline up; closing pipes takes milliseconds). */
 #define AG_TEARDOWN_MIN_MS 1000
 #define AG_SYNC_GRACE_MS   5000 /* tp_rpc_sync beyond the call's deadline */
+#define AG_SD_PROBE_MS     1000 /* shutdown: a dead worker's liveness probe */
 
 #define AG_NKINDS           256 /* message kinds are a u8 */
 #define AG_FAULTY_MAX_RULES 8
@@ -126,6 +127,9 @@ typedef struct ag_peer {
     // (or shut down abruptly), so it will not join the agreement.
     bool p_dead;
     char p_dead_why[200];
+    // When the shutdown last connected to it to see whether it lives
+    // (rendezvous.c, shutdown_probe); 0: never.
+    uint64_t p_sd_probe_ns;
     // Bytes of messages received from it, allocated and not yet handed
     // over (max_peer_inflight_bytes).
     uint64_t p_inflight;

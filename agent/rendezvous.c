@@ -278,10 +278,68 @@ tp__ag_rendezvous(tp_agent *a, uint64_t deadline, tp_error **err_p)
 
 // ---- shutdown ------------------------------------------------------------
 
+// A worker taken for dead (a pipe to it failed) whose record is not
+// there may live: its pipe failed for a passing reason (a refused
+// message, an injected fault) and it will call again. A connection to it
+// tells: one that gets ready (its listener accepts and answers the
+// handshake) means it lives, and the wait goes on (that connection's
+// failure marks it dead again); a dead worker refuses it at once. At most
+// one probe per AG_SD_PROBE_MS per worker, so one that keeps failing is
+// taken for dead. Appends the probe's failure to @why.
+static bool
+shutdown_probe(tp_agent *a, ag_peer *p, uint64_t deadline, char *why,
+               size_t why_len)
+{
+    uint64_t now = tp__now_ns();
+    tp__mtx_lock(&a->a_mtx);
+    if (p->p_sd_probe_ns != 0 &&
+        now - p->p_sd_probe_ns < (uint64_t)AG_SD_PROBE_MS * 1000000u) {
+        tp__mtx_unlock(&a->a_mtx);
+        return false;
+    }
+    p->p_sd_probe_ns = now;
+    tp_error *err = NULL;
+    ag_conn *c = tp__ag_conn_get_locked(a, p, &err);
+    tp_pipe *pipe = c != NULL ? tp_pipe_ref(c->c_pipe) : NULL;
+    tp__mtx_unlock(&a->a_mtx);
+    tp_status st = TP_EINTERNAL;
+    if (pipe != NULL) {
+        int64_t ms = TP_MIN(tp__ms_left(deadline), AG_SD_PROBE_MS);
+        st = tp_pipe_wait_ready(pipe, ms > 0 ? ms : AG_SD_PROBE_MS, &err);
+    }
+    bool alive = false;
+    if (st == TP_OK) {
+        // Ready, and not failed since (conn_fail forgets p_out).
+        tp__mtx_lock(&a->a_mtx);
+        alive =
+            p->p_out != NULL && p->p_out->c_pipe == pipe && !p->p_out->c_failed;
+        if (alive) {
+            p->p_dead = false;
+        }
+        tp__mtx_unlock(&a->a_mtx);
+    }
+    tp_pipe_unref(pipe);
+    if (alive) {
+        TP_LOG_INFO("TP-RPC-SHUTDOWN-PROBE",
+                    "rpc shutdown of %s (rank %d): %s (rank %d) answers a "
+                    "new connection after its pipe failed (%s): waiting for "
+                    "it",
+                    ag_name(a), a->a_rank, p->p_info.name, p->p_info.rank, why);
+    } else {
+        size_t n = strlen(why);
+        snprintf(why + n, why_len - n, "; a new connection to it %s%s",
+                 err != NULL ? "failed: " : "failed",
+                 err != NULL ? tp_error_message(err) : "");
+    }
+    tp_error_unref(err);
+    return alive;
+}
+
 // Reads rank @r's record @key of a shutdown round, by @deadline. A worker
 // whose pipe failed (it died, or shut down abruptly) will never write it:
-// once its record is not there, this fails at once with TP_ECONNRESET
-// naming it, instead of waiting out the shutdown timeout.
+// once its record is not there and a new connection to it fails
+// (shutdown_probe), this fails at once with TP_ECONNRESET naming it,
+// instead of waiting out the shutdown timeout.
 static tp_status
 shutdown_get(tp_agent *a, int r, const char *key, uint64_t deadline, void **v_p,
              size_t *len_p, tp_error **err_p)
@@ -290,8 +348,8 @@ shutdown_get(tp_agent *a, int r, const char *key, uint64_t deadline, void **v_p,
         tp__mtx_lock(&a->a_mtx);
         ag_peer *p = &a->a_peers[r];
         bool dead = p->p_dead;
-        char why[sizeof(p->p_dead_why)];
-        memcpy(why, p->p_dead_why, sizeof(why));
+        char why[sizeof(p->p_dead_why) + 256]; // and the probe's
+        memcpy(why, p->p_dead_why, sizeof(p->p_dead_why));
         tp__mtx_unlock(&a->a_mtx);
         // Known dead: only what it wrote before is there (no wait). Else
         // wait in slices, to notice a death meanwhile.
@@ -300,6 +358,9 @@ shutdown_get(tp_agent *a, int r, const char *key, uint64_t deadline, void **v_p,
         tp_status st = tp_store_get(a->a_store, key, ms, v_p, len_p, &err);
         if (st == TP_ETIMEDOUT && dead) {
             tp_error_unref(err);
+            if (shutdown_probe(a, p, deadline, why, sizeof(why))) {
+                continue;
+            }
             // Rank 0 does not wait for its exit record either.
             tp__mtx_lock(&a->a_mtx);
             a->a_peers[r].p_sd_missing = true;

@@ -5,12 +5,16 @@
 //     failed): the agreement fails at once naming it, instead of waiting
 //     out the shutdown timeout; charlie is killed after it served one
 //     call from each;
+//   - graceful shutdown when a worker's pipe failed but the worker lives
+//     (an injected fault) and calls again later: the agreement waits for
+//     it (a new connection answers) and both shut down cleanly;
 //   - a call to a stopped worker whose connection attempt times out fails
 //     with TP_ETIMEDOUT (the pipe's status), not TP_ECONNRESET.
 
 #include "tp_test.h"
 
 #include <signal.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <tpipe/rpc.h>
@@ -67,6 +71,49 @@ test_dead_worker(void)
     tp_job_run(&j);
 }
 
+// alpha fails its first reply on purpose (TP_RPC_FAULTY=fail=reply:1):
+// bravo's call fails and bravo takes alpha for dead. bravo then shuts
+// down at once, while alpha works for a while, calls bravo again (a new
+// connection) and shuts down too: bravo's agreement waits for alpha
+// instead of failing and closing its listener under alpha's call.
+static void
+w_transient(int rank, int world, const char *url, void *arg)
+{
+    (void)arg;
+    if (rank == 0) {
+        setenv("TP_RPC_FAULTY", "fail=reply:1", 1); // alpha only
+    }
+    tp_agent *a =
+        tp_job_rpc_join(k_names[rank], rank, world, url, WAIT_MS, WAIT_MS);
+    tp_error *err = NULL;
+    if (rank == 1) {
+        tp_status st =
+            tp_rpc_sync_rank(a, 0, "tp.noop", NULL, WAIT_MS, NULL, &err);
+        printf("bravo: call to alpha: %s: %s\n", tp_status_name(st),
+               tp_error_message(err));
+        TP_CHECK_EQ(st, TP_ECONNRESET); // alpha closed the pipe: EOF
+        tp_error_unref(err);
+        err = NULL;
+    } else {
+        tp_job_sleep_ms(tp_test_ms(800)); // bravo is in its shutdown
+        TP_CHECK_OK(
+            tp_rpc_sync_rank(a, 1, "tp.noop", NULL, WAIT_MS, NULL, &err), err);
+    }
+    tp_status st = tp_rpc_shutdown(a, true, &err);
+    printf("%s: graceful shutdown: %s: %s\n", k_names[rank], tp_status_name(st),
+           tp_error_message(err));
+    TP_CHECK_OK(st, err);
+}
+
+static void
+test_transient_failure(void)
+{
+    tp_job j;
+    tp_job_tcp(&j, 2, w_transient, NULL);
+    j.names = k_names;
+    tp_job_run(&j);
+}
+
 // bravo stops (SIGSTOP) before alpha ever connects to it: alpha's call
 // fails when the connection attempt times out, as a timeout.
 static void
@@ -112,6 +159,7 @@ test_stopped_worker(void)
 
 static const tp_test_case cases[] = {
     TP_TEST_CASE_T(test_dead_worker, 60),
+    TP_TEST_CASE_T(test_transient_failure, 60),
     TP_TEST_CASE_T(test_stopped_worker, 60),
 };
 
