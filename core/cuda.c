@@ -485,6 +485,50 @@ tp__cuda_mem_range(int device, const void *ptr, void **base_p, size_t *size_p,
     return TP_OK;
 }
 
+// Calls the version query @name of library @h (cuDriverGetVersion,
+// cudaRuntimeGetVersion: neither initialises CUDA) into *@ver; leaves it
+// as it was when the library lacks it or it fails.
+static void
+cuda_probe_version(void *h, const char *name, int *ver)
+{
+    void *sym = dlsym(h, name);
+    if (sym == NULL) {
+        return;
+    }
+    int (*fn)(int *);
+    memcpy(&fn, &sym, sizeof(sym));
+    int v = 0;
+    if (fn(&v) == 0) {
+        *ver = v;
+    }
+}
+
+// Whether a runtime of version @rt can start on a driver of version @drv
+// (1000 * major + 10 * minor; -1: unknown, taken as fine). Since CUDA 11
+// a runtime runs on any driver of its major version (minor version
+// compatibility); an older major fails every call with
+// cudaErrorInsufficientDriver, and a driver that reports 0 has no GPU
+// support loaded.
+static bool
+cuda_probe_versions(int drv, int rt, char *why, size_t why_len)
+{
+    if (drv == 0) {
+        snprintf(why, why_len,
+                 "the CUDA driver library reports no driver "
+                 "(cuDriverGetVersion: 0)");
+        return false;
+    }
+    if (drv > 0 && rt > 0 && drv / 1000 < rt / 1000) {
+        snprintf(why, why_len,
+                 "the CUDA driver supports CUDA %d.%d, older than the "
+                 "runtime's %d.%d: the runtime cannot start here (a newer "
+                 "driver would)",
+                 drv / 1000, drv % 1000 / 10, rt / 1000, rt % 1000 / 10);
+        return false;
+    }
+    return true;
+}
+
 bool
 tp__cuda_probe(bool check_driver, char *why, size_t why_len)
 {
@@ -521,14 +565,18 @@ tp__cuda_probe(bool check_driver, char *why, size_t why_len)
                  dlerror());
         return false;
     }
+    int drv_ver = -1;
+    cuda_probe_version(drv, "cuDriverGetVersion", &drv_ver);
     dlclose(drv);
     static const char *const names[] = {"libcudart.so.13", "libcudart.so.12",
                                         "libcudart.so"};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         void *h = dlopen(names[i], RTLD_LAZY | RTLD_LOCAL);
         if (h != NULL) {
+            int rt_ver = -1;
+            cuda_probe_version(h, "cudaRuntimeGetVersion", &rt_ver);
             dlclose(h);
-            return true;
+            return cuda_probe_versions(drv_ver, rt_ver, why, why_len);
         }
     }
     snprintf(why, why_len,

@@ -192,6 +192,26 @@ fake_remove(void *p, bool dev)
     return fake_remove_as(p, dev, false);
 }
 
+// cuDriverGetVersion (the driver's; FAKE_CUDA_DRIVER_VERSION, default
+// this runtime's version) and cudaRuntimeGetVersion (the headers'):
+// core/cuda.c compares them without initialising CUDA.
+int cuDriverGetVersion(int *version);
+
+int
+cuDriverGetVersion(int *version)
+{
+    const char *v = getenv("FAKE_CUDA_DRIVER_VERSION");
+    *version = v != NULL ? atoi(v) : CUDART_VERSION;
+    return 0;
+}
+
+cudaError_t
+cudaRuntimeGetVersion(int *runtimeVersion)
+{
+    *runtimeVersion = CUDART_VERSION;
+    return cudaSuccess;
+}
+
 cudaError_t
 cudaGetDeviceCount(int *count)
 {

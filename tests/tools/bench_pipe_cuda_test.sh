@@ -10,7 +10,8 @@
 # (--listen/--connect, a launched job); the bytes arrive (the pingpong's
 # stamps, the server's check of the last stream message); the cudaMemcpy
 # baseline rows; a server given another --device is found; exit 77 with
-# the reason and no device (FAKE_CUDA_DEVICES=0); bad specs exit 2.
+# the reason and no device (FAKE_CUDA_DEVICES=0); bad specs exit 2;
+# `tpipe info` names a driver too old for the runtime.
 set -u
 TPIPE=$1
 FAKE=$2
@@ -189,4 +190,15 @@ usage '--device-channel nope: not a device channel built here (valid: cuda_ipc, 
   --device cuda:0 --device-channel nope
 usage '--device-channel cuda_ipc: only with a CUDA --device' \
   --device-channel cuda_ipc
+# cuda_ipc's viability compares the driver's and the runtime's versions
+# without initialising CUDA: a driver of an older major version, or one
+# reporting none, is named in `tpipe info` (core/cuda.c).
+ipc_info() { # ipc_info WANT [DRIVER_VERSION]
+  env TP_CUDA_IPC=on ${2:+FAKE_CUDA_DRIVER_VERSION=$2} timeout -k 5 30 \
+    "$TPIPE" info >"$TMP/info.txt" 2>&1 || fail "tpipe info: exit $?"
+  grep -q -- "$1" "$TMP/info.txt" || fail "driver ${2:-same}: no '$1'"
+}
+ipc_info 'cuda_ipc  yes'
+ipc_info 'cuda_ipc  no: the CUDA driver supports CUDA 11.8, older than the runtime' 11080
+ipc_info 'cuda_ipc  no: the CUDA driver library reports no driver' 0
 echo "bench_pipe_cuda_test: ok"
