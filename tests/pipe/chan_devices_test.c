@@ -22,7 +22,7 @@
 #include <tpipe/pipe.h>
 
 #include "channel/channel.h"
-#include "tp_test_op.h"
+#include "tp_test_pipe.h"
 
 #define WAIT_MS 20000
 
@@ -136,23 +136,9 @@ tp__channel_find(const char *name)
 }
 
 static tp_context *
-make_ctx_ch(const char *name, const char *channels)
-{
-    tp_context_options o;
-    tp_context_options_init(&o);
-    o.name = name;
-    o.transports = "tcp";
-    o.channels = channels;
-    tp_context *ctx = NULL;
-    tp_error *err = NULL;
-    TP_CHECK_OK(tp_context_create(&o, &ctx, &err), err);
-    return ctx;
-}
-
-static tp_context *
 make_ctx(const char *name)
 {
-    return make_ctx_ch(name, NULL);
+    return tp_test_ctx(name, "tcp", NULL);
 }
 
 static void
@@ -169,26 +155,13 @@ test_context_reports_devices(void)
     tp_context_destroy(ctx);
 }
 
-// Connects a pipe from @b to @a; *@pa_p / *@pb_p: the two ends, ready.
+// Connects a pipe from @b to @a, both ends ready.
 static void
-connect_pair(tp_context *a, tp_context *b, tp_pipe_listener **l_p,
-             tp_pipe **pa_p, tp_pipe **pb_p)
+connect_pair(tp_context *a, tp_context *b, tp_test_pair *pr)
 {
+    tp_test_pair_open(pr, a, b, "tcp://127.0.0.1:0", WAIT_MS);
     tp_error *err = NULL;
-    const char *url = "tcp://127.0.0.1:0";
-    TP_CHECK_OK(tp_context_listen(a, &url, 1, l_p, &err), err);
-    TP_CHECK_OK(
-        tp_context_connect(b, tp_pipe_listener_addr(*l_p, NULL), pb_p, &err),
-        err);
-    op acc;
-    op_init(&acc, WAIT_MS);
-    tp_pipe_listener_accept(*l_p, acc.aio);
-    TP_CHECK(op_wait_for(&acc, WAIT_MS));
-    TP_CHECK_OK(tp_aio_status(acc.aio), tp_aio_error(acc.aio));
-    *pa_p = tp_aio_get_output(acc.aio, 0);
-    op_fini(&acc);
-    TP_CHECK_OK(tp_pipe_wait_ready(*pb_p, WAIT_MS, &err), err);
-    TP_CHECK_OK(tp_pipe_wait_ready(*pa_p, WAIT_MS, &err), err);
+    TP_CHECK_OK(tp_pipe_wait_ready(pr->pa, WAIT_MS, &err), err);
 }
 
 static void
@@ -196,9 +169,9 @@ test_device_channel_beside_the_pipes(void)
 {
     tp_context *a = make_ctx("alice");
     tp_context *b = make_ctx("bob");
-    tp_pipe_listener *l = NULL;
-    tp_pipe *pa = NULL, *pb = NULL;
-    connect_pair(a, b, &l, &pa, &pb);
+    tp_test_pair pr;
+    connect_pair(a, b, &pr);
+    tp_pipe *pa = pr.pa, *pb = pr.pb;
     TP_CHECK(strcmp(tp_pipe_channel(pa), "basic") == 0);
     TP_CHECK(strcmp(tp_pipe_channel(pb), "basic") == 0);
     TP_CHECK_EQ(fake_cuda_live, 2);
@@ -212,11 +185,7 @@ test_device_channel_beside_the_pipes(void)
     TP_CHECK_STR_CONTAINS(rb, "channel fakecuda: chosen for cuda tensors");
     free(ra);
     free(rb);
-    tp_pipe_unref(pa);
-    tp_pipe_unref(pb);
-    tp_pipe_listener_destroy(l);
-    tp_context_destroy(b);
-    tp_context_destroy(a);
+    tp_test_pair_close(&pr);
     TP_CHECK_EQ(fake_cuda_live, 0);
 }
 
@@ -226,22 +195,17 @@ static void
 test_device_channel_one_end_only(void)
 {
     tp_context *a = make_ctx("alice");
-    tp_context *b = make_ctx_ch("bob", "basic");
-    tp_pipe_listener *l = NULL;
-    tp_pipe *pa = NULL, *pb = NULL;
-    connect_pair(a, b, &l, &pa, &pb);
+    tp_context *b = tp_test_ctx("bob", "tcp", "basic");
+    tp_test_pair pr;
+    connect_pair(a, b, &pr);
     TP_CHECK_EQ(fake_cuda_live, 0);
-    char *ra = tp_pipe_report(pa);
+    char *ra = tp_pipe_report(pr.pa);
     TP_CHECK(ra != NULL);
     TP_CHECK_STR_CONTAINS(ra, "channel fakecuda: the peer does not offer it");
     TP_CHECK_STR_CONTAINS(ra, "cuda tensors are staged through host memory");
     TP_CHECK(strstr(ra, "cuda tensors by") == NULL);
     free(ra);
-    tp_pipe_unref(pa);
-    tp_pipe_unref(pb);
-    tp_pipe_listener_destroy(l);
-    tp_context_destroy(b);
-    tp_context_destroy(a);
+    tp_test_pair_close(&pr);
 }
 
 static void
@@ -249,32 +213,16 @@ test_device_channel_not_the_pipes(void)
 {
     tp_context *a = make_ctx("alice");
     tp_context *b = make_ctx("bob");
-    tp_pipe_listener *l = NULL;
-    tp_error *err = NULL;
-    const char *url = "tcp://127.0.0.1:0";
-    TP_CHECK_OK(tp_context_listen(a, &url, 1, &l, &err), err);
-    tp_pipe *pb = NULL;
-    TP_CHECK_OK(
-        tp_context_connect(b, tp_pipe_listener_addr(l, NULL), &pb, &err), err);
-    op acc;
-    op_init(&acc, WAIT_MS);
-    tp_pipe_listener_accept(l, acc.aio);
-    TP_CHECK(op_wait_for(&acc, WAIT_MS));
-    TP_CHECK_OK(tp_aio_status(acc.aio), tp_aio_error(acc.aio));
-    tp_pipe *pa = tp_aio_get_output(acc.aio, 0);
-    op_fini(&acc);
-    TP_CHECK_OK(tp_pipe_wait_ready(pb, WAIT_MS, &err), err);
+    tp_test_pair pr;
+    tp_test_pair_open(&pr, a, b, "tcp://127.0.0.1:0", WAIT_MS);
+    tp_pipe *pa = pr.pa, *pb = pr.pb;
     TP_CHECK(strcmp(tp_pipe_channel(pa), "basic") == 0);
     TP_CHECK(strcmp(tp_pipe_channel(pb), "basic") == 0);
     char *ra = tp_pipe_report(pa);
     TP_CHECK(ra != NULL);
     TP_CHECK_STR_CONTAINS(ra, "channel basic: chosen");
     free(ra);
-    tp_pipe_unref(pa);
-    tp_pipe_unref(pb);
-    tp_pipe_listener_destroy(l);
-    tp_context_destroy(b);
-    tp_context_destroy(a);
+    tp_test_pair_close(&pr);
 }
 
 static const tp_test_case cases[] = {

@@ -12,9 +12,7 @@
 
 #include "tp_test.h"
 
-#include <signal.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <tpipe/pipe.h>
@@ -23,6 +21,7 @@
 #include "core/alloc.h"
 #include "core/config.h"
 #include "tp_test_op.h"
+#include "tp_test_pipe.h"
 #include "tp_test_variants.h"
 #include "transport/transport.h"
 
@@ -101,42 +100,13 @@ make_listener(tp_context *ctx)
     return l;
 }
 
-typedef struct pair {
-    tp_context *a, *b;
-    tp_pipe_listener *l;
-    tp_pipe *pa; // accepted (listener side)
-    tp_pipe *pb; // connected
-} pair;
-
+// A pipe between two contexts of this process, each allowed the pair.
 static void
-pair_open(pair *pr)
+pair_open(tp_test_pair *pr)
 {
-    memset(pr, 0, sizeof(*pr));
-    pr->a = make_ctx("alice");
-    pr->b = make_ctx("bob");
-    pr->l = make_listener(pr->a);
-    tp_error *err = NULL;
-    TP_CHECK_OK(tp_context_connect(pr->b, tp_pipe_listener_addr(pr->l, NULL),
-                                   &pr->pb, &err),
-                err);
-    op acc;
-    op_init(&acc, WAIT_MS);
-    tp_pipe_listener_accept(pr->l, acc.aio);
-    op_wait(&acc, WAIT_MS);
-    TP_CHECK_OK(tp_aio_status(acc.aio), tp_aio_error(acc.aio));
-    pr->pa = tp_aio_get_output(acc.aio, 0);
-    op_fini(&acc);
-    TP_CHECK_OK(tp_pipe_wait_ready(pr->pb, WAIT_MS, &err), err);
-}
-
-static void
-pair_close(pair *pr)
-{
-    tp_pipe_unref(pr->pa);
-    tp_pipe_unref(pr->pb);
-    tp_pipe_listener_destroy(pr->l);
-    tp_context_destroy(pr->b);
-    tp_context_destroy(pr->a);
+    tp_context *a = make_ctx("alice");
+    tp_context *b = make_ctx("bob");
+    tp_test_pair_open(pr, a, b, listen_url(), WAIT_MS);
 }
 
 // A pattern that differs per byte offset and per seed, 8 bytes per step
@@ -297,7 +267,7 @@ send_recv(tp_pipe *tx, tp_pipe *rx, tp_message *m, uint32_t np,
 static void
 test_negotiates_pair(void)
 {
-    pair pr;
+    tp_test_pair pr;
     pair_open(&pr);
     TP_CHECK(strcmp(tp_pipe_transport(pr.pb), tr_name()) == 0);
     TP_CHECK(strcmp(tp_pipe_channel(pr.pb), ch_name()) == 0);
@@ -312,14 +282,14 @@ test_negotiates_pair(void)
     free(ra);
     free(rb);
     TP_CHECK_STR_CONTAINS(tp_pipe_peer(pr.pa), "bob");
-    pair_close(&pr);
+    tp_test_pair_close(&pr);
 }
 
 // Messages of many shapes both ways, while the pipe alternates directions.
 static void
 test_shapes(void)
 {
-    pair pr;
+    tp_test_pair pr;
     pair_open(&pr);
     static const struct {
         uint32_t np;
@@ -347,7 +317,7 @@ test_shapes(void)
             free_sent(m);
         }
     }
-    pair_close(&pr);
+    tp_test_pair_close(&pr);
 }
 
 // Many payloads and tensors in one message: more buffers than one
@@ -356,7 +326,7 @@ test_shapes(void)
 static void
 test_many_parts(void)
 {
-    pair pr;
+    tp_test_pair pr;
     pair_open(&pr);
     enum { NP = 40, NT = 30 };
     uint64_t psz[NP], tsz[NT];
@@ -373,7 +343,7 @@ test_many_parts(void)
         send_recv(pr.pb, pr.pa, m, NP, psz, NT, tsz, (uint32_t)k + 70);
         free_sent(m);
     }
-    pair_close(&pr);
+    tp_test_pair_close(&pr);
 }
 
 // The largest size of the suite within one process (xth's only way),
@@ -381,21 +351,21 @@ test_many_parts(void)
 static void
 test_256mib_in_process(void)
 {
-    pair pr;
+    tp_test_pair pr;
     pair_open(&pr);
     uint64_t psz[1] = {1000};
     uint64_t tsz[2] = {256u << 20, 5};
     tp_message *m = make_msg(1, psz, 2, tsz, 80);
     send_recv(pr.pb, pr.pa, m, 1, psz, 2, tsz, 80);
     free_sent(m);
-    pair_close(&pr);
+    tp_test_pair_close(&pr);
 }
 
 // Many writes in flight at once complete in order and arrive in order.
 static void
 test_ordering(void)
 {
-    pair pr;
+    tp_test_pair pr;
     pair_open(&pr);
     enum { N = 200 };
     static op w[N];
@@ -417,7 +387,7 @@ test_ordering(void)
         op_fini(&w[i]);
         free_sent(m[i]);
     }
-    pair_close(&pr);
+    tp_test_pair_close(&pr);
 }
 
 // Closing a pipe fails its pending reads and writes, each once, and the
@@ -425,7 +395,7 @@ test_ordering(void)
 static void
 test_close_pending(void)
 {
-    pair pr;
+    tp_test_pair pr;
     pair_open(&pr);
     // A second pipe between the same contexts.
     tp_pipe *pc = NULL;
@@ -433,13 +403,7 @@ test_close_pending(void)
     TP_CHECK_OK(
         tp_context_connect(pr.b, tp_pipe_listener_addr(pr.l, NULL), &pc, &err),
         err);
-    op acc;
-    op_init(&acc, WAIT_MS);
-    tp_pipe_listener_accept(pr.l, acc.aio);
-    op_wait(&acc, WAIT_MS);
-    TP_CHECK_OK(tp_aio_status(acc.aio), tp_aio_error(acc.aio));
-    tp_pipe *pd = tp_aio_get_output(acc.aio, 0);
-    op_fini(&acc);
+    tp_pipe *pd = op_pipe_accept(pr.l, WAIT_MS);
 
     op rd[3];
     for (int i = 0; i < 3; i++) {
@@ -473,7 +437,7 @@ test_close_pending(void)
     free_sent(m);
     tp_pipe_unref(pc);
     tp_pipe_unref(pd);
-    pair_close(&pr);
+    tp_test_pair_close(&pr);
 }
 
 // A descriptor read with a timeout and nothing to read times out without
@@ -481,7 +445,7 @@ test_close_pending(void)
 static void
 test_read_timeout_keeps_pipe(void)
 {
-    pair pr;
+    tp_test_pair pr;
     pair_open(&pr);
     op rd;
     op_init(&rd, 100);
@@ -493,14 +457,14 @@ test_read_timeout_keeps_pipe(void)
     tp_message *m = make_msg(0, NULL, 1, &sz, 3);
     send_recv(pr.pb, pr.pa, m, 0, NULL, 1, &sz, 3);
     free_sent(m);
-    pair_close(&pr);
+    tp_test_pair_close(&pr);
 }
 
 // Destroying contexts with pipes and operations pending completes them.
 static void
 test_destroy_with_pending(void)
 {
-    pair pr;
+    tp_test_pair pr;
     pair_open(&pr);
     op rd;
     op_init(&rd, 0);
@@ -519,7 +483,7 @@ test_destroy_with_pending(void)
 static void
 test_bad_user_input(void)
 {
-    pair pr;
+    tp_test_pair pr;
     pair_open(&pr);
     tp_message *m = NULL;
     TP_CHECK_OK(tp_message_create(0, 1, &m), NULL);
@@ -543,7 +507,7 @@ test_bad_user_input(void)
     tp_message *ok = make_msg(0, NULL, 1, &sz, 4);
     send_recv(pr.pb, pr.pa, ok, 0, NULL, 1, &sz, 4);
     free_sent(ok);
-    pair_close(&pr);
+    tp_test_pair_close(&pr);
 }
 
 static void
@@ -602,56 +566,40 @@ test_no_common_channel(void)
 // ---- across processes
 // --------------------------------------------------------
 
-// Forks a child (before this process starts any thread: TSan does not
-// support threads after a multi-threaded fork) that waits for a URL on a
-// pipe, connects to it, then runs @fn. Returns its pid; *url_fd_p is
-// where to write the URL (child_go).
-static pid_t
-spawn_child(void (*fn)(tp_pipe *p), int *url_fd_p)
+typedef struct child_job {
+    void (*fn)(tp_pipe *p);
+} child_job;
+
+// The child: waits for the URL, connects to it, then runs the job.
+static void
+child_main(tp_test_peer *self, void *arg)
 {
-    int fds[2];
-    TP_CHECK(pipe(fds) == 0);
-    pid_t pid = fork();
-    TP_CHECK(pid >= 0);
-    if (pid == 0) {
-        close(fds[1]);
-        char url[512] = "";
-        size_t got = 0;
-        ssize_t n;
-        // One line: a sibling forked later may hold the write end too, so
-        // EOF cannot mark the end.
-        while (got + 1 < sizeof(url) && (n = read(fds[0], url + got, 1)) > 0 &&
-               url[got] != '\n') {
-            got += (size_t)n;
-        }
-        url[got] = '\0';
-        if (got == 0) {
-            _exit(4);
-        }
-        tp_context *ctx = make_ctx("child");
-        tp_pipe *p = NULL;
-        tp_error *err = NULL;
-        if (tp_context_connect(ctx, url, &p, &err) != TP_OK ||
-            tp_pipe_wait_ready(p, WAIT_MS, &err) != TP_OK) {
-            fprintf(stderr, "child: %s\n", tp_error_message(err));
-            _exit(3);
-        }
-        fn(p);
-        tp_pipe_unref(p);
-        tp_context_destroy(ctx);
-        _exit(0);
+    const child_job *job = arg;
+    char url[512];
+    if (!tp_test_peer_recv(self, url, sizeof(url), WAIT_MS)) {
+        _exit(4);
     }
-    close(fds[0]);
-    *url_fd_p = fds[1];
-    return pid;
+    tp_context *ctx = make_ctx("child");
+    tp_pipe *p = NULL;
+    tp_error *err = NULL;
+    if (tp_context_connect(ctx, url, &p, &err) != TP_OK ||
+        tp_pipe_wait_ready(p, WAIT_MS, &err) != TP_OK) {
+        fprintf(stderr, "child: %s\n", tp_error_message(err));
+        _exit(3);
+    }
+    job->fn(p);
+    tp_pipe_unref(p);
+    tp_context_destroy(ctx);
 }
 
+// Forks a child (before this process starts any thread: TSan does not
+// support threads after a multi-threaded fork) that waits for a URL
+// (tp_test_peer_send), connects to it, then runs @fn.
 static void
-child_go(int fd, const char *url)
+spawn_child(tp_test_peer *child, void (*fn)(tp_pipe *p))
 {
-    TP_CHECK(write(fd, url, strlen(url)) == (ssize_t)strlen(url));
-    TP_CHECK(write(fd, "\n", 1) == 1);
-    close(fd);
+    child_job job = {fn};
+    tp_test_peer_fork(child, "child", TP_TEST_PEER_DOWN, child_main, &job);
 }
 
 static void
@@ -687,31 +635,16 @@ child_echo(tp_pipe *p)
 }
 
 static void
-reap(pid_t pid)
-{
-    for (int i = 0; i < 2000; i++) {
-        int status;
-        if (waitpid(pid, &status, WNOHANG) == pid) {
-            return;
-        }
-        usleep(10000);
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
-    TP_CHECKF(false, "child %d did not exit", (int)pid);
-}
-
-static void
 test_cross_process_echo(void)
 {
     if (in_process_only()) {
         tp_test_skip("channel xth works only within one process");
     }
-    int fd;
-    pid_t pid = spawn_child(child_echo, &fd);
+    tp_test_peer child;
+    spawn_child(&child, child_echo);
     tp_context *ctx = make_ctx("parent");
     tp_pipe_listener *l = make_listener(ctx);
-    child_go(fd, tp_pipe_listener_addr(l, NULL));
+    tp_test_peer_send(&child, tp_pipe_listener_addr(l, NULL));
     tp_pipe *p = op_pipe_accept(l, WAIT_MS);
     TP_CHECK(strcmp(tp_pipe_channel(p), ch_name()) == 0);
     static const uint64_t sizes[] = {
@@ -723,7 +656,7 @@ test_cross_process_echo(void)
         free_sent(m);
     }
     tp_pipe_unref(p);
-    reap(pid);
+    tp_test_peer_wait(&child, WAIT_MS);
     tp_pipe_listener_destroy(l);
     tp_context_destroy(ctx);
 }
@@ -748,12 +681,12 @@ test_peer_killed(void)
     if (in_process_only()) {
         tp_test_skip("channel xth works only within one process");
     }
-    int fd, fd2;
-    pid_t pid = spawn_child(child_read_then_hang, &fd);
-    pid_t pid2 = spawn_child(child_echo, &fd2);
+    tp_test_peer hang, echo;
+    spawn_child(&hang, child_read_then_hang);
+    spawn_child(&echo, child_echo);
     tp_context *ctx = make_ctx("parent");
     tp_pipe_listener *l = make_listener(ctx);
-    child_go(fd, tp_pipe_listener_addr(l, NULL));
+    tp_test_peer_send(&hang, tp_pipe_listener_addr(l, NULL));
     tp_pipe *p = op_pipe_accept(l, WAIT_MS);
     uint64_t sz = 64u << 20;
     tp_message *m = make_msg(0, NULL, 1, &sz, 5);
@@ -764,8 +697,7 @@ test_peer_killed(void)
     op_init(&rd, 0);
     tp_pipe_read_descriptor(p, rd.aio);
     usleep(200000);
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
+    tp_test_peer_kill(&hang);
     uint64_t t0 = tp__now_ns();
     op_wait(&w, WAIT_MS);
     op_wait(&rd, WAIT_MS);
@@ -779,15 +711,14 @@ test_peer_killed(void)
     free_sent(m);
     tp_pipe_unref(p);
     // The listener still accepts.
-    child_go(fd2, tp_pipe_listener_addr(l, NULL));
-    pid = pid2;
+    tp_test_peer_send(&echo, tp_pipe_listener_addr(l, NULL));
     p = op_pipe_accept(l, WAIT_MS);
     uint64_t one = 100;
     tp_message *m2 = make_msg(0, NULL, 1, &one, 6);
     send_recv(p, p, m2, 0, NULL, 1, &one, 6);
     free_sent(m2);
     tp_pipe_unref(p);
-    reap(pid);
+    tp_test_peer_wait(&echo, WAIT_MS);
     tp_pipe_listener_destroy(l);
     tp_context_destroy(ctx);
 }
@@ -800,7 +731,7 @@ test_above_2gib(void)
     if (getenv("TP_PIPE_HUGE") == NULL) {
         tp_test_skip("set TP_PIPE_HUGE=1 (needs 4.1 GiB of memory)");
     }
-    pair pr;
+    tp_test_pair pr;
     pair_open(&pr);
     uint64_t n = (2ull << 30) + (1u << 20) + 7;
     uint8_t *src = malloc(n);
@@ -839,7 +770,7 @@ test_above_2gib(void)
     op_fini(&r);
     free(src);
     free(dst);
-    pair_close(&pr);
+    tp_test_pair_close(&pr);
 }
 
 static const tp_test_case cases[] = {
