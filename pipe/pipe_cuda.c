@@ -16,7 +16,9 @@
 // stream is complete before it is read; the reader's host-to-device copy
 // has returned before the read completes, so its user never sees a
 // tensor still being written either. The copies are synchronous
-// (cudaMemcpy) and run on the context's loop thread. Loop thread only.
+// (cudaMemcpy): tp__pipe_cuda_stage_out and tp__pipe_cuda_copy_in run on
+// the context's copy pool (pipe_write.c, pipe_read.c), touching only the
+// message and its staging; the rest runs on the loop thread.
 
 #include <inttypes.h>
 

@@ -184,6 +184,12 @@ typedef struct pipe_wop {
     bool w_done;
     tp_error *w_err;
     tp_task w_free_task;
+    // Messages with CUDA tensors synchronise and stage on the context's
+    // pool, not the loop (pipe_write.c, wop_prep): w_prepping until the
+    // loop has the result (w_stage, w_prep_err).
+    bool w_prepping;
+    tp_error *w_prep_err;
+    tp_task w_prep_task;
 } pipe_wop;
 
 // A read (step 2) in flight.
@@ -209,6 +215,11 @@ typedef struct pipe_rop {
     bool r_done;
     tp_error *r_err;
     tp_task r_free_task;
+    // The host-to-device copies run on the context's pool once the bytes
+    // are in (pipe_read.c, rop_copy_in): r_copying until the loop has the
+    // result (r_err).
+    bool r_copying;
+    tp_task r_copy_task;
 } pipe_rop;
 
 enum {

@@ -4,7 +4,9 @@
 // inline bytes), then the next descriptor; channel receives for the
 // tensors that do not travel inline.
 //
-// Everything runs on the context's loop thread (x_loop); see pipe_impl.h.
+// Everything runs on the context's loop thread (x_loop; see pipe_impl.h)
+// but the host-to-device copies of staged CUDA tensors, which run on the
+// context's copy pool once the bytes are in (rop_check).
 
 #include <inttypes.h>
 #include <stdarg.h>
@@ -44,7 +46,7 @@ tp__pipe_flush_reads(tp_pipe *p)
     pipe_rop *r;
     while ((r = tp__list_first(&p->p_reads)) != NULL) {
         bool failed = p->p_state == PIPE_FAILED;
-        bool idle = !r->r_conn_busy && r->r_ops_pending == 0;
+        bool idle = !r->r_conn_busy && r->r_ops_pending == 0 && !r->r_copying;
         if (!r->r_done && !(failed && idle)) {
             break;
         }
@@ -71,15 +73,67 @@ tp__pipe_flush_reads(tp_pipe *p)
     tp__pipe_check_drained(p);
 }
 
+// Loop thread: @r's host-to-device copies (rop_copy_job) ended.
+static void
+rop_copied(void *arg)
+{
+    pipe_rop *r = arg;
+    tp_pipe *p = r->r_pipe;
+    r->r_copying = false;
+    r->r_done = true;
+    tp__pipe_busy_done(p);
+    tp__pipe_flush_reads(p);
+}
+
+// Pool thread: copies @r's staged tensors to their devices, off the loop,
+// whose other pipes go on meanwhile. Touches only @r's message, staging
+// and r_err.
+static void
+rop_copy_job(void *arg)
+{
+    pipe_rop *r = arg;
+    tp__pipe_cuda_copy_in(r->r_msg, r->r_stage, &r->r_err);
+    tp__task_init(&r->r_copy_task, rop_copied, r);
+    tp__loop_post(r->r_pipe->p_ctx->x_loop, &r->r_copy_task);
+}
+
+// Whether @r has a tensor to copy from host staging to its device.
+static bool
+rop_needs_copy(const pipe_rop *r)
+{
+    if (r->r_stage == NULL || r->r_stage_err != NULL) {
+        return false;
+    }
+    for (uint32_t i = 0; i < r->r_msg->ntensors; i++) {
+        if (r->r_stage[i].cs_copy) {
+            return true;
+        }
+    }
+    return false;
+}
+
+// @r is done once its bytes are in and, for staged CUDA destinations, the
+// copies to the devices returned (on the pool: rop_copied).
 static void
 rop_check(pipe_rop *r)
 {
-    if (!r->r_done && r->r_conn_done && r->r_ops_pending == 0) {
-        r->r_done = true;
-        if (r->r_stage != NULL && r->r_stage_err == NULL) {
-            tp__pipe_cuda_copy_in(r->r_msg, r->r_stage, &r->r_err);
-        }
+    if (r->r_done || r->r_copying || !r->r_conn_done || r->r_ops_pending > 0) {
+        return;
     }
+    tp_pipe *p = r->r_pipe;
+    if (p->p_state != PIPE_FAILED && rop_needs_copy(r)) {
+        r->r_copying = true;
+        p->p_busy++;
+        tp__task_init(&r->r_copy_task, rop_copy_job, r);
+        if (tp__pool_submit(p->p_ctx->x_pool, &r->r_copy_task) == TP_OK) {
+            return;
+        }
+        r->r_copying = false;
+        p->p_busy--;
+        r->r_err = tp__error_new(TP_ECLOSED, 0, NULL,
+                                 "read: the context's copy pool is closed");
+    }
+    r->r_done = true;
 }
 
 static void

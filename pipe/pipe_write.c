@@ -9,7 +9,10 @@
 // is not this write's. A write with bytes still to send, or whose channel
 // op failed, fails with the pipe's error.
 //
-// Everything runs on the context's loop thread (x_loop); see pipe_impl.h.
+// Everything runs on the context's loop thread (x_loop; see pipe_impl.h)
+// but the synchronisation and staging of a message's CUDA tensors, which
+// run on the context's copy pool (wop_prep) while the writes behind it
+// wait.
 
 #include <inttypes.h>
 #include <stdarg.h>
@@ -36,6 +39,7 @@ wop_free(pipe_wop *w)
     tp__free(w->w_infos);
     tp__free(w->w_via);
     tp_error_unref(w->w_err);
+    tp_error_unref(w->w_prep_err);
     tp__free(w);
 }
 
@@ -51,7 +55,7 @@ tp__pipe_flush_writes(tp_pipe *p)
     pipe_wop *w;
     while ((w = tp__list_first(&p->p_writes)) != NULL) {
         bool failed = p->p_state == PIPE_FAILED;
-        bool idle = !w->w_conn_busy && w->w_ops_pending == 0;
+        bool idle = !w->w_conn_busy && w->w_ops_pending == 0 && !w->w_prepping;
         if (!(w->w_done || (failed && (idle || !w->w_started)))) {
             break;
         }
@@ -201,23 +205,86 @@ wop_route(tp_pipe *p, pipe_wop *w, tp_error **err_p)
     return TP_OK;
 }
 
-// Starts sending @w: channel sends (which fill the infos), descriptor,
-// the iov list of the main connection.
-static tp_status
-wop_start(tp_pipe *p, pipe_wop *w, tp_error **err_p)
+// Whether @m has a CUDA tensor (with bytes): its write synchronises the
+// device and stages on the pool first (wop_prep).
+static bool
+msg_has_cuda(const tp_message *m)
 {
-    const tp_message *m = w->w_msg;
+    for (uint32_t i = 0; i < m->ntensors; i++) {
+        if (m->tensors[i].device.type == TP_DEVICE_CUDA &&
+            m->tensors[i].len > 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+// Starts @w: its place in the pipe's order, the device channel's choice
+// of its CUDA tensors.
+static tp_status
+wop_begin(tp_pipe *p, pipe_wop *w, tp_error **err_p)
+{
     w->w_seq = p->p_wseq++;
     w->w_started = true;
+    return wop_route(p, w, err_p);
+}
+
+// Loop thread: @w's synchronisation and staging (wop_prep_job) ended.
+static void
+wop_prep_done(void *arg)
+{
+    pipe_wop *w = arg;
+    tp_pipe *p = w->w_pipe;
+    tp_error *err = w->w_prep_err;
+    w->w_prep_err = NULL;
+    w->w_prepping = false;
+    if (err != NULL && p->p_state != PIPE_FAILED) {
+        tp__pipe_fail(p, tp__pipe_err(p, tp_error_status(err), err, "write"));
+    }
+    tp_error_unref(err);
+    tp__pipe_busy_done(p);
+    if (p->p_state == PIPE_FAILED) {
+        tp__pipe_flush_writes(p); // frees the staging
+        return;
+    }
+    tp__pipe_write_pump(p);
+}
+
+// Pool thread: waits for the work on @w's source devices and copies the
+// staged tensors to host memory (pipe_cuda.c), off the loop, whose other
+// pipes go on meanwhile. Reads only @w's message, routing and staging.
+static void
+wop_prep_job(void *arg)
+{
+    pipe_wop *w = arg;
+    tp__pipe_cuda_stage_out(w->w_msg, w->w_via, &w->w_stage, &w->w_prep_err);
+    tp__task_init(&w->w_prep_task, wop_prep_done, w);
+    tp__loop_post(w->w_pipe->p_ctx->x_loop, &w->w_prep_task);
+}
+
+static tp_status
+wop_prep(tp_pipe *p, pipe_wop *w, tp_error **err_p)
+{
+    w->w_prepping = true;
+    p->p_busy++;
+    tp__task_init(&w->w_prep_task, wop_prep_job, w);
+    if (tp__pool_submit(p->p_ctx->x_pool, &w->w_prep_task) != TP_OK) {
+        w->w_prepping = false;
+        p->p_busy--;
+        return tp__error_set(err_p, TP_ECLOSED,
+                             "write: the context's copy pool is closed");
+    }
+    return TP_OK;
+}
+
+// Builds @w once it is staged: channel sends (which fill the infos),
+// descriptor, the iov list of the main connection.
+static tp_status
+wop_build(tp_pipe *p, pipe_wop *w, tp_error **err_p)
+{
+    const tp_message *m = w->w_msg;
     // CUDA tensors go on the device channel, or else as host copies
     // (pipe_cuda.c): src[i] is what is sent.
-    tp_status st = wop_route(p, w, err_p);
-    if (st == TP_OK) {
-        st = tp__pipe_cuda_stage_out(m, w->w_via, &w->w_stage, err_p);
-    }
-    if (st != TP_OK) {
-        return st;
-    }
 #define TENSOR_VIA_DEV(i) (w->w_via != NULL && w->w_via[i])
 #define TENSOR_INLINE(i)  (!TENSOR_VIA_DEV(i) && m->tensors[i].len <= inl)
 #define TENSOR_SRC(i)                                                          \
@@ -326,9 +393,26 @@ tp__pipe_write_pump(tp_pipe *p)
     }
     while (p->p_wcursor == NULL && p->p_wnext != NULL) {
         pipe_wop *w = p->p_wnext;
-        p->p_wnext = tp__list_next(&p->p_writes, w);
         tp_error *err = NULL;
-        if (wop_start(p, w, &err) != TP_OK) {
+        if (w->w_prepping) {
+            return; // wop_prep_done pumps again
+        }
+        if (!w->w_started && msg_has_cuda(w->w_msg)) {
+            // Staged on the pool; the writes behind it wait (order).
+            if (wop_begin(p, w, &err) != TP_OK ||
+                wop_prep(p, w, &err) != TP_OK) {
+                tp__pipe_fail(
+                    p, tp__pipe_err(p, tp_error_status(err), err, "write"));
+                tp_error_unref(err);
+            }
+            return;
+        }
+        p->p_wnext = tp__list_next(&p->p_writes, w);
+        tp_status st = w->w_started ? TP_OK : wop_begin(p, w, &err);
+        if (st == TP_OK) {
+            st = wop_build(p, w, &err);
+        }
+        if (st != TP_OK) {
             tp__pipe_fail(p,
                           tp__pipe_err(p, tp_error_status(err), err, "write"));
             tp_error_unref(err);
