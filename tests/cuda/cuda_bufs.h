@@ -12,6 +12,7 @@
 #include "core/cuda.h"
 #include "tp_test.h"
 #include "tp_test_op.h"
+#include "tp_test_pipe.h"
 
 #ifndef CUDA_BUFS_WAIT_MS
 #define CUDA_BUFS_WAIT_MS 20000
@@ -82,14 +83,7 @@ cuda_buf_ok(tp_device dev, const void *p, size_t n, unsigned seed)
 static inline tp_message *
 cuda_read_desc(tp_pipe *p)
 {
-    op d;
-    op_init(&d, CUDA_BUFS_WAIT_MS);
-    tp_pipe_read_descriptor(p, d.aio);
-    op_wait(&d, CUDA_BUFS_WAIT_MS);
-    TP_CHECK_OK(tp_aio_status(d.aio), tp_aio_error(d.aio));
-    tp_message *m = tp_aio_get_output(d.aio, 0);
-    op_fini(&d);
-    return m;
+    return tp_test_read_desc(p, CUDA_BUFS_WAIT_MS);
 }
 
 // tp_pipe_read; returns its status, *@err_p the error (caller unrefs).

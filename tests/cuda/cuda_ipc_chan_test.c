@@ -9,8 +9,6 @@
 // info from the peer is checked field by field. Against the fake runtime
 // by default (cuda_env.h), the real one with TP_TEST_CUDA=real.
 
-#include <signal.h>
-#include <sys/wait.h>
 #include <tpipe/pipe.h>
 #include <unistd.h>
 
@@ -21,6 +19,7 @@
 #include "cuda_env.h"
 #include "tp_test.h"
 #include "tp_test_op.h"
+#include "tp_test_pipe.h"
 
 #define WAIT_MS 20000
 
@@ -30,39 +29,6 @@ static tp_device
 gpu(int i)
 {
     return (tp_device){TP_DEVICE_CUDA, i};
-}
-
-static tp_context *
-make_ctx(const char *name, const char *channels)
-{
-    tp_context_options o;
-    tp_context_options_init(&o);
-    o.name = name;
-    o.transports = "tcp";
-    o.channels = channels;
-    tp_context *ctx = NULL;
-    tp_error *err = NULL;
-    TP_CHECK_OK(tp_context_create(&o, &ctx, &err), err);
-    return ctx;
-}
-
-static bool
-write_full_url(int fd, const char *url)
-{
-    return write(fd, url, strlen(url)) == (ssize_t)strlen(url);
-}
-
-static tp_pipe *
-accept_one(tp_pipe_listener *l)
-{
-    op acc;
-    op_init(&acc, WAIT_MS);
-    tp_pipe_listener_accept(l, acc.aio);
-    op_wait(&acc, WAIT_MS);
-    TP_CHECK_OK(tp_aio_status(acc.aio), tp_aio_error(acc.aio));
-    tp_pipe *p = tp_aio_get_output(acc.aio, 0);
-    op_fini(&acc);
-    return p;
 }
 
 static void
@@ -131,57 +97,54 @@ info_round_trip_and_rejects(void)
 // is viable there), connects to the reader's listener, runs @write on its
 // pipe and exits 0; this process does the same on its side and accepts.
 typedef struct xp {
-    pid_t x_pid;
+    tp_test_peer x_writer;
     tp_context *x_ctx;
     tp_pipe_listener *x_l;
     tp_pipe *x_p; // the reader's end
 } xp;
 
+typedef struct xp_job {
+    void (*write)(tp_pipe *p);
+} xp_job;
+
+static void
+xp_writer(tp_test_peer *self, void *arg)
+{
+    const xp_job *job = arg;
+    char url[256];
+    if (!tp_test_peer_recv(self, url, sizeof(url), WAIT_MS)) {
+        _exit(3);
+    }
+    cuda_env_setup();
+    tp_context *ctx = tp_test_ctx("writer", "tcp", NULL);
+    tp_pipe *p = NULL;
+    tp_error *err = NULL;
+    TP_CHECK_OK(tp_context_connect(ctx, url, &p, &err), err);
+    job->write(p);
+    tp_pipe_unref(p);
+    tp_context_destroy(ctx);
+}
+
 static void
 xp_start(xp *x, void (*write)(tp_pipe *p))
 {
-    int fds[2];
-    TP_CHECK(pipe(fds) == 0);
-    x->x_pid = fork();
-    TP_CHECK(x->x_pid >= 0);
-    if (x->x_pid == 0) {
-        close(fds[1]);
-        char url[256] = "";
-        ssize_t k = read(fds[0], url, sizeof(url) - 1);
-        if (k <= 0) {
-            _exit(3);
-        }
-        url[k] = '\0';
-        cuda_env_setup();
-        tp_context *ctx = make_ctx("writer", NULL);
-        tp_pipe *p = NULL;
-        tp_error *err = NULL;
-        TP_CHECK_OK(tp_context_connect(ctx, url, &p, &err), err);
-        write(p);
-        tp_pipe_unref(p);
-        tp_context_destroy(ctx);
-        _exit(0);
-    }
-    close(fds[0]);
+    xp_job job = {write};
+    tp_test_peer_fork(&x->x_writer, "writer", TP_TEST_PEER_DOWN, xp_writer,
+                      &job);
     cuda_env_setup();
-    x->x_ctx = make_ctx("reader", NULL);
+    x->x_ctx = tp_test_ctx("reader", "tcp", NULL);
     tp_error *err = NULL;
     const char *lo = "tcp://127.0.0.1:0";
     TP_CHECK_OK(tp_context_listen(x->x_ctx, &lo, 1, &x->x_l, &err), err);
-    const char *url = tp_pipe_listener_addr(x->x_l, NULL);
-    TP_CHECK(write_full_url(fds[1], url));
-    close(fds[1]);
-    x->x_p = accept_one(x->x_l);
+    tp_test_peer_send(&x->x_writer, tp_pipe_listener_addr(x->x_l, NULL));
+    x->x_p = op_pipe_accept(x->x_l, WAIT_MS);
 }
 
 // The writer exited 0; the reader's end goes.
 static void
 xp_finish(xp *x)
 {
-    int status = 0;
-    TP_CHECK(waitpid(x->x_pid, &status, 0) == x->x_pid);
-    TP_CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0,
-              "the writer process failed (status 0x%x)", status);
+    tp_test_peer_wait(&x->x_writer, WAIT_MS);
     tp_pipe_unref(x->x_p);
     tp_pipe_listener_destroy(x->x_l);
     tp_context_destroy(x->x_ctx);
@@ -270,39 +233,36 @@ ipc_cross_process(void)
     xp_finish(&x);
 }
 
+// The reader: listens, sends its URL up, accepts, reads one descriptor
+// and exits holding it.
+static void
+dying_reader(tp_test_peer *self, void *arg)
+{
+    (void)arg;
+    cuda_env_setup();
+    tp_context *ctx = tp_test_ctx("reader", "tcp", NULL);
+    tp_pipe_listener *l = NULL;
+    tp_error *err = NULL;
+    const char *lo = "tcp://127.0.0.1:0";
+    TP_CHECK_OK(tp_context_listen(ctx, &lo, 1, &l, &err), err);
+    tp_test_peer_send(self, tp_pipe_listener_addr(l, NULL));
+    tp_pipe *p = op_pipe_accept(l, WAIT_MS);
+    tp_message *r = cuda_read_desc(p);
+    (void)r;
+    _exit(0); // dies holding the descriptor
+}
+
 // A reader that dies before it reads the data: the write, waiting for its
 // ack, fails promptly and names the peer.
 static void
 ipc_reader_dies(void)
 {
-    int fds[2];
-    TP_CHECK(pipe(fds) == 0);
-    pid_t pid = fork();
-    TP_CHECK(pid >= 0);
-    if (pid == 0) {
-        close(fds[0]);
-        cuda_env_setup();
-        tp_context *ctx = make_ctx("reader", NULL);
-        tp_pipe_listener *l = NULL;
-        tp_error *err = NULL;
-        const char *lo = "tcp://127.0.0.1:0";
-        TP_CHECK_OK(tp_context_listen(ctx, &lo, 1, &l, &err), err);
-        const char *url = tp_pipe_listener_addr(l, NULL);
-        TP_CHECK(write_full_url(fds[1], url));
-        close(fds[1]);
-        tp_pipe *p = accept_one(l);
-        tp_message *r = cuda_read_desc(p);
-        (void)r;
-        _exit(0); // dies holding the descriptor
-    }
-    close(fds[1]);
+    tp_test_peer reader;
+    tp_test_peer_fork(&reader, "reader", TP_TEST_PEER_UP, dying_reader, NULL);
     cuda_env_setup();
-    char url[256] = "";
-    ssize_t k = read(fds[0], url, sizeof(url) - 1);
-    TP_CHECK(k > 0);
-    url[k] = '\0';
-    close(fds[0]);
-    tp_context *ctx = make_ctx("writer", NULL);
+    char url[256];
+    TP_CHECK(tp_test_peer_recv(&reader, url, sizeof(url), WAIT_MS));
+    tp_context *ctx = tp_test_ctx("writer", "tcp", NULL);
     tp_pipe *p = NULL;
     tp_error *err = NULL;
     TP_CHECK_OK(tp_context_connect(ctx, url, &p, &err), err);
@@ -319,8 +279,7 @@ ipc_reader_dies(void)
     TP_CHECK_STR_CONTAINS(tp_error_message(tp_aio_error(w.aio)), "reader at");
     fprintf(stderr, "the write: %s\n", tp_error_message(tp_aio_error(w.aio)));
     op_fini(&w);
-    int status = 0;
-    TP_CHECK(waitpid(pid, &status, 0) == pid);
+    tp_test_peer_wait(&reader, WAIT_MS);
     cuda_buf_free(gpu(0), base);
     tp_message_destroy(m);
     tp_pipe_unref(p);
@@ -404,35 +363,12 @@ ipc_handles_not_cached(void)
 
 // ---- one process: two contexts ---------------------------------------------
 
-typedef struct pair {
-    tp_context *a, *b;
-    tp_pipe_listener *l;
-    tp_pipe *pa, *pb;
-} pair;
-
 static void
-pair_open(pair *pr, const char *b_channels)
+pair_open(tp_test_pair *pr, const char *b_channels)
 {
-    pr->a = make_ctx("alice", NULL);
-    pr->b = make_ctx("bob", b_channels);
-    tp_error *err = NULL;
-    const char *url = "tcp://127.0.0.1:0";
-    TP_CHECK_OK(tp_context_listen(pr->a, &url, 1, &pr->l, &err), err);
-    TP_CHECK_OK(tp_context_connect(pr->b, tp_pipe_listener_addr(pr->l, NULL),
-                                   &pr->pb, &err),
-                err);
-    pr->pa = accept_one(pr->l);
-    TP_CHECK_OK(tp_pipe_wait_ready(pr->pb, WAIT_MS, &err), err);
-}
-
-static void
-pair_close(pair *pr)
-{
-    tp_pipe_unref(pr->pa);
-    tp_pipe_unref(pr->pb);
-    tp_pipe_listener_destroy(pr->l);
-    tp_context_destroy(pr->b);
-    tp_context_destroy(pr->a);
+    tp_context *a = tp_test_ctx("alice", "tcp", NULL);
+    tp_context *b = tp_test_ctx("bob", "tcp", b_channels);
+    tp_test_pair_open(pr, a, b, "tcp://127.0.0.1:0", WAIT_MS);
 }
 
 // The runtime cannot open a handle of its own process: the receiver finds
@@ -445,7 +381,7 @@ ipc_same_process_and_ack(void)
     if (tp__cuda_device_count() < 2) {
         tp_test_skip("needs 2 CUDA devices");
     }
-    pair pr;
+    tp_test_pair pr;
     pair_open(&pr, NULL);
     report_has(pr.pb, "cuda tensors by cuda_ipc");
     void *base;
@@ -469,7 +405,7 @@ ipc_same_process_and_ack(void)
     tp_message_destroy(r);
     cuda_buf_free(gpu(1), base);
     tp_message_destroy(m);
-    pair_close(&pr);
+    tp_test_pair_close(&pr);
 }
 
 // The copies of the fake's gate waiting now (closing or opening it as
@@ -496,7 +432,7 @@ ipc_same_process_hung_reader(void)
     }
     cuda_env_setup();
     setenv("TP_CUDA_IPC_READER_WAIT_MS", "200", 1);
-    pair pr;
+    tp_test_pair pr;
     pair_open(&pr, NULL);
     unsetenv("TP_CUDA_IPC_READER_WAIT_MS");
     report_has(pr.pb, "cuda tensors by cuda_ipc");
@@ -530,7 +466,7 @@ ipc_same_process_hung_reader(void)
     tp_message_destroy(r);
     cuda_buf_free(gpu(1), base);
     tp_message_destroy(m);
-    pair_close(&pr);
+    tp_test_pair_close(&pr);
 }
 
 // Memory cuda_ipc cannot share (the fake's FAKE_CUDA_NO_IPC_EXPORT, as
@@ -544,7 +480,7 @@ ipc_unshareable_memory_staged(void)
         tp_test_skip("needs the fake runtime (FAKE_CUDA_NO_IPC_EXPORT)");
     }
     cuda_env_setup();
-    pair pr;
+    tp_test_pair pr;
     pair_open(&pr, NULL);
     report_has(pr.pb, "cuda tensors by cuda_ipc");
     setenv("FAKE_CUDA_NO_IPC_EXPORT", "1", 1);
@@ -579,7 +515,7 @@ ipc_unshareable_memory_staged(void)
     cuda_buf_free(gpu(0), b0);
     cuda_buf_free(gpu(1), b1);
     tp_message_destroy(m);
-    pair_close(&pr);
+    tp_test_pair_close(&pr);
 }
 
 // One end without cuda_ipc: no device channel, CUDA tensors staged (a
@@ -588,7 +524,7 @@ static void
 ipc_staged_when_peer_lacks_it(void)
 {
     cuda_env_setup();
-    pair pr;
+    tp_test_pair pr;
     pair_open(&pr, "basic");
     char *rep = tp_pipe_report(pr.pa);
     TP_CHECK(rep != NULL);
@@ -619,7 +555,7 @@ ipc_staged_when_peer_lacks_it(void)
     tp_message_destroy(r);
     cuda_buf_free(gpu(0), base);
     tp_message_destroy(m);
-    pair_close(&pr);
+    tp_test_pair_close(&pr);
 }
 
 static const tp_test_case cases[] = {

@@ -6,7 +6,6 @@
 // the fake runtime by default (cuda_env.h), against the real one with
 // TP_TEST_CUDA=real (the *_gpu test).
 
-#include <sys/wait.h>
 #include <tpipe/pipe.h>
 #include <unistd.h>
 
@@ -16,6 +15,7 @@
 #include "cuda_env.h"
 #include "tp_test.h"
 #include "tp_test_op.h"
+#include "tp_test_pipe.h"
 
 #define WAIT_MS 20000
 
@@ -27,16 +27,9 @@ gpu(int i)
     return (tp_device){TP_DEVICE_CUDA, i};
 }
 
-typedef struct pair {
-    tp_context *a, *b;
-    tp_pipe_listener *l;
-    tp_pipe *pa; // accepted
-    tp_pipe *pb; // connected
-} pair;
-
 // A pipe over tcp with channel @ch; false if @ch is not usable here.
 static bool
-pair_open(pair *pr, const char *ch)
+pair_open(tp_test_pair *pr, const char *ch)
 {
     memset(pr, 0, sizeof(*pr));
     tp_context_options o;
@@ -45,47 +38,25 @@ pair_open(pair *pr, const char *ch)
     o.channels = ch;
     tp_error *err = NULL;
     o.name = "alice";
-    if (tp_context_create(&o, &pr->a, &err) != TP_OK) {
+    tp_context *a = NULL;
+    if (tp_context_create(&o, &a, &err) != TP_OK) {
         tp_error_unref(err);
         return false;
     }
-    o.name = "bob";
-    TP_CHECK_OK(tp_context_create(&o, &pr->b, &err), err);
-    char *rep = tp_context_report(pr->a);
+    tp_context *b = tp_test_ctx("bob", "tcp", ch);
+    char *rep = tp_context_report(a);
     char line[64];
     snprintf(line, sizeof(line), "channel %s: usable", ch);
     bool ok = strstr(rep, line) != NULL;
     free(rep);
     if (!ok) {
-        tp_context_destroy(pr->a);
-        tp_context_destroy(pr->b);
+        tp_context_destroy(a);
+        tp_context_destroy(b);
         return false;
     }
-    const char *url = "tcp://127.0.0.1:0";
-    TP_CHECK_OK(tp_context_listen(pr->a, &url, 1, &pr->l, &err), err);
-    TP_CHECK_OK(tp_context_connect(pr->b, tp_pipe_listener_addr(pr->l, NULL),
-                                   &pr->pb, &err),
-                err);
-    op acc;
-    op_init(&acc, WAIT_MS);
-    tp_pipe_listener_accept(pr->l, acc.aio);
-    op_wait(&acc, WAIT_MS);
-    TP_CHECK_OK(tp_aio_status(acc.aio), tp_aio_error(acc.aio));
-    pr->pa = tp_aio_get_output(acc.aio, 0);
-    op_fini(&acc);
-    TP_CHECK_OK(tp_pipe_wait_ready(pr->pb, WAIT_MS, &err), err);
+    tp_test_pair_open(pr, a, b, "tcp://127.0.0.1:0", WAIT_MS);
     TP_CHECK_STR_CONTAINS(tp_pipe_channel(pr->pb), ch);
     return true;
-}
-
-static void
-pair_close(pair *pr)
-{
-    tp_pipe_unref(pr->pa);
-    tp_pipe_unref(pr->pb);
-    tp_pipe_listener_destroy(pr->l);
-    tp_context_destroy(pr->b);
-    tp_context_destroy(pr->a);
 }
 
 // A buffer of @n bytes with pattern @seed on @dev (its own allocation).
@@ -108,7 +79,7 @@ write_async(tp_pipe *p, tp_message *m, op *w)
 // connecting side to @dst on the accepting side, once into buffers the
 // pipe allocates and once into the reader's own.
 static void
-send_pair(pair *pr, tp_device src, tp_device dst)
+send_pair(tp_test_pair *pr, tp_device src, tp_device dst)
 {
     static const size_t sz[3] = {4, 100 << 10, (1 << 20) + 3};
     for (int own = 0; own < 2; own++) {
@@ -180,7 +151,7 @@ device_matrix_each_channel(void)
     static const char *const chans[] = {"basic", "cma", "mpt", "xth"};
     int ran = 0;
     for (size_t c = 0; c < sizeof(chans) / sizeof(chans[0]); c++) {
-        pair pr;
+        tp_test_pair pr;
         if (!pair_open(&pr, chans[c])) {
             fprintf(stderr, "channel %s: not usable here, left out\n",
                     chans[c]);
@@ -192,7 +163,7 @@ device_matrix_each_channel(void)
         send_pair(&pr, cpu, gpu(last)); // CPU -> CUDA
         send_pair(&pr, gpu(last), cpu); // CUDA -> CPU
         send_pair(&pr, cpu, cpu);
-        pair_close(&pr);
+        tp_test_pair_close(&pr);
         ran++;
     }
     TP_CHECK(ran > 0);
@@ -212,7 +183,7 @@ static void
 write_refuses_missing_device(void)
 {
     cuda_env_setup();
-    pair pr;
+    tp_test_pair pr;
     TP_CHECK(pair_open(&pr, "basic"));
     uint8_t byte = 1;
     tp_message *m = NULL;
@@ -227,7 +198,7 @@ write_refuses_missing_device(void)
     op_fini(&w);
     tp_message_destroy(m);
     send_pair(&pr, gpu(0), cpu);
-    pair_close(&pr);
+    tp_test_pair_close(&pr);
     check_fake_leaks(0);
 }
 
@@ -237,7 +208,7 @@ static void
 read_to_missing_device_fails_only_the_read(void)
 {
     cuda_env_setup();
-    pair pr;
+    tp_test_pair pr;
     TP_CHECK(pair_open(&pr, "basic"));
     static const size_t n = 300 << 10;
     tp_message *m = NULL;
@@ -264,7 +235,7 @@ read_to_missing_device_fails_only_the_read(void)
     cuda_buf_free(cpu, m->tensors[1].data);
     tp_message_destroy(m);
     send_pair(&pr, cpu, gpu(0));
-    pair_close(&pr);
+    tp_test_pair_close(&pr);
     check_fake_leaks(0);
 }
 
@@ -273,7 +244,7 @@ static void
 payload_on_device_refused(void)
 {
     cuda_env_setup();
-    pair pr;
+    tp_test_pair pr;
     TP_CHECK(pair_open(&pr, "basic"));
     uint8_t byte = 1;
     tp_message *m = NULL;
@@ -289,7 +260,7 @@ payload_on_device_refused(void)
                           "a CPU device");
     op_fini(&w);
     tp_message_destroy(m);
-    pair_close(&pr);
+    tp_test_pair_close(&pr);
 }
 
 // Without a usable runtime, a CUDA tensor is refused with the reason.
@@ -303,7 +274,7 @@ no_device_refused_with_reason(void)
     TP_CHECK(tp__cuda_testing_use_runtime(TP_FAKE_CUDART));
     char why[256];
     TP_CHECK(!tp__cuda_available(why, sizeof(why)));
-    pair pr;
+    tp_test_pair pr;
     TP_CHECK(pair_open(&pr, "basic"));
     uint8_t byte = 1;
     tp_message *m = NULL;
@@ -319,7 +290,7 @@ no_device_refused_with_reason(void)
                           "no CUDA-capable device");
     op_fini(&w);
     tp_message_destroy(m);
-    pair_close(&pr);
+    tp_test_pair_close(&pr);
 }
 
 // Page-locked memory refused (the fake's FAKE_CUDA_NO_PINNED): both ends
@@ -332,7 +303,7 @@ pinned_refused_stages_pageable(void)
     }
     setenv("FAKE_CUDA_NO_PINNED", "1", 1);
     cuda_env_setup();
-    pair pr;
+    tp_test_pair pr;
     TP_CHECK(pair_open(&pr, "basic"));
     static const size_t n = 100003;
     tp_message *m = NULL;
@@ -357,7 +328,44 @@ pinned_refused_stages_pageable(void)
     tp_message_destroy(r);
     cuda_buf_free(gpu(0), m->tensors[0].data);
     tp_message_destroy(m);
-    pair_close(&pr);
+    tp_test_pair_close(&pr);
+}
+
+enum { XP_N = (3 << 20) + 5 };
+
+// The writer: connects to the URL it is sent, writes XP_N bytes from its
+// last device and 3 from cuda:0.
+static void
+cross_writer(tp_test_peer *self, void *arg)
+{
+    (void)arg;
+    static const size_t n = XP_N;
+    char url[256];
+    if (!tp_test_peer_recv(self, url, sizeof(url), WAIT_MS)) {
+        _exit(3);
+    }
+    cuda_env_setup();
+    tp_context *ctx = tp_test_ctx("writer", NULL, NULL);
+    tp_pipe *p = NULL;
+    tp_error *err = NULL;
+    TP_CHECK_OK(tp_context_connect(ctx, url, &p, &err), err);
+    tp_message *m = NULL;
+    TP_CHECK_OK(tp_message_create(0, 2, &m), NULL);
+    int last = tp__cuda_device_count() - 1;
+    m->tensors[0] =
+        (tp_msg_buf){make_buf(gpu(last), n, 5), n, gpu(last), false};
+    m->tensors[1] = (tp_msg_buf){make_buf(gpu(0), 3, 6), 3, gpu(0), false};
+    op w;
+    write_async(p, m, &w);
+    op_wait(&w, WAIT_MS);
+    TP_CHECK_OK(tp_aio_status(w.aio), tp_aio_error(w.aio));
+    op_fini(&w);
+    cuda_buf_free(gpu(last), m->tensors[0].data);
+    cuda_buf_free(gpu(0), m->tensors[1].data);
+    tp_message_destroy(m);
+    tp_pipe_unref(p);
+    tp_context_destroy(ctx);
+    check_fake_leaks(0);
 }
 
 // Across processes (the channels a real job uses: shm with cma where the
@@ -366,68 +374,17 @@ pinned_refused_stages_pageable(void)
 static void
 cross_process(void)
 {
-    int fds[2];
-    TP_CHECK(pipe(fds) == 0);
-    static const size_t n = (3 << 20) + 5;
-    pid_t pid = fork();
-    TP_CHECK(pid >= 0);
-    if (pid == 0) {
-        close(fds[1]);
-        char url[256] = "";
-        ssize_t k = read(fds[0], url, sizeof(url) - 1);
-        if (k <= 0) {
-            _exit(3);
-        }
-        url[k] = '\0';
-        cuda_env_setup();
-        tp_context_options o;
-        tp_context_options_init(&o);
-        o.name = "writer";
-        tp_context *ctx = NULL;
-        tp_error *err = NULL;
-        TP_CHECK_OK(tp_context_create(&o, &ctx, &err), err);
-        tp_pipe *p = NULL;
-        TP_CHECK_OK(tp_context_connect(ctx, url, &p, &err), err);
-        tp_message *m = NULL;
-        TP_CHECK_OK(tp_message_create(0, 2, &m), NULL);
-        int last = tp__cuda_device_count() - 1;
-        m->tensors[0] =
-            (tp_msg_buf){make_buf(gpu(last), n, 5), n, gpu(last), false};
-        m->tensors[1] = (tp_msg_buf){make_buf(gpu(0), 3, 6), 3, gpu(0), false};
-        op w;
-        write_async(p, m, &w);
-        op_wait(&w, WAIT_MS);
-        TP_CHECK_OK(tp_aio_status(w.aio), tp_aio_error(w.aio));
-        op_fini(&w);
-        cuda_buf_free(gpu(last), m->tensors[0].data);
-        cuda_buf_free(gpu(0), m->tensors[1].data);
-        tp_message_destroy(m);
-        tp_pipe_unref(p);
-        tp_context_destroy(ctx);
-        check_fake_leaks(0);
-        _exit(0);
-    }
-    close(fds[0]);
-    tp_context_options o;
-    tp_context_options_init(&o);
-    o.name = "reader";
-    tp_context *ctx = NULL;
+    static const size_t n = XP_N;
+    tp_test_peer writer;
+    tp_test_peer_fork(&writer, "writer", TP_TEST_PEER_DOWN, cross_writer, NULL);
+    tp_context *ctx = tp_test_ctx("reader", NULL, NULL);
     tp_error *err = NULL;
-    TP_CHECK_OK(tp_context_create(&o, &ctx, &err), err);
     tp_pipe_listener *l = NULL;
     const char *lo = "tcp://127.0.0.1:0"; // loopback; shm as it is
     TP_CHECK_OK(tp_context_listen(ctx, &lo, 1, &l, &err), err);
-    const char *url = tp_pipe_listener_addr(l, NULL);
-    TP_CHECK(write(fds[1], url, strlen(url)) == (ssize_t)strlen(url));
-    close(fds[1]);
+    tp_test_peer_send(&writer, tp_pipe_listener_addr(l, NULL));
     cuda_env_setup();
-    op acc;
-    op_init(&acc, WAIT_MS);
-    tp_pipe_listener_accept(l, acc.aio);
-    op_wait(&acc, WAIT_MS);
-    TP_CHECK_OK(tp_aio_status(acc.aio), tp_aio_error(acc.aio));
-    tp_pipe *p = tp_aio_get_output(acc.aio, 0);
-    op_fini(&acc);
+    tp_pipe *p = op_pipe_accept(l, WAIT_MS);
     tp_message *r = cuda_read_desc(p);
     TP_CHECK_EQ(r->ntensors, 2);
     int last = tp__cuda_device_count() - 1;
@@ -441,10 +398,7 @@ cross_process(void)
     fprintf(stderr, "cross-process: %s + %s\n", tp_pipe_transport(p),
             tp_pipe_channel(p));
     tp_message_destroy(r);
-    int status = 0;
-    TP_CHECK(waitpid(pid, &status, 0) == pid);
-    TP_CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0,
-              "the writer process failed (status 0x%x)", status);
+    tp_test_peer_wait(&writer, WAIT_MS);
     tp_pipe_unref(p);
     tp_pipe_listener_destroy(l);
     tp_context_destroy(ctx);

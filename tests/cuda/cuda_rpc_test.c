@@ -14,6 +14,7 @@
 #include "cuda_env.h"
 #include "tp_test.h"
 #include "tp_test_job.h"
+#include "tp_test_pipe.h"
 
 #define WAIT_MS 20000
 
@@ -27,34 +28,33 @@ gpu(int i)
 
 static const char *const names[] = {"w0", "w1"};
 
+// The probe: whether the runtime works, and if not why (one line up).
+static void
+probe_cuda(tp_test_peer *self, void *arg)
+{
+    (void)arg;
+    if (cuda_env_fake()) {
+        tp__cuda_testing_use_runtime(TP_FAKE_CUDART);
+    }
+    char why[256] = "";
+    bool ok = tp__cuda_available(why, sizeof(why));
+    for (char *c = why; *c != '\0'; c++) {
+        *c = *c == '\n' ? ' ' : *c; // one line
+    }
+    tp_test_peer_send(self, why);
+    _exit(ok ? 0 : 1);
+}
+
 // Whether the runtime works, checked in a child (a process that touched
 // the real runtime must not fork workers that use it).
 static void
 need_cuda(void)
 {
-    int fds[2];
-    TP_CHECK(pipe(fds) == 0);
-    pid_t pid = fork();
-    TP_CHECK(pid >= 0);
-    if (pid == 0) {
-        close(fds[0]);
-        if (cuda_env_fake()) {
-            tp__cuda_testing_use_runtime(TP_FAKE_CUDART);
-        }
-        char why[256] = "";
-        bool ok = tp__cuda_available(why, sizeof(why));
-        if (write(fds[1], why, strlen(why)) < 0) {
-            _exit(2);
-        }
-        _exit(ok ? 0 : 1);
-    }
-    close(fds[1]);
-    char why[256] = "";
-    ssize_t n = read(fds[0], why, sizeof(why) - 1);
-    why[n > 0 ? n : 0] = '\0';
-    close(fds[0]);
-    int status = 0;
-    TP_CHECK(waitpid(pid, &status, 0) == pid);
+    tp_test_peer probe;
+    tp_test_peer_fork(&probe, "cuda probe", TP_TEST_PEER_UP, probe_cuda, NULL);
+    char why[256];
+    (void)tp_test_peer_recv(&probe, why, sizeof(why), WAIT_MS);
+    int status = tp_test_peer_wait_status(&probe, WAIT_MS);
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
         tp_test_skip("no CUDA device (%s runtime): %s",
                      cuda_env_fake() ? "fake" : "real", why);
