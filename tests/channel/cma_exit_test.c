@@ -19,7 +19,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <tpipe/pipe.h>
@@ -27,6 +26,7 @@
 #include "channel/cma/cma_probe.h"
 #include "tp_test.h"
 #include "tp_test_op.h"
+#include "tp_test_pipe.h"
 
 #define WAIT_MS 20000
 #define ROUNDS  50
@@ -72,55 +72,40 @@ byte_at(uint64_t i)
     return (uint8_t)(i * 7u + 3u);
 }
 
-static tp_context *
-ctx_new(const char *name, const char *transports)
-{
-    tp_context_options o;
-    tp_context_options_init(&o);
-    o.name = name;
-    o.transports = transports;
-    o.channels = "cma";
-    tp_context *ctx = NULL;
-    tp_error *err = NULL;
-    TP_CHECK_OK(tp_context_create(&o, &ctx, &err), err);
-    return ctx;
-}
+// What bob does in a round.
+typedef struct child_args {
+    const char *transports;
+    enum what w;
+    unsigned round;
+    enum child_mode mode;
+} child_args;
 
-// The child: listens, sends its tcp URL up @up_fd, accepts one pipe and
-// reads one message as @mode says. Exits 0 if all went as expected.
+// The child: listens, sends its tcp URL up, accepts one pipe and reads
+// one message as the mode says. Exits 0 if all went as expected.
 static void
-child_run(int up_fd, const char *transports, enum what w, unsigned round,
-          enum child_mode mode)
+child_run(tp_test_peer *self, void *arg)
 {
+    const child_args *a = arg;
+    enum what w = a->w;
+    unsigned round = a->round;
+    enum child_mode mode = a->mode;
     prctl(PR_SET_PDEATHSIG, SIGKILL);
-    tp_context *ctx = ctx_new("bob", transports);
+    tp_context *ctx = tp_test_ctx("bob", a->transports, "cma");
     const char *url = "tcp://127.0.0.1:0";
     tp_pipe_listener *l = NULL;
     tp_error *err = NULL;
     TP_CHECK_OK(tp_context_listen(ctx, &url, 1, &l, &err), err);
     const char *addr = tp_pipe_listener_addr(l, "tcp");
     TP_CHECK(addr != NULL);
-    size_t n = strlen(addr) + 1;
-    TP_CHECK(write(up_fd, addr, n) == (ssize_t)n);
-    close(up_fd);
-    op o;
-    op_init(&o, WAIT_MS);
-    tp_pipe_listener_accept(l, o.aio);
-    op_wait(&o, WAIT_MS);
-    TP_CHECK_OK(tp_aio_status(o.aio), tp_aio_error(o.aio));
-    tp_pipe *p = tp_aio_get_output(o.aio, 0);
-    op_fini(&o);
-    op_init(&o, WAIT_MS);
-    tp_pipe_read_descriptor(p, o.aio);
-    op_wait(&o, WAIT_MS);
-    TP_CHECK_OK(tp_aio_status(o.aio), tp_aio_error(o.aio));
-    tp_message *in = tp_aio_get_output(o.aio, 0);
-    op_fini(&o);
+    tp_test_peer_send(self, addr);
+    tp_pipe *p = op_pipe_accept(l, WAIT_MS);
+    tp_message *in = tp_test_read_desc(p, WAIT_MS);
     uint64_t tl = tensor_len(w, round);
     TP_CHECK_EQ(in->ntensors, tl > 0 ? 1u : 0u);
     if (mode == NO_READ) {
         _exit(0);
     }
+    op o;
     op_init(&o, WAIT_MS);
     tp_pipe_read(p, in, o.aio);
     op_wait(&o, WAIT_MS);
@@ -148,30 +133,13 @@ static void
 round_run(const char *transports, enum what w, unsigned round,
           enum child_mode mode)
 {
-    int up[2];
-    TP_CHECK(pipe(up) == 0);
-    fflush(stderr);
-    pid_t pid = fork();
-    TP_CHECK(pid >= 0);
-    if (pid == 0) {
-        close(up[0]);
-        child_run(up[1], transports, w, round, mode);
-    }
-    close(up[1]);
+    child_args args = {transports, w, round, mode};
+    tp_test_peer bob;
+    tp_test_peer_fork(&bob, "bob", TP_TEST_PEER_UP, child_run, &args);
     char url[256];
-    size_t got = 0;
-    while (got < sizeof(url)) {
-        ssize_t r = read(up[0], url + got, sizeof(url) - got);
-        TP_CHECK(r > 0);
-        got += (size_t)r;
-        if (memchr(url, '\0', got) != NULL) {
-            break;
-        }
-    }
-    close(up[0]);
-    TP_CHECK(memchr(url, '\0', got) != NULL);
+    TP_CHECK(tp_test_peer_recv(&bob, url, sizeof(url), WAIT_MS));
 
-    tp_context *ctx = ctx_new("alice", transports);
+    tp_context *ctx = tp_test_ctx("alice", transports, "cma");
     tp_pipe *p = NULL;
     tp_error *err = NULL;
     TP_CHECK_OK(tp_context_connect(ctx, url, &p, &err), err);
@@ -221,10 +189,7 @@ round_run(const char *transports, enum what w, unsigned round,
                   tp_status_name(st), msg);
     }
     op_fini(&o);
-    int status = 0;
-    TP_CHECK(waitpid(pid, &status, 0) == pid);
-    TP_CHECKF(WIFEXITED(status) && WEXITSTATUS(status) == 0,
-              "child status 0x%x", (unsigned)status);
+    tp_test_peer_wait(&bob, WAIT_MS);
     tp_pipe_unref(p);
     tp_context_destroy(ctx);
     m->payloads[0].data = NULL;

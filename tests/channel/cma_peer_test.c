@@ -32,6 +32,7 @@
 #include "pipe/wire.h"
 #include "tp_test.h"
 #include "tp_test_op.h"
+#include "tp_test_pipe.h"
 #include "transport/transport.h"
 
 #define WAIT_MS     20000
@@ -174,27 +175,30 @@ enum side_mode {
     SIDE_GONE,   // its side socket is closed before its hello is sent
 };
 
+static void
+nobody_connect(tp_test_peer *self, void *arg)
+{
+    (void)self;
+    const uint8_t *hello = arg;
+    if (setresgid(65534, 65534, 65534) != 0 ||
+        setresuid(65534, 65534, 65534) != 0) {
+        _exit(2);
+    }
+    _exit(tp__cma_side_connect((const char *)hello + 8,
+                               hello + 8 + TP_CMA_SIDE_NAME_LEN, NULL) == TP_OK
+              ? 0
+              : 1);
+}
+
 // As a process of uid and gid 65534: connect to the agent's side socket
 // and present its token.
 static void
 side_connect_as_nobody(const uint8_t *hello)
 {
-    pid_t pid = fork();
-    TP_CHECK(pid >= 0);
-    if (pid == 0) {
-        if (setresgid(65534, 65534, 65534) != 0 ||
-            setresuid(65534, 65534, 65534) != 0) {
-            _exit(2);
-        }
-        _exit(tp__cma_side_connect((const char *)hello + 8,
-                                   hello + 8 + TP_CMA_SIDE_NAME_LEN,
-                                   NULL) == TP_OK
-                  ? 0
-                  : 1);
-    }
-    int st = 0;
-    TP_CHECK(waitpid(pid, &st, 0) == pid);
-    TP_CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    tp_test_peer nobody;
+    tp_test_peer_fork(&nobody, "nobody", TP_TEST_PEER_DOWN, nobody_connect,
+                      (void *)hello);
+    tp_test_peer_wait(&nobody, WAIT_MS);
 }
 
 static void
@@ -354,15 +358,7 @@ mallory_close(raw *r)
 static tp_context *
 ctx_new(const char *name)
 {
-    tp_context_options o;
-    tp_context_options_init(&o);
-    o.name = name;
-    o.transports = "tcp";
-    o.channels = "cma";
-    tp_context *ctx = NULL;
-    tp_error *err = NULL;
-    TP_CHECK_OK(tp_context_create(&o, &ctx, &err), err);
-    return ctx;
+    return tp_test_ctx(name, "tcp", "cma");
 }
 
 static tp_pipe_listener *

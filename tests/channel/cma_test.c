@@ -25,6 +25,7 @@
 #include "channel/cma/cma_probe.h"
 #include "core/platform.h"
 #include "tp_test.h"
+#include "tp_test_pipe.h"
 
 #define MIB (UINT64_C(1) << 20)
 #define GIB (UINT64_C(1) << 30)
@@ -134,24 +135,9 @@ write_full(int fd, const void *buf, size_t n)
 static int
 wait_child(pid_t pid, int64_t ms)
 {
-    uint64_t deadline = tp__now_ns() + (uint64_t)tp_test_ms(ms) * 1000000u;
-    for (;;) {
-        int st;
-        pid_t r = waitpid(pid, &st, WNOHANG);
-        if (r == pid) {
-            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        }
-        if (r < 0 && errno != EINTR) {
-            TP_CHECKF(false, "waitpid %d: %s", (int)pid, strerror(errno));
-        }
-        if (tp__now_ns() > deadline) {
-            kill(pid, SIGKILL);
-            waitpid(pid, &st, 0);
-            TP_CHECKF(false, "child %d did not exit within %lld ms", (int)pid,
-                      (long long)ms);
-        }
-        sleep_ms(2);
-    }
+    tp_test_peer child = {"child", pid, -1};
+    int st = tp_test_peer_wait_status(&child, ms);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
 // Waits until @pid has exited but is not reaped (a zombie).
