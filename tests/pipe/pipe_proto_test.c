@@ -15,6 +15,7 @@
 #include "core/wire.h"
 #include "pipe/wire.h"
 #include "tp_test_op.h"
+#include "tp_test_pipe.h"
 #include "transport/transport.h"
 
 #define WAIT_MS 20000
@@ -135,20 +136,6 @@ raw_handshake(raw *r)
     free(abody);
 }
 
-static tp_context *
-ctx_new(const char *name, const char *transports, const char *channels)
-{
-    tp_context_options o;
-    tp_context_options_init(&o);
-    o.name = name;
-    o.transports = transports;
-    o.channels = channels;
-    tp_context *ctx = NULL;
-    tp_error *err = NULL;
-    TP_CHECK_OK(tp_context_create(&o, &ctx, &err), err);
-    return ctx;
-}
-
 static tp_pipe_listener *
 listen_lo(tp_context *ctx)
 {
@@ -163,7 +150,7 @@ listen_lo(tp_context *ctx)
 static void
 check_other_pipe_works(tp_pipe_listener *l)
 {
-    tp_context *b = ctx_new("bob", "tcp", "basic");
+    tp_context *b = tp_test_ctx("bob", "tcp", "basic");
     tp_pipe *pb = NULL;
     tp_error *err = NULL;
     TP_CHECK_OK(
@@ -212,7 +199,7 @@ typedef struct victim {
 static void
 victim_open(victim *v)
 {
-    v->a = ctx_new("alice", "tcp", "basic");
+    v->a = tp_test_ctx("alice", "tcp", "basic");
     v->l = listen_lo(v->a);
     raw_init(&v->r);
     raw_connect(&v->r, tp_pipe_listener_addr(v->l, "tcp"));
@@ -354,7 +341,7 @@ test_descriptor_truncated(void)
 static void
 test_bad_brochures(void)
 {
-    tp_context *a = ctx_new("alice", "tcp", "basic");
+    tp_context *a = tp_test_ctx("alice", "tcp", "basic");
     tp_pipe_listener *l = listen_lo(a);
     static const uint8_t garbage[] = {0xff, 0xfe, 0, 1, 2, 3, 4, 5, 6, 7};
     for (int k = 0; k < 4; k++) {
@@ -399,7 +386,7 @@ raw_server(raw *srv, tp_listener **tl_p, tp_context **b_p, tp_pipe **p_p)
     tp_error *err = NULL;
     TP_CHECK_OK(tp__transport_listen(srv->t, "tcp://127.0.0.1:0", tl_p, &err),
                 err);
-    *b_p = ctx_new("bob", "tcp", "basic");
+    *b_p = tp_test_ctx("bob", "tcp", "basic");
     TP_CHECK_OK(tp_context_connect(*b_p, tp__listener_addr(*tl_p), p_p, &err),
                 err);
     op acc;
@@ -477,8 +464,8 @@ test_upgrade_to_shm(void)
     if (!tp__transport_find("shm")->is_viable(NULL, why, sizeof(why))) {
         tp_test_skip("shm not viable here: %s", why);
     }
-    tp_context *a = ctx_new("alice", "shm,tcp", "basic");
-    tp_context *b = ctx_new("bob", "shm,tcp", "basic");
+    tp_context *a = tp_test_ctx("alice", "shm,tcp", "basic");
+    tp_context *b = tp_test_ctx("bob", "shm,tcp", "basic");
     tp_pipe_listener *l = listen_lo(a);
     TP_CHECK(tp_pipe_listener_addr(l, "shm") != NULL);
     tp_pipe *pb = NULL;
@@ -510,9 +497,9 @@ test_upgrade_to_shm(void)
 static void
 test_mpt_domain_mismatch(void)
 {
-    tp_context *a = ctx_new("alice", "tcp", "mpt,basic");
+    tp_context *a = tp_test_ctx("alice", "tcp", "mpt,basic");
     setenv("TP_MPT_SPLIT_MIN", "1M", 1);
-    tp_context *b = ctx_new("bob", "tcp", "mpt,basic");
+    tp_context *b = tp_test_ctx("bob", "tcp", "mpt,basic");
     unsetenv("TP_MPT_SPLIT_MIN");
     tp_pipe_listener *l = listen_lo(a);
     tp_pipe *pb = NULL;
@@ -539,7 +526,7 @@ static void
 test_mpt_lanes_by_property(void)
 {
     char why[256];
-    tp_context *a = ctx_new("alice", "shm,tcp", "mpt,basic");
+    tp_context *a = tp_test_ctx("alice", "shm,tcp", "mpt,basic");
     char *rep = tp_context_report(a);
     TP_CHECK_STR_CONTAINS(rep, "over tcp");
     TP_CHECK_STR_CONTAINS(rep, ":lanes=tcp");
@@ -548,7 +535,7 @@ test_mpt_lanes_by_property(void)
     if (!tp__transport_find("shm")->is_viable(NULL, why, sizeof(why))) {
         tp_test_skip("shm not viable here: %s", why);
     }
-    tp_context *b = ctx_new("bob", "shm", "mpt,basic");
+    tp_context *b = tp_test_ctx("bob", "shm", "mpt,basic");
     rep = tp_context_report(b);
     TP_CHECK_STR_CONTAINS(rep, "channel mpt: its lanes need a transport that "
                                "reaches other hosts (network property; "
