@@ -12,8 +12,19 @@
 #include <dlfcn.h>
 #include <stdbool.h>
 
+#include <tpipe/tensor.h>
+
 #include "core/cuda.h"
 #include "tp_test.h"
+
+// The devices the cases name: the host, and CUDA device @i.
+static const tp_device cpu = {TP_DEVICE_CPU, 0};
+
+static inline tp_device
+gpu(int i)
+{
+    return (tp_device){TP_DEVICE_CUDA, i};
+}
 
 static inline bool
 cuda_env_fake(void)
@@ -53,6 +64,17 @@ cuda_env_fake_call(const char *name, long *out)
     fn(out);
     dlclose(h);
     return true;
+}
+
+// The copies held at the fake runtime's copy gate now; closes (@set 1)
+// or opens (0) the gate first, or only looks (-1). The case fails with
+// the real runtime (skip such cases first: cuda_env_fake).
+static inline long
+cuda_env_copy_gate(long set)
+{
+    long io[2] = {set, 0};
+    TP_CHECK(cuda_env_fake_call("fake_cuda_copy_gate", io));
+    return io[1];
 }
 
 // The fake runtime's counters: [0] live device allocations, [1] live

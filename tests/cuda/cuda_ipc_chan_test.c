@@ -23,14 +23,6 @@
 
 #define WAIT_MS 20000
 
-static const tp_device cpu = {TP_DEVICE_CPU, 0};
-
-static tp_device
-gpu(int i)
-{
-    return (tp_device){TP_DEVICE_CUDA, i};
-}
-
 static void
 report_has(tp_pipe *p, const char *needle)
 {
@@ -408,16 +400,6 @@ ipc_same_process_and_ack(void)
     tp_test_pair_close(&pr);
 }
 
-// The copies of the fake's gate waiting now (closing or opening it as
-// @set is 1 or 0, or only looking: -1).
-static long
-copy_gate(long set)
-{
-    long io[2] = {set, 0};
-    TP_CHECK(cuda_env_fake_call("fake_cuda_copy_gate", io));
-    return io[1];
-}
-
 // A reader in the writer's own process whose copy hangs (held at the
 // fake's gate) when the writer's pipe closes: the write completes once
 // TP_CUDA_IPC_READER_WAIT_MS passed, with the copy still held, rather than
@@ -447,19 +429,19 @@ ipc_same_process_hung_reader(void)
     tp_pipe_write(pr.pb, m, w.aio);
     tp_message *r = cuda_read_desc(pr.pa);
     r->tensors[0].device = gpu(0);
-    TP_CHECK_EQ(copy_gate(1), 0);
+    TP_CHECK_EQ(cuda_env_copy_gate(1), 0);
     op_init(&rd, WAIT_MS);
     tp_pipe_read(pr.pa, r, rd.aio);
     uint64_t dl = tp__deadline_after_ms(WAIT_MS);
-    while (copy_gate(-1) == 0 && tp__now_ns() < dl) {
+    while (cuda_env_copy_gate(-1) == 0 && tp__now_ns() < dl) {
         usleep(1000);
     }
-    TP_CHECK_EQ(copy_gate(-1), 1); // the reader's copy is held
+    TP_CHECK_EQ(cuda_env_copy_gate(-1), 1); // the reader's copy is held
     tp_pipe_close(pr.pb);
     TP_CHECK(op_wait_for(&w, WAIT_MS)); // not held by the copy
     TP_CHECK(tp_aio_status(w.aio) != TP_OK);
-    TP_CHECK_EQ(copy_gate(-1), 1); // the copy was still held
-    TP_CHECK_EQ(copy_gate(0), 1);
+    TP_CHECK_EQ(cuda_env_copy_gate(-1), 1); // the copy was still held
+    TP_CHECK_EQ(cuda_env_copy_gate(0), 1);
     op_wait(&rd, WAIT_MS);
     op_fini(&rd);
     op_fini(&w);

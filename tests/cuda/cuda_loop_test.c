@@ -15,36 +15,19 @@
 #include "core/platform.h"
 #include "cuda_bufs.h"
 #include "cuda_env.h"
+#include "tp_test_pipe.h"
 
 #define WAIT_MS 20000
-
-static const tp_device cpu = {TP_DEVICE_CPU, 0};
-
-static tp_device
-gpu(int i)
-{
-    return (tp_device){TP_DEVICE_CUDA, i};
-}
-
-// The copies held at the fake's gate now; closes (1) or opens (0) it
-// first, or only looks (-1).
-static long
-copy_gate(long set)
-{
-    long io[2] = {set, 0};
-    TP_CHECK(cuda_env_fake_call("fake_cuda_copy_gate", io));
-    return io[1];
-}
 
 // Waits until a copy is held at the gate.
 static void
 gate_wait_held(void)
 {
     uint64_t dl = tp__deadline_after_ms(WAIT_MS);
-    while (copy_gate(-1) == 0 && tp__now_ns() < dl) {
+    while (cuda_env_copy_gate(-1) == 0 && tp__now_ns() < dl) {
         usleep(1000);
     }
-    TP_CHECK_EQ(copy_gate(-1), 1);
+    TP_CHECK_EQ(cuda_env_copy_gate(-1), 1);
 }
 
 typedef struct two_pipes {
@@ -53,20 +36,6 @@ typedef struct two_pipes {
     tp_pipe *ra[2], *wb[2]; // pipe k: wb[k] (on b) -> ra[k] (on a)
 } two_pipes;
 
-static tp_context *
-ctx_basic(const char *name)
-{
-    tp_context_options o;
-    tp_context_options_init(&o);
-    o.name = name;
-    o.transports = "tcp";
-    o.channels = "basic";
-    tp_context *ctx = NULL;
-    tp_error *err = NULL;
-    TP_CHECK_OK(tp_context_create(&o, &ctx, &err), err);
-    return ctx;
-}
-
 static void
 two_open(two_pipes *t)
 {
@@ -74,8 +43,8 @@ two_open(two_pipes *t)
     if (!cuda_env_fake()) {
         tp_test_skip("needs the fake runtime (its copy gate)");
     }
-    t->a = ctx_basic("reader");
-    t->b = ctx_basic("writer");
+    t->a = tp_test_ctx("reader", "tcp", "basic");
+    t->b = tp_test_ctx("writer", "tcp", "basic");
     tp_error *err = NULL;
     const char *url = "tcp://127.0.0.1:0";
     TP_CHECK_OK(tp_context_listen(t->a, &url, 1, &t->l, &err), err);
@@ -143,15 +112,15 @@ write_staging_off_loop(void)
     size_t n = 300000;
     void *base;
     tp_message *m = msg_one(gpu(0), n, 3, &base);
-    TP_CHECK_EQ(copy_gate(1), 0);
+    TP_CHECK_EQ(cuda_env_copy_gate(1), 0);
     op w;
     op_init(&w, WAIT_MS);
     tp_pipe_write(t.wb[0], m, w.aio);
     gate_wait_held(); // the device-to-host staging copy
     cpu_round_trip(&t, 4);
-    TP_CHECK_EQ(copy_gate(-1), 1); // still held meanwhile
+    TP_CHECK_EQ(cuda_env_copy_gate(-1), 1); // still held meanwhile
     TP_CHECK(!op_wait_for(&w, 0));
-    TP_CHECK_EQ(copy_gate(0), 1);
+    TP_CHECK_EQ(cuda_env_copy_gate(0), 1);
     tp_message *r = cuda_read_desc(t.ra[0]);
     TP_CHECK(r->tensors[0].device.type == TP_DEVICE_CUDA);
     r->tensors[0].device = cpu;
@@ -182,14 +151,14 @@ read_copy_off_loop(void)
     tp_pipe_write(t.wb[0], m, w.aio);
     tp_message *r = cuda_read_desc(t.ra[0]);
     r->tensors[0].device = gpu(1); // staged in, then host-to-device
-    TP_CHECK_EQ(copy_gate(1), 0);
+    TP_CHECK_EQ(cuda_env_copy_gate(1), 0);
     op rd;
     op_init(&rd, WAIT_MS);
     tp_pipe_read(t.ra[0], r, rd.aio);
     gate_wait_held();
     cpu_round_trip(&t, 6);
     TP_CHECK(!op_wait_for(&rd, 0)); // not before its copy
-    TP_CHECK_EQ(copy_gate(0), 1);
+    TP_CHECK_EQ(cuda_env_copy_gate(0), 1);
     op_wait(&rd, WAIT_MS);
     TP_CHECK_OK(tp_aio_status(rd.aio), tp_aio_error(rd.aio));
     op_fini(&rd);
@@ -212,7 +181,7 @@ order_kept(void)
     void *b0, *b1;
     tp_message *m0 = msg_one(gpu(0), 70000, 7, &b0);
     tp_message *m1 = msg_one(cpu, 10, 8, &b1);
-    TP_CHECK_EQ(copy_gate(1), 0);
+    TP_CHECK_EQ(cuda_env_copy_gate(1), 0);
     op w0, w1, d;
     op_init(&w0, WAIT_MS);
     op_init(&w1, WAIT_MS);
@@ -222,7 +191,7 @@ order_kept(void)
     op_init(&d, WAIT_MS);
     tp_pipe_read_descriptor(t.ra[0], d.aio);
     TP_CHECK(!op_wait_for(&d, 200)); // nothing overtook the held one
-    TP_CHECK_EQ(copy_gate(0), 1);
+    TP_CHECK_EQ(cuda_env_copy_gate(0), 1);
     op_wait(&d, WAIT_MS);
     TP_CHECK_OK(tp_aio_status(d.aio), tp_aio_error(d.aio));
     tp_message *r0 = tp_aio_get_output(d.aio, 0);
@@ -262,14 +231,14 @@ close_under_held_copy(void)
     two_open(&t);
     void *base;
     tp_message *m = msg_one(gpu(1), 300000, 9, &base);
-    TP_CHECK_EQ(copy_gate(1), 0);
+    TP_CHECK_EQ(cuda_env_copy_gate(1), 0);
     op w;
     op_init(&w, WAIT_MS);
     tp_pipe_write(t.wb[0], m, w.aio);
     gate_wait_held();
     tp_pipe_close(t.wb[0]);
     TP_CHECK(!op_wait_for(&w, 200)); // the copy still reads the buffer
-    TP_CHECK_EQ(copy_gate(0), 1);
+    TP_CHECK_EQ(cuda_env_copy_gate(0), 1);
     op_wait(&w, WAIT_MS);
     TP_CHECK_EQ(tp_aio_status(w.aio), TP_ECLOSED);
     op_fini(&w);

@@ -19,14 +19,6 @@
 
 #define WAIT_MS 20000
 
-static const tp_device cpu = {TP_DEVICE_CPU, 0};
-
-static tp_device
-gpu(int i)
-{
-    return (tp_device){TP_DEVICE_CUDA, i};
-}
-
 // A pipe over tcp with channel @ch; false if @ch is not usable here.
 static bool
 pair_open(tp_test_pair *pr, const char *ch)

@@ -18,14 +18,6 @@
 
 #define WAIT_MS 20000
 
-static const tp_device cpu = {TP_DEVICE_CPU, 0};
-
-static tp_device
-gpu(int i)
-{
-    return (tp_device){TP_DEVICE_CUDA, i};
-}
-
 static const char *const names[] = {"w0", "w1"};
 
 // The probe: whether the runtime works, and if not why (one line up).
