@@ -165,11 +165,11 @@ tp_test_peer_recv(tp_test_peer *pe, char *buf, size_t len, int64_t ms)
         if (r < 0 && errno == EINTR) {
             continue;
         }
-        if (r <= 0 && tp__now_ns() >= deadline) {
-            break; // the deadline
+        if (r < 0 || (r == 0 && tp__now_ns() >= deadline)) {
+            break; // an error, or the deadline
         }
-        if (r <= 0) {
-            continue;
+        if (r == 0) {
+            continue; // woken before the deadline (rounding)
         }
         char c;
         ssize_t n = read(pe->fd, &c, 1);
