@@ -97,6 +97,50 @@ cuda_sym(const char *name)
     return p;
 }
 
+// Calls the version query @name of library @h (cuDriverGetVersion,
+// cudaRuntimeGetVersion: neither initialises CUDA) into *@ver; leaves it
+// as it was when the library lacks it or it fails.
+static void
+cuda_probe_version(void *h, const char *name, int *ver)
+{
+    void *sym = dlsym(h, name);
+    if (sym == NULL) {
+        return;
+    }
+    int (*fn)(int *);
+    memcpy(&fn, &sym, sizeof(sym));
+    int v = 0;
+    if (fn(&v) == 0) {
+        *ver = v;
+    }
+}
+
+// Whether a runtime of version @rt can start on a driver of version @drv
+// (1000 * major + 10 * minor; -1: unknown, taken as fine). Since CUDA 11
+// a runtime runs on any driver of its major version (minor version
+// compatibility); an older major fails every call with
+// cudaErrorInsufficientDriver, and a driver that reports 0 has no GPU
+// support loaded.
+static bool
+cuda_probe_versions(int drv, int rt, char *why, size_t why_len)
+{
+    if (drv == 0) {
+        snprintf(why, why_len,
+                 "the CUDA driver library reports no driver "
+                 "(cuDriverGetVersion: 0)");
+        return false;
+    }
+    if (drv > 0 && rt > 0 && drv / 1000 < rt / 1000) {
+        snprintf(why, why_len,
+                 "the CUDA driver supports CUDA %d.%d, older than the "
+                 "runtime's %d.%d: the runtime cannot start here (a newer "
+                 "driver would)",
+                 drv / 1000, drv % 1000 / 10, rt / 1000, rt % 1000 / 10);
+        return false;
+    }
+    return true;
+}
+
 static void
 cuda_load(void)
 {
@@ -177,6 +221,17 @@ cuda_load(void)
 #undef CUDA_OPT
 #undef CUDA_SYM
     if (cuda.why[0] != '\0') {
+        return;
+    }
+    // A driver too old for this runtime: said plainly (and as
+    // tp__cuda_probe says it before the runtime is loaded), rather than
+    // the runtime's error from its first call.
+    int drv_ver = -1, rt_ver = -1;
+    if (cuda.drv != NULL) {
+        cuda_probe_version(cuda.drv, "cuDriverGetVersion", &drv_ver);
+    }
+    cuda_probe_version(cuda.lib, "cudaRuntimeGetVersion", &rt_ver);
+    if (!cuda_probe_versions(drv_ver, rt_ver, cuda.why, sizeof(cuda.why))) {
         return;
     }
     int n = 0;
@@ -483,50 +538,6 @@ tp__cuda_mem_range(int device, const void *ptr, void **base_p, size_t *size_p,
     *base_p = (void *)(uintptr_t)base;
     *size_p = size;
     return TP_OK;
-}
-
-// Calls the version query @name of library @h (cuDriverGetVersion,
-// cudaRuntimeGetVersion: neither initialises CUDA) into *@ver; leaves it
-// as it was when the library lacks it or it fails.
-static void
-cuda_probe_version(void *h, const char *name, int *ver)
-{
-    void *sym = dlsym(h, name);
-    if (sym == NULL) {
-        return;
-    }
-    int (*fn)(int *);
-    memcpy(&fn, &sym, sizeof(sym));
-    int v = 0;
-    if (fn(&v) == 0) {
-        *ver = v;
-    }
-}
-
-// Whether a runtime of version @rt can start on a driver of version @drv
-// (1000 * major + 10 * minor; -1: unknown, taken as fine). Since CUDA 11
-// a runtime runs on any driver of its major version (minor version
-// compatibility); an older major fails every call with
-// cudaErrorInsufficientDriver, and a driver that reports 0 has no GPU
-// support loaded.
-static bool
-cuda_probe_versions(int drv, int rt, char *why, size_t why_len)
-{
-    if (drv == 0) {
-        snprintf(why, why_len,
-                 "the CUDA driver library reports no driver "
-                 "(cuDriverGetVersion: 0)");
-        return false;
-    }
-    if (drv > 0 && rt > 0 && drv / 1000 < rt / 1000) {
-        snprintf(why, why_len,
-                 "the CUDA driver supports CUDA %d.%d, older than the "
-                 "runtime's %d.%d: the runtime cannot start here (a newer "
-                 "driver would)",
-                 drv / 1000, drv % 1000 / 10, rt / 1000, rt % 1000 / 10);
-        return false;
-    }
-    return true;
 }
 
 bool
