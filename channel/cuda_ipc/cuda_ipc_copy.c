@@ -24,11 +24,12 @@ typedef struct cipc_entry {
     const void *e_ptr; // the tensor
     int e_dev;
     uint64_t e_len;
-    int e_readers;      // copies from e_ptr in progress (cipc_mtx)
-    bool e_orphan;      // its send gave up waiting: the last reader frees it
-    int64_t e_wait_ms;  // TP_CUDA_IPC_READER_WAIT_MS
-    const char *e_peer; // the channel's (valid until the send is done)
-    uint32_t e_index;   // the tensor in its message
+    int e_readers;        // copies from e_ptr in progress (cipc_mtx)
+    bool e_orphan;        // its send gave up waiting: the last reader frees it
+    int64_t e_wait_ms;    // TP_CUDA_IPC_READER_WAIT_MS
+    const char *e_peer;   // the channel's (valid until the send is done)
+    uint64_t *e_deadline; // the channel's wait for readers (0: none yet)
+    uint32_t e_index;     // the tensor in its message
 } cipc_entry;
 
 // Initialised once (pthread_once): the condition variable waits by the
@@ -105,8 +106,16 @@ tp__cipc_send_done(tp_chan_op *op)
     // back before the copy is over. One cudaMemcpy bounds the wait; a
     // copy that hangs past TP_CUDA_IPC_READER_WAIT_MS does not hold this
     // loop thread for ever: the send completes, and the entry is left to
-    // the copy, which frees it when it returns.
-    uint64_t deadline = tp__deadline_after_ms(e->e_wait_ms);
+    // the copy, which frees it when it returns. The deadline is the
+    // channel's, set by its first such wait: a close that fails several
+    // sends waits that long at most in all.
+    uint64_t deadline = UINT64_MAX;
+    if (e->e_readers > 0) {
+        if (*e->e_deadline == 0) {
+            *e->e_deadline = tp__deadline_after_ms(e->e_wait_ms);
+        }
+        deadline = *e->e_deadline;
+    }
     while (e->e_readers > 0) {
         if (!tp__cv_wait_until(&cipc_cv, &cipc_mtx, deadline)) {
             break;
@@ -114,16 +123,23 @@ tp__cipc_send_done(tp_chan_op *op)
     }
     bool gave_up = e->e_readers > 0;
     e->e_orphan = gave_up;
+    // Once unlocked, an orphan is the reader's to free: copy what the
+    // warning says first.
+    const char *peer = e->e_peer;
+    uint32_t index = e->e_index;
+    uint64_t len = e->e_len;
+    int dev = e->e_dev;
+    int64_t wait_ms = e->e_wait_ms;
     tp__mtx_unlock(&cipc_mtx);
     if (gave_up) {
         TP_LOG_WARN("TP-CUDA-IPC-READER-HUNG",
                     "cuda_ipc: pipe to %s: tensor %" PRIu32 " (%" PRIu64
                     " bytes on cuda:%d): a reader in this process still "
                     "copies from it %" PRId64
-                    " ms after its send ended; the send completes "
+                    " ms after its send failed; the send completes "
                     "without it (TP_CUDA_IPC_READER_WAIT_MS), and its "
                     "buffer may still be read until that copy returns",
-                    e->e_peer, e->e_index, e->e_len, e->e_dev, e->e_wait_ms);
+                    peer, index, len, dev, wait_ms);
         return;
     }
     tp__free(e);
@@ -332,6 +348,7 @@ tp__cipc_send(tp_chan *ch, tp_chan_op *op)
     e->e_len = op->co_len;
     e->e_wait_ms = ch->c_reader_wait_ms;
     e->e_peer = ch->c_env.ce_peer;
+    e->e_deadline = &ch->c_reader_deadline;
     e->e_index = op->co_index;
     cipc_table_add(e);
     op->co_priv = e;

@@ -111,6 +111,9 @@ struct tp_chan {
     bool c_destroy_req;
     int c_copies;             // copies on the pool
     int64_t c_reader_wait_ms; // TP_CUDA_IPC_READER_WAIT_MS
+    // When the failed sends stop waiting for same-process readers (set by
+    // the first wait; 0: none yet). Loop thread.
+    uint64_t c_reader_deadline;
     cipc_cache c_cache;
     // The exports accepts made for the tensors of the message being
     // started (wop_route asks for all of them, then sends them in order),
