@@ -33,7 +33,8 @@
 // Called on the loop thread when an active aio is canceled (@reason is
 // TP_ECANCELED, TP_ETIMEDOUT or TP_ECLOSED). The provider must remove the
 // aio from its queues and tp__aio_finish it with an error of that status
-// (naming the peer), or do nothing if it already finished it.
+// (naming the peer), or do nothing if it already finished it; where a
+// copy on a pool still uses the aio's buffers, as soon as that returns.
 typedef void (*tp_aio_cancel_fn)(tp_aio *aio, void *arg, tp_status reason);
 
 struct tp_aio {

@@ -79,6 +79,38 @@ tp__pipe_cuda_free_stage(tp__cuda_stage *stage, uint32_t n)
     tp__free(stage);
 }
 
+typedef struct stage_free {
+    tp__cuda_stage *sf_stage;
+    uint32_t sf_n;
+} stage_free;
+
+// Pool thread.
+static void
+stage_free_job(void *arg)
+{
+    stage_free *sf = arg;
+    tp__pipe_cuda_free_stage(sf->sf_stage, sf->sf_n);
+    tp__free(sf);
+}
+
+void
+tp__pipe_cuda_release_stage(tp_pool *pool, tp__cuda_stage *stage, uint32_t n)
+{
+    bool pinned = false;
+    for (uint32_t i = 0; stage != NULL && i < n && !pinned; i++) {
+        pinned = stage[i].cs_pinned;
+    }
+    stage_free *sf = pinned ? tp__alloc(sizeof(*sf)) : NULL;
+    if (sf != NULL) {
+        *sf = (stage_free){stage, n};
+        if (tp__pool_submit_fn(pool, stage_free_job, sf) == TP_OK) {
+            return;
+        }
+        tp__free(sf);
+    }
+    tp__pipe_cuda_free_stage(stage, n);
+}
+
 // A host buffer of @n bytes for tensor @i into @s: page-locked (the copy
 // is a DMA), else (cudaMallocHost failed: the pinned limit, no memory
 // left for it) pageable memory, which the runtime copies through its own

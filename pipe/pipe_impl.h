@@ -8,7 +8,10 @@
  *
  * Threads: everything here is touched on the context's loop thread
  * (x_loop), except the fields marked atomic or "x_mtx". mpt lanes run on
- * their own loops (x_lane_loops); their completions are posted back.
+ * their own loops (x_lane_loops); their completions are posted back. A
+ * message's CUDA staging (pipe_wop, while w_prepping) and a read's
+ * host-to-device copies (pipe_rop, while r_copying) run on the context's
+ * copy pool, touching only the fields their comments name.
  */
 #ifndef TP_PIPE_PIPE_IMPL_H
 #define TP_PIPE_PIPE_IMPL_H
@@ -188,6 +191,8 @@ typedef struct pipe_wop {
     // pool, not the loop (pipe_write.c, wop_prep): w_prepping until the
     // loop has the result (w_stage, w_prep_err).
     bool w_prepping;
+    bool w_prepped;
+    tp_status w_cancel; // canceled or timed out while prepping
     tp_error *w_prep_err;
     tp_task w_prep_task;
 } pipe_wop;
@@ -216,7 +221,7 @@ typedef struct pipe_rop {
     tp_error *r_err;
     tp_task r_free_task;
     // The host-to-device copies run on the context's pool once the bytes
-    // are in (pipe_read.c, rop_copy_in): r_copying until the loop has the
+    // are in (pipe_read.c, rop_copy_job): r_copying until the loop has the
     // result (r_err).
     bool r_copying;
     tp_task r_copy_task;
@@ -383,6 +388,11 @@ tp_status tp__pipe_cuda_stage_in(tp_message *m, const bool *via,
 tp_status tp__pipe_cuda_copy_in(tp_message *m, const tp__cuda_stage *stage,
                                 tp_error **err_p);
 void tp__pipe_cuda_free_stage(tp__cuda_stage *stage, uint32_t n);
+// Loop thread: frees @stage on @pool when it holds page-locked memory
+// (cudaFreeHost waits for the device), else (or when the pool is closed)
+// at once.
+void tp__pipe_cuda_release_stage(tp_pool *pool, tp__cuda_stage *stage,
+                                 uint32_t n);
 
 // ---- pipe_read.c ----
 // Starts reading the next descriptor if one is wanted.

@@ -64,7 +64,8 @@ tp__pipe_flush_reads(tp_pipe *p)
                                                       : r->r_err);
             tp__error_wrap(&err, tp_error_status(err), "pipe to %s", p->p_peer);
         }
-        tp__pipe_cuda_free_stage(r->r_stage, r->r_msg->ntensors);
+        tp__pipe_cuda_release_stage(p->p_ctx->x_pool, r->r_stage,
+                                    r->r_msg->ntensors);
         r->r_stage = NULL;
         tp__aio_finish(r->r_user, err, 0);
         tp__task_init(&r->r_free_task, rop_free_task, r);

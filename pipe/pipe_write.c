@@ -71,7 +71,8 @@ tp__pipe_flush_writes(tp_pipe *p)
         }
         // w_err: a channel op of @w failed (the pipe failed with it).
         // Nothing reads the staging buffers any more (done, or idle).
-        tp__pipe_cuda_free_stage(w->w_stage, w->w_msg->ntensors);
+        tp__pipe_cuda_release_stage(p->p_ctx->x_pool, w->w_stage,
+                                    w->w_msg->ntensors);
         w->w_stage = NULL;
         tp_error *err = NULL;
         if (!w->w_done || w->w_err != NULL) {
@@ -219,14 +220,23 @@ msg_has_cuda(const tp_message *m)
     return false;
 }
 
-// Starts @w: its place in the pipe's order, the device channel's choice
-// of its CUDA tensors.
-static tp_status
-wop_begin(tp_pipe *p, pipe_wop *w, tp_error **err_p)
+// Drops @w, not started (its staging, if any, over), with @reason: it
+// leaves the queue and its user's aio fails.
+static void
+wop_drop(tp_pipe *p, pipe_wop *w, tp_status reason)
 {
-    w->w_seq = p->p_wseq++;
-    w->w_started = true;
-    return wop_route(p, w, err_p);
+    tp__pipe_cuda_release_stage(p->p_ctx->x_pool, w->w_stage,
+                                w->w_msg->ntensors);
+    w->w_stage = NULL;
+    if (p->p_wnext == w) {
+        p->p_wnext = tp__list_next(&p->p_writes, w);
+    }
+    tp__list_remove(&p->p_writes, w);
+    tp__aio_finish_status(w->w_user, reason, "pipe to %s: write %s", p->p_peer,
+                          reason == TP_ETIMEDOUT ? "timed out" : "canceled");
+    tp__task_init(&w->w_free_task, wop_free_task, w);
+    tp__loop_defer(p->p_ctx->x_loop, &w->w_free_task);
+    tp__pipe_check_drained(p);
 }
 
 // Loop thread: @w's synchronisation and staging (wop_prep_job) ended.
@@ -238,6 +248,7 @@ wop_prep_done(void *arg)
     tp_error *err = w->w_prep_err;
     w->w_prep_err = NULL;
     w->w_prepping = false;
+    w->w_prepped = true;
     if (err != NULL && p->p_state != PIPE_FAILED) {
         tp__pipe_fail(p, tp__pipe_err(p, tp_error_status(err), err, "write"));
     }
@@ -246,6 +257,11 @@ wop_prep_done(void *arg)
     if (p->p_state == PIPE_FAILED) {
         tp__pipe_flush_writes(p); // frees the staging
         return;
+    }
+    if (w->w_cancel != TP_OK) {
+        // Timed out or canceled while it staged: nothing of it went out,
+        // so it goes alone and the pipe stays.
+        wop_drop(p, w, w->w_cancel);
     }
     tp__pipe_write_pump(p);
 }
@@ -272,7 +288,7 @@ wop_prep(tp_pipe *p, pipe_wop *w, tp_error **err_p)
         w->w_prepping = false;
         p->p_busy--;
         return tp__error_set(err_p, TP_ECLOSED,
-                             "write: the context's copy pool is closed");
+                             "the context's copy pool is closed");
     }
     return TP_OK;
 }
@@ -283,6 +299,8 @@ static tp_status
 wop_build(tp_pipe *p, pipe_wop *w, tp_error **err_p)
 {
     const tp_message *m = w->w_msg;
+    w->w_seq = p->p_wseq++;
+    w->w_started = true;
     // CUDA tensors go on the device channel, or else as host copies
     // (pipe_cuda.c): src[i] is what is sent.
 #define TENSOR_VIA_DEV(i) (w->w_via != NULL && w->w_via[i])
@@ -397,9 +415,9 @@ tp__pipe_write_pump(tp_pipe *p)
         if (w->w_prepping) {
             return; // wop_prep_done pumps again
         }
-        if (!w->w_started && msg_has_cuda(w->w_msg)) {
+        if (!w->w_prepped && msg_has_cuda(w->w_msg)) {
             // Staged on the pool; the writes behind it wait (order).
-            if (wop_begin(p, w, &err) != TP_OK ||
+            if (wop_route(p, w, &err) != TP_OK ||
                 wop_prep(p, w, &err) != TP_OK) {
                 tp__pipe_fail(
                     p, tp__pipe_err(p, tp_error_status(err), err, "write"));
@@ -408,7 +426,7 @@ tp__pipe_write_pump(tp_pipe *p)
             return;
         }
         p->p_wnext = tp__list_next(&p->p_writes, w);
-        tp_status st = w->w_started ? TP_OK : wop_begin(p, w, &err);
+        tp_status st = w->w_prepped ? TP_OK : wop_route(p, w, &err);
         if (st == TP_OK) {
             st = wop_build(p, w, &err);
         }
@@ -438,15 +456,12 @@ pipe_write_cancel(tp_aio *aio, void *arg, tp_status reason)
         tp__pipe_fail(p, tp__pipe_err(p, reason, NULL, what));
         return;
     }
-    if (p->p_wnext == w) {
-        p->p_wnext = tp__list_next(&p->p_writes, w);
+    if (w->w_prepping) {
+        w->w_cancel = reason; // wop_prep_done drops it
+        return;
     }
-    tp__list_remove(&p->p_writes, w);
-    tp__aio_finish_status(aio, reason, "pipe to %s: write %s", p->p_peer,
-                          reason == TP_ETIMEDOUT ? "timed out" : "canceled");
-    tp__task_init(&w->w_free_task, wop_free_task, w);
-    tp__loop_defer(p->p_ctx->x_loop, &w->w_free_task);
-    tp__pipe_check_drained(p);
+    TP_ASSERT(w->w_user == aio);
+    wop_drop(p, w, reason);
 }
 
 static tp_status

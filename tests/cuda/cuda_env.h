@@ -11,6 +11,7 @@
 
 #include <dlfcn.h>
 #include <stdbool.h>
+#include <unistd.h>
 
 #include <tpipe/tensor.h>
 
@@ -75,6 +76,22 @@ cuda_env_copy_gate(long set)
     long io[2] = {set, 0};
     TP_CHECK(cuda_env_fake_call("fake_cuda_copy_gate", io));
     return io[1];
+}
+
+// The fake's live page-locked allocations once they fell to @want, or as
+// they are after @ms (the pipe frees staging on its context's pool, just
+// after the read or write completed).
+static inline long
+cuda_env_pinned_settle(long want, int64_t ms)
+{
+    long c[7];
+    for (int64_t t = 0;; t++) {
+        TP_CHECK(cuda_env_fake_call("fake_cuda_counters", c));
+        if (c[1] <= want || t >= ms) {
+            return c[1];
+        }
+        usleep(1000);
+    }
 }
 
 // The fake runtime's counters: [0] live device allocations, [1] live

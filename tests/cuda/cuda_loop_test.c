@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // cuda_loop_test.c - the CUDA work of a pipe runs off the context's loop
-// thread (pipe_write.c wop_prep, pipe_read.c rop_copy_in): while a CUDA
+// thread (pipe_write.c wop_prep, pipe_read.c rop_copy_job): while a CUDA
 // tensor's staging copy is held (the fake runtime's copy gate: a GPU still
 // busy, a slow copy), the context's other pipes go on; messages keep
 // their order; a pipe closed under a held copy completes its write only
@@ -9,6 +9,7 @@
 
 #include "tp_test.h"
 
+#include <pthread.h>
 #include <tpipe/pipe.h>
 #include <unistd.h>
 
@@ -248,11 +249,135 @@ close_under_held_copy(void)
     two_close(&t);
 }
 
+// A write times out while its staging copy is held: nothing of it went
+// out, so it fails alone (TP_ETIMEDOUT, once the copy let go of its
+// buffer) and the pipe goes on: the next write on it arrives, and it is
+// the first message the reader sees.
+static void
+timeout_while_staging(void)
+{
+    two_pipes t;
+    two_open(&t);
+    void *b0, *b1;
+    tp_message *m0 = msg_one(gpu(0), 300000, 11, &b0);
+    tp_message *m1 = msg_one(cpu, 100, 12, &b1);
+    TP_CHECK_EQ(cuda_env_copy_gate(1), 0);
+    op w0;
+    op_init(&w0, 100); // the write's own timeout
+    tp_pipe_write(t.wb[0], m0, w0.aio);
+    gate_wait_held();
+    TP_CHECK(!op_wait_for(&w0, 400)); // timed out, but the copy reads on
+    TP_CHECK_EQ(cuda_env_copy_gate(0), 1);
+    op_wait(&w0, WAIT_MS);
+    TP_CHECK_EQ(tp_aio_status(w0.aio), TP_ETIMEDOUT);
+    TP_CHECK_STR_CONTAINS(tp_error_message(tp_aio_error(w0.aio)),
+                          "write timed out");
+    op_fini(&w0);
+    op w1;
+    op_init(&w1, WAIT_MS);
+    tp_pipe_write(t.wb[0], m1, w1.aio);
+    tp_message *r = tp_test_read_desc(t.ra[0], WAIT_MS);
+    TP_CHECK_EQ(r->tensors[0].len, 100);
+    TP_CHECK(r->tensors[0].device.type == TP_DEVICE_CPU);
+    tp_error *err = NULL;
+    TP_CHECK_OK(cuda_read_data(t.ra[0], r, &err), err);
+    op_wait(&w1, WAIT_MS);
+    TP_CHECK_OK(tp_aio_status(w1.aio), tp_aio_error(w1.aio));
+    op_fini(&w1);
+    TP_CHECK(cuda_buf_ok(cpu, r->tensors[0].data, 100, 12));
+    tp_message_destroy(r);
+    cuda_buf_free(gpu(0), b0);
+    cuda_buf_free(cpu, b1);
+    tp_message_destroy(m0);
+    tp_message_destroy(m1);
+    two_close(&t);
+}
+
+// The reader's pipe closes while its host-to-device copy is held: the read
+// fails (TP_ECLOSED) only once the copy returned; the other pipe goes on.
+static void
+read_close_during_copy(void)
+{
+    two_pipes t;
+    two_open(&t);
+    void *base;
+    tp_message *m = msg_one(cpu, 300000, 13, &base);
+    op w;
+    op_init(&w, WAIT_MS);
+    tp_pipe_write(t.wb[0], m, w.aio);
+    tp_message *r = tp_test_read_desc(t.ra[0], WAIT_MS);
+    r->tensors[0].device = gpu(0);
+    TP_CHECK_EQ(cuda_env_copy_gate(1), 0);
+    op rd;
+    op_init(&rd, WAIT_MS);
+    tp_pipe_read(t.ra[0], r, rd.aio);
+    gate_wait_held();
+    tp_pipe_close(t.ra[0]);
+    TP_CHECK(!op_wait_for(&rd, 200)); // the copy still writes its buffer
+    TP_CHECK_EQ(cuda_env_copy_gate(0), 1);
+    op_wait(&rd, WAIT_MS);
+    TP_CHECK_EQ(tp_aio_status(rd.aio), TP_ECLOSED);
+    op_fini(&rd);
+    op_wait(&w, WAIT_MS);
+    op_fini(&w);
+    cpu_round_trip(&t, 14);
+    tp_message_destroy(r);
+    cuda_buf_free(cpu, base);
+    tp_message_destroy(m);
+    two_close(&t);
+}
+
+static void *
+open_gate_later(void *arg)
+{
+    (void)arg;
+    usleep(300 * 1000);
+    cuda_env_copy_gate(0);
+    return NULL;
+}
+
+// The writer's context is destroyed while a staging copy is held: the
+// destroy waits for the copy (opened 300 ms later), the write fails with
+// TP_ECLOSED, and nothing leaks (ASan).
+static void
+destroy_during_staging(void)
+{
+    two_pipes t;
+    two_open(&t);
+    void *base;
+    tp_message *m = msg_one(gpu(1), 300000, 15, &base);
+    TP_CHECK_EQ(cuda_env_copy_gate(1), 0);
+    op w;
+    op_init(&w, WAIT_MS);
+    tp_pipe_write(t.wb[0], m, w.aio);
+    gate_wait_held();
+    pthread_t th;
+    TP_CHECK(pthread_create(&th, NULL, open_gate_later, NULL) == 0);
+    for (int k = 0; k < 2; k++) {
+        tp_pipe_unref(t.wb[k]);
+    }
+    tp_context_destroy(t.b);
+    TP_CHECK(pthread_join(th, NULL) == 0);
+    op_wait(&w, WAIT_MS);
+    TP_CHECK_EQ(tp_aio_status(w.aio), TP_ECLOSED);
+    op_fini(&w);
+    cuda_buf_free(gpu(1), base);
+    tp_message_destroy(m);
+    for (int k = 0; k < 2; k++) {
+        tp_pipe_unref(t.ra[k]);
+    }
+    tp_pipe_listener_destroy(t.l);
+    tp_context_destroy(t.a);
+}
+
 static const tp_test_case cases[] = {
     TP_TEST_CASE_T(write_staging_off_loop, 60),
     TP_TEST_CASE_T(read_copy_off_loop, 60),
     TP_TEST_CASE_T(order_kept, 60),
     TP_TEST_CASE_T(close_under_held_copy, 60),
+    TP_TEST_CASE_T(timeout_while_staging, 60),
+    TP_TEST_CASE_T(read_close_during_copy, 60),
+    TP_TEST_CASE_T(destroy_during_staging, 60),
 };
 
 TP_TEST_MAIN(cases)
