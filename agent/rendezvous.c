@@ -298,6 +298,10 @@ shutdown_probe(tp_agent *a, ag_peer *p, uint64_t deadline, char *why,
         return false;
     }
     p->p_sd_probe_ns = now;
+    // A connection to it that is still up (the one that failed came from
+    // it) says as much as a new one: a dead worker's would fail within
+    // milliseconds, marking it dead again.
+    bool had = p->p_out != NULL;
     tp_error *err = NULL;
     ag_conn *c = tp__ag_conn_get_locked(a, p, &err);
     tp_pipe *pipe = c != NULL ? tp_pipe_ref(c->c_pipe) : NULL;
@@ -321,10 +325,12 @@ shutdown_probe(tp_agent *a, ag_peer *p, uint64_t deadline, char *why,
     tp_pipe_unref(pipe);
     if (alive) {
         TP_LOG_INFO("TP-RPC-SHUTDOWN-PROBE",
-                    "rpc shutdown of %s (rank %d): %s (rank %d) answers a "
-                    "new connection after its pipe failed (%s): waiting for "
-                    "it",
-                    ag_name(a), a->a_rank, p->p_info.name, p->p_info.rank, why);
+                    "rpc shutdown of %s (rank %d): %s (rank %d) %s after a "
+                    "pipe with it failed (%s): waiting for it",
+                    ag_name(a), a->a_rank, p->p_info.name, p->p_info.rank,
+                    had ? "still has a connection up"
+                        : "answers a new connection",
+                    why);
     } else {
         size_t n = strlen(why);
         snprintf(why + n, why_len - n, "; a new connection to it %s%s",
