@@ -45,10 +45,15 @@ typedef cudaError_t (*cuda_ipc_get_event_fn)(cudaIpcEventHandle_t *,
                                              cudaEvent_t);
 typedef cudaError_t (*cuda_ipc_open_event_fn)(cudaEvent_t *,
                                               cudaIpcEventHandle_t);
-// The driver's cuMemGetAddressRange_v2 (cuda.h: CUresult, CUdeviceptr):
-// the runtime API cannot give the allocation an interior pointer is in.
-typedef int (*cuda_mem_range_fn)(unsigned long long *, size_t *,
-                                 unsigned long long);
+// The driver's calls return CUresult (cuda.h, not included: the driver
+// API is loaded by name too), an enum without negative values, which GCC
+// and Clang make compatible with unsigned int.
+// cuMemGetAddressRange_v2 (CUdeviceptr: unsigned long long): the runtime
+// API cannot give the allocation an interior pointer is in.
+typedef unsigned int (*cuda_mem_range_fn)(unsigned long long *, size_t *,
+                                          unsigned long long);
+typedef unsigned int (*cuda_drv_version_fn)(int *); // cuDriverGetVersion
+typedef cudaError_t (*cuda_rt_version_fn)(int *);   // cudaRuntimeGetVersion
 
 static struct {
     void *lib;
@@ -97,20 +102,30 @@ cuda_sym(const char *name)
     return p;
 }
 
-// Calls the version query @name of library @h (cuDriverGetVersion,
-// cudaRuntimeGetVersion: neither initialises CUDA) into *@ver; leaves it
-// as it was when the library lacks it or it fails.
+// The version @h (the driver library if @driver, else the runtime) says
+// into *@ver (cuDriverGetVersion, cudaRuntimeGetVersion: neither
+// initialises CUDA); left as it was when the library lacks the call or it
+// fails.
 static void
-cuda_probe_version(void *h, const char *name, int *ver)
+cuda_probe_version(void *h, bool driver, int *ver)
 {
-    void *sym = dlsym(h, name);
+    void *sym =
+        dlsym(h, driver ? "cuDriverGetVersion" : "cudaRuntimeGetVersion");
     if (sym == NULL) {
         return;
     }
-    int (*fn)(int *);
-    memcpy(&fn, &sym, sizeof(sym));
     int v = 0;
-    if (fn(&v) == 0) {
+    bool ok;
+    if (driver) {
+        cuda_drv_version_fn fn;
+        memcpy(&fn, &sym, sizeof(sym));
+        ok = fn(&v) == 0; // CUDA_SUCCESS
+    } else {
+        cuda_rt_version_fn fn;
+        memcpy(&fn, &sym, sizeof(sym));
+        ok = fn(&v) == cudaSuccess;
+    }
+    if (ok) {
         *ver = v;
     }
 }
@@ -228,9 +243,9 @@ cuda_load(void)
     // the runtime's error from its first call.
     int drv_ver = -1, rt_ver = -1;
     if (cuda.drv != NULL) {
-        cuda_probe_version(cuda.drv, "cuDriverGetVersion", &drv_ver);
+        cuda_probe_version(cuda.drv, true, &drv_ver);
     }
-    cuda_probe_version(cuda.lib, "cudaRuntimeGetVersion", &rt_ver);
+    cuda_probe_version(cuda.lib, false, &rt_ver);
     if (!cuda_probe_versions(drv_ver, rt_ver, cuda.why, sizeof(cuda.why))) {
         return;
     }
@@ -517,7 +532,8 @@ tp__cuda_mem_range(int device, const void *ptr, void **base_p, size_t *size_p,
     }
     unsigned long long base = 0;
     size_t size = 0;
-    int e = cuda.mem_range(&base, &size, (unsigned long long)(uintptr_t)ptr);
+    unsigned int e =
+        cuda.mem_range(&base, &size, (unsigned long long)(uintptr_t)ptr);
     if (e == 201) {
         // CUDA_ERROR_INVALID_CONTEXT: a runtime older than 12 does not make
         // the device's primary context current in cudaSetDevice; any
@@ -528,7 +544,7 @@ tp__cuda_mem_range(int device, const void *ptr, void **base_p, size_t *size_p,
     if (e != 0) {
         return tp__error_set(err_p, TP_EDEVICE,
                              "cuda: cuMemGetAddressRange(%p) on device %d: "
-                             "driver error %d%s",
+                             "driver error %u%s",
                              ptr, device, e,
                              e == 1     ? " (CUDA_ERROR_INVALID_VALUE: not "
                                           "device memory?)"
@@ -577,7 +593,7 @@ tp__cuda_probe(bool check_driver, char *why, size_t why_len)
         return false;
     }
     int drv_ver = -1;
-    cuda_probe_version(drv, "cuDriverGetVersion", &drv_ver);
+    cuda_probe_version(drv, true, &drv_ver);
     dlclose(drv);
     static const char *const names[] = {"libcudart.so.13", "libcudart.so.12",
                                         "libcudart.so"};
@@ -585,7 +601,7 @@ tp__cuda_probe(bool check_driver, char *why, size_t why_len)
         void *h = dlopen(names[i], RTLD_LAZY | RTLD_LOCAL);
         if (h != NULL) {
             int rt_ver = -1;
-            cuda_probe_version(h, "cudaRuntimeGetVersion", &rt_ver);
+            cuda_probe_version(h, false, &rt_ver);
             dlclose(h);
             return cuda_probe_versions(drv_ver, rt_ver, why, why_len);
         }

@@ -195,9 +195,9 @@ fake_remove(void *p, bool dev)
 // cuDriverGetVersion (the driver's; FAKE_CUDA_DRIVER_VERSION, default
 // this runtime's version) and cudaRuntimeGetVersion (the headers'):
 // core/cuda.c compares them without initialising CUDA.
-int cuDriverGetVersion(int *version);
+unsigned int cuDriverGetVersion(int *version);
 
-int
+unsigned int
 cuDriverGetVersion(int *version)
 {
     const char *v = getenv("FAKE_CUDA_DRIVER_VERSION");
@@ -582,10 +582,10 @@ cudaIpcOpenEventHandle(cudaEvent_t *event, cudaIpcEventHandle_t handle)
 // The driver's cuMemGetAddressRange_v2 (core/cuda.c finds it in the fake
 // when tests load it): the device allocation holding @dptr, ours or
 // opened from a handle. 1 (CUDA_ERROR_INVALID_VALUE) when there is none.
-int cuMemGetAddressRange_v2(unsigned long long *pbase, size_t *psize,
-                            unsigned long long dptr);
+unsigned int cuMemGetAddressRange_v2(unsigned long long *pbase, size_t *psize,
+                                     unsigned long long dptr);
 
-int
+unsigned int
 cuMemGetAddressRange_v2(unsigned long long *pbase, size_t *psize,
                         unsigned long long dptr)
 {
