@@ -49,6 +49,7 @@ typedef struct tp_config {
     int64_t pipe_max_payloads;    // TP_PIPE_MAX_PAYLOADS
     int64_t pipe_max_tensors;     // TP_PIPE_MAX_TENSORS
     int64_t pipe_max_buf_bytes;   // TP_PIPE_MAX_BUF_BYTES
+    int64_t pipe_cuda_loop_max;   // TP_PIPE_CUDA_LOOP_MAX bytes
     int64_t store_timeout_ms;     // TP_STORE_TIMEOUT_MS
     int64_t store_max_value;      // TP_STORE_MAX_VALUE bytes
     int64_t num_worker_threads;   // TP_NUM_WORKER_THREADS (agent handlers)

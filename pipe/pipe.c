@@ -6,8 +6,9 @@
 // The rest of the pipe: pipe_hs_accept.c and pipe_hs_connect.c (the two
 // halves of the handshake), pipe_write.c and pipe_read.c (the engines).
 // p_busy counts the internal operations in flight (main/extra connection
-// I/O, channel ops, CUDA staging and copies on the copy pool); a failed pipe is freed from the context only once it
-// is zero, so no callback ever finds it gone.
+// I/O, channel ops, CUDA staging and copies on the copy pool); a failed pipe is
+// freed from the context only once it is zero, so no callback ever finds it
+// gone.
 //
 // Everything runs on the context's loop thread (x_loop); see pipe_impl.h.
 

@@ -94,16 +94,19 @@ stage_free_job(void *arg)
 }
 
 void
-tp__pipe_cuda_release_stage(tp_pool *pool, tp__cuda_stage *stage, uint32_t n)
+tp__pipe_cuda_release_stage(tp_context *ctx, const tp_message *m,
+                            tp__cuda_stage *stage)
 {
-    bool pinned = false;
-    for (uint32_t i = 0; stage != NULL && i < n && !pinned; i++) {
-        pinned = stage[i].cs_pinned;
+    uint32_t n = m->ntensors;
+    uint64_t pinned = 0;
+    for (uint32_t i = 0; stage != NULL && i < n; i++) {
+        pinned += stage[i].cs_pinned ? m->tensors[i].len : 0;
     }
-    stage_free *sf = pinned ? tp__alloc(sizeof(*sf)) : NULL;
+    stage_free *sf =
+        pinned > ctx->x_cuda_loop_max ? tp__alloc(sizeof(*sf)) : NULL;
     if (sf != NULL) {
         *sf = (stage_free){stage, n};
-        if (tp__pool_submit_fn(pool, stage_free_job, sf) == TP_OK) {
+        if (tp__pool_submit_fn(ctx->x_pool, stage_free_job, sf) == TP_OK) {
             return;
         }
         tp__free(sf);

@@ -57,6 +57,7 @@ struct tp_context {
     char x_name[TP_WIRE_MAX_CTXNAME + 1];
     tp_config x_cfg;
     tp__pipe_limits x_limits;
+    uint64_t x_cuda_loop_max; // TP_PIPE_CUDA_LOOP_MAX
     tp_loop *x_loop;
     tp_pool *x_pool;
     // every registered backend, best first; used ones have cb_used
@@ -388,11 +389,11 @@ tp_status tp__pipe_cuda_stage_in(tp_message *m, const bool *via,
 tp_status tp__pipe_cuda_copy_in(tp_message *m, const tp__cuda_stage *stage,
                                 tp_error **err_p);
 void tp__pipe_cuda_free_stage(tp__cuda_stage *stage, uint32_t n);
-// Loop thread: frees @stage on @pool when it holds page-locked memory
-// (cudaFreeHost waits for the device), else (or when the pool is closed)
-// at once.
-void tp__pipe_cuda_release_stage(tp_pool *pool, tp__cuda_stage *stage,
-                                 uint32_t n);
+// Loop thread: frees @stage (of @m's tensors) on @ctx's copy pool when it
+// holds page-locked memory (cudaFreeHost waits for the device) above
+// TP_PIPE_CUDA_LOOP_MAX bytes, else (or when the pool is closed) at once.
+void tp__pipe_cuda_release_stage(tp_context *ctx, const tp_message *m,
+                                 tp__cuda_stage *stage);
 
 // ---- pipe_read.c ----
 // Starts reading the next descriptor if one is wanted.

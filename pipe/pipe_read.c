@@ -64,8 +64,7 @@ tp__pipe_flush_reads(tp_pipe *p)
                                                       : r->r_err);
             tp__error_wrap(&err, tp_error_status(err), "pipe to %s", p->p_peer);
         }
-        tp__pipe_cuda_release_stage(p->p_ctx->x_pool, r->r_stage,
-                                    r->r_msg->ntensors);
+        tp__pipe_cuda_release_stage(p->p_ctx, r->r_msg, r->r_stage);
         r->r_stage = NULL;
         tp__aio_finish(r->r_user, err, 0);
         tp__task_init(&r->r_free_task, rop_free_task, r);
@@ -98,23 +97,25 @@ rop_copy_job(void *arg)
     tp__loop_post(r->r_pipe->p_ctx->x_loop, &r->r_copy_task);
 }
 
-// Whether @r has a tensor to copy from host staging to its device.
-static bool
-rop_needs_copy(const pipe_rop *r)
+// The bytes @r copies from host staging to its devices.
+static uint64_t
+rop_copy_bytes(const pipe_rop *r)
 {
     if (r->r_stage == NULL || r->r_stage_err != NULL) {
-        return false;
+        return 0;
     }
+    uint64_t n = 0;
     for (uint32_t i = 0; i < r->r_msg->ntensors; i++) {
         if (r->r_stage[i].cs_copy) {
-            return true;
+            n += r->r_msg->tensors[i].len;
         }
     }
-    return false;
+    return n;
 }
 
 // @r is done once its bytes are in and, for staged CUDA destinations, the
-// copies to the devices returned (on the pool: rop_copied).
+// copies to the devices returned (on the pool: rop_copied; here up to
+// TP_PIPE_CUDA_LOOP_MAX bytes).
 static void
 rop_check(pipe_rop *r)
 {
@@ -122,7 +123,10 @@ rop_check(pipe_rop *r)
         return;
     }
     tp_pipe *p = r->r_pipe;
-    if (p->p_state != PIPE_FAILED && rop_needs_copy(r)) {
+    uint64_t copy = p->p_state != PIPE_FAILED ? rop_copy_bytes(r) : 0;
+    if (copy > 0 && copy <= p->p_ctx->x_cuda_loop_max) {
+        tp__pipe_cuda_copy_in(r->r_msg, r->r_stage, &r->r_err);
+    } else if (copy > 0) {
         r->r_copying = true;
         p->p_busy++;
         tp__task_init(&r->r_copy_task, rop_copy_job, r);

@@ -71,8 +71,7 @@ tp__pipe_flush_writes(tp_pipe *p)
         }
         // w_err: a channel op of @w failed (the pipe failed with it).
         // Nothing reads the staging buffers any more (done, or idle).
-        tp__pipe_cuda_release_stage(p->p_ctx->x_pool, w->w_stage,
-                                    w->w_msg->ntensors);
+        tp__pipe_cuda_release_stage(p->p_ctx, w->w_msg, w->w_stage);
         w->w_stage = NULL;
         tp_error *err = NULL;
         if (!w->w_done || w->w_err != NULL) {
@@ -206,18 +205,19 @@ wop_route(tp_pipe *p, pipe_wop *w, tp_error **err_p)
     return TP_OK;
 }
 
-// Whether @m has a CUDA tensor (with bytes): its write synchronises the
-// device and stages on the pool first (wop_prep).
-static bool
-msg_has_cuda(const tp_message *m)
+// The bytes of @m's CUDA tensors: a write with any synchronises the
+// devices and stages first, on the pool (wop_prep) above
+// TP_PIPE_CUDA_LOOP_MAX.
+static uint64_t
+msg_cuda_bytes(const tp_message *m)
 {
+    uint64_t n = 0;
     for (uint32_t i = 0; i < m->ntensors; i++) {
-        if (m->tensors[i].device.type == TP_DEVICE_CUDA &&
-            m->tensors[i].len > 0) {
-            return true;
+        if (m->tensors[i].device.type == TP_DEVICE_CUDA) {
+            n += m->tensors[i].len;
         }
     }
-    return false;
+    return n;
 }
 
 // Drops @w, not started (its staging, if any, over), with @reason: it
@@ -225,8 +225,7 @@ msg_has_cuda(const tp_message *m)
 static void
 wop_drop(tp_pipe *p, pipe_wop *w, tp_status reason)
 {
-    tp__pipe_cuda_release_stage(p->p_ctx->x_pool, w->w_stage,
-                                w->w_msg->ntensors);
+    tp__pipe_cuda_release_stage(p->p_ctx, w->w_msg, w->w_stage);
     w->w_stage = NULL;
     if (p->p_wnext == w) {
         p->p_wnext = tp__list_next(&p->p_writes, w);
@@ -415,7 +414,8 @@ tp__pipe_write_pump(tp_pipe *p)
         if (w->w_prepping) {
             return; // wop_prep_done pumps again
         }
-        if (!w->w_prepped && msg_has_cuda(w->w_msg)) {
+        uint64_t cuda_bytes = w->w_prepped ? 0 : msg_cuda_bytes(w->w_msg);
+        if (cuda_bytes > p->p_ctx->x_cuda_loop_max) {
             // Staged on the pool; the writes behind it wait (order).
             if (wop_route(p, w, &err) != TP_OK ||
                 wop_prep(p, w, &err) != TP_OK) {
@@ -427,6 +427,10 @@ tp__pipe_write_pump(tp_pipe *p)
         }
         p->p_wnext = tp__list_next(&p->p_writes, w);
         tp_status st = w->w_prepped ? TP_OK : wop_route(p, w, &err);
+        if (st == TP_OK && cuda_bytes > 0) {
+            // Small enough to stage here (TP_PIPE_CUDA_LOOP_MAX).
+            st = tp__pipe_cuda_stage_out(w->w_msg, w->w_via, &w->w_stage, &err);
+        }
         if (st == TP_OK) {
             st = wop_build(p, w, &err);
         }

@@ -59,6 +59,21 @@ static const tp_tunable pipe_tunable_rows[] = {
         .tu_min = 0,
         .tu_max = 1024 * TP_TUNABLE_GIB,
     },
+    {
+        .tu_name = "pipe_cuda_loop_max",
+        .tu_env = "TP_PIPE_CUDA_LOOP_MAX",
+        .tu_def = "0",
+        .tu_doc = "a message whose staged CUDA tensors total at most this "
+                  "many bytes is synchronised and staged (writer), or "
+                  "copied to its devices (reader), on the context's loop "
+                  "thread instead of its copy pool: lower latency for "
+                  "small tensors, but every pipe of the context waits "
+                  "for the device meanwhile (0: always on the pool)",
+        .tu_type = TP_TUNABLE_SIZE,
+        TP_TUNABLE_CONFIG_FIELD(pipe_cuda_loop_max),
+        .tu_min = 0,
+        .tu_max = 1024 * TP_TUNABLE_GIB,
+    },
     // Read by tp_agent_options_init (agent/init.c) into the context
     // options; names are checked against the registries.
     TP_TUNABLE_EXTERN("transports", "TP_TRANSPORTS", "",

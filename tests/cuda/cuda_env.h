@@ -78,6 +78,15 @@ cuda_env_copy_gate(long set)
     return io[1];
 }
 
+// The fake's copies so far by thread: [0] on a context's copy pool, [1]
+// on its loop thread, [2] elsewhere (the test's own). False with the real
+// runtime.
+static inline bool
+cuda_env_copy_threads(long out[3])
+{
+    return cuda_env_fake_call("fake_cuda_copy_threads", out);
+}
+
 // The fake's live page-locked allocations once they fell to @want, or as
 // they are after @ms (the pipe frees staging on its context's pool, just
 // after the read or write completed).

@@ -10,6 +10,7 @@
 #include "tp_test.h"
 
 #include <pthread.h>
+#include <stdlib.h>
 #include <tpipe/pipe.h>
 #include <unistd.h>
 
@@ -40,7 +41,11 @@ typedef struct two_pipes {
 static void
 two_open(two_pipes *t)
 {
-    cuda_env_setup();
+    static bool setup; // once per case (each runs in its own process)
+    if (!setup) {
+        cuda_env_setup();
+        setup = true;
+    }
     if (!cuda_env_fake()) {
         tp_test_skip("needs the fake runtime (its copy gate)");
     }
@@ -370,6 +375,61 @@ destroy_during_staging(void)
     tp_context_destroy(t.a);
 }
 
+// One CUDA tensor of @n bytes from cuda:0 to cuda:1 over pipe 0 (staged
+// out and in); *@pool_p / *@loop_p: the pipes' copies on the copy pools
+// and on the loop threads.
+static void
+cuda_round(two_pipes *t, size_t n, long *pool_p, long *loop_p)
+{
+    void *base;
+    tp_message *m = msg_one(gpu(0), n, 21, &base);
+    long before[3], after[3];
+    TP_CHECK(cuda_env_copy_threads(before));
+    op w;
+    op_init(&w, WAIT_MS);
+    tp_pipe_write(t->wb[0], m, w.aio);
+    tp_message *r = tp_test_read_desc(t->ra[0], WAIT_MS);
+    r->tensors[0].device = gpu(1);
+    tp_error *err = NULL;
+    TP_CHECK_OK(cuda_read_data(t->ra[0], r, &err), err);
+    op_wait(&w, WAIT_MS);
+    TP_CHECK_OK(tp_aio_status(w.aio), tp_aio_error(w.aio));
+    op_fini(&w);
+    TP_CHECK(cuda_env_copy_threads(after));
+    *pool_p = after[0] - before[0];
+    *loop_p = after[1] - before[1];
+    TP_CHECK(cuda_buf_ok(gpu(1), r->tensors[0].data, n, 21));
+    tp_message_destroy(r);
+    cuda_buf_free(gpu(0), base);
+    tp_message_destroy(m);
+}
+
+// By default both staging copies (device-to-host at the writer,
+// host-to-device at the reader) run on the copy pools; with
+// TP_PIPE_CUDA_LOOP_MAX, messages up to that size copy on the loop
+// threads, larger ones still on the pools.
+static void
+loop_max_chooses_the_thread(void)
+{
+    two_pipes t;
+    two_open(&t);
+    long pool, loop;
+    cuda_round(&t, 65536, &pool, &loop);
+    TP_CHECK_EQ(pool, 2);
+    TP_CHECK_EQ(loop, 0);
+    two_close(&t);
+    setenv("TP_PIPE_CUDA_LOOP_MAX", "64K", 1);
+    two_open(&t);
+    unsetenv("TP_PIPE_CUDA_LOOP_MAX");
+    cuda_round(&t, 65536, &pool, &loop);
+    TP_CHECK_EQ(pool, 0);
+    TP_CHECK_EQ(loop, 2);
+    cuda_round(&t, 65537, &pool, &loop);
+    TP_CHECK_EQ(pool, 2);
+    TP_CHECK_EQ(loop, 0);
+    two_close(&t);
+}
+
 static const tp_test_case cases[] = {
     TP_TEST_CASE_T(write_staging_off_loop, 60),
     TP_TEST_CASE_T(read_copy_off_loop, 60),
@@ -378,6 +438,7 @@ static const tp_test_case cases[] = {
     TP_TEST_CASE_T(timeout_while_staging, 60),
     TP_TEST_CASE_T(read_close_during_copy, 60),
     TP_TEST_CASE_T(destroy_during_staging, 60),
+    TP_TEST_CASE_T(loop_max_chooses_the_thread, 60),
 };
 
 TP_TEST_MAIN(cases)

@@ -309,6 +309,30 @@ fake_gate_pass(void)
     pthread_mutex_unlock(&fake_gate_mtx);
 }
 
+// Copies by the thread that made them: [0] a pipe context's copy pool
+// ("tp-copy-N"), [1] its loop thread ("tp-ctx"), [2] another.
+static long fake_copy_threads[3];
+
+void fake_cuda_copy_threads(long out[3]);
+
+void
+fake_cuda_copy_threads(long out[3])
+{
+    pthread_mutex_lock(&fake_mtx);
+    memcpy(out, fake_copy_threads, sizeof(fake_copy_threads));
+    pthread_mutex_unlock(&fake_mtx);
+}
+
+static int
+fake_thread_kind(void)
+{
+    char name[16] = "";
+    pthread_getname_np(pthread_self(), name, sizeof(name));
+    return strncmp(name, "tp-copy-", 8) == 0 ? 0
+           : strcmp(name, "tp-ctx") == 0     ? 1
+                                             : 2;
+}
+
 cudaError_t
 cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind)
 {
@@ -316,6 +340,7 @@ cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind)
         return cudaSuccess;
     }
     fake_gate_pass();
+    int thread_kind = fake_thread_kind();
     pthread_mutex_lock(&fake_mtx);
     bool ddev = fake_find(dst, count) != NULL;
     bool sdev = fake_find(src, count) != NULL;
@@ -347,6 +372,7 @@ cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind)
     fake_open(dst, count, PROT_NONE);
     fake_open((void *)(uintptr_t)src, count, PROT_NONE);
     fake_counts[ddev && sdev ? 4 : ddev ? 2 : sdev ? 3 : 2]++;
+    fake_copy_threads[thread_kind]++;
     pthread_mutex_unlock(&fake_mtx);
     return cudaSuccess;
 }
