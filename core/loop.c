@@ -283,6 +283,13 @@ tp__loop_defer(tp_loop *l, tp_task *task)
     l->l_defer_tail = task;
 }
 
+bool
+tp__loop_has_deferred(const tp_loop *l)
+{
+    TP_ASSERT_ON_LOOP(l);
+    return l->l_defer_head != NULL;
+}
+
 typedef struct loop_call {
     tp_task t;
     tp_task_fn fn;
@@ -510,7 +517,8 @@ loop_prepare_sleep(tp_loop *l)
             work = true;
         }
     }
-    return !work;
+    // A poller's last check may have completed operations (deferred).
+    return !work && l->l_defer_head == NULL;
 }
 
 static void

@@ -141,6 +141,10 @@ bool tp__loop_has_pending_posts(tp_loop *loop);
 // loop waits again. This is how completions avoid running inside the call
 // that started an operation.
 void tp__loop_defer(tp_loop *loop, tp_task *task);
+// Loop thread: true if deferred tasks wait to run (a poller that made
+// progress may return at once, so that completions run before it polls
+// on).
+bool tp__loop_has_deferred(const tp_loop *loop);
 // Any thread: runs @fn(@arg) on the loop thread and waits for it to return
 // (inline if already on the loop thread).
 void tp__loop_call(tp_loop *loop, tp_task_fn fn, void *arg);

@@ -30,17 +30,27 @@ typedef struct fixture {
     tp_listener *l;
 } fixture;
 
+// @spin_us >= 0 sets the loop's TP_LOOP_SPIN_US.
 static void
-fx_init(fixture *fx)
+fx_init_spin(fixture *fx, int64_t spin_us)
 {
     tp_error *err = NULL;
     memset(fx, 0, sizeof(*fx));
     TP_CHECK_OK(tp__config_load(&fx->cfg, &err), err);
+    if (spin_us >= 0) {
+        fx->cfg.loop_spin_us = spin_us;
+    }
     TP_CHECK_OK(tp__loop_create(&fx->cfg, "ucxt", &fx->loop, &err), err);
     TP_CHECK_OK(tp__transport_create("ucx", fx->loop, &fx->cfg, &fx->t, &err),
                 err);
     TP_CHECK_OK(tp__transport_listen(fx->t, "ucx://127.0.0.1:0", &fx->l, &err),
                 err);
+}
+
+static void
+fx_init(fixture *fx)
+{
+    fx_init_spin(fx, -1);
 }
 
 static void
@@ -648,6 +658,93 @@ cancel_posted_read(void)
     fx_fini(&fx);
 }
 
+// A message that arrives while the reader's loop goes to sleep still
+// wakes it (UCP's protocol: progress until it finds nothing, arm the
+// worker, and UCS_ERR_BUSY from the arm means do not sleep). Neither loop
+// spins (TP_LOOP_SPIN_US=0): each arms its worker and sleeps after every
+// poll that finds nothing, and the writer sends after a pause that varies
+// from none to 150 us, so messages land before, during and after the
+// reader's arm, 1500 times each way, some into reads posted to UCP, some
+// into two reads at once. The reads have no deadline and no timer runs: a
+// wake-up lost leaves one waiting, and the case fails after 5 s.
+static void
+idle_wakeup(void)
+{
+    fixture a, b;
+    fx_init_spin(&a, 0);
+    fx_init_spin(&b, 0);
+    op acc;
+    op_init(&acc, 5000);
+    tp__listener_accept(a.l, acc.aio);
+    tp_status st;
+    char msg[512];
+    tp_conn *cb = do_connect(&b, tp__listener_addr(a.l), &st, msg, sizeof(msg));
+    TP_CHECKF(st == TP_OK, "connect: %s", msg);
+    op_wait(&acc, 10000);
+    TP_CHECK_OK(tp_aio_status(acc.aio), tp_aio_error(acc.aio));
+    tp_conn *ca = tp_aio_get_output(acc.aio, 0);
+    op_fini(&acc);
+    // Each message is a small one, a large one (a read posted to UCP), or
+    // both, read by two reads queued at once: the first completes while
+    // the rest of the second is still on its way, and the loop must not
+    // sleep on it.
+    const size_t big = 128u * 1024;
+    uint8_t *out = malloc(64 + big), *in = malloc(64 + big);
+    TP_CHECK(out != NULL && in != NULL);
+    uint32_t rnd = 12345;
+    for (unsigned i = 0; i < 3000; i++) {
+        tp_conn *w = (i & 1) ? ca : cb, *r = (i & 1) ? cb : ca;
+        size_t len[2] = {64, 0};
+        if (i % 8 == 3) {
+            len[1] = big;
+        } else if (i % 32 == 5) {
+            len[0] = big;
+        }
+        unsigned nmsg = len[1] > 0 ? 2 : 1;
+        size_t total = len[0] + len[1];
+        for (size_t k = 0; k < total; k++) {
+            out[k] = (uint8_t)(i + k * 7);
+        }
+        memset(in, 0, total);
+        tp_iov ri[2] = {{in, len[0]}, {in + len[0], len[1]}};
+        tp_iov wi[2] = {{out, len[0]}, {out + len[0], len[1]}};
+        op rd[2], wr[2];
+        for (unsigned m = 0; m < nmsg; m++) {
+            read_start(r, &rd[m], 0, &ri[m], 1);
+        }
+        rnd = rnd * 1103515245u + 12345u;
+        uint64_t pause_ns = (uint64_t)((rnd >> 8) % 150) * 1000u;
+        uint64_t until = tp__now_ns() + pause_ns;
+        while (tp__now_ns() < until) {
+        }
+        for (unsigned m = 0; m < nmsg; m++) {
+            op_init(&wr[m], 5000);
+            TP_CHECK_OK(tp_aio_set_iov(wr[m].aio, 1, &wi[m]), NULL);
+            tp__conn_write(w, wr[m].aio);
+        }
+        for (unsigned m = 0; m < nmsg; m++) {
+            TP_CHECKF(op_wait_for(&rd[m], 5000),
+                      "message %u, read %u of %u (%zu B, after %llu us): "
+                      "not complete in 5 s (a lost wake-up)",
+                      i, m + 1, nmsg, len[m],
+                      (unsigned long long)(pause_ns / 1000));
+            op_wait(&wr[m], 5000);
+            TP_CHECK_OK(tp_aio_status(rd[m].aio), tp_aio_error(rd[m].aio));
+            TP_CHECK_OK(tp_aio_status(wr[m].aio), tp_aio_error(wr[m].aio));
+            TP_CHECK_EQ(tp_aio_count(rd[m].aio), len[m]);
+            op_fini(&rd[m]);
+            op_fini(&wr[m]);
+        }
+        TP_CHECK(memcmp(in, out, total) == 0);
+    }
+    free(out);
+    free(in);
+    tp__conn_unref(ca);
+    tp__conn_unref(cb);
+    fx_fini(&b);
+    fx_fini(&a);
+}
+
 static const tp_test_case cases[] = {
     TP_TEST_CASE(opt_in),
     TP_TEST_CASE(domain_and_addresses),
@@ -658,6 +755,7 @@ static const tp_test_case cases[] = {
     TP_TEST_CASE(forged_credit),
     TP_TEST_CASE(posted_reads),
     TP_TEST_CASE(cancel_posted_read),
+    TP_TEST_CASE(idle_wakeup),
 };
 
 TP_TEST_MAIN(cases)
