@@ -3,8 +3,8 @@
 // the opt-in, the domain, address forms, the job-secret exchange over the
 // UCP stream, a scattered (multi-iov) write and read, the lanes log, and
 // flow control (the window, forged credits), reads posted to UCP and the
-// cancel of one (it closes the conn). CTest runs it with TP_UCX=1
-// and UCX_TLS=tcp.
+// cancel of one (it closes the conn), and no wake-up lost as a loop goes
+// to sleep. CTest runs it with TP_UCX=1 and UCX_TLS=tcp.
 
 #include <pthread.h>
 #include <stdlib.h>
