@@ -86,6 +86,14 @@ msg_one(tp_device dev, size_t n, unsigned seed, void **base_p)
     return m;
 }
 
+// Frees what msg_one made (@m's tensor on its device, then @m).
+static void
+msg_free(tp_message *m, void *base)
+{
+    cuda_buf_free(m->tensors[0].device, base);
+    tp_message_destroy(m);
+}
+
 // A CPU message goes both ways of pipe 1 and arrives, in time: the loops
 // of both contexts are free.
 static void
@@ -104,8 +112,7 @@ cpu_round_trip(two_pipes *t, unsigned seed)
     op_fini(&w);
     TP_CHECK(cuda_buf_ok(cpu, r->tensors[0].data, 5000, seed));
     tp_message_destroy(r);
-    cuda_buf_free(cpu, base);
-    tp_message_destroy(m);
+    msg_free(m, base);
 }
 
 // The writer's staging copy is held: the writer's context still moves
@@ -137,8 +144,7 @@ write_staging_off_loop(void)
     op_fini(&w);
     TP_CHECK(cuda_buf_ok(cpu, r->tensors[0].data, n, 3));
     tp_message_destroy(r);
-    cuda_buf_free(gpu(0), base);
-    tp_message_destroy(m);
+    msg_free(m, base);
     two_close(&t);
 }
 
@@ -172,8 +178,7 @@ read_copy_off_loop(void)
     op_fini(&w);
     TP_CHECK(cuda_buf_ok(gpu(1), r->tensors[0].data, n, 5));
     tp_message_destroy(r);
-    cuda_buf_free(cpu, base);
-    tp_message_destroy(m);
+    msg_free(m, base);
     two_close(&t);
 }
 
@@ -220,10 +225,8 @@ order_kept(void)
     TP_CHECK(cuda_buf_ok(cpu, r1->tensors[0].data, 10, 8));
     tp_message_destroy(r0);
     tp_message_destroy(r1);
-    cuda_buf_free(gpu(0), b0);
-    cuda_buf_free(cpu, b1);
-    tp_message_destroy(m0);
-    tp_message_destroy(m1);
+    msg_free(m0, b0);
+    msg_free(m1, b1);
     two_close(&t);
 }
 
@@ -248,8 +251,7 @@ close_under_held_copy(void)
     op_wait(&w, WAIT_MS);
     TP_CHECK_EQ(tp_aio_status(w.aio), TP_ECLOSED);
     op_fini(&w);
-    cuda_buf_free(gpu(1), base);
-    tp_message_destroy(m);
+    msg_free(m, base);
     cpu_round_trip(&t, 10); // the other pipe is untouched
     two_close(&t);
 }
@@ -291,10 +293,8 @@ timeout_while_staging(void)
     op_fini(&w1);
     TP_CHECK(cuda_buf_ok(cpu, r->tensors[0].data, 100, 12));
     tp_message_destroy(r);
-    cuda_buf_free(gpu(0), b0);
-    cuda_buf_free(cpu, b1);
-    tp_message_destroy(m0);
-    tp_message_destroy(m1);
+    msg_free(m0, b0);
+    msg_free(m1, b1);
     two_close(&t);
 }
 
@@ -327,8 +327,7 @@ read_close_during_copy(void)
     op_fini(&w);
     cpu_round_trip(&t, 14);
     tp_message_destroy(r);
-    cuda_buf_free(cpu, base);
-    tp_message_destroy(m);
+    msg_free(m, base);
     two_close(&t);
 }
 
@@ -366,8 +365,7 @@ destroy_during_staging(void)
     op_wait(&w, WAIT_MS);
     TP_CHECK_EQ(tp_aio_status(w.aio), TP_ECLOSED);
     op_fini(&w);
-    cuda_buf_free(gpu(1), base);
-    tp_message_destroy(m);
+    msg_free(m, base);
     for (int k = 0; k < 2; k++) {
         tp_pipe_unref(t.ra[k]);
     }
@@ -400,8 +398,7 @@ cuda_round(two_pipes *t, size_t n, long *pool_p, long *loop_p)
     *loop_p = after[1] - before[1];
     TP_CHECK(cuda_buf_ok(gpu(1), r->tensors[0].data, n, 21));
     tp_message_destroy(r);
-    cuda_buf_free(gpu(0), base);
-    tp_message_destroy(m);
+    msg_free(m, base);
 }
 
 // By default both staging copies (device-to-host at the writer,
