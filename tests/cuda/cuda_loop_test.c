@@ -94,6 +94,17 @@ msg_free(tp_message *m, void *base)
     tp_message_destroy(m);
 }
 
+// Writes @m on pipe 0 with the fake's gate closed (@timeout_ms: the
+// write's own timeout) and waits until its staging copy is held there.
+static void
+held_write(two_pipes *t, tp_message *m, op *w, int64_t timeout_ms)
+{
+    TP_CHECK_EQ(cuda_env_copy_gate(1), 0);
+    op_init(w, timeout_ms);
+    tp_pipe_write(t->wb[0], m, w->aio);
+    gate_wait_held();
+}
+
 // A CPU message goes both ways of pipe 1 and arrives, in time: the loops
 // of both contexts are free.
 static void
@@ -125,11 +136,8 @@ write_staging_off_loop(void)
     size_t n = 300000;
     void *base;
     tp_message *m = msg_one(gpu(0), n, 3, &base);
-    TP_CHECK_EQ(cuda_env_copy_gate(1), 0);
     op w;
-    op_init(&w, WAIT_MS);
-    tp_pipe_write(t.wb[0], m, w.aio);
-    gate_wait_held(); // the device-to-host staging copy
+    held_write(&t, m, &w, WAIT_MS);
     cpu_round_trip(&t, 4);
     TP_CHECK_EQ(cuda_env_copy_gate(-1), 1); // still held meanwhile
     TP_CHECK(!op_wait_for(&w, 0));
@@ -240,11 +248,8 @@ close_under_held_copy(void)
     two_open(&t);
     void *base;
     tp_message *m = msg_one(gpu(1), 300000, 9, &base);
-    TP_CHECK_EQ(cuda_env_copy_gate(1), 0);
     op w;
-    op_init(&w, WAIT_MS);
-    tp_pipe_write(t.wb[0], m, w.aio);
-    gate_wait_held();
+    held_write(&t, m, &w, WAIT_MS);
     tp_pipe_close(t.wb[0]);
     TP_CHECK(!op_wait_for(&w, 200)); // the copy still reads the buffer
     TP_CHECK_EQ(cuda_env_copy_gate(0), 1);
@@ -350,11 +355,8 @@ destroy_during_staging(void)
     two_open(&t);
     void *base;
     tp_message *m = msg_one(gpu(1), 300000, 15, &base);
-    TP_CHECK_EQ(cuda_env_copy_gate(1), 0);
     op w;
-    op_init(&w, WAIT_MS);
-    tp_pipe_write(t.wb[0], m, w.aio);
-    gate_wait_held();
+    held_write(&t, m, &w, WAIT_MS);
     pthread_t th;
     TP_CHECK(pthread_create(&th, NULL, open_gate_later, NULL) == 0);
     for (int k = 0; k < 2; k++) {
