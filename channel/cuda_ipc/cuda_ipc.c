@@ -268,10 +268,11 @@ static const tp_tunable cipc_tunable_rows[] = {
         .tu_name = "cuda_ipc_reader_wait_ms",
         .tu_env = "TP_CUDA_IPC_READER_WAIT_MS",
         .tu_def = "30000",
-        .tu_doc = "cuda_ipc: how long a send that failed waits for a reader "
-                  "in its own process still copying from its tensor before "
-                  "it completes without it (logged: the buffer may still "
-                  "be read until that copy returns), in ms",
+        .tu_doc = "cuda_ipc: how long the sends a closing pipe fails wait, "
+                  "all together, for readers in their own process still "
+                  "copying from their tensors before they complete without "
+                  "them (logged: the buffer may still be read until that "
+                  "copy returns), in ms",
         .tu_type = TP_TUNABLE_INT,
         TP_TUNABLE_FIELD(cipc_tunables, ct_reader_wait_ms),
         .tu_min = 1,
