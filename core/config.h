@@ -32,29 +32,30 @@ typedef enum tp_io_backend {
 // read by several layers, or set from context options. A component's
 // other tunables live in its own struct, in cfg_own.
 typedef struct tp_config {
-    int64_t log_level;            // TP_LOG_LEVEL (0..5)
-    int64_t io_backend;           // TP_IO_BACKEND (tp_io_backend)
-    char socket_ifname[64];       // TP_SOCKET_IFNAME ("" = choose)
-    char socket_addr[128];        // TP_SOCKET_ADDR ("" = from interface)
-    int64_t connect_timeout_ms;   // TP_CONNECT_TIMEOUT_MS
-    int64_t handshake_timeout_ms; // TP_HANDSHAKE_TIMEOUT_MS
-    int64_t shm_ring_size;        // TP_SHM_RING_SIZE bytes, power of two
-    int64_t shm_spin_us;          // TP_SHM_SPIN_US before sleeping
-    int64_t loop_spin_us;         // TP_LOOP_SPIN_US (all fds) before sleeping
-    int64_t pool_threads;         // TP_POOL_THREADS
-    int64_t mpt_lanes;            // TP_MPT_LANES
-    int64_t mpt_split_min;        // TP_MPT_SPLIT_MIN bytes
-    int64_t mpt_inline_max;       // TP_MPT_INLINE_MAX bytes
-    int64_t pipe_max_metadata;    // TP_PIPE_MAX_METADATA bytes
-    int64_t pipe_max_payloads;    // TP_PIPE_MAX_PAYLOADS
-    int64_t pipe_max_tensors;     // TP_PIPE_MAX_TENSORS
-    int64_t pipe_max_buf_bytes;   // TP_PIPE_MAX_BUF_BYTES
-    int64_t pipe_cuda_loop_max;   // TP_PIPE_CUDA_LOOP_MAX bytes
-    int64_t store_timeout_ms;     // TP_STORE_TIMEOUT_MS
-    int64_t store_max_value;      // TP_STORE_MAX_VALUE bytes
-    int64_t num_worker_threads;   // TP_NUM_WORKER_THREADS (agent handlers)
-    int64_t rpc_timeout_ms;       // TP_RPC_TIMEOUT_MS, 0 = none
-    int64_t rpc_init_timeout_ms;  // TP_RPC_INIT_TIMEOUT_MS
+    int64_t log_level;              // TP_LOG_LEVEL (0..5)
+    int64_t io_backend;             // TP_IO_BACKEND (tp_io_backend)
+    char socket_ifname[64];         // TP_SOCKET_IFNAME ("" = choose)
+    char socket_addr[128];          // TP_SOCKET_ADDR ("" = from interface)
+    int64_t connect_timeout_ms;     // TP_CONNECT_TIMEOUT_MS
+    int64_t handshake_timeout_ms;   // TP_HANDSHAKE_TIMEOUT_MS
+    int64_t shm_ring_size;          // TP_SHM_RING_SIZE bytes, power of two
+    int64_t shm_spin_us;            // TP_SHM_SPIN_US before sleeping
+    int64_t loop_spin_us;           // TP_LOOP_SPIN_US (all fds) before sleeping
+    int64_t pool_threads;           // TP_POOL_THREADS
+    int64_t mpt_lanes;              // TP_MPT_LANES
+    int64_t mpt_split_min;          // TP_MPT_SPLIT_MIN bytes
+    int64_t mpt_inline_max;         // TP_MPT_INLINE_MAX bytes
+    int64_t pipe_max_metadata;      // TP_PIPE_MAX_METADATA bytes
+    int64_t pipe_max_payloads;      // TP_PIPE_MAX_PAYLOADS
+    int64_t pipe_max_tensors;       // TP_PIPE_MAX_TENSORS
+    int64_t pipe_max_buf_bytes;     // TP_PIPE_MAX_BUF_BYTES
+    int64_t pipe_cuda_loop_max;     // TP_PIPE_CUDA_LOOP_MAX bytes
+    int64_t pipe_cuda_pinned_cache; // TP_PIPE_CUDA_PINNED_CACHE bytes
+    int64_t store_timeout_ms;       // TP_STORE_TIMEOUT_MS
+    int64_t store_max_value;        // TP_STORE_MAX_VALUE bytes
+    int64_t num_worker_threads;     // TP_NUM_WORKER_THREADS (agent handlers)
+    int64_t rpc_timeout_ms;         // TP_RPC_TIMEOUT_MS, 0 = none
+    int64_t rpc_init_timeout_ms;    // TP_RPC_INIT_TIMEOUT_MS
     int64_t rpc_shutdown_timeout_ms; // TP_RPC_SHUTDOWN_TIMEOUT_MS
     int64_t coll_engine;             // TP_COLL_ENGINE (tp_coll_engine)
     int64_t coll_allreduce;          // TP_COLL_ALLREDUCE (tp_coll_algo)

@@ -422,6 +422,7 @@ tp_context_create(const tp_context_options *o_in, tp_context **ctx_p,
     }
     tp__mtx_init(&ctx->x_mtx);
     tp__cv_init(&ctx->x_cv);
+    tp__pinned_cache_init(&ctx->x_pinned, 0);
     TP_LIST_INIT(&ctx->x_pipes, tp_pipe, p_ctx_node);
     TP_LIST_INIT(&ctx->x_listeners, tp_pipe_listener, pl_node);
     TP_LIST_INIT(&ctx->x_pending, pending_conn, pc_node);
@@ -447,6 +448,7 @@ tp_context_create(const tp_context_options *o_in, tp_context **ctx_p,
     ctx->x_limits.max_tensors = (uint32_t)ctx->x_cfg.pipe_max_tensors;
     ctx->x_limits.max_buf_len = (uint64_t)ctx->x_cfg.pipe_max_buf_bytes;
     ctx->x_cuda_loop_max = (uint64_t)ctx->x_cfg.pipe_cuda_loop_max;
+    ctx->x_pinned.pc_cap = (uint64_t)ctx->x_cfg.pipe_cuda_pinned_cache;
     if ((st = tp__loop_create(&ctx->x_cfg, "ctx", &ctx->x_loop, err_p)) !=
         TP_OK) {
         goto fail;
@@ -502,6 +504,7 @@ ctx_destroy_parts(tp_context *ctx)
         tp__transport_destroy(ctx->x_tr[i].cb_transport);
     }
     tp__pool_destroy(ctx->x_pool);
+    tp__pinned_cache_fini(&ctx->x_pinned);
     if (ctx->x_loop != NULL) {
         tp__loop_destroy(ctx->x_loop);
     }

@@ -21,6 +21,7 @@
 // message and its staging; the rest runs on the loop thread.
 
 #include <inttypes.h>
+#include <string.h>
 
 #include "core/alloc.h"
 #include "core/cuda.h"
@@ -79,6 +80,92 @@ tp__pipe_cuda_free_stage(tp__cuda_stage *stage, uint32_t n)
     tp__free(stage);
 }
 
+// ---- the context's page-locked buffers (tp__pinned_cache) ---------------
+
+void
+tp__pinned_cache_init(tp__pinned_cache *c, uint64_t cap)
+{
+    memset(c, 0, sizeof(*c));
+    tp__mtx_init(&c->pc_mtx);
+    c->pc_cap = cap;
+}
+
+void
+tp__pinned_cache_fini(tp__pinned_cache *c)
+{
+    for (unsigned k = 0; k < TP_PINNED_CLASSES; k++) {
+        void *b = c->pc_free[k];
+        while (b != NULL) {
+            void *next;
+            memcpy(&next, b, sizeof(next));
+            tp__cuda_host_free(b);
+            b = next;
+        }
+        c->pc_free[k] = NULL;
+    }
+    c->pc_bytes = 0;
+    tp__mtx_fini(&c->pc_mtx);
+}
+
+// The class of a buffer for @n bytes: its size (a power of two, at least
+// 4 KiB) into *@size_p; -1 when @c keeps nothing or @n is too large.
+static int
+pinned_class(const tp__pinned_cache *c, size_t n, size_t *size_p)
+{
+    if (c == NULL || c->pc_cap == 0) {
+        return -1;
+    }
+    for (int k = 0; k < TP_PINNED_CLASSES; k++) {
+        size_t size = (size_t)1 << (TP_PINNED_MIN_SHIFT + k);
+        if (n <= size) {
+            *size_p = size;
+            return k;
+        }
+    }
+    return -1;
+}
+
+// A kept buffer of class @k, or NULL.
+static void *
+pinned_get(tp__pinned_cache *c, int k)
+{
+    tp__mtx_lock(&c->pc_mtx);
+    void *b = c->pc_free[k];
+    if (b != NULL) {
+        memcpy(&c->pc_free[k], b, sizeof(void *));
+        c->pc_bytes -= (size_t)1 << (TP_PINNED_MIN_SHIFT + k);
+        c->pc_hits++;
+    } else {
+        c->pc_misses++;
+    }
+    tp__mtx_unlock(&c->pc_mtx);
+    return b;
+}
+
+// Keeps @b (@size bytes, page-locked) if it is of a class and there is
+// room; false: the caller frees it.
+static bool
+pinned_put(tp__pinned_cache *c, void *b, size_t size)
+{
+    size_t want = 0;
+    int k = pinned_class(c, size, &want);
+    if (k < 0 || want != size) {
+        return false;
+    }
+    tp__mtx_lock(&c->pc_mtx);
+    bool keep = c->pc_bytes + size <= c->pc_cap;
+    if (keep) {
+        memcpy(b, &c->pc_free[k], sizeof(void *));
+        c->pc_free[k] = b;
+        c->pc_bytes += size;
+    }
+    tp__mtx_unlock(&c->pc_mtx);
+    return keep;
+}
+
+// ---- staging buffers
+// ---------------------------------------------------------
+
 typedef struct stage_free {
     tp__cuda_stage *sf_stage;
     uint32_t sf_n;
@@ -100,7 +187,14 @@ tp__pipe_cuda_release_stage(tp_context *ctx, const tp_message *m,
     uint32_t n = m->ntensors;
     uint64_t pinned = 0;
     for (uint32_t i = 0; stage != NULL && i < n; i++) {
-        pinned += stage[i].cs_pinned ? m->tensors[i].len : 0;
+        if (!stage[i].cs_pinned || stage[i].cs_host == NULL) {
+            continue;
+        }
+        if (pinned_put(&ctx->x_pinned, stage[i].cs_host, stage[i].cs_size)) {
+            stage[i].cs_host = NULL; // kept for the next message
+        } else {
+            pinned += m->tensors[i].len;
+        }
     }
     stage_free *sf =
         pinned > ctx->x_cuda_loop_max ? tp__alloc(sizeof(*sf)) : NULL;
@@ -119,14 +213,23 @@ tp__pipe_cuda_release_stage(tp_context *ctx, const tp_message *m,
 // left for it) pageable memory, which the runtime copies through its own
 // bounce buffer, slower but it works. TP_ENOMEM when neither is there.
 static tp_status
-stage_host(size_t n, tp__cuda_stage *s, const char *side, uint32_t i,
-           tp_error **err_p)
+stage_host(tp__pinned_cache *cache, size_t n, tp__cuda_stage *s,
+           const char *side, uint32_t i, tp_error **err_p)
 {
-    tp_error *e = NULL;
-    if (tp__cuda_host_alloc(n, &s->cs_host, &e) == TP_OK) {
+    size_t size = n;
+    int k = pinned_class(cache, n, &size);
+    s->cs_host = k >= 0 ? pinned_get(cache, k) : NULL;
+    s->cs_size = size;
+    if (s->cs_host != NULL) {
         s->cs_pinned = true;
         return TP_OK;
     }
+    tp_error *e = NULL;
+    if (tp__cuda_host_alloc(size, &s->cs_host, &e) == TP_OK) {
+        s->cs_pinned = true;
+        return TP_OK;
+    }
+    s->cs_size = n;
     TP_LOG_DEBUG("TP-CUDA-PAGEABLE",
                  "%s: tensor %" PRIu32 ": %zu bytes of page-locked memory "
                  "refused (%s): staging through pageable memory",
@@ -144,8 +247,9 @@ stage_host(size_t n, tp__cuda_stage *s, const char *side, uint32_t i,
 }
 
 tp_status
-tp__pipe_cuda_stage_out(const tp_message *m, const bool *via,
-                        tp__cuda_stage **stage_p, tp_error **err_p)
+tp__pipe_cuda_stage_out(tp__pinned_cache *cache, const tp_message *m,
+                        const bool *via, tp__cuda_stage **stage_p,
+                        tp_error **err_p)
 {
     *stage_p = NULL;
     tp__cuda_stage *stage = NULL;
@@ -177,7 +281,8 @@ tp__pipe_cuda_stage_out(const tp_message *m, const bool *via,
                                      "write: out of memory (cuda staging)");
             }
         }
-        tp_status st = stage_host((size_t)b->len, &stage[i], "write", i, err_p);
+        tp_status st =
+            stage_host(cache, (size_t)b->len, &stage[i], "write", i, err_p);
         if (st == TP_OK) {
             st = tp__cuda_copy(stage[i].cs_host, -1, b->data, b->device.index,
                                (size_t)b->len, err_p);
@@ -196,8 +301,9 @@ tp__pipe_cuda_stage_out(const tp_message *m, const bool *via,
 }
 
 tp_status
-tp__pipe_cuda_stage_in(tp_message *m, const bool *via, tp__cuda_stage **stage_p,
-                       tp_error **stage_err_p, tp_error **err_p)
+tp__pipe_cuda_stage_in(tp__pinned_cache *cache, tp_message *m, const bool *via,
+                       tp__cuda_stage **stage_p, tp_error **stage_err_p,
+                       tp_error **err_p)
 {
     *stage_p = NULL;
     *stage_err_p = NULL;
@@ -226,8 +332,8 @@ tp__pipe_cuda_stage_in(tp_message *m, const bool *via, tp__cuda_stage **stage_p,
             continue; // the device channel writes the device memory itself
         }
         if (st == TP_OK) {
-            if (stage_host((size_t)b->len, &stage[i], "read", i, err_p) !=
-                TP_OK) {
+            if (stage_host(cache, (size_t)b->len, &stage[i], "read", i,
+                           err_p) != TP_OK) {
                 tp__pipe_cuda_free_stage(stage, m->ntensors);
                 return TP_ENOMEM;
             }

@@ -53,11 +53,29 @@ typedef struct ctx_backend {
     const tp_channel_ops *cb_channel_ops; // channels
 } ctx_backend;
 
+// A context's page-locked staging buffers kept for the next messages
+// (pipe_cuda.c), so steady traffic of CUDA tensors makes no
+// cudaMallocHost or cudaFreeHost call: sizes are powers of two from
+// 4 KiB, a free list per size linked through each buffer's first word,
+// at most pc_cap bytes kept (TP_PIPE_CUDA_PINNED_CACHE). Any thread
+// (pc_mtx): the loop (read staging, release) and the copy pool (write
+// staging).
+#define TP_PINNED_MIN_SHIFT 12
+#define TP_PINNED_CLASSES   29 // 4 KiB .. 1 TiB
+typedef struct tp__pinned_cache {
+    tp_mtx pc_mtx;
+    void *pc_free[TP_PINNED_CLASSES];
+    uint64_t pc_bytes; // kept now
+    uint64_t pc_cap;
+    uint64_t pc_hits, pc_misses;
+} tp__pinned_cache;
+
 struct tp_context {
     char x_name[TP_WIRE_MAX_CTXNAME + 1];
     tp_config x_cfg;
     tp__pipe_limits x_limits;
     uint64_t x_cuda_loop_max; // TP_PIPE_CUDA_LOOP_MAX
+    tp__pinned_cache x_pinned;
     tp_loop *x_loop;
     tp_pool *x_pool;
     // every registered backend, best first; used ones have cb_used
@@ -159,6 +177,7 @@ struct tp_pipe_hs {
 // Host staging of one CUDA tensor (pipe_cuda.c).
 typedef struct tp__cuda_stage {
     void *cs_host;  // NULL: the tensor is not staged
+    size_t cs_size; // cs_host's size (pinned: its cache class)
     bool cs_pinned; // cudaMallocHost'd (else tp__alloc'd)
     bool cs_copy;   // read: copy to the device once the bytes are in
 } tp__cuda_stage;
@@ -374,21 +393,25 @@ tp_status tp__pipe_cuda_check(const tp_msg_buf *b, const char *what, uint32_t i,
 // copies each, except those the device channel carries (@via[i]; @via
 // NULL: none), to new host memory (pinned if it can); *@stage_p NULL if
 // there is none. Errors: the runtime's.
-tp_status tp__pipe_cuda_stage_out(const tp_message *m, const bool *via,
-                                  tp__cuda_stage **stage_p, tp_error **err_p);
+tp_status tp__pipe_cuda_stage_out(tp__pinned_cache *cache, const tp_message *m,
+                                  const bool *via, tp__cuda_stage **stage_p,
+                                  tp_error **err_p);
 // Read: host buffers for each tensor of @m whose destination is not the
 // CPU (allocating device buffers left NULL, pipe_owned), except those the
 // device channel writes itself (@via[i]; @via NULL: none). A destination
 // that cannot be used sets *@stage_err_p (the read fails once the bytes
 // are in) and gets a host buffer the bytes are dropped into. Errors:
 // TP_ENOMEM.
-tp_status tp__pipe_cuda_stage_in(tp_message *m, const bool *via,
-                                 tp__cuda_stage **stage_p,
+tp_status tp__pipe_cuda_stage_in(tp__pinned_cache *cache, tp_message *m,
+                                 const bool *via, tp__cuda_stage **stage_p,
                                  tp_error **stage_err_p, tp_error **err_p);
 // Read, once every byte is in: host-to-device copies.
 tp_status tp__pipe_cuda_copy_in(tp_message *m, const tp__cuda_stage *stage,
                                 tp_error **err_p);
 void tp__pipe_cuda_free_stage(tp__cuda_stage *stage, uint32_t n);
+void tp__pinned_cache_init(tp__pinned_cache *c, uint64_t cap);
+// Frees every buffer kept (cudaFreeHost). Not on the loop thread.
+void tp__pinned_cache_fini(tp__pinned_cache *c);
 // Loop thread: frees @stage (of @m's tensors) on @ctx's copy pool when it
 // holds page-locked memory (cudaFreeHost waits for the device) above
 // TP_PIPE_CUDA_LOOP_MAX bytes, else (or when the pool is closed) at once.

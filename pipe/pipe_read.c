@@ -466,8 +466,8 @@ pipe_read_start(void *obj, tp_aio *aio)
     }
     // CUDA destinations receive into host staging buffers (pipe_cuda.c).
     tp_error *serr = NULL;
-    if (tp__pipe_cuda_stage_in(m, r->r_via, &r->r_stage, &r->r_stage_err,
-                               &serr) != TP_OK) {
+    if (tp__pipe_cuda_stage_in(&p->p_ctx->x_pinned, m, r->r_via, &r->r_stage,
+                               &r->r_stage_err, &serr) != TP_OK) {
         tp__list_append(&p->p_reads, r);
         tp__pipe_fail(p, tp__pipe_err(p, tp_error_status(serr), serr, "read"));
         tp_error_unref(serr);

@@ -272,7 +272,8 @@ static void
 wop_prep_job(void *arg)
 {
     pipe_wop *w = arg;
-    tp__pipe_cuda_stage_out(w->w_msg, w->w_via, &w->w_stage, &w->w_prep_err);
+    tp__pipe_cuda_stage_out(&w->w_pipe->p_ctx->x_pinned, w->w_msg, w->w_via,
+                            &w->w_stage, &w->w_prep_err);
     tp__task_init(&w->w_prep_task, wop_prep_done, w);
     tp__loop_post(w->w_pipe->p_ctx->x_loop, &w->w_prep_task);
 }
@@ -429,7 +430,8 @@ tp__pipe_write_pump(tp_pipe *p)
         tp_status st = w->w_prepped ? TP_OK : wop_route(p, w, &err);
         if (st == TP_OK && cuda_bytes > 0) {
             // Small enough to stage here (TP_PIPE_CUDA_LOOP_MAX).
-            st = tp__pipe_cuda_stage_out(w->w_msg, w->w_via, &w->w_stage, &err);
+            st = tp__pipe_cuda_stage_out(&p->p_ctx->x_pinned, w->w_msg,
+                                         w->w_via, &w->w_stage, &err);
         }
         if (st == TP_OK) {
             st = wop_build(p, w, &err);

@@ -74,6 +74,20 @@ static const tp_tunable pipe_tunable_rows[] = {
         .tu_min = 0,
         .tu_max = 1024 * TP_TUNABLE_GIB,
     },
+    {
+        .tu_name = "pipe_cuda_pinned_cache",
+        .tu_env = "TP_PIPE_CUDA_PINNED_CACHE",
+        .tu_def = "256M",
+        .tu_doc = "page-locked staging buffers of CUDA tensors a context "
+                  "keeps for its next messages (sizes rounded up to powers "
+                  "of two), so steady traffic makes no cudaMallocHost or "
+                  "cudaFreeHost call; 0: each buffer is allocated and "
+                  "freed per message, at its exact size",
+        .tu_type = TP_TUNABLE_SIZE,
+        TP_TUNABLE_CONFIG_FIELD(pipe_cuda_pinned_cache),
+        .tu_min = 0,
+        .tu_max = 1024 * TP_TUNABLE_GIB,
+    },
     // Read by tp_agent_options_init (agent/init.c) into the context
     // options; names are checked against the registries.
     TP_TUNABLE_EXTERN("transports", "TP_TRANSPORTS", "",

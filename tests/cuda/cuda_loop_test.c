@@ -429,6 +429,34 @@ loop_max_chooses_the_thread(void)
     two_close(&t);
 }
 
+// The contexts keep their page-locked staging buffers
+// (TP_PIPE_CUDA_PINNED_CACHE): the same message staged out and in three
+// times uses the same two buffers, one per context, which the contexts
+// free when they go. With the cache off, each is freed after its message.
+static void
+pinned_buffers_reused(void)
+{
+    long c[7], pool, loop;
+    two_pipes t;
+    two_open(&t);
+    TP_CHECK(cuda_env_counters(c));
+    long live0 = c[1];
+    for (int i = 0; i < 3; i++) {
+        cuda_round(&t, 300000, &pool, &loop);
+        TP_CHECK(cuda_env_counters(c));
+        TP_CHECK_EQ(c[1] - live0, 2);
+    }
+    two_close(&t);
+    TP_CHECK(cuda_env_counters(c));
+    TP_CHECK_EQ(c[1], live0);
+    setenv("TP_PIPE_CUDA_PINNED_CACHE", "0", 1);
+    two_open(&t);
+    unsetenv("TP_PIPE_CUDA_PINNED_CACHE");
+    cuda_round(&t, 300000, &pool, &loop);
+    TP_CHECK_EQ(cuda_env_pinned_settle(live0, WAIT_MS), live0);
+    two_close(&t);
+}
+
 static const tp_test_case cases[] = {
     TP_TEST_CASE_T(write_staging_off_loop, 60),
     TP_TEST_CASE_T(read_copy_off_loop, 60),
@@ -438,6 +466,7 @@ static const tp_test_case cases[] = {
     TP_TEST_CASE_T(read_close_during_copy, 60),
     TP_TEST_CASE_T(destroy_during_staging, 60),
     TP_TEST_CASE_T(loop_max_chooses_the_thread, 60),
+    TP_TEST_CASE_T(pinned_buffers_reused, 60),
 };
 
 TP_TEST_MAIN(cases)
