@@ -14,6 +14,8 @@
 # 3. tpipe bench pipe --device over shm+cma, cuda_ipc against staging
 #    (--device-channel none), for cuda:0->cuda:0, cuda:0->cpu and
 #    cpu->cuda:0, with the cudaMemcpy baseline rows, JSON lines;
+# 4. staged small round trips with the CUDA work on the copy pool
+#    (default) and on the loop (TP_PIPE_CUDA_LOOP_MAX=64K);
 # and writes summary.md. Everything goes to $OUT (the device tool's
 # folder that comes back) or ./gpu-out. Exits 77, saying why, where there
 # is no GPU; 1 if a test failed; 0 otherwise.
@@ -141,6 +143,51 @@ for (mode, test, size), r in sorted(a.items(), key=lambda kv: (kv[0][1], kv[0][2
         "%s %.2f GB/s" % (base["test"], base["gbps"]) if base else "-"))
 PYEOF
 done
+# ---- 4. staging on the copy pool against the loop thread --------------------
+# The CUDA work of a staged message runs on the context's copy pool by
+# default (a busy device never holds the loop); TP_PIPE_CUDA_LOOP_MAX
+# keeps small messages on the loop (docs/cuda.md). Small round trips,
+# staged, both ways.
+{
+  echo
+  echo "staged pingpong on cuda:0, p50 (--device-channel none, --reps $REPS):"
+  echo
+  echo "| size | copy pool (default) | TP_PIPE_CUDA_LOOP_MAX=64K |"
+  echo "|---|---|---|"
+} >>"$SUM"
+for mode in pool loop; do
+  envs=()
+  [ "$mode" = loop ] && envs=(TP_PIPE_CUDA_LOOP_MAX=64K)
+  log "bench pipe --device cuda:0 staged ($mode)"
+  env "${envs[@]}" timeout -k 5 "$TIMEOUT_S" "$BUILD/tools/tpipe" bench pipe \
+    --device cuda:0 --device-channel none --transport shm --channel cma \
+    --sizes 64,4K,64K --test pingpong --reps "$REPS" --budget "$BUDGET" \
+    --json >"$OUT/bench_loop_$mode.jsonl" 2>"$OUT/bench_loop_$mode.txt" || {
+    echo "bench pipe staged ($mode): exit $? (see bench_loop_$mode.txt)" >>"$SUM"
+    failed=1
+  }
+done
+python3 - "$OUT/bench_loop_pool.jsonl" "$OUT/bench_loop_loop.jsonl" \
+  >>"$SUM" <<'PYEOF' || true
+import json, sys
+def p50(path):
+    out = {}
+    try:
+        for line in open(path):
+            line = line.strip()
+            if line.startswith("{"):
+                r = json.loads(line)
+                if r["mode"] != "copy" and r["test"] == "pingpong":
+                    out[r["size"]] = r["p50_us"]
+    except OSError:
+        pass
+    return out
+a, b = p50(sys.argv[1]), p50(sys.argv[2])
+for size in sorted(set(a) | set(b)):
+    f = lambda d: "%.1f us" % d[size] if size in d else "-"
+    print("| %d | %s | %s |" % (size, f(a), f(b)))
+PYEOF
+
 log "done: $SUM"
 cat "$SUM"
 exit $failed
