@@ -422,7 +422,7 @@ tp_context_create(const tp_context_options *o_in, tp_context **ctx_p,
     }
     tp__mtx_init(&ctx->x_mtx);
     tp__cv_init(&ctx->x_cv);
-    tp__pinned_cache_init(&ctx->x_pinned, 0);
+    tp__pinned_cache_init(&ctx->x_pinned, 0); // its cap once configured
     TP_LIST_INIT(&ctx->x_pipes, tp_pipe, p_ctx_node);
     TP_LIST_INIT(&ctx->x_listeners, tp_pipe_listener, pl_node);
     TP_LIST_INIT(&ctx->x_pending, pending_conn, pc_node);

@@ -90,25 +90,43 @@ tp__pinned_cache_init(tp__pinned_cache *c, uint64_t cap)
     c->pc_cap = cap;
 }
 
-void
-tp__pinned_cache_fini(tp__pinned_cache *c)
+// Frees every kept buffer (cudaFreeHost, outside the lock). NULL is fine.
+static void
+pinned_drain(tp__pinned_cache *c)
 {
+    if (c == NULL) {
+        return;
+    }
+    void *lists[TP_PINNED_CLASSES];
+    tp__mtx_lock(&c->pc_mtx);
+    memcpy(lists, c->pc_free, sizeof(lists));
+    memset(c->pc_free, 0, sizeof(c->pc_free));
+    c->pc_bytes = 0;
+    tp__mtx_unlock(&c->pc_mtx);
     for (unsigned k = 0; k < TP_PINNED_CLASSES; k++) {
-        void *b = c->pc_free[k];
+        void *b = lists[k];
         while (b != NULL) {
             void *next;
             memcpy(&next, b, sizeof(next));
             tp__cuda_host_free(b);
             b = next;
         }
-        c->pc_free[k] = NULL;
     }
-    c->pc_bytes = 0;
+}
+
+void
+tp__pinned_cache_fini(tp__pinned_cache *c)
+{
+    pinned_drain(c);
     tp__mtx_fini(&c->pc_mtx);
 }
 
+_Static_assert(sizeof(size_t) >= 8, "classes up to 1 TiB");
+
 // The class of a buffer for @n bytes: its size (a power of two, at least
-// 4 KiB) into *@size_p; -1 when @c keeps nothing or @n is too large.
+// 4 KiB) into *@size_p; -1 when @c keeps nothing or a buffer that size
+// could never be kept (larger than the cache): then it is allocated at its
+// exact size, not rounded up.
 static int
 pinned_class(const tp__pinned_cache *c, size_t n, size_t *size_p)
 {
@@ -117,6 +135,9 @@ pinned_class(const tp__pinned_cache *c, size_t n, size_t *size_p)
     }
     for (int k = 0; k < TP_PINNED_CLASSES; k++) {
         size_t size = (size_t)1 << (TP_PINNED_MIN_SHIFT + k);
+        if (size > c->pc_cap) {
+            return -1;
+        }
         if (n <= size) {
             *size_p = size;
             return k;
@@ -134,9 +155,6 @@ pinned_get(tp__pinned_cache *c, int k)
     if (b != NULL) {
         memcpy(&c->pc_free[k], b, sizeof(void *));
         c->pc_bytes -= (size_t)1 << (TP_PINNED_MIN_SHIFT + k);
-        c->pc_hits++;
-    } else {
-        c->pc_misses++;
     }
     tp__mtx_unlock(&c->pc_mtx);
     return b;
@@ -163,8 +181,7 @@ pinned_put(tp__pinned_cache *c, void *b, size_t size)
     return keep;
 }
 
-// ---- staging buffers
-// ---------------------------------------------------------
+// ---- staging buffers ------------------------------------------------------
 
 typedef struct stage_free {
     tp__cuda_stage *sf_stage;
@@ -229,7 +246,16 @@ stage_host(tp__pinned_cache *cache, size_t n, tp__cuda_stage *s,
         s->cs_pinned = true;
         return TP_OK;
     }
+    // Refused (the page-locked limit): the kept buffers of other sizes
+    // go, and the exact size is tried once more.
+    tp_error_unref(e);
+    e = NULL;
+    pinned_drain(cache);
     s->cs_size = n;
+    if (tp__cuda_host_alloc(n, &s->cs_host, &e) == TP_OK) {
+        s->cs_pinned = true;
+        return TP_OK;
+    }
     TP_LOG_DEBUG("TP-CUDA-PAGEABLE",
                  "%s: tensor %" PRIu32 ": %zu bytes of page-locked memory "
                  "refused (%s): staging through pageable memory",

@@ -67,7 +67,6 @@ typedef struct tp__pinned_cache {
     void *pc_free[TP_PINNED_CLASSES];
     uint64_t pc_bytes; // kept now
     uint64_t pc_cap;
-    uint64_t pc_hits, pc_misses;
 } tp__pinned_cache;
 
 struct tp_context {

@@ -63,11 +63,12 @@ static const tp_tunable pipe_tunable_rows[] = {
         .tu_name = "pipe_cuda_loop_max",
         .tu_env = "TP_PIPE_CUDA_LOOP_MAX",
         .tu_def = "0",
-        .tu_doc = "a message whose staged CUDA tensors total at most this "
-                  "many bytes is synchronised and staged (writer), or "
-                  "copied to its devices (reader), on the context's loop "
-                  "thread instead of its copy pool: lower latency for "
-                  "small tensors, but every pipe of the context waits "
+        .tu_doc = "a message whose CUDA tensors total at most this many "
+                  "bytes (the writer counts every CUDA tensor, whose "
+                  "devices it synchronises; the reader those it copies "
+                  "from staging) does that CUDA work on the context's "
+                  "loop thread instead of its copy pool: lower latency "
+                  "for small tensors, but every pipe of the context waits "
                   "for the device meanwhile (0: always on the pool)",
         .tu_type = TP_TUNABLE_SIZE,
         TP_TUNABLE_CONFIG_FIELD(pipe_cuda_loop_max),
@@ -78,11 +79,12 @@ static const tp_tunable pipe_tunable_rows[] = {
         .tu_name = "pipe_cuda_pinned_cache",
         .tu_env = "TP_PIPE_CUDA_PINNED_CACHE",
         .tu_def = "256M",
-        .tu_doc = "page-locked staging buffers of CUDA tensors a context "
-                  "keeps for its next messages (sizes rounded up to powers "
-                  "of two), so steady traffic makes no cudaMallocHost or "
-                  "cudaFreeHost call; 0: each buffer is allocated and "
-                  "freed per message, at its exact size",
+        .tu_doc = "bytes of page-locked staging buffers of CUDA tensors "
+                  "each context keeps for its next messages (sizes rounded "
+                  "up to powers of two; larger ones are not kept), so "
+                  "steady traffic makes no cudaMallocHost or cudaFreeHost "
+                  "call; 0: each buffer is allocated and freed per "
+                  "message, at its exact size",
         .tu_type = TP_TUNABLE_SIZE,
         TP_TUNABLE_CONFIG_FIELD(pipe_cuda_pinned_cache),
         .tu_min = 0,

@@ -87,6 +87,14 @@ cuda_env_copy_threads(long out[3])
     return cuda_env_fake_call("fake_cuda_copy_threads", out);
 }
 
+// The fake's cudaMallocHost calls so far; -1 with the real runtime.
+static inline long
+cuda_env_host_allocs(void)
+{
+    long n = -1;
+    return cuda_env_fake_call("fake_cuda_host_allocs", &n) ? n : -1;
+}
+
 // The fake's live page-locked allocations once they fell to @want, or as
 // they are after @ms (the pipe frees staging on its context's pool, just
 // after the read or write completed).

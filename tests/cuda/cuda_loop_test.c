@@ -431,8 +431,9 @@ loop_max_chooses_the_thread(void)
 
 // The contexts keep their page-locked staging buffers
 // (TP_PIPE_CUDA_PINNED_CACHE): the same message staged out and in three
-// times uses the same two buffers, one per context, which the contexts
-// free when they go. With the cache off, each is freed after its message.
+// times makes two cudaMallocHost calls, one per context, and those two
+// buffers stay until the contexts go. With the cache off, every message
+// allocates its two and frees them after.
 static void
 pinned_buffers_reused(void)
 {
@@ -440,19 +441,24 @@ pinned_buffers_reused(void)
     two_pipes t;
     two_open(&t);
     TP_CHECK(cuda_env_counters(c));
-    long live0 = c[1];
+    long live0 = c[1], allocs0 = cuda_env_host_allocs();
     for (int i = 0; i < 3; i++) {
         cuda_round(&t, 300000, &pool, &loop);
         TP_CHECK(cuda_env_counters(c));
         TP_CHECK_EQ(c[1] - live0, 2);
     }
+    TP_CHECK_EQ(cuda_env_host_allocs() - allocs0, 2);
     two_close(&t);
     TP_CHECK(cuda_env_counters(c));
     TP_CHECK_EQ(c[1], live0);
     setenv("TP_PIPE_CUDA_PINNED_CACHE", "0", 1);
     two_open(&t);
     unsetenv("TP_PIPE_CUDA_PINNED_CACHE");
-    cuda_round(&t, 300000, &pool, &loop);
+    allocs0 = cuda_env_host_allocs();
+    for (int i = 0; i < 2; i++) {
+        cuda_round(&t, 300000, &pool, &loop);
+    }
+    TP_CHECK_EQ(cuda_env_host_allocs() - allocs0, 4);
     TP_CHECK_EQ(cuda_env_pinned_settle(live0, WAIT_MS), live0);
     two_close(&t);
 }

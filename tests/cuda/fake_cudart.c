@@ -72,6 +72,7 @@ static fake_alloc fake_allocs[FAKE_MAX_ALLOCS];
 static _Thread_local int fake_cur_dev;
 // live dev, live pinned, h2d, d2h, d2d, streams, device syncs
 static long fake_counts[7];
+static long fake_host_allocs; // cudaMallocHost calls (not refused)
 // cudaIpcOpenMemHandle calls that mapped something, mappings still open
 static long fake_ipc_opens, fake_ipc_live, fake_ipc_exports;
 // cudaStreamSynchronize calls
@@ -250,7 +251,21 @@ cudaMallocHost(void **ptr, size_t size)
     if (np != NULL && strcmp(np, "1") == 0) {
         return cudaErrorMemoryAllocation;
     }
+    pthread_mutex_lock(&fake_mtx);
+    fake_host_allocs++;
+    pthread_mutex_unlock(&fake_mtx);
     return fake_add(ptr, size, -1);
+}
+
+// Tests: successful or not, cudaMallocHost calls so far.
+void fake_cuda_host_allocs(long out[1]);
+
+void
+fake_cuda_host_allocs(long out[1])
+{
+    pthread_mutex_lock(&fake_mtx);
+    out[0] = fake_host_allocs;
+    pthread_mutex_unlock(&fake_mtx);
 }
 
 cudaError_t
