@@ -105,6 +105,20 @@ void tp__aio_finish_status(tp_aio *aio, tp_status st, const char *fmt, ...)
     TP_PRINTF(3, 4);
 // Total bytes described by the iovs.
 uint64_t tp__aio_iov_total(const tp_aio *aio);
+
+// The index of the iov of @iov holding byte @*off_p (counted from the
+// first iov's start); *@off_p becomes that byte's offset inside it. The
+// byte must exist (below the iovs' total).
+static inline unsigned
+tp__iov_seek(const tp_iov *iov, uint64_t *off_p)
+{
+    unsigned i = 0;
+    while (*off_p >= iov[i].iov_len) {
+        *off_p -= iov[i].iov_len;
+        i++;
+    }
+    return i;
+}
 static inline void
 tp__aio_set_output(tp_aio *aio, int i, void *p)
 {

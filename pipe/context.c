@@ -447,7 +447,6 @@ tp_context_create(const tp_context_options *o_in, tp_context **ctx_p,
     ctx->x_limits.max_payloads = (uint32_t)ctx->x_cfg.pipe_max_payloads;
     ctx->x_limits.max_tensors = (uint32_t)ctx->x_cfg.pipe_max_tensors;
     ctx->x_limits.max_buf_len = (uint64_t)ctx->x_cfg.pipe_max_buf_bytes;
-    ctx->x_cuda_loop_max = (uint64_t)ctx->x_cfg.pipe_cuda_loop_max;
     ctx->x_pinned.pc_cap = (uint64_t)ctx->x_cfg.pipe_cuda_pinned_cache;
     if ((st = tp__loop_create(&ctx->x_cfg, "ctx", &ctx->x_loop, err_p)) !=
         TP_OK) {

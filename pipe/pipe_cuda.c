@@ -213,8 +213,9 @@ tp__pipe_cuda_release_stage(tp_context *ctx, const tp_message *m,
             pinned += m->tensors[i].len;
         }
     }
-    stage_free *sf =
-        pinned > ctx->x_cuda_loop_max ? tp__alloc(sizeof(*sf)) : NULL;
+    stage_free *sf = pinned > (uint64_t)ctx->x_cfg.pipe_cuda_loop_max
+                         ? tp__alloc(sizeof(*sf))
+                         : NULL;
     if (sf != NULL) {
         *sf = (stage_free){stage, n};
         if (tp__pool_submit_fn(ctx->x_pool, stage_free_job, sf) == TP_OK) {

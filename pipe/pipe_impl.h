@@ -73,7 +73,6 @@ struct tp_context {
     char x_name[TP_WIRE_MAX_CTXNAME + 1];
     tp_config x_cfg;
     tp__pipe_limits x_limits;
-    uint64_t x_cuda_loop_max; // TP_PIPE_CUDA_LOOP_MAX
     tp__pinned_cache x_pinned;
     tp_loop *x_loop;
     tp_pool *x_pool;

@@ -124,7 +124,7 @@ rop_check(pipe_rop *r)
     }
     tp_pipe *p = r->r_pipe;
     uint64_t copy = p->p_state != PIPE_FAILED ? rop_copy_bytes(r) : 0;
-    if (copy > 0 && copy <= p->p_ctx->x_cuda_loop_max) {
+    if (copy > 0 && copy <= (uint64_t)p->p_ctx->x_cfg.pipe_cuda_loop_max) {
         tp__pipe_cuda_copy_in(r->r_msg, r->r_stage, &r->r_err);
     } else if (copy > 0) {
         r->r_copying = true;

@@ -416,7 +416,7 @@ tp__pipe_write_pump(tp_pipe *p)
             return; // wop_prep_done pumps again
         }
         uint64_t cuda_bytes = w->w_prepped ? 0 : msg_cuda_bytes(w->w_msg);
-        if (cuda_bytes > p->p_ctx->x_cuda_loop_max) {
+        if (cuda_bytes > (uint64_t)p->p_ctx->x_cfg.pipe_cuda_loop_max) {
             // Staged on the pool; the writes behind it wait (order).
             if (wop_route(p, w, &err) != TP_OK ||
                 wop_prep(p, w, &err) != TP_OK) {

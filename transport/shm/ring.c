@@ -227,11 +227,7 @@ void
 tp__shm_copy_iov(const shm_ring *r, uint64_t pos, const tp_aio *aio,
                  uint64_t off, uint64_t n, bool to_ring)
 {
-    unsigned i = 0;
-    while (off >= aio->a_iov[i].iov_len) {
-        off -= aio->a_iov[i].iov_len;
-        i++;
-    }
+    unsigned i = tp__iov_seek(aio->a_iov, &off);
     while (n > 0) {
         uint64_t k = TP_MIN(n, aio->a_iov[i].iov_len - off);
         uint8_t *base = (uint8_t *)aio->a_iov[i].iov_base + off;

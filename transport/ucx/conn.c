@@ -76,6 +76,24 @@ tp__ucx_ep_err_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
 
 // ---- sends -----------------------------------------------------------------
 
+unsigned
+tp__ucx_iov_slice(const tp_iov *iov, uint64_t off, uint64_t n,
+                  ucp_dt_iov_t *out)
+{
+    unsigned i = tp__iov_seek(iov, &off), k = 0;
+    for (; n > 0; i++) {
+        uint64_t take = TP_MIN(n, iov[i].iov_len - off);
+        if (take > 0) {
+            out[k].buffer = (uint8_t *)iov[i].iov_base + off;
+            out[k].length = (size_t)take;
+            k++;
+        }
+        n -= take;
+        off = 0;
+    }
+    return k;
+}
+
 void
 tp__ucx_op_free(ucx_op *o)
 {
@@ -145,21 +163,7 @@ tp__ucx_op_submit(ucx_conn *c, ucx_op *o, uint64_t n, unsigned am_id)
         s->s_embedded = true;
     }
     s->s_op = o;
-    // The parts of the iovs that hold [o_submitted, o_submitted + n).
-    uint64_t skip = o->o_submitted, left = n;
-    unsigned i = 0, k = 0;
-    while (skip >= o->o_iov[i].iov_len) {
-        skip -= o->o_iov[i].iov_len;
-        i++;
-    }
-    for (; left > 0; i++) {
-        uint64_t take = TP_MIN(left, o->o_iov[i].iov_len - skip);
-        s->s_iov[k].buffer = (uint8_t *)o->o_iov[i].iov_base + skip;
-        s->s_iov[k].length = (size_t)take;
-        k++;
-        left -= take;
-        skip = 0;
-    }
+    unsigned k = tp__ucx_iov_slice(o->o_iov, o->o_submitted, n, s->s_iov);
     o->o_submitted += n;
     ucp_request_param_t p;
     memset(&p, 0, sizeof(p));

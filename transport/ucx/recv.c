@@ -163,23 +163,7 @@ ucx_rd_post(ucx_conn *c, tp_aio *a, ucx_rd *rd)
         memset(rp, 0, sizeof(*rp));
         rp->rp_rd = rd;
         rp->rp_len = len;
-        // The non-empty parts of the iovs that hold [r_posted, +len).
-        uint64_t skip = rd->r_posted, left = len;
-        unsigned i = 0, k = 0;
-        while (skip >= a->a_iov[i].iov_len) {
-            skip -= a->a_iov[i].iov_len;
-            i++;
-        }
-        for (; left > 0; i++) {
-            uint64_t take = TP_MIN(left, a->a_iov[i].iov_len - skip);
-            if (take > 0) {
-                rp->rp_iov[k].buffer = (uint8_t *)a->a_iov[i].iov_base + skip;
-                rp->rp_iov[k].length = (size_t)take;
-                k++;
-            }
-            left -= take;
-            skip = 0;
-        }
+        unsigned k = tp__ucx_iov_slice(a->a_iov, rd->r_posted, len, rp->rp_iov);
         ucp_request_param_t p;
         memset(&p, 0, sizeof(p));
         p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
@@ -343,11 +327,7 @@ tp__ucx_read_pump(ucx_conn *c)
         }
         // The iov holding byte @moved.
         uint64_t skip = moved;
-        unsigned i = 0;
-        while (skip >= a->a_iov[i].iov_len) {
-            skip -= a->a_iov[i].iov_len;
-            i++;
-        }
+        unsigned i = tp__iov_seek(a->a_iov, &skip);
         ucs_status_t st = UCS_OK;
         int64_t got = tp__ucx_consume(c, (uint8_t *)a->a_iov[i].iov_base + skip,
                                       a->a_iov[i].iov_len - skip, &st);

@@ -283,6 +283,10 @@ void tp__ucx_conn_fini(tp_conn *bc);
 // recv.c
 // Copies up to @n received bytes to @dst; returns the count, or -1 after
 // the endpoint failed (the status in *st_p).
+// The non-empty parts of @iov that hold bytes [@off, @off + @n) into @out
+// (at most TP_AIO_MAX_IOV); returns how many.
+unsigned tp__ucx_iov_slice(const tp_iov *iov, uint64_t off, uint64_t n,
+                           ucp_dt_iov_t *out);
 int64_t tp__ucx_consume(ucx_conn *c, uint8_t *dst, uint64_t n,
                         ucs_status_t *st_p);
 // Releases the received data the conn holds (before its ep goes).
