@@ -32,6 +32,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <sys/mman.h>
@@ -124,6 +125,12 @@ fake_add(void **ptr, size_t size, int dev)
         snprintf(name, sizeof(name), "/tpfakecuda.%d.%lu", (int)getpid(),
                  seq++);
         int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+        if (fd < 0 && errno == EEXIST) {
+            // Our pid in the name: left by a killed process whose pid
+            // this one reuses (a test's SIGKILLed child), never a live one.
+            shm_unlink(name);
+            fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+        }
         if (fd < 0) {
             return cudaErrorMemoryAllocation;
         }
